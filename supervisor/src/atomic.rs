@@ -1,0 +1,103 @@
+//! Crash-safe file replacement: every write of state, config or boot files goes through here.
+//!
+//! The new contents go to a temporary file in the same directory, which is flushed to disk and then
+//! renamed over the target; the directory is flushed last so the rename itself survives a power
+//! cut. A reader therefore sees either the old file or the new one, never a mix.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// Replaces `path` with `contents` atomically, keeping the old file's permissions when it had one.
+pub fn replace(path: &Path, contents: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+
+    let mode = fs::metadata(path)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))
+        .unwrap_or(0o644);
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode & 0o7777)
+            .open(&tmp)?;
+        file.write_all(contents)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&tmp, path)?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        // Leave nothing half-written behind; the old file is untouched.
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Flushes a directory's entries (renames, creations) to disk.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    match File::open(dir)?.sync_all() {
+        // Some filesystems (e.g. vfat through some drivers) refuse fsync on directories; the
+        // rename has still been issued and the data itself is already flushed.
+        Err(e) if e.kind() == io::ErrorKind::InvalidInput => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_contents_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("config.txt");
+        fs::write(&target, "old").expect("seed");
+        replace(&target, b"new").expect("replace");
+        assert_eq!(fs::read_to_string(&target).expect("read"), "new");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("config.txt")]);
+    }
+
+    #[test]
+    fn keeps_permissions_of_the_old_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("secret");
+        fs::write(&target, "old").expect("seed");
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).expect("chmod");
+        replace(&target, b"new").expect("replace");
+        let mode = fs::metadata(&target).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn failure_keeps_the_old_version() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // The target is a directory, so the rename must fail; nothing else may change.
+        let target = dir.path().join("occupied");
+        fs::create_dir(&target).expect("mkdir");
+        fs::write(target.join("inside"), "keep").expect("seed");
+        assert!(replace(&target, b"new").is_err());
+        assert_eq!(
+            fs::read_to_string(target.join("inside")).expect("read"),
+            "keep"
+        );
+        assert_eq!(fs::read_dir(dir.path()).expect("list").count(), 1);
+    }
+}

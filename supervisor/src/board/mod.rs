@@ -1,0 +1,239 @@
+//! The only code that touches the machine: sysfs, procfs, the device tree, the cgroup filesystem
+//! and the boot partition, all resolved under one root directory (`/` on a box).
+//!
+//! A simulated board (see [`sim`]) is an ordinary directory tree with a marker file. Plain files
+//! cannot reproduce what the kernel does on some writes (enabling a cgroup controller, creating a
+//! cgroup, turning swap off), so for those few operations [`Board`] asks the simulation to play the
+//! kernel's part; everything else is the same code on both.
+
+pub mod eeprom;
+pub mod facts;
+pub mod paths;
+pub mod sim;
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::atomic;
+
+/// A failed read or write of one board file, naming the file as seen on the box.
+#[derive(Debug)]
+pub struct BoardError {
+    /// What was being done ("reading", "writing", ...).
+    pub op: &'static str,
+    /// The path on the box (without the simulation root).
+    pub path: String,
+    /// The underlying cause.
+    pub source: io::Error,
+}
+
+impl fmt::Display for BoardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.op, self.path, self.source)
+    }
+}
+
+impl std::error::Error for BoardError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// Result of a board operation.
+pub type BoardResult<T> = Result<T, BoardError>;
+
+/// Handle on a board's filesystem root.
+#[derive(Debug, Clone)]
+pub struct Board {
+    root: PathBuf,
+    simulated: bool,
+}
+
+impl Board {
+    /// Opens the board rooted at `root`; a tree written by [`sim::init`] is recognised by its marker.
+    pub fn open(root: &Path) -> BoardResult<Board> {
+        let meta = fs::metadata(root).map_err(|source| BoardError {
+            op: "opening board root",
+            path: root.display().to_string(),
+            source,
+        })?;
+        if !meta.is_dir() {
+            return Err(BoardError {
+                op: "opening board root",
+                path: root.display().to_string(),
+                source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
+            });
+        }
+        let simulated = root.join(sim::MARKER).is_file();
+        Ok(Board {
+            root: root.to_path_buf(),
+            simulated,
+        })
+    }
+
+    /// The root directory everything is resolved under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Whether this is a simulated board tree rather than a live system.
+    pub fn is_simulated(&self) -> bool {
+        self.simulated
+    }
+
+    /// Resolves a path as written on the box (e.g. `/proc/cmdline`) under the root.
+    pub fn path(&self, box_path: &str) -> PathBuf {
+        self.root.join(box_path.trim_start_matches('/'))
+    }
+
+    fn err(&self, op: &'static str, box_path: &str, source: io::Error) -> BoardError {
+        BoardError {
+            op,
+            path: box_path.to_string(),
+            source,
+        }
+    }
+
+    /// Whether the path exists (following symlinks).
+    pub fn exists(&self, box_path: &str) -> bool {
+        self.path(box_path).exists()
+    }
+
+    /// Reads a text file; kernel attributes usually end in a newline, which is kept.
+    pub fn read(&self, box_path: &str) -> BoardResult<String> {
+        let bytes = self.read_bytes(box_path)?;
+        String::from_utf8(bytes).map_err(|_| {
+            self.err(
+                "reading",
+                box_path,
+                io::Error::new(io::ErrorKind::InvalidData, "not valid UTF-8"),
+            )
+        })
+    }
+
+    /// Reads a file and trims surrounding whitespace and NUL padding (device-tree strings, sysfs values).
+    pub fn read_value(&self, box_path: &str) -> BoardResult<String> {
+        Ok(self
+            .read(box_path)?
+            .trim_matches(|c: char| c.is_whitespace() || c == '\0')
+            .to_string())
+    }
+
+    /// Reads a file's raw bytes.
+    pub fn read_bytes(&self, box_path: &str) -> BoardResult<Vec<u8>> {
+        fs::read(self.path(box_path)).map_err(|e| self.err("reading", box_path, e))
+    }
+
+    /// Reads a file if it exists; `Ok(None)` when it does not.
+    pub fn read_optional(&self, box_path: &str) -> BoardResult<Option<String>> {
+        match self.read(box_path) {
+            Ok(text) => Ok(Some(text)),
+            Err(e) if e.source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Names in a directory, sorted; an absent directory lists as empty.
+    pub fn list(&self, box_path: &str) -> BoardResult<Vec<String>> {
+        let entries = match fs::read_dir(self.path(box_path)) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(self.err("listing", box_path, e)),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| self.err("listing", box_path, e))?;
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Canonical path of a box path, expressed as a box path again (for comparing symlink targets).
+    pub fn canonical(&self, box_path: &str) -> BoardResult<String> {
+        let real = fs::canonicalize(self.path(box_path))
+            .map_err(|e| self.err("resolving", box_path, e))?;
+        let root = fs::canonicalize(&self.root).map_err(|e| self.err("resolving", "/", e))?;
+        let rel = real.strip_prefix(&root).map_err(|_| {
+            self.err(
+                "resolving",
+                box_path,
+                io::Error::new(io::ErrorKind::InvalidData, "points outside the board root"),
+            )
+        })?;
+        Ok(format!("/{}", rel.display()))
+    }
+
+    /// Writes one value to a kernel attribute (sysfs, cgroupfs) the way `echo value > file` does.
+    ///
+    /// Kernel attributes without any write bit refuse writes even from root; a simulated tree's
+    /// read-only files are given the same meaning, so a root-run test still sees the refusal.
+    pub fn write_attribute(&self, box_path: &str, value: &str) -> BoardResult<()> {
+        let path = self.path(box_path);
+        let meta = fs::metadata(&path).map_err(|e| self.err("writing", box_path, e))?;
+        if meta.permissions().mode() & 0o222 == 0 {
+            return Err(self.err(
+                "writing",
+                box_path,
+                io::Error::new(io::ErrorKind::PermissionDenied, "read-only attribute"),
+            ));
+        }
+        if self.simulated {
+            return sim::kernel_write(&path, value).map_err(|e| self.err("writing", box_path, e));
+        }
+        fs::write(&path, value).map_err(|e| self.err("writing", box_path, e))
+    }
+
+    /// Replaces a regular file (boot files, state, config) atomically.
+    pub fn replace_file(&self, box_path: &str, contents: &[u8]) -> BoardResult<()> {
+        let path = self.path(box_path);
+        if fs::metadata(&path).is_ok_and(|m| m.permissions().mode() & 0o222 == 0) {
+            return Err(self.err(
+                "replacing",
+                box_path,
+                io::Error::new(io::ErrorKind::PermissionDenied, "file is read-only"),
+            ));
+        }
+        atomic::replace(&path, contents).map_err(|e| self.err("replacing", box_path, e))
+    }
+
+    /// Creates a cgroup directory (the kernel fills in its interface files).
+    pub fn create_cgroup(&self, box_path: &str) -> BoardResult<()> {
+        let path = self.path(box_path);
+        let result = if self.simulated {
+            sim::kernel_mkdir_cgroup(&path)
+        } else {
+            match fs::create_dir(&path) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+                other => other,
+            }
+        };
+        result.map_err(|e| self.err("creating cgroup", box_path, e))
+    }
+
+    /// Turns off one active swap device or file.
+    pub fn swap_off(&self, device: &str) -> BoardResult<()> {
+        if self.simulated {
+            return sim::kernel_swapoff(&self.root, device)
+                .map_err(|e| self.err("turning off swap on", device, e));
+        }
+        // util-linux's swapoff; the device comes from /proc/swaps and is passed as one argument.
+        let status = Command::new("swapoff")
+            .arg(device)
+            .status()
+            .map_err(|e| self.err("running swapoff for", device, e))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(self.err(
+                "turning off swap on",
+                device,
+                io::Error::other(format!("swapoff exited with {status}")),
+            ))
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Where things live on a Raspberry Pi 5 running our image, as absolute box paths.
+//! [`super::Board::path`] resolves them under the board root.
+
+/// Kernel command line the running kernel was booted with.
+pub const PROC_CMDLINE: &str = "/proc/cmdline";
+/// Active swap areas.
+pub const PROC_SWAPS: &str = "/proc/swaps";
+/// Memory totals.
+pub const PROC_MEMINFO: &str = "/proc/meminfo";
+/// Running kernel's release, to find its build config.
+pub const PROC_OSRELEASE: &str = "/proc/sys/kernel/osrelease";
+
+/// cpufreq policy directories (`policy0`, ...).
+pub const CPUFREQ_DIR: &str = "/sys/devices/system/cpu/cpufreq";
+/// NUMA nodes (`node0`, `node1`, ...).
+pub const NODE_DIR: &str = "/sys/devices/system/node";
+/// The SoC temperature sensor, in millidegrees Celsius.
+pub const THERMAL_ZONE0_TEMP: &str = "/sys/class/thermal/thermal_zone0/temp";
+/// Where the firmware's `get_throttled` attribute is searched for (its parent node differs between
+/// kernels: `soc:firmware` on Pi 4 kernels, under `soc@107c000000` on Pi 5).
+pub const PLATFORM_DIR: &str = "/sys/devices/platform";
+/// Name of the firmware's throttle-status attribute.
+pub const GET_THROTTLED: &str = "get_throttled";
+
+/// The cgroup v2 root.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Device tree as the kernel exposes it.
+pub const DEVICE_TREE: &str = "/sys/firmware/devicetree/base";
+/// The board model string.
+pub const DT_MODEL: &str = "/sys/firmware/devicetree/base/model";
+/// The bootloader's report of how this boot happened.
+pub const DT_BOOTLOADER: &str = "/sys/firmware/devicetree/base/chosen/bootloader";
+/// Alias naming the device-tree node of the bootloader-config nvmem cell.
+pub const DT_BLCONFIG_ALIAS: &str = "/sys/firmware/devicetree/base/aliases/blconfig";
+/// nvmem devices, one of which holds the bootloader config the bootloader ran with.
+pub const NVMEM_DEVICES: &str = "/sys/bus/nvmem/devices";
+
+/// Boot partition mount points, newest convention first.
+pub const BOOT_PARTITION_CANDIDATES: [&str; 2] = ["/boot/firmware", "/boot"];
+/// Bootloader images shipped in the rootfs (`pieeprom-YYYY-MM-DD.bin`), per release channel.
+pub const BOOTLOADER_FIRMWARE_DIRS: [&str; 2] = [
+    "/usr/lib/firmware/raspberrypi/bootloader-2712",
+    "/lib/firmware/raspberrypi/bootloader-2712",
+];

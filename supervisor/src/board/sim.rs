@@ -1,0 +1,468 @@
+//! A simulated Raspberry Pi 5: writes the files the supervisor reads on a real board, and plays the
+//! kernel's part for the few writes that are more than storing bytes (cgroup controllers, cgroup
+//! creation, swapoff, value validation), so the same supervisor code runs on both.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use crate::bootloader::image::Image;
+
+/// Marker file at the root of a simulated board; its contents name the variant.
+pub const MARKER: &str = ".appliance-sim";
+
+/// Page size of the Raspberry Pi 5 kernel (`bcm2712` builds use 16 KiB pages); memory limits
+/// written to cgroup files read back rounded down to it.
+pub const PAGE_SIZE: u64 = 16 * 1024;
+
+/// The board states `sim init --variant` can write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// A freshly flashed 8 GB Pi 5: ondemand governor, NUMA-emulation kernel, default bootloader config.
+    Pi5_8gb,
+    /// The same with 4 GB of RAM.
+    Pi5_4gb,
+    /// A kernel booted with `cgroup_disable=memory` and no `cgroup_enable=memory` in cmdline.txt.
+    NoMemcg,
+    /// A kernel built without NUMA emulation: `numa=fake` is on the command line but ignored.
+    NoNuma,
+    /// A bootloader pinned to `SDRAM_BANKLOW=3` under a NUMA-emulation kernel.
+    WrongInterleave,
+    /// zram swap active, as Raspberry Pi OS sets it up.
+    Zram,
+    /// An 80 °C board the firmware is throttling.
+    Hot,
+}
+
+impl Variant {
+    /// Every variant, with its command-line name.
+    pub const ALL: [(&'static str, Variant); 7] = [
+        ("pi5-8gb", Variant::Pi5_8gb),
+        ("pi5-4gb", Variant::Pi5_4gb),
+        ("no-memcg", Variant::NoMemcg),
+        ("no-numa", Variant::NoNuma),
+        ("wrong-interleave", Variant::WrongInterleave),
+        ("zram", Variant::Zram),
+        ("hot", Variant::Hot),
+    ];
+
+    /// Looks a variant up by its command-line name.
+    pub fn from_name(name: &str) -> Option<Variant> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
+    }
+
+    /// The variant's command-line name.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, v)| *v == self)
+            .map(|&(n, _)| n)
+            .unwrap_or("pi5-8gb")
+    }
+}
+
+const KERNEL_RELEASE: &str = "6.12.47+rpt-rpi-2712";
+const FIRMWARE_CMDLINE: &str = "reboot=w coherent_pool=1M 8250.nr_uarts=1 pci=pcie_bus_safe cgroup_disable=memory numa_policy=interleave numa=fake=8 system_heap.max_order=0 iommu_dma_numa_policy=interleave smsc95xx.macaddr=2C:CF:67:00:00:01 vc_mem.mem_base=0x3fc00000 vc_mem.mem_size=0x40000000";
+const CMDLINE_TXT: &str = "console=serial0,115200 console=tty1 root=PARTUUID=feed0001-02 rootfstype=ext4 fsck.repair=yes ro rootwait";
+const BOOTLOADER_CONFIG: &str = "[all]\nBOOT_UART=1\nPOWER_OFF_ON_HALT=0\nBOOT_ORDER=0xf461\n";
+const BOOTLOADER_IMAGE: &str =
+    "usr/lib/firmware/raspberrypi/bootloader-2712/default/pieeprom-2025-05-08.bin";
+const BLCONFIG_NODE: &str = "reserved-memory/nvram@0";
+const ALL_CONTROLLERS: &str = "cpuset cpu io memory hugetlb pids rdma misc";
+const GOVERNORS: &str = "conservative ondemand userspace powersave performance schedutil";
+
+/// Writes a simulated board of the given variant into `dir`, which must be empty, absent, or an
+/// earlier simulation (which is replaced).
+pub fn init(dir: &Path, variant: Variant) -> io::Result<()> {
+    if dir.exists() {
+        let empty = fs::read_dir(dir)?.next().is_none();
+        if !empty {
+            if !dir.join(MARKER).is_file() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} is not empty and is not a simulated board; choose an empty directory",
+                        dir.display()
+                    ),
+                ));
+            }
+            fs::remove_dir_all(dir)?;
+        }
+    }
+    fs::create_dir_all(dir)?;
+    let tree = Tree(dir.to_path_buf());
+    write_proc(&tree, variant)?;
+    write_cpufreq(&tree)?;
+    write_thermal(&tree, variant)?;
+    write_numa(&tree, variant)?;
+    write_cgroups(&tree, variant)?;
+    write_device_tree(&tree, variant)?;
+    write_boot_partition(&tree, variant)?;
+    write_firmware(&tree)?;
+    tree.file(MARKER, &format!("{}\n", variant.name()))
+}
+
+struct Tree(PathBuf);
+
+impl Tree {
+    fn file(&self, rel: &str, contents: &str) -> io::Result<()> {
+        self.bytes(rel, contents.as_bytes())
+    }
+
+    fn bytes(&self, rel: &str, contents: &[u8]) -> io::Result<()> {
+        let path = self.0.join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::write(path, contents)
+    }
+
+    fn dir(&self, rel: &str) -> io::Result<()> {
+        fs::create_dir_all(self.0.join(rel))
+    }
+
+    fn link(&self, rel: &str, target: &str) -> io::Result<()> {
+        let path = self.0.join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        symlink(target, path)
+    }
+
+    /// A device-tree integer property: one big-endian u32.
+    fn dt_u32(&self, rel: &str, value: u32) -> io::Result<()> {
+        self.bytes(rel, &value.to_be_bytes())
+    }
+}
+
+fn write_proc(tree: &Tree, variant: Variant) -> io::Result<()> {
+    let user_part = if variant == Variant::NoMemcg {
+        CMDLINE_TXT.to_string()
+    } else {
+        format!("{CMDLINE_TXT} cgroup_enable=memory")
+    };
+    tree.file("proc/cmdline", &format!("{FIRMWARE_CMDLINE} {user_part}\n"))?;
+    let (total_kb, available_kb) = if variant == Variant::Pi5_4gb {
+        (4_045_104, 3_702_336)
+    } else {
+        (8_245_168, 7_801_520)
+    };
+    let swap_kb = if variant == Variant::Zram {
+        2_097_136
+    } else {
+        0
+    };
+    tree.file(
+        "proc/meminfo",
+        &format!(
+            "MemTotal:       {total_kb} kB\nMemFree:        {available_kb} kB\nMemAvailable:   {available_kb} kB\nSwapTotal:      {swap_kb} kB\nSwapFree:       {swap_kb} kB\n"
+        ),
+    )?;
+    let mut swaps = String::from("Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n");
+    if variant == Variant::Zram {
+        swaps.push_str("/dev/zram0                              partition\t2097136\t\t0\t\t100\n");
+        tree.file("sys/block/zram0/disksize", "2147483648\n")?;
+        tree.file("sys/block/zram0/comp_algorithm", "lzo lzo-rle lz4 [zstd]\n")?;
+    }
+    tree.file("proc/swaps", &swaps)?;
+    tree.file("proc/sys/kernel/osrelease", &format!("{KERNEL_RELEASE}\n"))?;
+    tree.link("proc/device-tree", "../sys/firmware/devicetree/base")
+}
+
+fn write_cpufreq(tree: &Tree) -> io::Result<()> {
+    // All four Cortex-A76 cores share one clock, so the Pi 5 has a single policy covering them.
+    let policy = "sys/devices/system/cpu/cpufreq/policy0";
+    let frequencies: Vec<String> = (15..=24).map(|f| (f * 100_000).to_string()).collect();
+    for (name, value) in [
+        ("affected_cpus", "0 1 2 3"),
+        ("related_cpus", "0 1 2 3"),
+        ("scaling_available_governors", GOVERNORS),
+        ("scaling_governor", "ondemand"),
+        ("scaling_driver", "cpufreq-dt"),
+        ("scaling_cur_freq", "1500000"),
+        ("scaling_min_freq", "1500000"),
+        ("scaling_max_freq", "2400000"),
+        ("cpuinfo_min_freq", "1500000"),
+        ("cpuinfo_max_freq", "2400000"),
+        ("scaling_available_frequencies", &frequencies.join(" ")),
+    ] {
+        tree.file(&format!("{policy}/{name}"), &format!("{value}\n"))?;
+    }
+    for cpu in 0..4 {
+        tree.link(
+            &format!("sys/devices/system/cpu/cpu{cpu}/cpufreq"),
+            "../cpufreq/policy0",
+        )?;
+    }
+    tree.file("sys/devices/system/cpu/online", "0-3\n")
+}
+
+fn write_thermal(tree: &Tree, variant: Variant) -> io::Result<()> {
+    let (temp, throttled) = if variant == Variant::Hot {
+        // Arm frequency capped, throttled and soft temperature limit: now and since boot.
+        ("80550", "e000e")
+    } else {
+        ("48250", "0")
+    };
+    tree.file("sys/class/thermal/thermal_zone0/type", "cpu-thermal\n")?;
+    tree.file("sys/class/thermal/thermal_zone0/temp", &format!("{temp}\n"))?;
+    tree.file(
+        "sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled",
+        &format!("{throttled}\n"),
+    )
+}
+
+fn write_numa(tree: &Tree, variant: Variant) -> io::Result<()> {
+    let nodes = if variant == Variant::NoNuma { 1 } else { 8 };
+    for node in 0..nodes {
+        tree.file(
+            &format!("sys/devices/system/node/node{node}/cpulist"),
+            "0-3\n",
+        )?;
+    }
+    let emulation = if variant == Variant::NoNuma {
+        "# CONFIG_NUMA_EMULATION is not set"
+    } else {
+        "CONFIG_NUMA_EMULATION=y"
+    };
+    tree.file(
+        &format!("boot/config-{KERNEL_RELEASE}"),
+        &format!("CONFIG_ARM64=y\nCONFIG_NUMA=y\n{emulation}\nCONFIG_MEMCG=y\n"),
+    )
+}
+
+fn write_cgroups(tree: &Tree, variant: Variant) -> io::Result<()> {
+    let (controllers, enabled) = if variant == Variant::NoMemcg {
+        ("cpuset cpu io hugetlb pids rdma misc", "cpu io pids")
+    } else {
+        (ALL_CONTROLLERS, "cpu io memory pids")
+    };
+    tree.file(
+        "sys/fs/cgroup/cgroup.controllers",
+        &format!("{controllers}\n"),
+    )?;
+    tree.file(
+        "sys/fs/cgroup/cgroup.subtree_control",
+        &format!("{enabled}\n"),
+    )?;
+    tree.file("sys/fs/cgroup/cgroup.procs", "1\n")?;
+    for child in ["init.scope", "system.slice", "user.slice"] {
+        kernel_mkdir_cgroup(&tree.0.join("sys/fs/cgroup").join(child))?;
+    }
+    Ok(())
+}
+
+fn write_device_tree(tree: &Tree, variant: Variant) -> io::Result<()> {
+    let base = "sys/firmware/devicetree/base";
+    tree.file(&format!("{base}/model"), "Raspberry Pi 5 Model B Rev 1.0\0")?;
+    tree.file(
+        &format!("{base}/compatible"),
+        "raspberrypi,5-model-b\0brcm,bcm2712\0",
+    )?;
+    let chosen = format!("{base}/chosen/bootloader");
+    tree.dt_u32(&format!("{chosen}/tryboot"), 0)?;
+    tree.dt_u32(&format!("{chosen}/partition"), 1)?;
+    tree.dt_u32(&format!("{chosen}/boot-mode"), 1)?;
+    // 2025-05-08: a bootloader that knows SDRAM_BANKLOW and enables banklow 1 by default.
+    tree.dt_u32(&format!("{chosen}/build-timestamp"), 1_746_662_400)?;
+    tree.file(
+        &format!("{base}/aliases/blconfig"),
+        &format!("/{BLCONFIG_NODE}\0"),
+    )?;
+    tree.file(&format!("{base}/{BLCONFIG_NODE}/name"), "nvram\0")?;
+    let mut config = BOOTLOADER_CONFIG.to_string();
+    if variant == Variant::WrongInterleave {
+        config.push_str("SDRAM_BANKLOW=3\n");
+    }
+    // The nvmem cell is a fixed-size region; the text is NUL-padded.
+    let mut cell = config.into_bytes();
+    cell.resize(4096, 0);
+    tree.bytes("sys/bus/nvmem/devices/rmem0/nvmem", &cell)?;
+    tree.link(
+        "sys/bus/nvmem/devices/rmem0/of_node",
+        &format!("../../../../firmware/devicetree/base/{BLCONFIG_NODE}"),
+    )
+}
+
+fn write_boot_partition(tree: &Tree, variant: Variant) -> io::Result<()> {
+    tree.file(
+        "boot/firmware/config.txt",
+        "# Written by the image build from config.txt.d/; do not edit by hand.\n[all]\narm_64bit=1\nkernel=vmlinuz\ninitramfs initrd.img followkernel\n",
+    )?;
+    let cmdline = if variant == Variant::NoMemcg {
+        CMDLINE_TXT.to_string()
+    } else {
+        format!("{CMDLINE_TXT} cgroup_enable=memory")
+    };
+    tree.file("boot/firmware/cmdline.txt", &format!("{cmdline}\n"))
+}
+
+fn write_firmware(tree: &Tree) -> io::Result<()> {
+    let image = Image::assemble(&[
+        (0, "", b"simulated bootloader code"),
+        (0x1_0000, "updatetime", &[0u8; 8]),
+        (0xa_4000, "bootconf.txt", BOOTLOADER_CONFIG.as_bytes()),
+        (0xa_5000, "pubkey.bin", &[0u8; 264]),
+    ])
+    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    tree.bytes(BOOTLOADER_IMAGE, image.bytes())?;
+    tree.file(
+        "usr/lib/firmware/raspberrypi/bootloader-2712/default/recovery.bin",
+        "simulated recovery loader\n",
+    )?;
+    tree.dir("etc/appliance")
+}
+
+// ---- The kernel's part -------------------------------------------------------------------
+
+fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg.into())
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split_whitespace().map(str::to_string).collect()
+}
+
+/// Default contents of a controller's interface files in a new cgroup.
+fn controller_files(controller: &str) -> &'static [(&'static str, &'static str)] {
+    match controller {
+        "cpu" => &[("cpu.weight", "100"), ("cpu.max", "max 100000")],
+        "memory" => &[
+            ("memory.max", "max"),
+            ("memory.high", "max"),
+            ("memory.low", "0"),
+            ("memory.min", "0"),
+            ("memory.swap.max", "max"),
+            ("memory.current", "0"),
+        ],
+        "pids" => &[("pids.max", "max")],
+        "io" => &[("io.weight", "default 100")],
+        _ => &[],
+    }
+}
+
+/// `mkdir` in the cgroup filesystem: the new group inherits its parent's enabled controllers.
+pub fn kernel_mkdir_cgroup(path: &Path) -> io::Result<()> {
+    let parent = path
+        .parent()
+        .ok_or_else(|| invalid("a cgroup needs a parent"))?;
+    let enabled = fs::read_to_string(parent.join("cgroup.subtree_control"))?;
+    match fs::create_dir(path) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(()),
+        other => other?,
+    }
+    fs::write(
+        path.join("cgroup.controllers"),
+        format!("{}\n", enabled.trim()),
+    )?;
+    fs::write(path.join("cgroup.subtree_control"), "\n")?;
+    fs::write(path.join("cgroup.procs"), "")?;
+    fs::write(path.join("cgroup.type"), "domain\n")?;
+    for controller in words(&enabled) {
+        for (name, value) in controller_files(&controller) {
+            fs::write(path.join(name), format!("{value}\n"))?;
+        }
+    }
+    Ok(())
+}
+
+/// A write to a kernel attribute, validated and interpreted the way the kernel does it.
+pub fn kernel_write(path: &Path, value: &str) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let value = value.trim();
+    match name.as_str() {
+        "cgroup.subtree_control" => write_subtree_control(path, value),
+        "cpu.weight" => {
+            let weight: u32 = value.parse().map_err(|_| invalid("not a number"))?;
+            if !(1..=10_000).contains(&weight) {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "out of range"));
+            }
+            fs::write(path, format!("{weight}\n"))
+        }
+        "memory.max" | "memory.high" | "memory.swap.max" | "memory.low" | "memory.min" => {
+            let stored = if value == "max" {
+                "max".to_string()
+            } else {
+                let bytes: u64 = value.parse().map_err(|_| invalid("not a number or max"))?;
+                (bytes / PAGE_SIZE * PAGE_SIZE).to_string()
+            };
+            fs::write(path, format!("{stored}\n"))
+        }
+        "scaling_governor" => {
+            let dir = path.parent().ok_or_else(|| invalid("no policy"))?;
+            let available = fs::read_to_string(dir.join("scaling_available_governors"))?;
+            if !words(&available).iter().any(|g| g == value) {
+                return Err(invalid(format!("governor {value} not available")));
+            }
+            fs::write(path, format!("{value}\n"))
+        }
+        _ => fs::write(path, format!("{value}\n")),
+    }
+}
+
+fn write_subtree_control(path: &Path, request: &str) -> io::Result<()> {
+    let dir = path.parent().ok_or_else(|| invalid("no cgroup"))?;
+    let available = words(&fs::read_to_string(dir.join("cgroup.controllers"))?);
+    let mut enabled = words(&fs::read_to_string(path)?);
+    for token in request.split_whitespace() {
+        let (add, controller) = match token.split_at(1) {
+            ("+", c) => (true, c),
+            ("-", c) => (false, c),
+            _ => return Err(invalid(format!("bad token {token}"))),
+        };
+        if !available.iter().any(|c| c == controller) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("controller {controller} not available"),
+            ));
+        }
+        enabled.retain(|c| c != controller);
+        if add {
+            enabled.push(controller.to_string());
+        }
+    }
+    // Keep the kernel's canonical order.
+    let order = words(ALL_CONTROLLERS);
+    enabled.sort_by_key(|c| order.iter().position(|o| o == c));
+    let line = enabled.join(" ");
+    fs::write(path, format!("{line}\n"))?;
+    for entry in fs::read_dir(dir)? {
+        let child = entry?.path();
+        if !child.is_dir() {
+            continue;
+        }
+        fs::write(child.join("cgroup.controllers"), format!("{line}\n"))?;
+        for controller in &enabled {
+            for (name, value) in controller_files(controller) {
+                let file = child.join(name);
+                if !file.exists() {
+                    fs::write(file, format!("{value}\n"))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `swapoff`: the device leaves `/proc/swaps`.
+pub fn kernel_swapoff(root: &Path, device: &str) -> io::Result<()> {
+    let path = root.join("proc/swaps");
+    let text = fs::read_to_string(&path)?;
+    let mut found = false;
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|line| {
+            let hit = line.split_whitespace().next() == Some(device);
+            found |= hit;
+            !hit
+        })
+        .collect();
+    if !found {
+        return Err(invalid(format!("{device} is not an active swap area")));
+    }
+    fs::write(path, format!("{}\n", kept.join("\n")))
+}

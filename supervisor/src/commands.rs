@@ -1,0 +1,152 @@
+//! One function per CLI subcommand; `main.rs` only parses arguments and calls these.
+//!
+//! Exit status: 0 success; 1 a tuning step failed (or the daemon stopped on an error);
+//! 2 bad input (configuration, board root, arguments).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::board::{Board, sim};
+use crate::config::Config;
+use crate::report::{self, Status};
+use crate::systemd::Systemd;
+use crate::tune::{self, Applier, Backend};
+
+/// Exit status for bad input.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status when a step failed.
+pub const EXIT_FAILED: u8 = 1;
+
+fn bad_input(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_BAD_INPUT)
+}
+
+fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
+    let board = Board::open(root).map_err(bad_input)?;
+    let config = Config::for_board(&board, config).map_err(bad_input)?;
+    Ok((board, config))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| bad_input(format!("cannot start the async runtime: {e}")))
+}
+
+/// The applier for this board: with a systemd connection when the backend is systemd.
+pub async fn applier_for(board: &Board, backend: Backend) -> Applier<'_> {
+    match backend {
+        Backend::Files => Applier::files_only(board, "the cgroup backend is files"),
+        Backend::Systemd => match Systemd::connect(None).await {
+            Ok(systemd) => Applier::with_systemd(board, systemd),
+            Err(e) => Applier::files_only(
+                board,
+                format!("cannot reach systemd on the system bus: {e}"),
+            ),
+        },
+    }
+}
+
+/// `supervisor sim init DIR [--variant NAME]`.
+pub fn sim_init(dir: &Path, variant: &str) -> ExitCode {
+    let Some(v) = sim::Variant::from_name(variant) else {
+        let names: Vec<&str> = sim::Variant::ALL.iter().map(|(n, _)| *n).collect();
+        return bad_input(format!(
+            "unknown board variant \"{variant}\"; choose one of: {}",
+            names.join(", ")
+        ));
+    };
+    match sim::init(dir, v) {
+        Ok(()) => {
+            println!("simulated {} board written to {}", v.name(), dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => bad_input(format!(
+            "cannot write a simulated board to {}: {e}",
+            dir.display()
+        )),
+    }
+}
+
+/// `supervisor config check FILE`.
+pub fn config_check(file: &Path) -> ExitCode {
+    match Config::from_file(file) {
+        Ok(_) => {
+            println!("{}: ok", file.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => bad_input(e),
+    }
+}
+
+/// `supervisor --root DIR [--config FILE] apply [--dry-run]`.
+pub fn apply(root: &Path, config: Option<&Path>, dry_run: bool) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let backend = Backend::resolve(config.tuning.engine.backend, &board);
+    let steps = tune::steps(&config, backend);
+    let reports = rt.block_on(async {
+        let applier = applier_for(&board, backend).await;
+        tune::apply(&board, &steps, &applier, dry_run).await
+    });
+    print!("{}", report::steps_table(&reports));
+    if tune::all_succeeded(&reports) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FAILED)
+    }
+}
+
+/// `supervisor --root DIR [--config FILE] status [--json]`.
+pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let backend = Backend::resolve(config.tuning.engine.backend, &board);
+    let status = Status {
+        schema_version: report::SCHEMA_VERSION,
+        root: board.root().display().to_string(),
+        simulated: board.is_simulated(),
+        board: board.facts(),
+        steps: tune::status(&board, &tune::steps(&config, backend)),
+    };
+    if json {
+        match serde_json::to_string_pretty(&status) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return bad_input(format!("cannot encode status: {e}")),
+        }
+    } else {
+        print!("{}", report::facts_text(&status.board, status.simulated));
+        println!();
+        print!("{}", report::steps_table(&status.steps));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `supervisor --root DIR [--config FILE] run`.
+pub fn run(root: &Path, config: Option<&Path>) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    match rt.block_on(crate::daemon::run(&board, &config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}

@@ -1,0 +1,479 @@
+//! The supervisor's configuration: one TOML file, typed, every field defaulted, unknown keys refused.
+//!
+//! On a box the file is `/etc/appliance/appliance.toml`; a provisioning override on the boot
+//! partition (`appliance.toml` there) is laid over it key by key. Locally `--config FILE` names the
+//! only file. The documented copy of every key with its default is
+//! `overlays/rootfs/etc/appliance/appliance.toml`, which a test keeps equal to [`Config::default`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::board::Board;
+
+/// The system-wide configuration file on a box.
+pub const SYSTEM_CONFIG: &str = "/etc/appliance/appliance.toml";
+/// Name of the provisioning override on the boot partition.
+pub const OVERRIDE_NAME: &str = "appliance.toml";
+
+/// Everything the supervisor can be told.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// How the board is tuned for inference.
+    pub tuning: Tuning,
+    /// The long-running daemon (`supervisor run`).
+    pub daemon: Daemon,
+}
+
+/// The tuned state the supervisor brings the board into and verifies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tuning {
+    /// cpufreq governor for every policy. Default `performance`.
+    pub governor: Governor,
+    /// Bootloader `SDRAM_BANKLOW`: `"auto"` (1 with a NUMA-emulation kernel, 3 without),
+    /// `"keep"` (never touch the bootloader) or a value 0–4 to pin. Default `"auto"`.
+    pub sdram_banklow: BankLow,
+    /// System-wide swap: `"keep"` leaves it alone, `"off"` turns every swap area off (zram too).
+    /// The engine never swaps either way. Default `"keep"`.
+    pub system_swap: SystemSwap,
+    /// The engine's cgroup.
+    pub engine: EngineCgroup,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            governor: Governor::Performance,
+            sdram_banklow: BankLow::Auto,
+            system_swap: SystemSwap::Keep,
+            engine: EngineCgroup::default(),
+        }
+    }
+}
+
+/// A cpufreq governor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Governor {
+    /// Always the highest clock: the measured best for inference.
+    Performance,
+    /// The kernel's load-following default.
+    Ondemand,
+    /// Scheduler-driven.
+    Schedutil,
+    /// Conservative load-following.
+    Conservative,
+    /// Always the lowest clock.
+    Powersave,
+}
+
+impl Governor {
+    /// The name the kernel uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Governor::Performance => "performance",
+            Governor::Ondemand => "ondemand",
+            Governor::Schedutil => "schedutil",
+            Governor::Conservative => "conservative",
+            Governor::Powersave => "powersave",
+        }
+    }
+}
+
+/// The `SDRAM_BANKLOW` policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "BankLowRaw", into = "BankLowRaw")]
+pub enum BankLow {
+    /// Choose from the kernel: 1 with NUMA emulation, 3 without.
+    Auto,
+    /// Leave the bootloader configuration alone.
+    Keep,
+    /// Pin this value (0–4).
+    Pin(u8),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum BankLowRaw {
+    Word(String),
+    Number(i64),
+}
+
+impl TryFrom<BankLowRaw> for BankLow {
+    type Error = String;
+    fn try_from(raw: BankLowRaw) -> Result<Self, Self::Error> {
+        match raw {
+            BankLowRaw::Word(w) if w == "auto" => Ok(BankLow::Auto),
+            BankLowRaw::Word(w) if w == "keep" => Ok(BankLow::Keep),
+            BankLowRaw::Number(n @ 0..=4) => Ok(BankLow::Pin(n as u8)),
+            BankLowRaw::Word(w) => Err(format!(
+                "invalid sdram_banklow \"{w}\": allowed are \"auto\", \"keep\" or an integer 0-4"
+            )),
+            BankLowRaw::Number(n) => Err(format!(
+                "invalid sdram_banklow {n}: allowed are \"auto\", \"keep\" or an integer 0-4"
+            )),
+        }
+    }
+}
+
+impl From<BankLow> for BankLowRaw {
+    fn from(b: BankLow) -> Self {
+        match b {
+            BankLow::Auto => BankLowRaw::Word("auto".into()),
+            BankLow::Keep => BankLowRaw::Word("keep".into()),
+            BankLow::Pin(n) => BankLowRaw::Number(i64::from(n)),
+        }
+    }
+}
+
+/// What to do about system-wide swap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SystemSwap {
+    /// Leave system swap as the OS set it up.
+    Keep,
+    /// Turn every swap area off.
+    Off,
+}
+
+/// How cgroup limits are put in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupBackend {
+    /// systemd over D-Bus when the root is `/` and systemd runs; plain files otherwise.
+    Auto,
+    /// Always through systemd (`SetUnitProperties` on the engine's slice).
+    Systemd,
+    /// Always by writing the cgroup files directly.
+    Files,
+}
+
+/// The engine's cgroup (a systemd slice) and its limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineCgroup {
+    /// systemd slice the engine runs in; its dashes give its place in the tree
+    /// (`appliance-engine.slice` is `appliance.slice/appliance-engine.slice`).
+    /// Default `"appliance-engine.slice"`.
+    pub slice: SliceName,
+    /// `cpu.weight`, 1–10000. Default 10000: the engine wins every CPU contest.
+    pub cpu_weight: CpuWeight,
+    /// `memory.max` is total RAM minus this many MiB (left to the OS and the supervisor), unless
+    /// `memory_max_mib` is set. Default 1024.
+    pub memory_reserve_mib: u64,
+    /// An explicit `memory.max` in MiB instead of RAM minus the reserve. Default unset.
+    pub memory_max_mib: Option<u64>,
+    /// `memory.low` in MiB: memory the kernel keeps for the engine under pressure, effective only
+    /// if every ancestor grants at least as much. Default unset (no protection asked for).
+    pub memory_low_mib: Option<u64>,
+    /// How the limits are applied. Default `"auto"`.
+    pub backend: CgroupBackend,
+}
+
+impl Default for EngineCgroup {
+    fn default() -> Self {
+        EngineCgroup {
+            slice: SliceName("appliance-engine.slice".into()),
+            cpu_weight: CpuWeight(10_000),
+            memory_reserve_mib: 1024,
+            memory_max_mib: None,
+            memory_low_mib: None,
+            backend: CgroupBackend::Auto,
+        }
+    }
+}
+
+/// A cgroup `cpu.weight`, checked to lie in 1–10000.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "u32")]
+pub struct CpuWeight(u32);
+
+impl CpuWeight {
+    /// The weight.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for CpuWeight {
+    type Error = String;
+    fn try_from(n: i64) -> Result<Self, Self::Error> {
+        match u32::try_from(n) {
+            Ok(w @ 1..=10_000) => Ok(CpuWeight(w)),
+            _ => Err(format!(
+                "invalid cpu_weight {n}: allowed is an integer 1-10000"
+            )),
+        }
+    }
+}
+
+impl From<CpuWeight> for u32 {
+    fn from(w: CpuWeight) -> u32 {
+        w.0
+    }
+}
+
+/// A systemd slice name such as `appliance-engine.slice`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SliceName(String);
+
+impl SliceName {
+    /// The unit name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The slice's cgroup path below the cgroup root, e.g. `appliance.slice/appliance-engine.slice`.
+    pub fn cgroup_path(&self) -> String {
+        let stem = self.0.trim_end_matches(".slice");
+        let parts: Vec<&str> = stem.split('-').collect();
+        (1..=parts.len())
+            .map(|n| format!("{}.slice", parts[..n].join("-")))
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+}
+
+impl TryFrom<String> for SliceName {
+    type Error = String;
+    fn try_from(name: String) -> Result<Self, Self::Error> {
+        let stem = name.strip_suffix(".slice").unwrap_or("");
+        let valid = !stem.is_empty()
+            && stem != "-"
+            && stem
+                .split('-')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        if valid {
+            Ok(SliceName(name))
+        } else {
+            Err(format!(
+                "invalid slice \"{name}\": use a systemd slice name like \"appliance-engine.slice\" \
+                 (letters, digits and _ between single dashes, ending in .slice)"
+            ))
+        }
+    }
+}
+
+impl From<SliceName> for String {
+    fn from(s: SliceName) -> String {
+        s.0
+    }
+}
+
+/// The long-running daemon's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Daemon {
+    /// Seconds between re-verifications of the tuned state (another service may undo it); drift
+    /// is logged and repaired. 0 turns re-verification off. Default 300.
+    pub reverify_interval_s: u64,
+}
+
+impl Default for Daemon {
+    fn default() -> Self {
+        Daemon {
+            reverify_interval_s: 300,
+        }
+    }
+}
+
+/// A configuration file that cannot be used, with what is wrong and where.
+#[derive(Debug)]
+pub struct ConfigError {
+    /// The offending file.
+    pub file: PathBuf,
+    /// What is wrong; for syntax and type errors this includes line, column and the key.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid configuration {}: {}",
+            self.file.display(),
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn read_table(file: &Path) -> Result<toml::Table, ConfigError> {
+    let fail = |message: String| ConfigError {
+        file: file.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read_to_string(file).map_err(|e| fail(e.to_string()))?;
+    // Typing each file on its own reports errors with that file's own line numbers.
+    toml::from_str::<Config>(&text).map_err(|e| fail(e.to_string().trim_end().to_string()))?;
+    toml::from_str::<toml::Table>(&text).map_err(|e| fail(e.to_string()))
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+impl Config {
+    /// Reads and checks one file.
+    pub fn from_file(file: &Path) -> Result<Config, ConfigError> {
+        Self::from_files(&[file.to_path_buf()])
+    }
+
+    /// Reads files in order, each later one overriding the earlier ones key by key.
+    pub fn from_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
+        let mut merged = toml::Table::new();
+        for file in files {
+            merge(&mut merged, read_table(file)?);
+        }
+        let last = files.last().cloned().unwrap_or_default();
+        merged.try_into().map_err(|e: toml::de::Error| ConfigError {
+            file: last,
+            message: format!("after applying overrides: {e}"),
+        })
+    }
+
+    /// The configuration a board runs with: `--config FILE` alone when given; otherwise the
+    /// system file (if present) with the boot partition's provisioning override (if present).
+    pub fn for_board(board: &Board, explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        if let Some(file) = explicit {
+            return Self::from_file(file);
+        }
+        let mut files = Vec::new();
+        let system = board.path(SYSTEM_CONFIG);
+        if system.is_file() {
+            files.push(system);
+        }
+        if let Ok(boot) = board.boot_dir() {
+            let provisioning = board.path(&format!("{boot}/{OVERRIDE_NAME}"));
+            if provisioning.is_file() {
+                files.push(provisioning);
+            }
+        }
+        if files.is_empty() {
+            return Ok(Config::default());
+        }
+        Self::from_files(&files)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOCUMENTED: &str = include_str!("../../overlays/rootfs/etc/appliance/appliance.toml");
+
+    fn parse(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn documented_file_is_exactly_the_defaults() {
+        assert_eq!(
+            parse(DOCUMENTED).expect("documented file parses"),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn documented_file_names_every_key() {
+        fn keys(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
+            for (k, v) in table {
+                match v {
+                    toml::Value::Table(t) => keys(&format!("{prefix}{k}."), t, out),
+                    _ => out.push(k.clone()),
+                }
+            }
+        }
+        let mut all = Config::default();
+        all.tuning.engine.memory_max_mib = Some(1);
+        all.tuning.engine.memory_low_mib = Some(1);
+        let table = toml::Table::try_from(&all).expect("serialize");
+        let mut names = Vec::new();
+        keys("", &table, &mut names);
+        for name in names {
+            assert!(
+                DOCUMENTED
+                    .lines()
+                    .any(|l| l.trim_start_matches("# ").starts_with(&format!("{name} ="))),
+                "{name} is not documented in appliance.toml"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_name_and_line() {
+        let err =
+            parse("[tuning]\ngovernor = \"performance\"\nturbo = true\n").expect_err("refused");
+        assert!(err.contains("turbo"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+        assert!(err.contains("governor"), "lists the allowed keys: {err}");
+    }
+
+    #[test]
+    fn out_of_range_values_name_what_is_allowed() {
+        let err = parse("[tuning.engine]\ncpu_weight = 20000\n").expect_err("refused");
+        assert!(err.contains("1-10000") && err.contains("line 2"), "{err}");
+        let err = parse("[tuning]\nsdram_banklow = 7\n").expect_err("refused");
+        assert!(err.contains("0-4"), "{err}");
+        let err = parse("[tuning]\ngovernor = \"turbo\"\n").expect_err("refused");
+        assert!(err.contains("performance"), "{err}");
+        let err = parse("[tuning.engine]\nslice = \"../etc\"\n").expect_err("refused");
+        assert!(err.contains("slice"), "{err}");
+    }
+
+    #[test]
+    fn slice_names_map_to_nested_cgroups() {
+        let slice = SliceName::try_from("appliance-engine.slice".to_string()).expect("valid");
+        assert_eq!(
+            slice.cgroup_path(),
+            "appliance.slice/appliance-engine.slice"
+        );
+        let flat = SliceName::try_from("llm.slice".to_string()).expect("valid");
+        assert_eq!(flat.cgroup_path(), "llm.slice");
+        for bad in ["a--b.slice", "-a.slice", "a.service", ".slice", "a/b.slice"] {
+            assert!(SliceName::try_from(bad.to_string()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn later_files_override_earlier_ones_key_by_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let system = dir.path().join("system.toml");
+        let provisioning = dir.path().join("boot.toml");
+        std::fs::write(
+            &system,
+            "[tuning]\nsystem_swap = \"off\"\n[tuning.engine]\ncpu_weight = 500\n",
+        )
+        .expect("write");
+        std::fs::write(
+            &provisioning,
+            "[tuning.engine]\nmemory_reserve_mib = 2048\n",
+        )
+        .expect("write");
+        let config = Config::from_files(&[system, provisioning.clone()]).expect("merged");
+        assert_eq!(config.tuning.system_swap, SystemSwap::Off);
+        assert_eq!(config.tuning.engine.cpu_weight.get(), 500);
+        assert_eq!(config.tuning.engine.memory_reserve_mib, 2048);
+
+        std::fs::write(
+            &provisioning,
+            "[tuning.engine]\nmemory_reserve_mib = \"lots\"\n",
+        )
+        .expect("write");
+        let err = Config::from_file(&provisioning).expect_err("refused");
+        assert_eq!(err.file, provisioning);
+        assert!(err.message.contains("memory_reserve_mib"), "{err}");
+    }
+}

@@ -1,0 +1,73 @@
+//! `supervisor run`: the long-running daemon. It tunes the board, tells systemd it is ready,
+//! keeps systemd's watchdog fed, and re-verifies the tuned state on a schedule, repairing and
+//! logging drift (a governor another service reset, a cgroup limit someone changed).
+
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::board::Board;
+use crate::commands::applier_for;
+use crate::config::Config;
+use crate::tune::{self, Backend, State, StepReport};
+
+fn summary(reports: &[StepReport]) -> String {
+    let count = |s: State| reports.iter().filter(|r| r.state == s).count();
+    format!(
+        "tuning: {} in place, {} applied, {} pending reboot, {} failed",
+        count(State::InPlace),
+        count(State::Applied),
+        count(State::PendingReboot),
+        count(State::Failed)
+    )
+}
+
+fn notify(states: &[NotifyState]) {
+    // Outside systemd there is no NOTIFY_SOCKET and this is a no-op.
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!("cannot notify systemd: {e}");
+    }
+}
+
+/// Runs until SIGTERM or SIGINT.
+pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
+    let backend = Backend::resolve(config.tuning.engine.backend, board);
+    let steps = tune::steps(config, backend);
+    let applier = applier_for(board, backend).await;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
+
+    let reports = tune::apply(board, &steps, &applier, false).await;
+    let status = summary(&reports);
+    tracing::info!("{status}");
+    notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+
+    // systemd expects a ping within WatchdogSec; ping at half of it.
+    let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
+    let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
+    let reverify = config.daemon.reverify_interval_s;
+    let mut reverify_tick = tokio::time::interval(Duration::from_secs(reverify.max(1)));
+    reverify_tick.tick().await;
+
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+            _ = watchdog_tick.tick(), if watchdog.is_some() => notify(&[NotifyState::Watchdog]),
+            _ = reverify_tick.tick(), if reverify > 0 => {
+                let reports = tune::apply(board, &steps, &applier, false).await;
+                for drifted in reports.iter().filter(|r| r.state == State::Applied) {
+                    tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
+                }
+                let status = summary(&reports);
+                notify(&[NotifyState::Status(&status)]);
+            }
+        }
+    }
+    tracing::info!("stopping");
+    notify(&[NotifyState::Stopping]);
+    Ok(())
+}

@@ -1,0 +1,18 @@
+//! The Appliance supervisor: the daemon that owns a Raspberry Pi 5 LLM box.
+//!
+//! It brings the board into the tuned state (governor, the engine's cgroup, swap, bootloader
+//! SDRAM interleave) and proves it by reading back effective values ([`tune`]); everything it
+//! reads or writes on the machine goes through one root ([`board`]), so a simulated board tree
+//! stands in for a real Pi in tests and local runs. The `supervisor` binary is a thin CLI over
+//! [`commands`].
+
+pub mod atomic;
+pub mod board;
+pub mod bootloader;
+pub mod commands;
+pub mod config;
+pub mod daemon;
+pub mod logging;
+pub mod report;
+pub mod systemd;
+pub mod tune;

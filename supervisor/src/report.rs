@@ -1,0 +1,160 @@
+//! What `status` and `apply` print: the stable JSON document and the human table.
+//!
+//! JSON (`status --json`), schema version 1:
+//! `{ "schema_version": 1, "root": str, "simulated": bool, "board": Facts, "steps": [StepReport] }`
+//! where `StepReport` is `{ name, desired, effective, state, reason }` and `state` is one of
+//! `in-place`, `applied`, `pending-reboot`, `not-applicable`, `failed`, `needs-apply`.
+//! `Facts` is documented field by field on [`crate::board::facts::Facts`]. Keys are only ever added.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::board::facts::Facts;
+use crate::tune::StepReport;
+
+/// Version of the JSON layout; bumped only if a key changes meaning or disappears.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The `status --json` document.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    /// Layout version.
+    pub schema_version: u32,
+    /// The board root.
+    pub root: String,
+    /// Whether the board is simulated.
+    pub simulated: bool,
+    /// Facts about the board.
+    pub board: Facts,
+    /// Every tuning step.
+    pub steps: Vec<StepReport>,
+}
+
+/// The steps as an aligned table, one line each plus an indented reason.
+pub fn steps_table(steps: &[StepReport]) -> String {
+    let mut out = String::new();
+    let width = steps.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    for s in steps {
+        let state = serde_json::to_value(s.state)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:width$}  {:14}  desired: {}  effective: {}",
+            s.name, state, s.desired, s.effective
+        );
+        if !s.reason.is_empty() {
+            let _ = writeln!(out, "{:width$}  {}", "", s.reason);
+        }
+    }
+    out
+}
+
+/// The board facts in words.
+pub fn facts_text(f: &Facts, simulated: bool) -> String {
+    let unknown = || "unknown".to_string();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "board: {}{}",
+        f.model.clone().unwrap_or_else(unknown),
+        if simulated { " (simulated)" } else { "" }
+    );
+    let temperature = f
+        .temperature_c
+        .map(|t| format!("{t:.1} °C"))
+        .unwrap_or_else(unknown);
+    let throttle = match &f.throttle {
+        Some(t) => format!(
+            "now: {}; since boot: {} ({})",
+            words_or_none(&t.now),
+            words_or_none(&t.since_boot),
+            t.raw
+        ),
+        None => unknown(),
+    };
+    let _ = writeln!(out, "temperature: {temperature}; throttling {throttle}");
+    let mhz = |m: Option<u64>| m.map(|m| format!("{m} MHz")).unwrap_or_else(unknown);
+    let _ = writeln!(
+        out,
+        "clock: {} (max {}); governor: {}",
+        mhz(f.cpu_mhz),
+        mhz(f.cpu_max_mhz),
+        if f.governors.is_empty() {
+            unknown()
+        } else {
+            f.governors.join(", ")
+        }
+    );
+    let mib = |m: Option<u64>| m.map(|m| format!("{m} MiB")).unwrap_or_else(unknown);
+    let swap = if f.swap.is_empty() {
+        "off".to_string()
+    } else {
+        f.swap
+            .iter()
+            .map(|s| format!("{} {} MiB", s.device, s.size_kib / 1024))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "memory: {} total, {} available; swap: {swap}; NUMA nodes: {}",
+        mib(f.memory_total_mib),
+        mib(f.memory_available_mib),
+        f.numa_nodes
+    );
+    if let Some(b) = &f.boot {
+        let mode = match b.boot_mode {
+            1 => "SD".to_string(),
+            4 => "USB".to_string(),
+            6 => "NVMe".to_string(),
+            2 => "network".to_string(),
+            n => format!("mode {n}"),
+        };
+        let _ = writeln!(
+            out,
+            "boot: {mode}, partition {}, tryboot {}, bootloader built {}",
+            b.partition,
+            if b.tryboot { "yes" } else { "no" },
+            civil_date(u64::from(b.bootloader_build_timestamp))
+        );
+    }
+    out
+}
+
+fn words_or_none(words: &[&str]) -> String {
+    if words.is_empty() {
+        "none".into()
+    } else {
+        words.join(", ")
+    }
+}
+
+/// `YYYY-MM-DD` (UTC) of a Unix time.
+fn civil_date(unix: u64) -> String {
+    // Howard Hinnant's days-to-civil algorithm.
+    let days = (unix / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::civil_date;
+
+    #[test]
+    fn dates_are_utc_calendar_days() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(1_746_662_400), "2025-05-08");
+        assert_eq!(civil_date(951_782_400), "2000-02-29");
+    }
+}

@@ -1,0 +1,289 @@
+//! Bringing the board into the tuned state and proving it.
+//!
+//! Every step follows one cycle: **observe** the effective state by reading it back from the
+//! board, **plan** by comparing it with what the configuration desires, **apply** the planned
+//! [`Edit`]s, and **verify** by observing and planning again. A step is only `applied` when the
+//! read-back after the write shows the desired value; configuration that silently did not take is
+//! reported as `failed`, with what was read.
+
+mod bootloader;
+mod cgroup;
+mod cmdline;
+mod edit;
+mod governor;
+mod swap;
+
+use serde::Serialize;
+
+pub use edit::{Applier, Edit, UnitProperty};
+
+use crate::board::{Board, BoardError};
+use crate::config::{CgroupBackend, Config};
+
+/// Where a step stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    /// Already as desired; nothing was written.
+    InPlace,
+    /// Written and read back as desired.
+    Applied,
+    /// Staged; takes effect at the next boot.
+    PendingReboot,
+    /// Does not apply to this board or configuration.
+    NotApplicable,
+    /// Could not be brought into the desired state (see the reason).
+    Failed,
+    /// Not as desired; `apply` would change it (only from `status` and `apply --dry-run`).
+    NeedsApply,
+}
+
+/// What one step found, did and read back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepReport {
+    /// Stable step name, e.g. `governor` or `cgroup.cpu_weight`.
+    pub name: String,
+    /// What the configuration asks for.
+    pub desired: String,
+    /// What the board reads back now.
+    pub effective: String,
+    /// Where the step stands.
+    pub state: State,
+    /// Why, in words (what was written, what failed, what is awaited).
+    pub reason: String,
+}
+
+/// The outcome of comparing desired with effective.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing to do.
+    InPlace,
+    /// These edits, in order, bring the board to the desired state (or stage it for the next
+    /// boot, in which case the read-back afterwards is `PendingReboot`).
+    Change(Vec<Edit>),
+    /// A change is already staged for the next boot.
+    PendingReboot(String),
+    /// The step does not apply here.
+    NotApplicable(String),
+    /// The desired state cannot be reached.
+    Failed(String),
+}
+
+/// A step's view of desired against effective, and what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// What the configuration asks for.
+    pub desired: String,
+    /// What the board reads back.
+    pub effective: String,
+    /// What to do.
+    pub verdict: Verdict,
+}
+
+/// One tuning step: observe, then plan from the observation alone (so plans are testable
+/// without a board).
+pub trait Step {
+    /// What the step reads off the board.
+    type Observed;
+    /// Stable name for reports.
+    fn name(&self) -> &'static str;
+    /// Reads the effective state back from the board.
+    fn observe(&self, board: &Board) -> Result<Self::Observed, BoardError>;
+    /// Compares the observation with the desired state.
+    fn plan(&self, observed: &Self::Observed) -> Plan;
+}
+
+/// A step with its observation type erased, so steps of all kinds run in one list.
+pub trait Evaluate {
+    /// Stable name for reports.
+    fn name(&self) -> &'static str;
+    /// Observe and plan; an unreadable board becomes a `Failed` plan naming the file.
+    fn evaluate(&self, board: &Board) -> Plan;
+}
+
+impl<S: Step> Evaluate for S {
+    fn name(&self) -> &'static str {
+        Step::name(self)
+    }
+
+    fn evaluate(&self, board: &Board) -> Plan {
+        match self.observe(board) {
+            Ok(observed) => self.plan(&observed),
+            Err(e) => Plan {
+                desired: String::from("?"),
+                effective: String::from("unreadable"),
+                verdict: Verdict::Failed(e.to_string()),
+            },
+        }
+    }
+}
+
+/// How cgroup limits reach the kernel on this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// systemd sets them on the slice over D-Bus.
+    Systemd,
+    /// The supervisor writes the cgroup files itself.
+    Files,
+}
+
+impl Backend {
+    /// Resolves the configured backend: `auto` means systemd on a live box that runs it.
+    pub fn resolve(configured: CgroupBackend, board: &Board) -> Backend {
+        match configured {
+            CgroupBackend::Systemd => Backend::Systemd,
+            CgroupBackend::Files => Backend::Files,
+            CgroupBackend::Auto => {
+                let live = !board.is_simulated() && board.root() == std::path::Path::new("/");
+                if live && std::path::Path::new("/run/systemd/system").is_dir() {
+                    Backend::Systemd
+                } else {
+                    Backend::Files
+                }
+            }
+        }
+    }
+}
+
+/// The steps of the tuned state, in the order they are applied.
+pub fn steps(config: &Config, backend: Backend) -> Vec<Box<dyn Evaluate>> {
+    let tuning = &config.tuning;
+    let engine = || cgroup::Target::new(&tuning.engine, backend);
+    vec![
+        Box::new(cmdline::MemoryCgroup),
+        Box::new(governor::GovernorStep {
+            desired: tuning.governor,
+        }),
+        Box::new(cgroup::SliceStep(engine())),
+        Box::new(cgroup::CpuWeightStep(engine())),
+        Box::new(cgroup::MemoryMaxStep(engine())),
+        Box::new(cgroup::SwapMaxStep(engine())),
+        Box::new(cgroup::MemoryLowStep(engine())),
+        Box::new(swap::SystemSwapStep {
+            desired: tuning.system_swap,
+        }),
+        Box::new(bootloader::BankLowStep {
+            desired: tuning.sdram_banklow,
+        }),
+    ]
+}
+
+/// Reports where every step stands without changing anything.
+pub fn status(board: &Board, steps: &[Box<dyn Evaluate>]) -> Vec<StepReport> {
+    steps
+        .iter()
+        .map(|step| report_unapplied(step.name(), step.evaluate(board)))
+        .collect()
+}
+
+fn report_unapplied(name: &str, plan: Plan) -> StepReport {
+    let (state, reason) = match plan.verdict {
+        Verdict::InPlace => (State::InPlace, String::new()),
+        Verdict::Change(edits) => (State::NeedsApply, describe(&edits)),
+        Verdict::PendingReboot(r) => (State::PendingReboot, r),
+        Verdict::NotApplicable(r) => (State::NotApplicable, r),
+        Verdict::Failed(r) => (State::Failed, r),
+    };
+    StepReport {
+        name: name.to_string(),
+        desired: plan.desired,
+        effective: plan.effective,
+        state,
+        reason,
+    }
+}
+
+fn describe(edits: &[Edit]) -> String {
+    let list: Vec<String> = edits.iter().map(ToString::to_string).collect();
+    format!("would {}", list.join("; "))
+}
+
+/// Applies every step in order and verifies each by reading back. With `dry_run`, only plans.
+pub async fn apply(
+    board: &Board,
+    steps: &[Box<dyn Evaluate>],
+    applier: &Applier<'_>,
+    dry_run: bool,
+) -> Vec<StepReport> {
+    let mut reports = Vec::with_capacity(steps.len());
+    for step in steps {
+        let plan = step.evaluate(board);
+        let report = match plan.verdict {
+            Verdict::Change(ref edits) if !dry_run => {
+                let edits = edits.clone();
+                apply_and_verify(board, step.as_ref(), plan, &edits, applier).await
+            }
+            _ => report_unapplied(step.name(), plan),
+        };
+        log(&report);
+        reports.push(report);
+    }
+    reports
+}
+
+async fn apply_and_verify(
+    board: &Board,
+    step: &dyn Evaluate,
+    before: Plan,
+    edits: &[Edit],
+    applier: &Applier<'_>,
+) -> StepReport {
+    let name = step.name().to_string();
+    for edit in edits {
+        if let Err(e) = applier.apply(edit).await {
+            let after = step.evaluate(board);
+            return StepReport {
+                name,
+                desired: before.desired,
+                effective: after.effective,
+                state: State::Failed,
+                reason: format!("could not {edit}: {e}"),
+            };
+        }
+    }
+    let after = step.evaluate(board);
+    let done = describe(edits).replacen("would ", "", 1);
+    let (state, reason) = match after.verdict {
+        Verdict::InPlace => (State::Applied, done),
+        Verdict::PendingReboot(r) => (State::PendingReboot, format!("{done}; {r}")),
+        Verdict::Change(_) => (
+            State::Failed,
+            format!(
+                "{done}, but it reads back as {} instead of {}",
+                after.effective, after.desired
+            ),
+        ),
+        Verdict::NotApplicable(r) | Verdict::Failed(r) => {
+            (State::Failed, format!("{done}, then: {r}"))
+        }
+    };
+    StepReport {
+        name,
+        desired: after.desired,
+        effective: after.effective,
+        state,
+        reason,
+    }
+}
+
+fn log(report: &StepReport) {
+    let StepReport {
+        name,
+        desired,
+        effective,
+        state,
+        reason,
+    } = report;
+    match state {
+        State::Failed => tracing::error!(step = %name, %desired, %effective, "failed: {reason}"),
+        State::Applied | State::PendingReboot => {
+            tracing::info!(step = %name, %desired, %effective, state = ?state, "{reason}")
+        }
+        _ => tracing::debug!(step = %name, %desired, %effective, state = ?state, "{reason}"),
+    }
+}
+
+/// Whether a run succeeded: no step failed.
+pub fn all_succeeded(reports: &[StepReport]) -> bool {
+    reports.iter().all(|r| r.state != State::Failed)
+}
