@@ -1,0 +1,369 @@
+//! The `supervisor` binary end to end on simulated boards: exit codes, messages, what lands in the
+//! board tree, and that a second run changes nothing.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
+
+struct Sim {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Sim {
+    fn new(variant: &str) -> Sim {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("board");
+        let out = supervisor(&["sim", "init", root.to_str().expect("utf8"), "--variant", variant]);
+        assert!(out.status.success(), "sim init: {}", text(&out.stderr));
+        Sim { _dir: dir, root }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).expect("read").trim().to_string()
+    }
+
+    fn write(&self, rel: &str, contents: &str) {
+        std::fs::write(self.path(rel), contents).expect("write");
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let mut all = vec!["--root", self.root.to_str().expect("utf8")];
+        all.extend_from_slice(args);
+        supervisor(&all)
+    }
+
+    fn apply(&self) -> Output {
+        self.run(&["apply"])
+    }
+
+    fn status(&self) -> Value {
+        let out = self.run(&["status", "--json"]);
+        assert!(out.status.success(), "status: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("status is JSON")
+    }
+
+    /// Every file's bytes, to prove a run wrote nothing.
+    fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
+        fn walk(dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
+            for entry in std::fs::read_dir(dir).expect("list") {
+                let path = entry.expect("entry").path();
+                if path.is_symlink() {
+                    continue;
+                }
+                if path.is_dir() {
+                    walk(&path, out);
+                } else {
+                    out.insert(path.clone(), std::fs::read(&path).expect("read"));
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(&self.root, &mut out);
+        out
+    }
+}
+
+fn supervisor(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .expect("run supervisor")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn step<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no step {name}"))
+}
+
+fn state<'a>(status: &'a Value, name: &str) -> &'a str {
+    step(status, name)["state"].as_str().expect("state")
+}
+
+fn assert_applied_then_idempotent(sim: &Sim) {
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    let before = sim.snapshot();
+    let again = sim.apply();
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stdout));
+    assert!(!text(&again.stdout).contains(" applied "), "second run changed something:\n{}", text(&again.stdout));
+    assert!(before == sim.snapshot(), "second run wrote to the board");
+}
+
+#[test]
+fn a_fresh_board_is_tuned_and_a_second_run_changes_nothing() {
+    let sim = Sim::new("pi5-8gb");
+    let fresh = sim.status();
+    assert_eq!(state(&fresh, "governor"), "needs-apply");
+    assert_eq!(state(&fresh, "cgroup.cpu_weight"), "needs-apply");
+
+    assert_applied_then_idempotent(&sim);
+
+    assert_eq!(sim.read("sys/devices/system/cpu/cpufreq/policy0/scaling_governor"), "performance");
+    let engine = "sys/fs/cgroup/appliance.slice/appliance-engine.slice";
+    assert_eq!(sim.read(&format!("{engine}/cpu.weight")), "10000");
+    assert_eq!(sim.read(&format!("{engine}/memory.swap.max")), "0");
+    // 8051 MiB of RAM minus the default 1024 MiB reserve.
+    assert_eq!(sim.read(&format!("{engine}/memory.max")), (7027u64 * 1024 * 1024).to_string());
+    assert!(sim.read("sys/fs/cgroup/appliance.slice/cgroup.subtree_control").contains("memory"));
+
+    let tuned = sim.status();
+    for name in ["governor", "cgroup.slice", "cgroup.cpu_weight", "cgroup.memory_max", "cgroup.memory_swap_max", "bootloader.sdram_banklow"] {
+        assert_eq!(state(&tuned, name), "in-place", "{name}: {}", step(&tuned, name));
+    }
+    // The bootloader was already right: nothing may be staged for it.
+    assert!(!sim.path("boot/firmware/pieeprom.upd").exists());
+}
+
+#[test]
+fn dry_run_reports_the_plan_and_writes_nothing() {
+    let sim = Sim::new("no-numa");
+    let before = sim.snapshot();
+    let out = sim.run(&["apply", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("would write performance"), "{stdout}");
+    assert!(stdout.contains("would stage a bootloader update"), "{stdout}");
+    assert!(before == sim.snapshot(), "dry run wrote to the board");
+}
+
+#[test]
+fn status_json_has_the_documented_keys_and_board_facts() {
+    let sim = Sim::new("hot");
+    let status = sim.status();
+    assert_eq!(status["schema_version"], 1);
+    assert_eq!(status["simulated"], true);
+    let board = &status["board"];
+    assert_eq!(board["model"], "Raspberry Pi 5 Model B Rev 1.0");
+    assert_eq!(board["temperature_c"].as_f64(), Some(80.6));
+    let now: Vec<&str> = board["throttle"]["now"].as_array().expect("now").iter().filter_map(Value::as_str).collect();
+    assert_eq!(now, vec!["arm-frequency-capped", "throttled", "soft-temperature-limit"]);
+    assert_eq!(board["cpu_mhz"], 1500);
+    assert_eq!(board["governors"][0], "policy0=ondemand");
+    assert_eq!(board["memory_total_mib"], 8051);
+    assert_eq!(board["numa_nodes"], 8);
+    assert_eq!(board["boot"]["tryboot"], false);
+    for s in status["steps"].as_array().expect("steps") {
+        for key in ["name", "desired", "effective", "state", "reason"] {
+            assert!(s.get(key).is_some(), "step lacks {key}: {s}");
+        }
+    }
+}
+
+#[test]
+fn without_the_memory_controller_cgroup_enable_is_staged_once() {
+    let sim = Sim::new("no-memcg");
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let cmdline = sim.read("boot/firmware/cmdline.txt");
+    assert!(cmdline.ends_with(" ro rootwait cgroup_enable=memory"), "{cmdline}");
+    assert_eq!(cmdline.lines().count(), 1);
+    let status = sim.status();
+    assert_eq!(state(&status, "kernel.memory_cgroup"), "pending-reboot");
+    assert_eq!(state(&status, "cgroup.memory_max"), "pending-reboot");
+    assert_eq!(state(&status, "cgroup.cpu_weight"), "in-place");
+    // Idempotent: the argument is not appended twice.
+    sim.apply();
+    assert_eq!(sim.read("boot/firmware/cmdline.txt").matches("cgroup_enable=memory").count(), 1);
+}
+
+fn staged_config(sim: &Sim) -> String {
+    let image = std::fs::read(sim.path("boot/firmware/pieeprom.upd")).expect("staged image");
+    let sig = sim.read("boot/firmware/pieeprom.sig");
+    let sha = Command::new("sha256sum").arg(sim.path("boot/firmware/pieeprom.upd")).output().expect("sha256sum");
+    let sha = text(&sha.stdout);
+    assert_eq!(sig.lines().next(), sha.split_whitespace().next(), "signature names the image's SHA-256");
+    assert!(sig.lines().any(|l| l.starts_with("ts: ")));
+    assert_eq!(image.len(), 2 * 1024 * 1024);
+    let image = supervisor::bootloader::image::Image::parse(image).expect("valid image");
+    image.config().expect("config")
+}
+
+#[test]
+fn a_kernel_without_numa_emulation_gets_banklow_3_staged_for_the_next_boot() {
+    let sim = Sim::new("no-numa");
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains("pending-reboot"));
+    let config = staged_config(&sim);
+    assert!(config.contains("SDRAM_BANKLOW=3"), "{config}");
+    assert!(config.contains("BOOT_ORDER=0xf461"), "the rest of the config is kept: {config}");
+    let staged = sim.snapshot();
+    assert_eq!(state(&sim.status(), "bootloader.sdram_banklow"), "pending-reboot");
+    sim.apply();
+    assert!(staged == sim.snapshot(), "a staged update is not staged again");
+}
+
+#[test]
+fn a_wrong_interleave_is_corrected_in_place_of_the_old_value() {
+    let sim = Sim::new("wrong-interleave");
+    let status = sim.status();
+    assert_eq!(step(&status, "bootloader.sdram_banklow")["effective"], "3");
+    sim.apply();
+    let config = staged_config(&sim);
+    assert!(config.contains("SDRAM_BANKLOW=1") && !config.contains("SDRAM_BANKLOW=3"), "{config}");
+}
+
+#[test]
+fn banklow_keep_never_touches_the_bootloader() {
+    let sim = Sim::new("no-numa");
+    let config = sim.path("keep.toml");
+    std::fs::write(&config, "[tuning]\nsdram_banklow = \"keep\"\n").expect("write");
+    let out = sim.run(&["--config", config.to_str().expect("utf8"), "apply"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!sim.path("boot/firmware/pieeprom.upd").exists());
+}
+
+#[test]
+fn zram_is_turned_off_when_configured_and_verified_in_proc_swaps() {
+    let sim = Sim::new("zram");
+    assert_eq!(state(&sim.status(), "swap.system"), "not-applicable");
+    std::fs::write(sim.path("etc/appliance/appliance.toml"), "[tuning]\nsystem_swap = \"off\"\n").expect("write");
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(!sim.read("proc/swaps").contains("zram0"));
+    let status = sim.status();
+    assert_eq!(state(&status, "swap.system"), "in-place");
+    assert!(status["board"]["swap"].as_array().expect("swap").is_empty());
+}
+
+#[test]
+fn the_boot_partition_override_wins_over_the_system_file() {
+    let sim = Sim::new("pi5-8gb");
+    sim.write("etc/appliance/appliance.toml", "[tuning.engine]\ncpu_weight = 500\n");
+    sim.write("boot/firmware/appliance.toml", "[tuning.engine]\ncpu_weight = 9000\n");
+    assert_eq!(sim.apply().status.code(), Some(0));
+    assert_eq!(sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/cpu.weight"), "9000");
+}
+
+#[test]
+fn memory_low_reports_the_protection_the_ancestors_actually_grant() {
+    let sim = Sim::new("pi5-8gb");
+    sim.write("etc/appliance/appliance.toml", "[tuning.engine]\nmemory_low_mib = 1024\n");
+    assert_applied_then_idempotent(&sim);
+    assert_eq!(step(&sim.status(), "cgroup.memory_low")["effective"], "1024 MiB");
+    // Someone lowers the parent slice: the engine's own value stands but protects nothing.
+    sim.write("sys/fs/cgroup/appliance.slice/memory.low", "0\n");
+    let status = sim.status();
+    let low = step(&status, "cgroup.memory_low");
+    assert_eq!(low["state"], "needs-apply");
+    assert_eq!(low["effective"], "0 MiB (limited by appliance.slice = 0 MiB)");
+    assert_eq!(sim.apply().status.code(), Some(0));
+    assert_eq!(step(&sim.status(), "cgroup.memory_low")["effective"], "1024 MiB");
+}
+
+#[test]
+fn drift_by_another_service_is_seen_and_repaired() {
+    let sim = Sim::new("pi5-8gb");
+    sim.apply();
+    sim.write("sys/devices/system/cpu/cpufreq/policy0/scaling_governor", "ondemand\n");
+    let status = sim.status();
+    assert_eq!(state(&status, "governor"), "needs-apply");
+    assert_eq!(step(&status, "governor")["effective"], "policy0=ondemand");
+    sim.apply();
+    assert_eq!(state(&sim.status(), "governor"), "in-place");
+}
+
+#[test]
+fn a_read_only_attribute_fails_the_step_and_the_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let sim = Sim::new("pi5-8gb");
+    let governor = sim.path("sys/devices/system/cpu/cpufreq/policy0/scaling_governor");
+    std::fs::set_permissions(&governor, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("governor")).expect("governor line");
+    assert!(line.contains("failed"), "{stdout}");
+    assert!(stdout.contains("read-only attribute"), "{stdout}");
+    // Other steps still ran.
+    assert_eq!(sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/cpu.weight"), "10000");
+}
+
+#[test]
+fn a_missing_file_names_itself() {
+    let sim = Sim::new("pi5-8gb");
+    std::fs::remove_file(sim.path("proc/meminfo")).expect("rm");
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(1));
+    let status = sim.status();
+    let max = step(&status, "cgroup.memory_max");
+    assert_eq!(max["state"], "failed");
+    assert!(max["reason"].as_str().expect("reason").contains("/proc/meminfo"), "{max}");
+    assert_eq!(status["board"]["memory_total_mib"], Value::Null);
+}
+
+#[test]
+fn an_impossible_reserve_is_a_failure_not_a_zero_limit() {
+    let sim = Sim::new("pi5-4gb");
+    sim.write("etc/appliance/appliance.toml", "[tuning.engine]\nmemory_reserve_mib = 4096\n");
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("memory_reserve_mib = 4096 leaves nothing"));
+    assert_eq!(sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/memory.max"), "max");
+}
+
+#[test]
+fn bad_config_files_exit_2_naming_file_key_and_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("appliance.toml");
+    std::fs::write(&file, "[tuning]\ngovernor = \"performance\"\n\n[tuning.engine]\ncpu_weight = 0\n").expect("write");
+    let out = supervisor(&["config", "check", file.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(file.to_str().expect("utf8")), "{stderr}");
+    assert!(stderr.contains("line 5") && stderr.contains("cpu_weight") && stderr.contains("1-10000"), "{stderr}");
+
+    std::fs::write(&file, "[tuning]\ngovernor = \"performance\"\nturbo = 1\n").expect("write");
+    let sim = Sim::new("pi5-8gb");
+    let before = sim.snapshot();
+    let out = sim.run(&["--config", file.to_str().expect("utf8"), "apply"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("turbo"));
+    assert!(before == sim.snapshot(), "nothing is applied with a bad configuration");
+
+    std::fs::write(&file, "[tuning\n").expect("write");
+    let out = supervisor(&["config", "check", file.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("line 1"));
+
+    let documented = concat!(env!("CARGO_MANIFEST_DIR"), "/../overlays/rootfs/etc/appliance/appliance.toml");
+    assert_eq!(supervisor(&["config", "check", documented]).status.code(), Some(0));
+}
+
+#[test]
+fn sim_init_refuses_to_overwrite_a_directory_that_is_not_a_simulation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("precious"), "data").expect("write");
+    let out = supervisor(&["sim", "init", dir.path().to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(std::fs::read_to_string(dir.path().join("precious")).expect("kept"), "data");
+    let out = supervisor(&["sim", "init", dir.path().join("x").to_str().expect("utf8"), "--variant", "pi3"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("no-memcg"), "lists the variants");
+}
+
+#[test]
+fn a_missing_root_is_bad_input() {
+    let out = supervisor(&["--root", "/nonexistent/board", "status"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("/nonexistent/board"));
+}
