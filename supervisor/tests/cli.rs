@@ -18,7 +18,13 @@ impl Sim {
     fn new(variant: &str) -> Sim {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join("board");
-        let out = supervisor(&["sim", "init", root.to_str().expect("utf8"), "--variant", variant]);
+        let out = supervisor(&[
+            "sim",
+            "init",
+            root.to_str().expect("utf8"),
+            "--variant",
+            variant,
+        ]);
         assert!(out.status.success(), "sim init: {}", text(&out.stderr));
         Sim { _dir: dir, root }
     }
@@ -28,7 +34,10 @@ impl Sim {
     }
 
     fn read(&self, rel: &str) -> String {
-        std::fs::read_to_string(self.path(rel)).expect("read").trim().to_string()
+        std::fs::read_to_string(self.path(rel))
+            .expect("read")
+            .trim()
+            .to_string()
     }
 
     fn write(&self, rel: &str, contents: &str) {
@@ -100,11 +109,21 @@ fn state<'a>(status: &'a Value, name: &str) -> &'a str {
 
 fn assert_applied_then_idempotent(sim: &Sim) {
     let out = sim.apply();
-    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
     let before = sim.snapshot();
     let again = sim.apply();
     assert_eq!(again.status.code(), Some(0), "{}", text(&again.stdout));
-    assert!(!text(&again.stdout).contains(" applied "), "second run changed something:\n{}", text(&again.stdout));
+    assert!(
+        !text(&again.stdout).contains(" applied "),
+        "second run changed something:\n{}",
+        text(&again.stdout)
+    );
     assert!(before == sim.snapshot(), "second run wrote to the board");
 }
 
@@ -117,17 +136,38 @@ fn a_fresh_board_is_tuned_and_a_second_run_changes_nothing() {
 
     assert_applied_then_idempotent(&sim);
 
-    assert_eq!(sim.read("sys/devices/system/cpu/cpufreq/policy0/scaling_governor"), "performance");
+    assert_eq!(
+        sim.read("sys/devices/system/cpu/cpufreq/policy0/scaling_governor"),
+        "performance"
+    );
     let engine = "sys/fs/cgroup/appliance.slice/appliance-engine.slice";
     assert_eq!(sim.read(&format!("{engine}/cpu.weight")), "10000");
     assert_eq!(sim.read(&format!("{engine}/memory.swap.max")), "0");
     // 8051 MiB of RAM minus the default 1024 MiB reserve.
-    assert_eq!(sim.read(&format!("{engine}/memory.max")), (7027u64 * 1024 * 1024).to_string());
-    assert!(sim.read("sys/fs/cgroup/appliance.slice/cgroup.subtree_control").contains("memory"));
+    assert_eq!(
+        sim.read(&format!("{engine}/memory.max")),
+        (7027u64 * 1024 * 1024).to_string()
+    );
+    assert!(
+        sim.read("sys/fs/cgroup/appliance.slice/cgroup.subtree_control")
+            .contains("memory")
+    );
 
     let tuned = sim.status();
-    for name in ["governor", "cgroup.slice", "cgroup.cpu_weight", "cgroup.memory_max", "cgroup.memory_swap_max", "bootloader.sdram_banklow"] {
-        assert_eq!(state(&tuned, name), "in-place", "{name}: {}", step(&tuned, name));
+    for name in [
+        "governor",
+        "cgroup.slice",
+        "cgroup.cpu_weight",
+        "cgroup.memory_max",
+        "cgroup.memory_swap_max",
+        "bootloader.sdram_banklow",
+    ] {
+        assert_eq!(
+            state(&tuned, name),
+            "in-place",
+            "{name}: {}",
+            step(&tuned, name)
+        );
     }
     // The bootloader was already right: nothing may be staged for it.
     assert!(!sim.path("boot/firmware/pieeprom.upd").exists());
@@ -141,7 +181,10 @@ fn dry_run_reports_the_plan_and_writes_nothing() {
     assert_eq!(out.status.code(), Some(0));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("would write performance"), "{stdout}");
-    assert!(stdout.contains("would stage a bootloader update"), "{stdout}");
+    assert!(
+        stdout.contains("would stage a bootloader update"),
+        "{stdout}"
+    );
     assert!(before == sim.snapshot(), "dry run wrote to the board");
 }
 
@@ -154,8 +197,20 @@ fn status_json_has_the_documented_keys_and_board_facts() {
     let board = &status["board"];
     assert_eq!(board["model"], "Raspberry Pi 5 Model B Rev 1.0");
     assert_eq!(board["temperature_c"].as_f64(), Some(80.6));
-    let now: Vec<&str> = board["throttle"]["now"].as_array().expect("now").iter().filter_map(Value::as_str).collect();
-    assert_eq!(now, vec!["arm-frequency-capped", "throttled", "soft-temperature-limit"]);
+    let now: Vec<&str> = board["throttle"]["now"]
+        .as_array()
+        .expect("now")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        now,
+        vec![
+            "arm-frequency-capped",
+            "throttled",
+            "soft-temperature-limit"
+        ]
+    );
     assert_eq!(board["cpu_mhz"], 1500);
     assert_eq!(board["governors"][0], "policy0=ondemand");
     assert_eq!(board["memory_total_mib"], 8051);
@@ -174,7 +229,10 @@ fn without_the_memory_controller_cgroup_enable_is_staged_once() {
     let out = sim.apply();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     let cmdline = sim.read("boot/firmware/cmdline.txt");
-    assert!(cmdline.ends_with(" ro rootwait cgroup_enable=memory"), "{cmdline}");
+    assert!(
+        cmdline.ends_with(" ro rootwait cgroup_enable=memory"),
+        "{cmdline}"
+    );
     assert_eq!(cmdline.lines().count(), 1);
     let status = sim.status();
     assert_eq!(state(&status, "kernel.memory_cgroup"), "pending-reboot");
@@ -182,15 +240,27 @@ fn without_the_memory_controller_cgroup_enable_is_staged_once() {
     assert_eq!(state(&status, "cgroup.cpu_weight"), "in-place");
     // Idempotent: the argument is not appended twice.
     sim.apply();
-    assert_eq!(sim.read("boot/firmware/cmdline.txt").matches("cgroup_enable=memory").count(), 1);
+    assert_eq!(
+        sim.read("boot/firmware/cmdline.txt")
+            .matches("cgroup_enable=memory")
+            .count(),
+        1
+    );
 }
 
 fn staged_config(sim: &Sim) -> String {
     let image = std::fs::read(sim.path("boot/firmware/pieeprom.upd")).expect("staged image");
     let sig = sim.read("boot/firmware/pieeprom.sig");
-    let sha = Command::new("sha256sum").arg(sim.path("boot/firmware/pieeprom.upd")).output().expect("sha256sum");
+    let sha = Command::new("sha256sum")
+        .arg(sim.path("boot/firmware/pieeprom.upd"))
+        .output()
+        .expect("sha256sum");
     let sha = text(&sha.stdout);
-    assert_eq!(sig.lines().next(), sha.split_whitespace().next(), "signature names the image's SHA-256");
+    assert_eq!(
+        sig.lines().next(),
+        sha.split_whitespace().next(),
+        "signature names the image's SHA-256"
+    );
     assert!(sig.lines().any(|l| l.starts_with("ts: ")));
     assert_eq!(image.len(), 2 * 1024 * 1024);
     let image = supervisor::bootloader::image::Image::parse(image).expect("valid image");
@@ -205,11 +275,20 @@ fn a_kernel_without_numa_emulation_gets_banklow_3_staged_for_the_next_boot() {
     assert!(text(&out.stdout).contains("pending-reboot"));
     let config = staged_config(&sim);
     assert!(config.contains("SDRAM_BANKLOW=3"), "{config}");
-    assert!(config.contains("BOOT_ORDER=0xf461"), "the rest of the config is kept: {config}");
+    assert!(
+        config.contains("BOOT_ORDER=0xf461"),
+        "the rest of the config is kept: {config}"
+    );
     let staged = sim.snapshot();
-    assert_eq!(state(&sim.status(), "bootloader.sdram_banklow"), "pending-reboot");
+    assert_eq!(
+        state(&sim.status(), "bootloader.sdram_banklow"),
+        "pending-reboot"
+    );
     sim.apply();
-    assert!(staged == sim.snapshot(), "a staged update is not staged again");
+    assert!(
+        staged == sim.snapshot(),
+        "a staged update is not staged again"
+    );
 }
 
 #[test]
@@ -219,7 +298,10 @@ fn a_wrong_interleave_is_corrected_in_place_of_the_old_value() {
     assert_eq!(step(&status, "bootloader.sdram_banklow")["effective"], "3");
     sim.apply();
     let config = staged_config(&sim);
-    assert!(config.contains("SDRAM_BANKLOW=1") && !config.contains("SDRAM_BANKLOW=3"), "{config}");
+    assert!(
+        config.contains("SDRAM_BANKLOW=1") && !config.contains("SDRAM_BANKLOW=3"),
+        "{config}"
+    );
 }
 
 #[test]
@@ -236,7 +318,11 @@ fn banklow_keep_never_touches_the_bootloader() {
 fn zram_is_turned_off_when_configured_and_verified_in_proc_swaps() {
     let sim = Sim::new("zram");
     assert_eq!(state(&sim.status(), "swap.system"), "not-applicable");
-    std::fs::write(sim.path("etc/appliance/appliance.toml"), "[tuning]\nsystem_swap = \"off\"\n").expect("write");
+    std::fs::write(
+        sim.path("etc/appliance/appliance.toml"),
+        "[tuning]\nsystem_swap = \"off\"\n",
+    )
+    .expect("write");
     let out = sim.apply();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert!(!sim.read("proc/swaps").contains("zram0"));
@@ -248,33 +334,57 @@ fn zram_is_turned_off_when_configured_and_verified_in_proc_swaps() {
 #[test]
 fn the_boot_partition_override_wins_over_the_system_file() {
     let sim = Sim::new("pi5-8gb");
-    sim.write("etc/appliance/appliance.toml", "[tuning.engine]\ncpu_weight = 500\n");
-    sim.write("boot/firmware/appliance.toml", "[tuning.engine]\ncpu_weight = 9000\n");
+    sim.write(
+        "etc/appliance/appliance.toml",
+        "[tuning.engine]\ncpu_weight = 500\n",
+    );
+    sim.write(
+        "boot/firmware/appliance.toml",
+        "[tuning.engine]\ncpu_weight = 9000\n",
+    );
     assert_eq!(sim.apply().status.code(), Some(0));
-    assert_eq!(sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/cpu.weight"), "9000");
+    assert_eq!(
+        sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/cpu.weight"),
+        "9000"
+    );
 }
 
 #[test]
 fn memory_low_reports_the_protection_the_ancestors_actually_grant() {
     let sim = Sim::new("pi5-8gb");
-    sim.write("etc/appliance/appliance.toml", "[tuning.engine]\nmemory_low_mib = 1024\n");
+    sim.write(
+        "etc/appliance/appliance.toml",
+        "[tuning.engine]\nmemory_low_mib = 1024\n",
+    );
     assert_applied_then_idempotent(&sim);
-    assert_eq!(step(&sim.status(), "cgroup.memory_low")["effective"], "1024 MiB");
+    assert_eq!(
+        step(&sim.status(), "cgroup.memory_low")["effective"],
+        "1024 MiB"
+    );
     // Someone lowers the parent slice: the engine's own value stands but protects nothing.
     sim.write("sys/fs/cgroup/appliance.slice/memory.low", "0\n");
     let status = sim.status();
     let low = step(&status, "cgroup.memory_low");
     assert_eq!(low["state"], "needs-apply");
-    assert_eq!(low["effective"], "0 MiB (limited by appliance.slice = 0 MiB)");
+    assert_eq!(
+        low["effective"],
+        "0 MiB (limited by appliance.slice = 0 MiB)"
+    );
     assert_eq!(sim.apply().status.code(), Some(0));
-    assert_eq!(step(&sim.status(), "cgroup.memory_low")["effective"], "1024 MiB");
+    assert_eq!(
+        step(&sim.status(), "cgroup.memory_low")["effective"],
+        "1024 MiB"
+    );
 }
 
 #[test]
 fn drift_by_another_service_is_seen_and_repaired() {
     let sim = Sim::new("pi5-8gb");
     sim.apply();
-    sim.write("sys/devices/system/cpu/cpufreq/policy0/scaling_governor", "ondemand\n");
+    sim.write(
+        "sys/devices/system/cpu/cpufreq/policy0/scaling_governor",
+        "ondemand\n",
+    );
     let status = sim.status();
     assert_eq!(state(&status, "governor"), "needs-apply");
     assert_eq!(step(&status, "governor")["effective"], "policy0=ondemand");
@@ -291,11 +401,17 @@ fn a_read_only_attribute_fails_the_step_and_the_run() {
     let out = sim.apply();
     assert_eq!(out.status.code(), Some(1));
     let stdout = text(&out.stdout);
-    let line = stdout.lines().find(|l| l.starts_with("governor")).expect("governor line");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("governor"))
+        .expect("governor line");
     assert!(line.contains("failed"), "{stdout}");
     assert!(stdout.contains("read-only attribute"), "{stdout}");
     // Other steps still ran.
-    assert_eq!(sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/cpu.weight"), "10000");
+    assert_eq!(
+        sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/cpu.weight"),
+        "10000"
+    );
 }
 
 #[test]
@@ -307,30 +423,49 @@ fn a_missing_file_names_itself() {
     let status = sim.status();
     let max = step(&status, "cgroup.memory_max");
     assert_eq!(max["state"], "failed");
-    assert!(max["reason"].as_str().expect("reason").contains("/proc/meminfo"), "{max}");
+    assert!(
+        max["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("/proc/meminfo"),
+        "{max}"
+    );
     assert_eq!(status["board"]["memory_total_mib"], Value::Null);
 }
 
 #[test]
 fn an_impossible_reserve_is_a_failure_not_a_zero_limit() {
     let sim = Sim::new("pi5-4gb");
-    sim.write("etc/appliance/appliance.toml", "[tuning.engine]\nmemory_reserve_mib = 4096\n");
+    sim.write(
+        "etc/appliance/appliance.toml",
+        "[tuning.engine]\nmemory_reserve_mib = 4096\n",
+    );
     let out = sim.apply();
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stdout).contains("memory_reserve_mib = 4096 leaves nothing"));
-    assert_eq!(sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/memory.max"), "max");
+    assert_eq!(
+        sim.read("sys/fs/cgroup/appliance.slice/appliance-engine.slice/memory.max"),
+        "max"
+    );
 }
 
 #[test]
 fn bad_config_files_exit_2_naming_file_key_and_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("appliance.toml");
-    std::fs::write(&file, "[tuning]\ngovernor = \"performance\"\n\n[tuning.engine]\ncpu_weight = 0\n").expect("write");
+    std::fs::write(
+        &file,
+        "[tuning]\ngovernor = \"performance\"\n\n[tuning.engine]\ncpu_weight = 0\n",
+    )
+    .expect("write");
     let out = supervisor(&["config", "check", file.to_str().expect("utf8")]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
     assert!(stderr.contains(file.to_str().expect("utf8")), "{stderr}");
-    assert!(stderr.contains("line 5") && stderr.contains("cpu_weight") && stderr.contains("1-10000"), "{stderr}");
+    assert!(
+        stderr.contains("line 5") && stderr.contains("cpu_weight") && stderr.contains("1-10000"),
+        "{stderr}"
+    );
 
     std::fs::write(&file, "[tuning]\ngovernor = \"performance\"\nturbo = 1\n").expect("write");
     let sim = Sim::new("pi5-8gb");
@@ -338,15 +473,24 @@ fn bad_config_files_exit_2_naming_file_key_and_line() {
     let out = sim.run(&["--config", file.to_str().expect("utf8"), "apply"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("turbo"));
-    assert!(before == sim.snapshot(), "nothing is applied with a bad configuration");
+    assert!(
+        before == sim.snapshot(),
+        "nothing is applied with a bad configuration"
+    );
 
     std::fs::write(&file, "[tuning\n").expect("write");
     let out = supervisor(&["config", "check", file.to_str().expect("utf8")]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("line 1"));
 
-    let documented = concat!(env!("CARGO_MANIFEST_DIR"), "/../overlays/rootfs/etc/appliance/appliance.toml");
-    assert_eq!(supervisor(&["config", "check", documented]).status.code(), Some(0));
+    let documented = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../overlays/rootfs/etc/appliance/appliance.toml"
+    );
+    assert_eq!(
+        supervisor(&["config", "check", documented]).status.code(),
+        Some(0)
+    );
 }
 
 #[test]
@@ -355,8 +499,17 @@ fn sim_init_refuses_to_overwrite_a_directory_that_is_not_a_simulation() {
     std::fs::write(dir.path().join("precious"), "data").expect("write");
     let out = supervisor(&["sim", "init", dir.path().to_str().expect("utf8")]);
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(std::fs::read_to_string(dir.path().join("precious")).expect("kept"), "data");
-    let out = supervisor(&["sim", "init", dir.path().join("x").to_str().expect("utf8"), "--variant", "pi3"]);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("precious")).expect("kept"),
+        "data"
+    );
+    let out = supervisor(&[
+        "sim",
+        "init",
+        dir.path().join("x").to_str().expect("utf8"),
+        "--variant",
+        "pi3",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("no-memcg"), "lists the variants");
 }

@@ -32,7 +32,9 @@ fn run_notifies_ready_pings_the_watchdog_and_stops_on_sigterm() {
     supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
     let socket_path = dir.path().join("notify");
     let socket = UnixDatagram::bind(&socket_path).expect("bind");
-    socket.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_supervisor"))
         .args(["--root", root.to_str().expect("utf8"), "run"])
@@ -45,8 +47,10 @@ fn run_notifies_ready_pings_the_watchdog_and_stops_on_sigterm() {
 
     let ready = receive_until(&socket, "READY=1", Duration::from_secs(20));
     // READY comes after tuning, so the board is already tuned.
-    let governor = std::fs::read_to_string(root.join("sys/devices/system/cpu/cpufreq/policy0/scaling_governor"))
-        .expect("read");
+    let governor = std::fs::read_to_string(
+        root.join("sys/devices/system/cpu/cpufreq/policy0/scaling_governor"),
+    )
+    .expect("read");
     assert_eq!(governor.trim(), "performance");
     assert!(ready.concat().contains("STATUS=tuning:"), "{ready:?}");
     receive_until(&socket, "WATCHDOG=1", Duration::from_secs(5));

@@ -59,7 +59,10 @@ fn start_bus() -> Bus {
         .expect("dbus-daemon must be installed (Debian package dbus-daemon); .ci/run installs it");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !socket.exists() {
-        assert!(Instant::now() < deadline, "dbus-daemon did not create its socket");
+        assert!(
+            Instant::now() < deadline,
+            "dbus-daemon did not create its socket"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Bus {
@@ -113,7 +116,10 @@ impl FakeManager {
 #[zbus::interface(name = "org.freedesktop.systemd1.Manager")]
 impl FakeManager {
     async fn start_unit(&self, name: String, mode: String) -> zbus::fdo::Result<OwnedObjectPath> {
-        self.calls.lock().expect("lock").push(Call::Start(name.clone(), mode));
+        self.calls
+            .lock()
+            .expect("lock")
+            .push(Call::Start(name.clone(), mode));
         self.realize(&name)?;
         OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/1")
             .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))
@@ -142,10 +148,16 @@ impl FakeManager {
                 "MemorySwapMax" => "memory.swap.max",
                 "MemoryLow" => "memory.low",
                 "CPUAccounting" | "MemoryAccounting" => continue,
-                other => return Err(zbus::fdo::Error::InvalidArgs(format!("unknown property {other}"))),
+                other => {
+                    return Err(zbus::fdo::Error::InvalidArgs(format!(
+                        "unknown property {other}"
+                    )));
+                }
             };
             let Value::U64(n) = value else {
-                return Err(zbus::fdo::Error::InvalidArgs(format!("{key} must be of type t")));
+                return Err(zbus::fdo::Error::InvalidArgs(format!(
+                    "{key} must be of type t"
+                )));
             };
             self.board
                 .write_attribute(&format!("{dir}/{file}"), &n.to_string())
@@ -155,7 +167,10 @@ impl FakeManager {
     }
 }
 
-async fn serve_fake_systemd(address: &str, board: Board) -> (zbus::Connection, Arc<Mutex<Vec<Call>>>) {
+async fn serve_fake_systemd(
+    address: &str,
+    board: Board,
+) -> (zbus::Connection, Arc<Mutex<Vec<Call>>>) {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let manager = FakeManager {
         board,
@@ -182,7 +197,10 @@ fn simulated(variant: sim::Variant) -> (tempfile::TempDir, PathBuf, Board) {
 }
 
 fn read(root: &Path, rel: &str) -> String {
-    std::fs::read_to_string(root.join(rel)).expect("read").trim().to_string()
+    std::fs::read_to_string(root.join(rel))
+        .expect("read")
+        .trim()
+        .to_string()
 }
 
 #[tokio::test]
@@ -240,19 +258,39 @@ async fn apply_through_systemd_is_verified_from_the_cgroup_files() {
     assert_eq!(read(&root, &format!("{engine}/memory.swap.max")), "0");
     assert_eq!(read(&root, &format!("{engine}/memory.low")), "536870912");
     // The parent slice must grant the protection too, or the engine's would be void.
-    assert_eq!(read(&root, "sys/fs/cgroup/appliance.slice/memory.low"), "536870912");
-    let low = reports.iter().find(|r| r.name == "cgroup.memory_low").expect("step");
-    assert_eq!((low.state, low.effective.as_str()), (State::Applied, "512 MiB"));
+    assert_eq!(
+        read(&root, "sys/fs/cgroup/appliance.slice/memory.low"),
+        "536870912"
+    );
+    let low = reports
+        .iter()
+        .find(|r| r.name == "cgroup.memory_low")
+        .expect("step");
+    assert_eq!(
+        (low.state, low.effective.as_str()),
+        (State::Applied, "512 MiB")
+    );
 
     let fake_calls = calls;
     let calls = fake_calls.lock().expect("lock").clone();
-    assert!(calls.contains(&Call::Start("appliance-engine.slice".into(), "replace".into())));
-    assert!(calls.iter().all(|c| !matches!(c, Call::Set(_, false, _))), "never persistent: {calls:?}");
+    assert!(calls.contains(&Call::Start(
+        "appliance-engine.slice".into(),
+        "replace".into()
+    )));
+    assert!(
+        calls.iter().all(|c| !matches!(c, Call::Set(_, false, _))),
+        "never persistent: {calls:?}"
+    );
 
     // A second run over D-Bus changes nothing.
     let before = calls.len();
     let again = tune::apply(&board, &steps, &applier, false).await;
-    assert!(again.iter().all(|r| matches!(r.state, State::InPlace | State::NotApplicable)), "{again:?}");
+    assert!(
+        again
+            .iter()
+            .all(|r| matches!(r.state, State::InPlace | State::NotApplicable)),
+        "{again:?}"
+    );
     let after = fake_calls.lock().expect("lock").len();
     assert_eq!(after, before, "no D-Bus call on a tuned board");
 }
@@ -271,7 +309,10 @@ async fn a_systemd_refusal_fails_the_step_with_its_message() {
     let systemd = Systemd::connect(Some(&bus.address)).await.expect("connect");
     let applier = Applier::with_systemd(&board, systemd);
     let reports = tune::apply(&board, &steps, &applier, false).await;
-    let slice = reports.iter().find(|r| r.name == "cgroup.slice").expect("step");
+    let slice = reports
+        .iter()
+        .find(|r| r.name == "cgroup.slice")
+        .expect("step");
     assert_eq!(slice.state, State::Failed);
     assert!(slice.reason.contains("not found"), "{}", slice.reason);
     assert!(!tune::all_succeeded(&reports));
@@ -283,7 +324,14 @@ async fn without_a_reachable_systemd_the_steps_fail_and_say_why() {
     let steps = tune::steps(&Config::default(), Backend::Systemd);
     let applier = Applier::files_only(&board, "cannot reach systemd on the system bus: test");
     let reports = tune::apply(&board, &steps, &applier, false).await;
-    let weight = reports.iter().find(|r| r.name == "cgroup.slice").expect("step");
+    let weight = reports
+        .iter()
+        .find(|r| r.name == "cgroup.slice")
+        .expect("step");
     assert_eq!(weight.state, State::Failed);
-    assert!(weight.reason.contains("cannot reach systemd"), "{}", weight.reason);
+    assert!(
+        weight.reason.contains("cannot reach systemd"),
+        "{}",
+        weight.reason
+    );
 }
