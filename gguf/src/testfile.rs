@@ -1,0 +1,103 @@
+//! Small GGUF files built byte by byte for tests (independent of the reader under test).
+
+pub(crate) struct Builder {
+    kvs: Vec<u8>,
+    kv_count: u64,
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
+    pub(crate) alignment: u64,
+}
+
+impl Builder {
+    pub(crate) fn new() -> Builder {
+        Builder {
+            kvs: Vec::new(),
+            kv_count: 0,
+            tensors: Vec::new(),
+            alignment: 32,
+        }
+    }
+
+    fn key(&mut self, key: &str, tag: u32) {
+        self.kvs
+            .extend_from_slice(&(key.len() as u64).to_le_bytes());
+        self.kvs.extend_from_slice(key.as_bytes());
+        self.kvs.extend_from_slice(&tag.to_le_bytes());
+        self.kv_count += 1;
+    }
+
+    pub(crate) fn u32(mut self, key: &str, v: u32) -> Builder {
+        self.key(key, 4);
+        self.kvs.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
+    pub(crate) fn string(mut self, key: &str, v: &str) -> Builder {
+        self.key(key, 8);
+        self.kvs.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        self.kvs.extend_from_slice(v.as_bytes());
+        self
+    }
+
+    pub(crate) fn strings(mut self, key: &str, items: &[&str]) -> Builder {
+        self.key(key, 9);
+        self.kvs.extend_from_slice(&8u32.to_le_bytes());
+        self.kvs
+            .extend_from_slice(&(items.len() as u64).to_le_bytes());
+        for s in items {
+            self.kvs.extend_from_slice(&(s.len() as u64).to_le_bytes());
+            self.kvs.extend_from_slice(s.as_bytes());
+        }
+        self
+    }
+
+    /// An F32 tensor with the given values.
+    pub(crate) fn f32_tensor(mut self, name: &str, values: &[f32]) -> Builder {
+        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.tensors
+            .push((name.to_string(), vec![values.len() as u64], 0, data));
+        self
+    }
+
+    pub(crate) fn build(self) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.kv_count.to_le_bytes());
+        out.extend_from_slice(&self.kvs);
+        let mut offset = 0u64;
+        let mut data = Vec::new();
+        for (name, dims, ty, bytes) in &self.tensors {
+            out.extend_from_slice(&(name.len() as u64).to_le_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for d in dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&ty.to_le_bytes());
+            out.extend_from_slice(&offset.to_le_bytes());
+            data.extend_from_slice(bytes);
+            let padded = (data.len() as u64).div_ceil(self.alignment) * self.alignment;
+            data.resize(padded as usize, 0);
+            offset = padded;
+        }
+        let start = (out.len() as u64).div_ceil(self.alignment) * self.alignment;
+        out.resize(start as usize, 0);
+        out.extend_from_slice(&data);
+        out
+    }
+}
+
+/// A small but complete model-like file.
+pub(crate) fn sample() -> Vec<u8> {
+    Builder::new()
+        .string("general.architecture", "llama")
+        .u32("tokenizer.ggml.eos_token_id", 2)
+        .strings("tokenizer.ggml.tokens", &["<s>", "</s>", "<eot>", "hi"])
+        .string("tokenizer.chat_template", "{{ messages }}")
+        .f32_tensor(
+            "token_embd.weight",
+            &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+        )
+        .f32_tensor("output_norm.weight", &[0.5; 8])
+        .build()
+}

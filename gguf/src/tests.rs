@@ -1,0 +1,199 @@
+use crate::rewrite::{Edit, with_edits};
+use crate::testfile::{Builder, sample};
+use crate::{Header, Value, ValueType};
+
+fn data(file: &[u8], header: &Header) -> Vec<u8> {
+    file[header.data_start..].to_vec()
+}
+
+#[test]
+fn parses_metadata_and_tensors() {
+    let file = sample();
+    let h = Header::parse(&file).expect("parse");
+    assert_eq!(h.version, 3);
+    assert_eq!(
+        h.get("general.architecture"),
+        Some(&Value::String("llama".into()))
+    );
+    assert_eq!(
+        h.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64),
+        Some(2)
+    );
+    assert_eq!(
+        h.get("tokenizer.ggml.tokens"),
+        Some(&Value::Array {
+            element: ValueType::String,
+            len: 4
+        })
+    );
+    assert_eq!(h.tensors.len(), 2);
+    assert_eq!(h.tensors[1].offset, 32);
+    assert_eq!(h.data_start % 32, 0);
+    let first = &file[h.data_start..h.data_start + 4];
+    assert_eq!(
+        f32::from_le_bytes([first[0], first[1], first[2], first[3]]),
+        1.0
+    );
+}
+
+#[test]
+fn edits_rewrite_the_header_and_keep_tensor_data_identical_and_aligned() {
+    let file = sample();
+    let h = Header::parse(&file).expect("parse");
+    let template = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.content }}<end_of_turn>{% endfor %}";
+    let edits = [
+        Edit::Set(
+            "tokenizer.chat_template".into(),
+            Value::String(template.into()),
+        ),
+        Edit::Replace("tokenizer.ggml.eos_token_id".into(), Value::U32(1)),
+        Edit::Set("tokenizer.ggml.eot_token_id".into(), Value::U32(2)),
+        Edit::Remove("general.architecture".into()),
+    ];
+    let mut out = with_edits(&file, &h, &edits).expect("rewrite");
+    assert_eq!(out.len() % 32, 0);
+    out.extend_from_slice(&data(&file, &h));
+    let h2 = Header::parse(&out).expect("rewritten file parses");
+    assert_eq!(
+        h2.get("tokenizer.chat_template"),
+        Some(&Value::String(template.into()))
+    );
+    assert_eq!(h2.get("tokenizer.ggml.eos_token_id"), Some(&Value::U32(1)));
+    assert_eq!(h2.get("tokenizer.ggml.eot_token_id"), Some(&Value::U32(2)));
+    assert_eq!(h2.get("general.architecture"), None);
+    assert_eq!(
+        h2.get("tokenizer.ggml.tokens"),
+        h.get("tokenizer.ggml.tokens")
+    );
+    assert_eq!(data(&out, &h2), data(&file, &h));
+    assert_eq!(
+        h2.tensors
+            .iter()
+            .map(|t| (&t.name, t.offset))
+            .collect::<Vec<_>>(),
+        h.tensors
+            .iter()
+            .map(|t| (&t.name, t.offset))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn no_edits_reproduce_the_file_exactly() {
+    let file = sample();
+    let h = Header::parse(&file).expect("parse");
+    let mut out = with_edits(&file, &h, &[]).expect("rewrite");
+    out.extend_from_slice(&data(&file, &h));
+    assert_eq!(out, file);
+}
+
+#[test]
+fn edits_that_cannot_apply_are_refused() {
+    let file = sample();
+    let h = Header::parse(&file).expect("parse");
+    for edit in [
+        Edit::Replace("no.such.key".into(), Value::U32(1)),
+        Edit::Remove("no.such.key".into()),
+        Edit::Set("general.alignment".into(), Value::U32(64)),
+        Edit::Set(
+            "tokenizer.ggml.tokens".into(),
+            Value::Array {
+                element: ValueType::U8,
+                len: 0,
+            },
+        ),
+    ] {
+        assert!(
+            with_edits(&file, &h, std::slice::from_ref(&edit)).is_err(),
+            "{edit:?}"
+        );
+    }
+}
+
+#[test]
+fn hostile_headers_name_the_problem() {
+    let good = sample();
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"GGML\x03\0\0\0".to_vec(), "magic"),
+        (good[..good.len() - 10].to_vec(), "truncated"),
+        (
+            {
+                let mut f = good.clone();
+                f[4] = 1;
+                f
+            },
+            "version 1",
+        ),
+        (
+            {
+                let mut f = good.clone();
+                f[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+                f
+            },
+            "tensor count",
+        ),
+        (
+            {
+                let mut f = good.clone();
+                f[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+                f
+            },
+            "metadata count",
+        ),
+        (
+            Builder::new().u32("general.alignment", 3).build(),
+            "alignment",
+        ),
+        (Builder::new().u32("a", 1).u32("a", 2).build(), "twice"),
+    ];
+    for (file, expected) in cases {
+        let err = Header::parse(&file).expect_err(expected);
+        assert!(err.message.contains(expected), "{expected}: {err}");
+    }
+}
+
+/// Deterministic mutation fuzzing: whatever the bytes, parsing returns (no panic, no huge
+/// allocation), and whatever parses rewrites into a file that parses to the same tensors.
+#[test]
+fn fuzz_parse_and_rewrite_never_panic() {
+    let seed = sample();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut parsed = 0;
+    for _ in 0..30_000 {
+        let mut file = seed.clone();
+        for _ in 0..(next() % 4 + 1) {
+            let at = (next() as usize) % file.len();
+            match next() % 4 {
+                0 => file[at] = next() as u8,
+                1 => file[at] ^= 1 << (next() % 8),
+                2 => file.truncate(at.max(1)),
+                _ => {
+                    let end = (at + 8).min(file.len());
+                    file[at..end].fill(0xff);
+                }
+            }
+        }
+        if let Ok(h) = Header::parse(&file) {
+            parsed += 1;
+            let edit = Edit::Set(
+                "fuzz.key".into(),
+                Value::String("x".repeat((next() % 100) as usize)),
+            );
+            let mut out = with_edits(&file, &h, &[edit]).expect("a parsed header can be rewritten");
+            out.extend_from_slice(&file[h.data_start..]);
+            let h2 = Header::parse(&out).expect("the rewrite parses");
+            assert_eq!(h2.tensors.len(), h.tensors.len());
+            assert_eq!(&out[h2.data_start..], &file[h.data_start..]);
+        }
+    }
+    assert!(
+        parsed > 100,
+        "the mutations should leave many files valid, got {parsed}"
+    );
+}
