@@ -85,7 +85,7 @@ impl Governor {
 
 /// The `SDRAM_BANKLOW` policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "BankLowRaw", into = "BankLowRaw")]
+#[serde(try_from = "toml::Value", into = "BankLowRaw")]
 pub enum BankLow {
     /// Choose from the kernel: 1 with NUMA emulation, 3 without.
     Auto,
@@ -95,25 +95,22 @@ pub enum BankLow {
     Pin(u8),
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize)]
 #[serde(untagged)]
 enum BankLowRaw {
     Word(String),
     Number(i64),
 }
 
-impl TryFrom<BankLowRaw> for BankLow {
+impl TryFrom<toml::Value> for BankLow {
     type Error = String;
-    fn try_from(raw: BankLowRaw) -> Result<Self, Self::Error> {
+    fn try_from(raw: toml::Value) -> Result<Self, Self::Error> {
         match raw {
-            BankLowRaw::Word(w) if w == "auto" => Ok(BankLow::Auto),
-            BankLowRaw::Word(w) if w == "keep" => Ok(BankLow::Keep),
-            BankLowRaw::Number(n @ 0..=4) => Ok(BankLow::Pin(n as u8)),
-            BankLowRaw::Word(w) => Err(format!(
-                "invalid sdram_banklow \"{w}\": allowed are \"auto\", \"keep\" or an integer 0-4"
-            )),
-            BankLowRaw::Number(n) => Err(format!(
-                "invalid sdram_banklow {n}: allowed are \"auto\", \"keep\" or an integer 0-4"
+            toml::Value::String(w) if w == "auto" => Ok(BankLow::Auto),
+            toml::Value::String(w) if w == "keep" => Ok(BankLow::Keep),
+            toml::Value::Integer(n @ 0..=4) => Ok(BankLow::Pin(n as u8)),
+            other => Err(format!(
+                "invalid sdram_banklow {other}: allowed are \"auto\", \"keep\" or an integer 0-4"
             )),
         }
     }
@@ -164,10 +161,12 @@ pub struct EngineCgroup {
     /// `memory.max` is total RAM minus this many MiB (left to the OS and the supervisor), unless
     /// `memory_max_mib` is set. Default 1024.
     pub memory_reserve_mib: u64,
-    /// An explicit `memory.max` in MiB instead of RAM minus the reserve. Default unset.
-    pub memory_max_mib: Option<u64>,
+    /// An explicit `memory.max` in MiB instead of RAM minus the reserve, at least 64 and at
+    /// most the board's RAM. Default unset.
+    pub memory_max_mib: Option<MemoryMib>,
     /// `memory.low` in MiB: memory the kernel keeps for the engine under pressure, effective only
-    /// if every ancestor grants at least as much. Default unset (no protection asked for).
+    /// if every ancestor grants at least as much; at most `memory_max_mib` when both are set.
+    /// Default unset (no protection; an earlier value is cleared).
     pub memory_low_mib: Option<u64>,
     /// How the limits are applied. Default `"auto"`.
     pub backend: CgroupBackend,
@@ -183,6 +182,36 @@ impl Default for EngineCgroup {
             memory_low_mib: None,
             backend: CgroupBackend::Auto,
         }
+    }
+}
+
+/// A memory limit in MiB, at least 64 (less cannot hold any model the engine runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "u64")]
+pub struct MemoryMib(u64);
+
+impl MemoryMib {
+    /// The limit in MiB.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for MemoryMib {
+    type Error = String;
+    fn try_from(n: i64) -> Result<Self, Self::Error> {
+        match u64::try_from(n) {
+            Ok(m) if (64..=1 << 30).contains(&m) => Ok(MemoryMib(m)),
+            _ => Err(format!(
+                "invalid memory_max_mib {n}: allowed is an integer from 64 up to the board's RAM in MiB"
+            )),
+        }
+    }
+}
+
+impl From<MemoryMib> for u64 {
+    fn from(m: MemoryMib) -> u64 {
+        m.0
     }
 }
 
@@ -338,10 +367,23 @@ impl Config {
             merge(&mut merged, read_table(file)?);
         }
         let last = files.last().cloned().unwrap_or_default();
-        merged.try_into().map_err(|e: toml::de::Error| ConfigError {
-            file: last,
-            message: format!("after applying overrides: {e}"),
-        })
+        let fail = |message: String| ConfigError {
+            file: last.clone(),
+            message,
+        };
+        let config: Config = merged
+            .try_into()
+            .map_err(|e: toml::de::Error| fail(format!("after applying overrides: {e}")))?;
+        let engine = &config.tuning.engine;
+        if let (Some(low), Some(max)) = (engine.memory_low_mib, engine.memory_max_mib) {
+            if low > max.get() {
+                return Err(fail(format!(
+                    "tuning.engine.memory_low_mib = {low} exceeds memory_max_mib = {}; protection above the limit is void",
+                    max.get()
+                )));
+            }
+        }
+        Ok(config)
     }
 
     /// The configuration a board runs with: `--config FILE` alone when given; otherwise the
@@ -397,7 +439,7 @@ mod tests {
             }
         }
         let mut all = Config::default();
-        all.tuning.engine.memory_max_mib = Some(1);
+        all.tuning.engine.memory_max_mib = Some(MemoryMib(64));
         all.tuning.engine.memory_low_mib = Some(1);
         let table = toml::Table::try_from(&all).expect("serialize");
         let mut names = Vec::new();
@@ -425,8 +467,15 @@ mod tests {
     fn out_of_range_values_name_what_is_allowed() {
         let err = parse("[tuning.engine]\ncpu_weight = 20000\n").expect_err("refused");
         assert!(err.contains("1-10000") && err.contains("line 2"), "{err}");
-        let err = parse("[tuning]\nsdram_banklow = 7\n").expect_err("refused");
-        assert!(err.contains("0-4"), "{err}");
+        for bad in ["7", "true", "\"fast\"", "1.5"] {
+            let err = parse(&format!("[tuning]\nsdram_banklow = {bad}\n")).expect_err("refused");
+            assert!(
+                err.contains("\"auto\", \"keep\" or an integer 0-4"),
+                "{err}"
+            );
+        }
+        let err = parse("[tuning.engine]\nmemory_max_mib = 0\n").expect_err("refused");
+        assert!(err.contains("from 64"), "{err}");
         let err = parse("[tuning]\ngovernor = \"turbo\"\n").expect_err("refused");
         assert!(err.contains("performance"), "{err}");
         let err = parse("[tuning.engine]\nslice = \"../etc\"\n").expect_err("refused");
@@ -462,7 +511,7 @@ mod tests {
             "[tuning.engine]\nmemory_reserve_mib = 2048\n",
         )
         .expect("write");
-        let config = Config::from_files(&[system, provisioning.clone()]).expect("merged");
+        let config = Config::from_files(&[system.clone(), provisioning.clone()]).expect("merged");
         assert_eq!(config.tuning.system_swap, SystemSwap::Off);
         assert_eq!(config.tuning.engine.cpu_weight.get(), 500);
         assert_eq!(config.tuning.engine.memory_reserve_mib, 2048);
@@ -472,8 +521,22 @@ mod tests {
             "[tuning.engine]\nmemory_reserve_mib = \"lots\"\n",
         )
         .expect("write");
-        let err = Config::from_file(&provisioning).expect_err("refused");
-        assert_eq!(err.file, provisioning);
-        assert!(err.message.contains("memory_reserve_mib"), "{err}");
+        let err = Config::from_files(&[system.clone(), provisioning.clone()]).expect_err("refused");
+        assert_eq!(
+            err.file, provisioning,
+            "the error names the override, not the system file"
+        );
+        assert!(
+            err.message.contains("memory_reserve_mib") && err.message.contains("line 2"),
+            "{err}"
+        );
+
+        std::fs::write(
+            &provisioning,
+            "[tuning.engine]\nmemory_max_mib = 1024\nmemory_low_mib = 2048\n",
+        )
+        .expect("write");
+        let err = Config::from_files(&[system, provisioning]).expect_err("refused");
+        assert!(err.message.contains("memory_low_mib"), "{err}");
     }
 }

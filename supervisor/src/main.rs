@@ -55,7 +55,8 @@ enum SimCommand {
     Init {
         /// Directory to write (empty, absent, or an earlier simulation).
         dir: PathBuf,
-        /// Board state: pi5-8gb, pi5-4gb, no-memcg, no-numa, wrong-interleave, zram, hot.
+        /// Board state: pi5-8gb, pi5-4gb, no-memcg, no-numa, wrong-interleave, zram, hot,
+        /// old-bootloader.
         #[arg(long, default_value = "pi5-8gb")]
         variant: String,
     },

@@ -89,21 +89,21 @@ pub fn facts_text(f: &Facts, simulated: bool) -> String {
         }
     );
     let mib = |m: Option<u64>| m.map(|m| format!("{m} MiB")).unwrap_or_else(unknown);
-    let swap = if f.swap.is_empty() {
-        "off".to_string()
-    } else {
-        f.swap
+    let swap = match &f.swap {
+        None => unknown(),
+        Some(areas) if areas.is_empty() => "off".to_string(),
+        Some(areas) => areas
             .iter()
             .map(|s| format!("{} {} MiB", s.device, s.size_kib / 1024))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
     };
     let _ = writeln!(
         out,
         "memory: {} total, {} available; swap: {swap}; NUMA nodes: {}",
         mib(f.memory_total_mib),
         mib(f.memory_available_mib),
-        f.numa_nodes
+        f.numa_nodes.map(|n| n.to_string()).unwrap_or_else(unknown)
     );
     if let Some(b) = &f.boot {
         let mode = match b.boot_mode {

@@ -142,6 +142,13 @@ fn a_fresh_board_is_tuned_and_a_second_run_changes_nothing() {
     );
     let engine = "sys/fs/cgroup/appliance.slice/appliance-engine.slice";
     assert_eq!(sim.read(&format!("{engine}/cpu.weight")), "10000");
+    // Siblings compete at every level: the parent slice must carry the weight too, or the
+    // engine shares the CPU with system.slice and user.slice at 100 each.
+    assert_eq!(
+        sim.read("sys/fs/cgroup/appliance.slice/cpu.weight"),
+        "10000"
+    );
+    assert_eq!(sim.read("sys/fs/cgroup/system.slice/cpu.weight"), "100");
     assert_eq!(sim.read(&format!("{engine}/memory.swap.max")), "0");
     // 8051 MiB of RAM minus the default 1024 MiB reserve.
     assert_eq!(
@@ -368,7 +375,7 @@ fn memory_low_reports_the_protection_the_ancestors_actually_grant() {
     assert_eq!(low["state"], "needs-apply");
     assert_eq!(
         low["effective"],
-        "0 MiB (limited by appliance.slice = 0 MiB)"
+        "0 MiB (appliance.slice = 0 MiB, appliance-engine.slice = 1024 MiB)"
     );
     assert_eq!(sim.apply().status.code(), Some(0));
     assert_eq!(
@@ -519,4 +526,74 @@ fn a_missing_root_is_bad_input() {
     let out = supervisor(&["--root", "/nonexistent/board", "status"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("/nonexistent/board"));
+}
+
+#[test]
+fn an_old_bootloader_is_reported_not_rewritten() {
+    let sim = Sim::new("old-bootloader");
+    assert!(!sim.read("proc/cmdline").contains("numa=fake"));
+    assert_eq!(sim.apply().status.code(), Some(0));
+    let status = sim.status();
+    let step = step(&status, "bootloader.sdram_banklow");
+    assert_eq!(step["state"], "not-applicable");
+    assert!(
+        step["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("update the bootloader"),
+        "{step}"
+    );
+    assert!(!sim.path("boot/firmware/pieeprom.upd").exists());
+}
+
+#[test]
+fn a_missing_boot_partition_fails_only_the_steps_that_need_it() {
+    let sim = Sim::new("pi5-8gb");
+    std::fs::remove_dir_all(sim.path("boot/firmware")).expect("rm");
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(1));
+    let status = sim.status();
+    assert_eq!(state(&status, "kernel.memory_cgroup"), "failed");
+    assert!(
+        step(&status, "kernel.memory_cgroup")["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("boot partition")
+    );
+    for name in [
+        "governor",
+        "cgroup.cpu_weight",
+        "cgroup.memory_max",
+        "cgroup.memory_swap_max",
+    ] {
+        assert_eq!(
+            state(&status, name),
+            "in-place",
+            "{name}: {}",
+            step(&status, name)
+        );
+    }
+}
+
+#[test]
+fn steps_turned_off_read_nothing_and_cannot_fail() {
+    let sim = Sim::new("pi5-8gb");
+    std::fs::remove_file(sim.path("sys/firmware/devicetree/base/aliases/blconfig")).expect("rm");
+    std::fs::remove_file(sim.path("proc/swaps")).expect("rm");
+    assert_eq!(
+        sim.apply().status.code(),
+        Some(1),
+        "the bootloader step needs blconfig"
+    );
+    sim.write(
+        "etc/appliance/appliance.toml",
+        "[tuning]\nsdram_banklow = \"keep\"\n",
+    );
+    let out = sim.apply();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert_eq!(
+        sim.status()["board"]["swap"],
+        Value::Null,
+        "an unreadable swap list is null, not off"
+    );
 }

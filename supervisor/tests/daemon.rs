@@ -60,3 +60,42 @@ fn run_notifies_ready_pings_the_watchdog_and_stops_on_sigterm() {
     let status = child.wait().expect("wait");
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn run_repairs_drift_on_its_reverify_schedule() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("board");
+    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    std::fs::write(
+        root.join("etc/appliance/appliance.toml"),
+        "[daemon]\nreverify_interval_s = 1\n",
+    )
+    .expect("config");
+    let socket_path = dir.path().join("notify");
+    let socket = UnixDatagram::bind(&socket_path).expect("bind");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_supervisor"))
+        .args(["--root", root.to_str().expect("utf8"), "run"])
+        .env("NOTIFY_SOCKET", &socket_path)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    receive_until(&socket, "READY=1", Duration::from_secs(20));
+
+    // Another service resets the governor behind the supervisor's back.
+    let governor = root.join("sys/devices/system/cpu/cpufreq/policy0/scaling_governor");
+    std::fs::write(&governor, "ondemand\n").expect("write");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&governor).expect("read").trim() != "performance" {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not restore the governor"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("signal");
+    assert!(child.wait().expect("wait").success());
+}

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use supervisor::board::{Board, sim};
-use supervisor::config::{CgroupBackend, Config};
+use supervisor::config::{CgroupBackend, Config, SliceName};
 use supervisor::systemd::{PropertyValue, Systemd};
 use supervisor::tune::{self, Applier, Backend, State};
 use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
@@ -85,12 +85,9 @@ struct FakeManager {
 }
 
 fn cgroup_of(unit: &str) -> String {
-    let stem = unit.trim_end_matches(".slice");
-    let parts: Vec<&str> = stem.split('-').collect();
-    let levels: Vec<String> = (1..=parts.len())
-        .map(|n| format!("{}.slice", parts[..n].join("-")))
-        .collect();
-    format!("/sys/fs/cgroup/{}", levels.join("/"))
+    let slice =
+        SliceName::try_from(unit.to_string()).expect("the supervisor only names valid slices");
+    format!("/sys/fs/cgroup/{}", slice.cgroup_path())
 }
 
 impl FakeManager {
@@ -320,18 +317,26 @@ async fn a_systemd_refusal_fails_the_step_with_its_message() {
 
 #[tokio::test]
 async fn without_a_reachable_systemd_the_steps_fail_and_say_why() {
-    let (_dir, _root, board) = simulated(sim::Variant::Pi5_8gb);
+    let (_dir, root, board) = simulated(sim::Variant::Pi5_8gb);
+    let dead = format!("unix:path={}", root.join("no-bus-here").display());
+    let error = match Systemd::connect(Some(&dead)).await {
+        Ok(_) => panic!("connected to a socket that does not exist"),
+        Err(e) => e.to_string(),
+    };
     let steps = tune::steps(&Config::default(), Backend::Systemd);
-    let applier = Applier::files_only(&board, "cannot reach systemd on the system bus: test");
+    let applier = Applier::files_only(&board, format!("cannot reach systemd: {error}"));
     let reports = tune::apply(&board, &steps, &applier, false).await;
-    let weight = reports
+    let slice = reports
         .iter()
         .find(|r| r.name == "cgroup.slice")
         .expect("step");
-    assert_eq!(weight.state, State::Failed);
+    assert_eq!(slice.state, State::Failed);
     assert!(
-        weight.reason.contains("cannot reach systemd"),
+        slice.reason.contains("cannot reach systemd") && slice.reason.contains(&error),
         "{}",
-        weight.reason
+        slice.reason
     );
+    // Steps that do not need systemd still ran.
+    let governor = reports.iter().find(|r| r.name == "governor").expect("step");
+    assert_eq!(governor.state, State::Applied);
 }

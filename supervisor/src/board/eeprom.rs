@@ -56,20 +56,18 @@ impl Board {
         })
     }
 
-    /// The newest `pieeprom-YYYY-MM-DD.bin` of the `default` release channel, with its box path.
-    pub fn latest_bootloader_image(&self) -> BoardResult<(String, Image)> {
+    /// The newest shipped `pieeprom-YYYY-MM-DD.bin` of the `default` release channel: its box
+    /// path and its release day (days since 1970-01-01, from the name).
+    pub fn shipped_bootloader_image(&self) -> BoardResult<(String, i64)> {
         for dir in paths::BOOTLOADER_FIRMWARE_DIRS {
             let channel = format!("{dir}/default");
             let newest = self
                 .list(&channel)?
                 .into_iter()
-                .filter(|n| n.starts_with("pieeprom-") && n.ends_with(".bin"))
+                .filter_map(|n| release_day(&n).map(|day| (day, n)))
                 .max();
-            if let Some(name) = newest {
-                let path = format!("{channel}/{name}");
-                let image = Image::parse(self.read_bytes(&path)?)
-                    .map_err(|e| invalid("parsing", &path, e.to_string()))?;
-                return Ok((path, image));
+            if let Some((day, name)) = newest {
+                return Ok((format!("{channel}/{name}"), day));
             }
         }
         Err(BoardError {
@@ -121,13 +119,20 @@ fn now_unix() -> u64 {
 }
 
 impl Board {
+    fn shipped_bootloader(&self) -> BoardResult<(String, Image)> {
+        let (path, _) = self.shipped_bootloader_image()?;
+        let image = Image::parse(self.read_bytes(&path)?)
+            .map_err(|e| invalid("parsing", &path, e.to_string()))?;
+        Ok((path, image))
+    }
+
     /// Stages a bootloader update carrying `config`, as `rpi-eeprom-config --apply` does: the
     /// newest shipped image with its `bootconf.txt` replaced, written with its hash file to the
     /// boot partition, where the bootloader flashes it at the next boot. The image is written
     /// before its hash, so a power cut in between leaves a pair the bootloader ignores.
     pub fn stage_bootloader_config(&self, config: &str) -> BoardResult<()> {
         let boot = self.boot_dir()?;
-        let (path, mut image) = self.latest_bootloader_image()?;
+        let (path, mut image) = self.shipped_bootloader()?;
         image
             .set_config(config)
             .map_err(|e| invalid("updating the config in", &path, e.to_string()))?;
@@ -138,13 +143,48 @@ impl Board {
             &format!("{boot}/{STAGED_SIGNATURE}"),
             image.signature_file(now).as_bytes(),
         )?;
-        // Without self-update the bootloader cannot flash itself; recovery.bin, run by the boot
-        // ROM, does it instead.
-        if crate::bootloader::conf::get(config, "ENABLE_SELF_UPDATE") == Some("0") {
+        // A running bootloader without self-update cannot flash itself; recovery.bin, run by
+        // the boot ROM, does it instead (as rpi-eeprom-update decides).
+        let running = self.bootloader_config()?;
+        if crate::bootloader::conf::get(&running, "ENABLE_SELF_UPDATE") == Some("0") {
             let dir = path.rsplit_once('/').map(|(d, _)| d).unwrap_or(&path);
             let recovery = self.read_bytes(&format!("{dir}/recovery.bin"))?;
             self.replace_file(&format!("{boot}/recovery.bin"), &recovery)?;
         }
         Ok(())
+    }
+}
+
+/// Days since 1970-01-01 of a `pieeprom-YYYY-MM-DD.bin` file name.
+fn release_day(name: &str) -> Option<i64> {
+    let date = name.strip_prefix("pieeprom-")?.strip_suffix(".bin")?;
+    let mut parts = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, d) = (parts.next()??, parts.next()??, parts.next()??);
+    if parts.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    // Howard Hinnant's days-from-civil algorithm.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    Some(era * 146_097 + doe - 719_468)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::release_day;
+
+    #[test]
+    fn release_days_come_from_the_file_name() {
+        assert_eq!(release_day("pieeprom-1970-01-02.bin"), Some(1));
+        assert_eq!(
+            release_day("pieeprom-2025-05-08.bin"),
+            Some(1_746_662_400 / 86_400)
+        );
+        assert_eq!(release_day("pieeprom-2025-13-08.bin"), None);
+        assert_eq!(release_day("recovery.bin"), None);
     }
 }

@@ -88,10 +88,10 @@ pub struct Facts {
     pub memory_total_mib: Option<u64>,
     /// Available RAM in MiB.
     pub memory_available_mib: Option<u64>,
-    /// Active swap areas.
-    pub swap: Vec<SwapArea>,
+    /// Active swap areas (empty: swap is off).
+    pub swap: Option<Vec<SwapArea>>,
     /// NUMA nodes the kernel created (more than one means NUMA emulation is active).
-    pub numa_nodes: usize,
+    pub numa_nodes: Option<usize>,
     /// How this boot happened.
     pub boot: Option<BootInfo>,
 }
@@ -279,8 +279,8 @@ impl Board {
                 .collect(),
             memory_total_mib: self.meminfo_kib("MemTotal").ok().map(|k| k / 1024),
             memory_available_mib: self.meminfo_kib("MemAvailable").ok().map(|k| k / 1024),
-            swap: self.active_swaps().unwrap_or_default(),
-            numa_nodes: self.numa_nodes().unwrap_or(0),
+            swap: self.active_swaps().ok(),
+            numa_nodes: self.numa_nodes().ok(),
             boot: self.boot_info().ok(),
         }
     }

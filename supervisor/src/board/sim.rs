@@ -33,11 +33,14 @@ pub enum Variant {
     Zram,
     /// An 80 °C board the firmware is throttling.
     Hot,
+    /// A bootloader from 2024-06, before SDRAM_BANKLOW and NUMA emulation by default: no
+    /// `numa=fake` on the command line, one NUMA node.
+    OldBootloader,
 }
 
 impl Variant {
     /// Every variant, with its command-line name.
-    pub const ALL: [(&'static str, Variant); 7] = [
+    pub const ALL: [(&'static str, Variant); 8] = [
         ("pi5-8gb", Variant::Pi5_8gb),
         ("pi5-4gb", Variant::Pi5_4gb),
         ("no-memcg", Variant::NoMemcg),
@@ -45,6 +48,7 @@ impl Variant {
         ("wrong-interleave", Variant::WrongInterleave),
         ("zram", Variant::Zram),
         ("hot", Variant::Hot),
+        ("old-bootloader", Variant::OldBootloader),
     ];
 
     /// Looks a variant up by its command-line name.
@@ -63,7 +67,10 @@ impl Variant {
 }
 
 const KERNEL_RELEASE: &str = "6.12.47+rpt-rpi-2712";
-const FIRMWARE_CMDLINE: &str = "reboot=w coherent_pool=1M 8250.nr_uarts=1 pci=pcie_bus_safe cgroup_disable=memory numa_policy=interleave numa=fake=8 system_heap.max_order=0 iommu_dma_numa_policy=interleave smsc95xx.macaddr=2C:CF:67:00:00:01 vc_mem.mem_base=0x3fc00000 vc_mem.mem_size=0x40000000";
+const FIRMWARE_CMDLINE: &str = "reboot=w coherent_pool=1M 8250.nr_uarts=1 pci=pcie_bus_safe cgroup_disable=memory smsc95xx.macaddr=2C:CF:67:00:00:01 vc_mem.mem_base=0x3fc00000 vc_mem.mem_size=0x40000000";
+/// What a bootloader with banklow 1 adds for the kernel's NUMA emulation.
+const FIRMWARE_NUMA_ARGS: &str =
+    "numa_policy=interleave numa=fake=8 system_heap.max_order=0 iommu_dma_numa_policy=interleave";
 const CMDLINE_TXT: &str = "console=serial0,115200 console=tty1 root=PARTUUID=feed0001-02 rootfstype=ext4 fsck.repair=yes ro rootwait";
 const BOOTLOADER_CONFIG: &str = "[all]\nBOOT_UART=1\nPOWER_OFF_ON_HALT=0\nBOOT_ORDER=0xf461\n";
 const BOOTLOADER_IMAGE: &str =
@@ -142,7 +149,15 @@ fn write_proc(tree: &Tree, variant: Variant) -> io::Result<()> {
     } else {
         format!("{CMDLINE_TXT} cgroup_enable=memory")
     };
-    tree.file("proc/cmdline", &format!("{FIRMWARE_CMDLINE} {user_part}\n"))?;
+    let numa = if variant == Variant::OldBootloader {
+        String::new()
+    } else {
+        format!(" {FIRMWARE_NUMA_ARGS}")
+    };
+    tree.file(
+        "proc/cmdline",
+        &format!("{FIRMWARE_CMDLINE}{numa} {user_part}\n"),
+    )?;
     let (total_kb, available_kb) = if variant == Variant::Pi5_4gb {
         (4_045_104, 3_702_336)
     } else {
@@ -214,7 +229,11 @@ fn write_thermal(tree: &Tree, variant: Variant) -> io::Result<()> {
 }
 
 fn write_numa(tree: &Tree, variant: Variant) -> io::Result<()> {
-    let nodes = if variant == Variant::NoNuma { 1 } else { 8 };
+    let nodes = if matches!(variant, Variant::NoNuma | Variant::OldBootloader) {
+        1
+    } else {
+        8
+    };
     for node in 0..nodes {
         tree.file(
             &format!("sys/devices/system/node/node{node}/cpulist"),
@@ -264,8 +283,14 @@ fn write_device_tree(tree: &Tree, variant: Variant) -> io::Result<()> {
     tree.dt_u32(&format!("{chosen}/tryboot"), 0)?;
     tree.dt_u32(&format!("{chosen}/partition"), 1)?;
     tree.dt_u32(&format!("{chosen}/boot-mode"), 1)?;
-    // 2025-05-08: a bootloader that knows SDRAM_BANKLOW and enables banklow 1 by default.
-    tree.dt_u32(&format!("{chosen}/build-timestamp"), 1_746_662_400)?;
+    // 2025-05-08: a bootloader that knows SDRAM_BANKLOW and enables banklow 1 by default;
+    // 2024-06-01 for the old one.
+    let built = if variant == Variant::OldBootloader {
+        1_717_200_000
+    } else {
+        1_746_662_400
+    };
+    tree.dt_u32(&format!("{chosen}/build-timestamp"), built)?;
     tree.file(
         &format!("{base}/aliases/blconfig"),
         &format!("/{BLCONFIG_NODE}\0"),
@@ -303,7 +328,7 @@ fn write_firmware(tree: &Tree) -> io::Result<()> {
         (0, "", b"simulated bootloader code"),
         (0x1_0000, "updatetime", &[0u8; 8]),
         (0xa_4000, "bootconf.txt", BOOTLOADER_CONFIG.as_bytes()),
-        (0xa_5000, "pubkey.bin", &[0u8; 264]),
+        (0x10_7000, "", &[]),
     ])
     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     tree.bytes(BOOTLOADER_IMAGE, image.bytes())?;
@@ -409,9 +434,9 @@ fn write_subtree_control(path: &Path, request: &str) -> io::Result<()> {
     let available = words(&fs::read_to_string(dir.join("cgroup.controllers"))?);
     let mut enabled = words(&fs::read_to_string(path)?);
     for token in request.split_whitespace() {
-        let (add, controller) = match token.split_at(1) {
-            ("+", c) => (true, c),
-            ("-", c) => (false, c),
+        let (add, controller) = match (token.strip_prefix('+'), token.strip_prefix('-')) {
+            (Some(c), _) => (true, c),
+            (_, Some(c)) => (false, c),
             _ => return Err(invalid(format!("bad token {token}"))),
         };
         if !available.iter().any(|c| c == controller) {

@@ -185,7 +185,8 @@ impl Image {
         let padded = align8(content_end).min(limit);
         self.bytes[content_end..padded].fill(0xff);
         let remaining = limit - padded;
-        if following.is_some() && remaining >= SECTION_HEADER {
+        let is_last = index + 1 == self.sections.len();
+        if !is_last && remaining >= SECTION_HEADER {
             self.bytes[padded..padded + 4].copy_from_slice(&PAD_MAGIC.to_be_bytes());
             let pad_len = (remaining - SECTION_HEADER) as u32;
             self.bytes[padded + 4..padded + 8].copy_from_slice(&pad_len.to_be_bytes());
@@ -235,7 +236,8 @@ impl Image {
     }
 
     /// Builds a 2 MiB image from named files placed at the given offsets; the simulated board's
-    /// firmware package and the tests use it. Offsets must be 8-aligned and increasing.
+    /// firmware package and the tests use it. Offsets must be 8-aligned and increasing. Offset 0
+    /// holds the bootloader code; an entry with an empty name elsewhere is a padding section.
     pub fn assemble(files: &[(usize, &str, &[u8])]) -> Result<Image, ImageError> {
         let mut bytes = vec![0xffu8; IMAGE_SIZES[1]];
         let mut cursor = 0usize;
@@ -252,14 +254,18 @@ impl Image {
                 bytes[cursor..cursor + 4].copy_from_slice(&PAD_MAGIC.to_be_bytes());
                 bytes[cursor + 4..cursor + 8].copy_from_slice(&pad.to_be_bytes());
             }
-            let magic = if offset == 0 { MAGIC } else { FILE_MAGIC };
+            let magic = match (offset, name) {
+                (0, _) => MAGIC,
+                (_, "") => PAD_MAGIC,
+                _ => FILE_MAGIC,
+            };
             bytes[offset..offset + 4].copy_from_slice(&magic.to_be_bytes());
-            if offset == 0 {
-                // The first section is the bootloader code itself: no name, just data.
+            if magic != FILE_MAGIC {
+                // Code and padding sections: no name, just data.
                 let length = content.len() as u32;
-                bytes[4..8].copy_from_slice(&length.to_be_bytes());
-                bytes[8..8 + content.len()].copy_from_slice(content);
-                cursor = align8(8 + content.len());
+                bytes[offset + 4..offset + 8].copy_from_slice(&length.to_be_bytes());
+                bytes[offset + 8..offset + 8 + content.len()].copy_from_slice(content);
+                cursor = align8(offset + 8 + content.len());
                 continue;
             }
             let length = (content.len() + FILE_HEADER - SECTION_HEADER) as u32;
@@ -280,14 +286,15 @@ mod tests {
     use super::*;
 
     const CONFIG_AT: usize = 0xa4000;
-    const NEXT_AT: usize = 0xa5000;
+    /// In shipped 2712 images only padding follows `bootconf.txt`, up to the next erase region.
+    const NEXT_AT: usize = 0x107000;
 
     fn sample() -> Image {
         Image::assemble(&[
             (0, "", b"bootcode"),
             (0x10000, "updatetime", &[0u8; 8]),
             (CONFIG_AT, "bootconf.txt", b"[all]\nBOOT_UART=1\n"),
-            (NEXT_AT, "pubkey.bin", b"key"),
+            (NEXT_AT, "", &[]),
         ])
         .expect("assemble")
     }
@@ -306,9 +313,14 @@ mod tests {
         assert_eq!(after.config().expect("config"), config);
         assert_eq!(&after.bytes()[..CONFIG_AT], &before.bytes()[..CONFIG_AT]);
         assert_eq!(&after.bytes()[NEXT_AT..], &before.bytes()[NEXT_AT..]);
-        // The byte-level layout is what the bootloader walks: the file after it is still found.
+        // The bootloader walks the chain: the padding section at NEXT_AT must still be reached.
         let reparsed = Image::parse(after.bytes().to_vec()).expect("reparse");
-        assert!(reparsed.find_file("pubkey.bin", false).is_some());
+        assert!(
+            reparsed
+                .sections
+                .iter()
+                .any(|s| s.offset == NEXT_AT && s.magic == PAD_MAGIC)
+        );
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct Observed {
     current: String,
     staged: Option<String>,
     bootloader_built: u32,
+    /// Release day (days since the epoch) of the newest image that staging would use.
+    shipped_day: Option<i64>,
 }
 
 impl Step for BankLowStep {
@@ -50,6 +52,16 @@ impl Step for BankLowStep {
     }
 
     fn observe(&self, board: &Board) -> Result<Observed, BoardError> {
+        if self.desired == BankLow::Keep {
+            // Nothing is read, so nothing unreadable can fail a step the operator turned off.
+            return Ok(Observed {
+                numa: Numa::Unknown,
+                current: String::new(),
+                staged: None,
+                bootloader_built: 0,
+                shipped_day: None,
+            });
+        }
         let nodes = board.numa_nodes()?;
         let numa = if nodes > 1 {
             Numa::Active(nodes)
@@ -69,6 +81,7 @@ impl Step for BankLowStep {
             current: board.bootloader_config()?,
             staged: board.staged_bootloader_config()?,
             bootloader_built: board.dt_u32(&format!("{}/build-timestamp", paths::DT_BOOTLOADER))?,
+            shipped_day: board.shipped_bootloader_image().ok().map(|(_, day)| day),
         })
     }
 
@@ -90,10 +103,11 @@ impl Step for BankLowStep {
         };
         let (want, why) = match (self.desired, &o.numa) {
             (BankLow::Keep, _) => {
-                return plan(
-                    "left as is".into(),
-                    Verdict::NotApplicable("sdram_banklow = \"keep\"".into()),
-                );
+                return Plan {
+                    desired: "left as is".into(),
+                    effective: "not read".into(),
+                    verdict: Verdict::NotApplicable("sdram_banklow = \"keep\"".into()),
+                };
             }
             (BankLow::Pin(n), _) => (n, "pinned in the configuration".to_string()),
             (BankLow::Auto, Numa::Active(nodes)) => (1, format!("kernel runs {nodes} NUMA nodes")),
@@ -134,6 +148,39 @@ impl Step for BankLowStep {
                 ),
             );
         }
+        if conf::get(&o.current, "FREEZE_VERSION") == Some("1") {
+            return plan(
+                desired,
+                Verdict::Failed(
+                    "the bootloader config has FREEZE_VERSION=1, so no update may be staged; \
+                     unfreeze it or set sdram_banklow = \"keep\""
+                        .into(),
+                ),
+            );
+        }
+        let running_day = i64::from(o.bootloader_built) / 86_400;
+        match o.shipped_day {
+            None => {
+                return plan(
+                    desired,
+                    Verdict::Failed(
+                        "no bootloader image (pieeprom-YYYY-MM-DD.bin) is installed to stage the change with"
+                            .into(),
+                    ),
+                );
+            }
+            Some(day) if day < running_day => {
+                return plan(
+                    desired,
+                    Verdict::Failed(
+                        "the newest shipped bootloader image is older than the running bootloader; \
+                         staging it would downgrade the EEPROM"
+                            .into(),
+                    ),
+                );
+            }
+            Some(_) => {}
+        }
         plan(
             desired,
             Verdict::Change(vec![Edit::StageBootloaderConfig {
@@ -155,6 +202,7 @@ mod tests {
             current: current.into(),
             staged: staged.map(str::to_string),
             bootloader_built: built,
+            shipped_day: Some(i64::from(built) / 86_400),
         }
     }
 
@@ -215,5 +263,21 @@ mod tests {
         }
         .plan(&observed(Numa::Ignored, "[all]\n", None, RECENT));
         assert!(matches!(keep.verdict, Verdict::NotApplicable(_)));
+    }
+
+    #[test]
+    fn never_downgrades_and_honours_freeze_version() {
+        let mut old_image = observed(Numa::Ignored, "[all]\n", None, RECENT);
+        old_image.shipped_day = Some(i64::from(RECENT) / 86_400 - 30);
+        assert!(
+            matches!(auto().plan(&old_image).verdict, Verdict::Failed(ref r) if r.contains("downgrade"))
+        );
+        let frozen = auto().plan(&observed(
+            Numa::Ignored,
+            "[all]\nFREEZE_VERSION=1\n",
+            None,
+            RECENT,
+        ));
+        assert!(matches!(frozen.verdict, Verdict::Failed(ref r) if r.contains("FREEZE_VERSION")));
     }
 }

@@ -75,13 +75,19 @@ impl Target {
                 files,
             });
         }
-        let boot = board.boot_dir()?;
+        // Only the memory steps need these; their failure must not fail the cpu steps.
+        let mem_total_kib = board.meminfo_kib("MemTotal").map_err(|e| e.to_string());
+        let cmdline_enables_memory = board
+            .boot_dir()
+            .and_then(|boot| board.read(&format!("{boot}/cmdline.txt")))
+            .map(|text| enables_memory(&text))
+            .map_err(|e| e.to_string());
         Ok(View {
             root_controllers: words(board.read(&format!("{root}/cgroup.controllers"))?),
             root_subtree_control: words(board.read(&format!("{root}/cgroup.subtree_control"))?),
             levels,
-            mem_total_kib: board.meminfo_kib("MemTotal")?,
-            cmdline_enables_memory: enables_memory(&board.read(&format!("{boot}/cmdline.txt"))?),
+            mem_total_kib,
+            cmdline_enables_memory,
         })
     }
 
@@ -89,15 +95,15 @@ impl Target {
         view.levels.last().filter(|l| l.exists)
     }
 
-    /// The edit that sets one value on the engine's cgroup through the active backend.
-    fn set_value(&self, file: &str, value: u64, property: &str) -> Edit {
+    /// The edit that sets one value on one level of our path through the active backend.
+    fn set_value(&self, level: &str, file: &str, value: u64, property: &str) -> Edit {
         match self.backend {
             Backend::Files => Edit::WriteAttribute {
-                path: format!("{}/{file}", self.engine_path()),
+                path: format!("{level}/{file}"),
                 value: value.to_string(),
             },
             Backend::Systemd => Edit::SetUnitProperties {
-                unit: self.config.slice.as_str().to_string(),
+                unit: Target::unit_of(level).to_string(),
                 properties: vec![(property.to_string(), PropertyValue::U64(value))],
             },
         }
@@ -108,15 +114,12 @@ impl Target {
         if view.root_controllers.iter().any(|c| c == "memory") {
             return None;
         }
-        let verdict = if view.cmdline_enables_memory {
-            Verdict::PendingReboot(
-                "the memory controller appears after a reboot (cgroup_enable=memory is in cmdline.txt)"
-                    .into(),
-            )
-        } else {
-            Verdict::NotApplicable(
-                "the kernel has no memory controller; see kernel.memory_cgroup".into(),
-            )
+        let verdict = match &view.cmdline_enables_memory {
+            Ok(true) => Verdict::PendingReboot(
+                "the memory controller appears after a reboot (cgroup_enable=memory is in cmdline.txt)".into(),
+            ),
+            Ok(false) => Verdict::NotApplicable("the kernel has no memory controller; see kernel.memory_cgroup".into()),
+            Err(e) => Verdict::Failed(format!("the kernel has no memory controller, and {e}")),
         };
         Some(Plan {
             desired,
@@ -125,37 +128,72 @@ impl Target {
         })
     }
 
-    /// Plan for one numeric file on the engine's cgroup.
-    fn plan_value(
-        &self,
-        view: &View,
-        file: &str,
-        want: u64,
-        property: &str,
-        shown: fn(u64) -> String,
-    ) -> Plan {
-        let desired = shown(want);
-        let current = self
-            .engine(view)
-            .and_then(|l| l.files.get(file))
-            .map(|v| parse_limit(v));
-        let effective = match current {
-            None if self.engine(view).is_none() => "cgroup absent".to_string(),
-            None => format!("{file} missing"),
-            Some(None) => "unreadable".to_string(),
-            Some(Some(v)) => shown(v),
+    /// Plan for one numeric file, on the engine's cgroup alone or on every level of its path.
+    fn plan_value(&self, view: &View, setting: Setting, want: u64) -> Plan {
+        let levels: Vec<&Level> = match setting.scope {
+            Scope::Engine => view.levels.last().into_iter().collect(),
+            Scope::Path => view.levels.iter().collect(),
         };
-        let verdict = if current == Some(Some(want)) {
-            Verdict::InPlace
+        let read = |l: &Level| l.files.get(setting.file).map(|v| parse_limit(v));
+        let effective = if self.engine(view).is_none() {
+            "cgroup absent".to_string()
         } else {
-            Verdict::Change(vec![self.set_value(file, want, property)])
+            let values: Vec<Option<Option<u64>>> = levels.iter().map(|l| read(l)).collect();
+            let show = |v: &Option<Option<u64>>| match v {
+                None => format!("{} missing", setting.file),
+                Some(None) => "unreadable".to_string(),
+                Some(Some(n)) => (setting.shown)(*n),
+            };
+            if values.windows(2).all(|w| w[0] == w[1]) {
+                values.first().map(show).unwrap_or_default()
+            } else {
+                let parts: Vec<String> = levels
+                    .iter()
+                    .zip(&values)
+                    .map(|(l, v)| format!("{} = {}", Target::unit_of(&l.path), show(v)))
+                    .collect();
+                let least = values
+                    .iter()
+                    .map(|v| v.flatten().unwrap_or(0))
+                    .min()
+                    .unwrap_or(0);
+                format!("{} ({})", (setting.shown)(least), parts.join(", "))
+            }
         };
+        let edits: Vec<Edit> = levels
+            .iter()
+            .filter(|l| !l.exists || read(l) != Some(Some(want)))
+            .map(|l| self.set_value(&l.path, setting.file, want, setting.property))
+            .collect();
         Plan {
-            desired,
+            desired: (setting.shown)(want),
             effective,
-            verdict,
+            verdict: if edits.is_empty() {
+                Verdict::InPlace
+            } else {
+                Verdict::Change(edits)
+            },
         }
     }
+}
+
+/// Where a value must be set.
+#[derive(Clone, Copy)]
+enum Scope {
+    /// On the engine's own cgroup.
+    Engine,
+    /// On every level of the path: siblings compete at each level, so a weight or a protection
+    /// counts only as far as every ancestor carries it too.
+    Path,
+}
+
+/// A numeric cgroup file and its systemd property.
+#[derive(Clone, Copy)]
+struct Setting {
+    file: &'static str,
+    property: &'static str,
+    scope: Scope,
+    shown: fn(u64) -> String,
 }
 
 /// The cgroup tree along the engine's path, as read back.
@@ -163,8 +201,8 @@ pub struct View {
     root_controllers: Vec<String>,
     root_subtree_control: Vec<String>,
     levels: Vec<Level>,
-    mem_total_kib: u64,
-    cmdline_enables_memory: bool,
+    mem_total_kib: Result<u64, String>,
+    cmdline_enables_memory: Result<bool, String>,
 }
 
 struct Level {
@@ -318,18 +356,41 @@ impl SliceStep {
 
 impl CpuWeightStep {
     fn plan_view(&self, view: &View) -> Plan {
-        let want = u64::from(self.0.config.cpu_weight.get());
+        let setting = Setting {
+            file: "cpu.weight",
+            property: "CPUWeight",
+            scope: Scope::Path,
+            shown: show_plain,
+        };
         self.0
-            .plan_value(view, "cpu.weight", want, "CPUWeight", show_plain)
+            .plan_value(view, setting, u64::from(self.0.config.cpu_weight.get()))
     }
 }
 
 impl MemoryMaxStep {
     fn plan_view(&self, view: &View) -> Plan {
         let t = &self.0;
-        let total_mib = view.mem_total_kib / 1024;
-        let want_mib = match t.config.memory_max_mib {
-            Some(mib) => mib,
+        let total_mib = match &view.mem_total_kib {
+            Ok(kib) => kib / 1024,
+            Err(e) => {
+                return Plan {
+                    desired: "RAM minus the reserve".into(),
+                    effective: "unknown".into(),
+                    verdict: Verdict::Failed(e.clone()),
+                };
+            }
+        };
+        let want_mib = match t.config.memory_max_mib.map(|m| m.get()) {
+            Some(mib) if mib <= total_mib => mib,
+            Some(mib) => {
+                return Plan {
+                    desired: show_mib(mib.saturating_mul(MIB)),
+                    effective: "?".into(),
+                    verdict: Verdict::Failed(format!(
+                        "memory_max_mib = {mib} is more than the board's {total_mib} MiB of RAM"
+                    )),
+                };
+            }
             None if t.config.memory_reserve_mib < total_mib => {
                 total_mib - t.config.memory_reserve_mib
             }
@@ -345,11 +406,17 @@ impl MemoryMaxStep {
                 };
             }
         };
-        let want = want_mib.saturating_mul(MIB);
+        let want = want_mib * MIB;
         if let Some(plan) = t.without_memory_controller(view, show_mib(want)) {
             return plan;
         }
-        t.plan_value(view, "memory.max", want, "MemoryMax", show_mib)
+        let setting = Setting {
+            file: "memory.max",
+            property: "MemoryMax",
+            scope: Scope::Engine,
+            shown: show_mib,
+        };
+        t.plan_value(view, setting, want)
     }
 }
 
@@ -359,92 +426,32 @@ impl SwapMaxStep {
         if let Some(plan) = t.without_memory_controller(view, show_mib(0)) {
             return plan;
         }
-        t.plan_value(view, "memory.swap.max", 0, "MemorySwapMax", show_mib)
+        let setting = Setting {
+            file: "memory.swap.max",
+            property: "MemorySwapMax",
+            scope: Scope::Engine,
+            shown: show_mib,
+        };
+        t.plan_value(view, setting, 0)
     }
 }
 
 impl MemoryLowStep {
     fn plan_view(&self, view: &View) -> Plan {
         let t = &self.0;
-        let low_of = |level: &Level| {
-            level
-                .files
-                .get("memory.low")
-                .and_then(|v| parse_limit(v))
-                .unwrap_or(0)
-        };
-        // The kernel grants a cgroup no more protection than its least generous ancestor.
-        let limiting = t.levels_present(view).min_by_key(|l| low_of(l));
-        let effective_bytes = if view.levels.iter().all(|l| l.exists) {
-            limiting.map(low_of).unwrap_or(0)
-        } else {
-            0
-        };
-        let effective = match limiting {
-            Some(l)
-                if l.path != t.engine_path()
-                    && low_of(l) < t.engine(view).map(low_of).unwrap_or(0) =>
-            {
-                format!(
-                    "{} (limited by {} = {})",
-                    show_mib(effective_bytes),
-                    Target::unit_of(&l.path),
-                    show_mib(low_of(l))
-                )
-            }
-            _ => show_mib(effective_bytes),
-        };
-        let Some(want_mib) = t.config.memory_low_mib else {
-            return Plan {
-                desired: "no protection asked for".into(),
-                effective,
-                verdict: Verdict::NotApplicable("memory_low_mib is not set".into()),
-            };
-        };
-        let want = want_mib.saturating_mul(MIB);
+        // Unset means no protection: a value left from an earlier configuration is cleared.
+        let want = t.config.memory_low_mib.unwrap_or(0).saturating_mul(MIB);
         if let Some(plan) = t.without_memory_controller(view, show_mib(want)) {
             return plan;
         }
-        // Every level needs at least the engine's protection, or the engine gets less.
-        let short: Vec<&Level> = view
-            .levels
-            .iter()
-            .filter(|l| !l.exists || low_of(l) < want)
-            .collect();
-        let own_exact = t.engine(view).is_some_and(|l| low_of(l) == want);
-        let verdict = if short.is_empty() && own_exact {
-            Verdict::InPlace
-        } else {
-            let mut targets: Vec<&Level> = short;
-            if !own_exact && !targets.iter().any(|l| l.path == t.engine_path()) {
-                targets.extend(view.levels.last());
-            }
-            Verdict::Change(
-                targets
-                    .into_iter()
-                    .map(|level| match t.backend {
-                        Backend::Files => Edit::WriteAttribute {
-                            path: format!("{}/memory.low", level.path),
-                            value: want.to_string(),
-                        },
-                        Backend::Systemd => Edit::SetUnitProperties {
-                            unit: Target::unit_of(&level.path).to_string(),
-                            properties: vec![("MemoryLow".into(), PropertyValue::U64(want))],
-                        },
-                    })
-                    .collect(),
-            )
+        let setting = Setting {
+            file: "memory.low",
+            property: "MemoryLow",
+            scope: Scope::Path,
+            shown: show_mib,
         };
-        Plan {
-            desired: format!("{} effective", show_mib(want)),
-            effective,
-            verdict,
-        }
-    }
-}
-
-impl Target {
-    fn levels_present<'v>(&self, view: &'v View) -> impl Iterator<Item = &'v Level> {
-        view.levels.iter().filter(|l| l.exists)
+        let mut plan = t.plan_value(view, setting, want);
+        plan.desired = format!("{} effective", plan.desired);
+        plan
     }
 }

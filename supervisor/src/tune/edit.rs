@@ -122,20 +122,38 @@ impl<'a> Applier<'a> {
                 .replace_file(path, contents.as_bytes())
                 .map_err(|e| e.to_string()),
             Edit::CreateCgroup { path } => board.create_cgroup(path).map_err(|e| e.to_string()),
-            Edit::SwapOff { device } => board.swap_off(device).map_err(|e| e.to_string()),
+            Edit::SwapOff { device } => {
+                // swapoff can take minutes on a full swap area; keep the runtime (and with it
+                // the watchdog) free meanwhile.
+                let (board, device) = (board.clone(), device.clone());
+                tokio::task::spawn_blocking(move || board.swap_off(&device))
+                    .await
+                    .map_err(|e| format!("swapoff task: {e}"))?
+                    .map_err(|e| e.to_string())
+            }
             Edit::StageBootloaderConfig { config } => board
                 .stage_bootloader_config(config)
                 .map_err(|e| e.to_string()),
-            Edit::StartUnit { unit } => self
-                .systemd()?
-                .start_unit(unit)
-                .await
-                .map_err(|e| format!("systemd: {e}")),
-            Edit::SetUnitProperties { unit, properties } => self
-                .systemd()?
-                .set_unit_properties(unit, properties)
-                .await
-                .map_err(|e| format!("systemd: {e}")),
+            Edit::StartUnit { unit } => within_deadline(self.systemd()?.start_unit(unit)).await,
+            Edit::SetUnitProperties { unit, properties } => {
+                within_deadline(self.systemd()?.set_unit_properties(unit, properties)).await
+            }
         }
+    }
+}
+
+/// A systemd call that does not answer within this time fails the step instead of stalling the
+/// daemon (and its watchdog pings).
+const SYSTEMD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn within_deadline(
+    call: impl std::future::Future<Output = zbus::Result<()>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(SYSTEMD_DEADLINE, call).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("systemd: {e}")),
+        Err(_) => Err(format!(
+            "systemd did not answer within {SYSTEMD_DEADLINE:?}"
+        )),
     }
 }

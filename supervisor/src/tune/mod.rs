@@ -179,7 +179,7 @@ pub fn status(board: &Board, steps: &[Box<dyn Evaluate>]) -> Vec<StepReport> {
 fn report_unapplied(name: &str, plan: Plan) -> StepReport {
     let (state, reason) = match plan.verdict {
         Verdict::InPlace => (State::InPlace, String::new()),
-        Verdict::Change(edits) => (State::NeedsApply, describe(&edits)),
+        Verdict::Change(edits) => (State::NeedsApply, format!("would {}", describe(&edits))),
         Verdict::PendingReboot(r) => (State::PendingReboot, r),
         Verdict::NotApplicable(r) => (State::NotApplicable, r),
         Verdict::Failed(r) => (State::Failed, r),
@@ -193,10 +193,16 @@ fn report_unapplied(name: &str, plan: Plan) -> StepReport {
     }
 }
 
+/// The edits in words, e.g. `write performance to …; create cgroup …`.
 fn describe(edits: &[Edit]) -> String {
     let list: Vec<String> = edits.iter().map(ToString::to_string).collect();
-    format!("would {}", list.join("; "))
+    list.join("; ")
 }
+
+/// How long a read-back may take to show an edit: systemd applies unit changes through jobs
+/// that finish shortly after the D-Bus call returns.
+const SETTLE_ATTEMPTS: u32 = 20;
+const SETTLE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Applies every step in order and verifies each by reading back. With `dry_run`, only plans.
 pub async fn apply(
@@ -241,8 +247,15 @@ async fn apply_and_verify(
             };
         }
     }
-    let after = step.evaluate(board);
-    let done = describe(edits).replacen("would ", "", 1);
+    let mut after = step.evaluate(board);
+    for _ in 1..SETTLE_ATTEMPTS {
+        if !matches!(after.verdict, Verdict::Change(_)) {
+            break;
+        }
+        tokio::time::sleep(SETTLE_INTERVAL).await;
+        after = step.evaluate(board);
+    }
+    let done = describe(edits);
     let (state, reason) = match after.verdict {
         Verdict::InPlace => (State::Applied, done),
         Verdict::PendingReboot(r) => (State::PendingReboot, format!("{done}; {r}")),

@@ -12,18 +12,26 @@ pub struct SystemSwapStep {
 }
 
 impl Step for SystemSwapStep {
-    type Observed = Vec<SwapArea>;
+    /// `None` when `/proc/swaps` is unreadable and the step is turned off anyway.
+    type Observed = Option<Vec<SwapArea>>;
 
     fn name(&self) -> &'static str {
         "swap.system"
     }
 
-    fn observe(&self, board: &Board) -> Result<Vec<SwapArea>, BoardError> {
-        board.active_swaps()
+    fn observe(&self, board: &Board) -> Result<Option<Vec<SwapArea>>, BoardError> {
+        match self.desired {
+            SystemSwap::Keep => Ok(board.active_swaps().ok()),
+            SystemSwap::Off => board.active_swaps().map(Some),
+        }
     }
 
-    fn plan(&self, areas: &Vec<SwapArea>) -> Plan {
-        let effective = if areas.is_empty() {
+    fn plan(&self, observed: &Option<Vec<SwapArea>>) -> Plan {
+        let no_areas = Vec::new();
+        let areas = observed.as_ref().unwrap_or(&no_areas);
+        let effective = if observed.is_none() {
+            "unreadable".to_string()
+        } else if areas.is_empty() {
             "off".to_string()
         } else {
             let names: Vec<&str> = areas.iter().map(|a| a.device.as_str()).collect();
