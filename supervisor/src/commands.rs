@@ -112,11 +112,20 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         Err(code) => return code,
     };
     let backend = Backend::resolve(config.tuning.engine.backend, &board);
+    // The cheap gate: an unchanged file passes on size, inode and mtime; a changed one is hashed.
+    let quick = weights::gate::Reverify::Fast {
+        full_every_s: u64::MAX,
+    };
+    let model = crate::model::ModelStatus::from_gate(
+        &config.model.id,
+        &crate::model::check(&board, &config, quick),
+    );
     let status = Status {
         schema_version: report::SCHEMA_VERSION,
         root: board.root().display().to_string(),
         simulated: board.is_simulated(),
         board: board.facts(),
+        model,
         steps: tune::status(&board, &tune::steps(&config, backend)),
     };
     if json {
@@ -126,6 +135,14 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         }
     } else {
         print!("{}", report::facts_text(&status.board, status.simulated));
+        let m = &status.model;
+        println!(
+            "model: {} {} {}",
+            m.id,
+            m.state,
+            m.path.as_deref().unwrap_or("")
+        );
+        println!("       {}", m.reason);
         println!();
         print!("{}", report::steps_table(&status.steps));
     }
@@ -149,4 +166,14 @@ pub fn run(root: &Path, config: Option<&Path>) -> ExitCode {
             ExitCode::from(EXIT_FAILED)
         }
     }
+}
+
+/// The configuration for a `weights` command: `--config`, else the board's.
+pub fn load_config(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
+    load(root, config)
+}
+
+/// The trust a `weights` command checks signatures with.
+pub fn trust_for(config: &Config) -> Result<weights::sign::Trust, ExitCode> {
+    crate::model::trust(config).map_err(bad_input)
 }

@@ -23,8 +23,86 @@ pub const OVERRIDE_NAME: &str = "appliance.toml";
 pub struct Config {
     /// How the board is tuned for inference.
     pub tuning: Tuning,
+    /// The model the engine runs, and how its weights are trusted.
+    pub model: Model,
     /// The long-running daemon (`supervisor run`).
     pub daemon: Daemon,
+}
+
+/// The model the engine runs and how its weights are checked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Model {
+    /// Id of the installed model the engine runs. Default `"smollm2-135m-instruct-q4_1"`.
+    pub id: String,
+    /// Data partition directory holding installed models (under the board root).
+    /// Default `"/var/lib/appliance"`.
+    pub data_dir: String,
+    /// Boot-time re-verification: `"full"` hashes every chunk; `"fast"` compares size, inode and
+    /// mtime with the install record and hashes every chunk only every
+    /// `full_verify_interval_hours`. Default `"full"`.
+    pub reverify: Reverify,
+    /// Hours between full verifications in `fast` mode. Default 168 (a week).
+    pub full_verify_interval_hours: u64,
+    /// Refuse manifests without a valid signature from a trusted key. Default false (a present
+    /// signature must still verify).
+    pub require_signature: bool,
+    /// ed25519 public keys (64 hex digits) whose manifest signatures the box accepts. Default none.
+    pub trusted_keys: Vec<PublicKey>,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            id: "smollm2-135m-instruct-q4_1".into(),
+            data_dir: "/var/lib/appliance".into(),
+            reverify: Reverify::Full,
+            full_verify_interval_hours: 168,
+            require_signature: false,
+            trusted_keys: Vec::new(),
+        }
+    }
+}
+
+/// Boot-time re-verification of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reverify {
+    /// Every chunk at every boot.
+    Full,
+    /// Size, inode and mtime at boot; every chunk on a schedule.
+    Fast,
+}
+
+/// An ed25519 public key in hex.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PublicKey(String);
+
+impl PublicKey {
+    /// The key in hex.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for PublicKey {
+    type Error = String;
+    fn try_from(key: String) -> Result<Self, Self::Error> {
+        if key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(PublicKey(key.to_ascii_lowercase()))
+        } else {
+            Err(format!(
+                "invalid trusted key \"{key}\": use the 64 hex digits `supervisor weights keygen` prints"
+            ))
+        }
+    }
+}
+
+impl From<PublicKey> for String {
+    fn from(k: PublicKey) -> String {
+        k.0
+    }
 }
 
 /// The tuned state the supervisor brings the board into and verifies.
@@ -440,6 +518,7 @@ mod tests {
         }
         let mut all = Config::default();
         all.tuning.engine.memory_max_mib = Some(MemoryMib(64));
+        all.model.trusted_keys = vec![PublicKey("0".repeat(64))];
         all.tuning.engine.memory_low_mib = Some(1);
         let table = toml::Table::try_from(&all).expect("serialize");
         let mut names = Vec::new();

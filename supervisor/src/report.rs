@@ -1,7 +1,8 @@
 //! What `status` and `apply` print: the stable JSON document and the human table.
 //!
 //! JSON (`status --json`), schema version 1:
-//! `{ "schema_version": 1, "root": str, "simulated": bool, "board": Facts, "steps": [StepReport] }`
+//! `{ "schema_version": 1, "root": str, "simulated": bool, "board": Facts, "model": ModelStatus,
+//! "steps": [StepReport] }`
 //! where `StepReport` is `{ name, desired, effective, state, reason }` and `state` is one of
 //! `in-place`, `applied`, `pending-reboot`, `not-applicable`, `failed`, `needs-apply`.
 //! `Facts` is documented field by field on [`crate::board::facts::Facts`]. Keys are only ever added.
@@ -27,6 +28,8 @@ pub struct Status {
     pub simulated: bool,
     /// Facts about the board.
     pub board: Facts,
+    /// The model the engine runs, as the launch gate sees it.
+    pub model: crate::model::ModelStatus,
     /// Every tuning step.
     pub steps: Vec<StepReport>,
 }

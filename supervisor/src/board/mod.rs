@@ -18,8 +18,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::atomic;
-
 /// A failed read or write of one board file, naming the file as seen on the box.
 #[derive(Debug)]
 pub struct BoardError {
@@ -198,7 +196,7 @@ impl Board {
                 io::Error::new(io::ErrorKind::PermissionDenied, "file is read-only"),
             ));
         }
-        atomic::replace(&path, contents).map_err(|e| self.err("replacing", box_path, e))
+        durable::replace(&path, contents).map_err(|e| self.err("replacing", box_path, e))
     }
 
     /// Creates a cgroup directory (the kernel fills in its interface files).

@@ -47,7 +47,7 @@ pub fn replace(path: &Path, contents: &[u8]) -> io::Result<()> {
 }
 
 /// Flushes a directory's entries (renames, creations) to disk.
-fn sync_dir(dir: &Path) -> io::Result<()> {
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
     match File::open(dir)?.sync_all() {
         // Some filesystems (e.g. vfat through some drivers) refuse fsync on directories; the
         // rename has still been issued and the data itself is already flushed.

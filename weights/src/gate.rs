@@ -1,0 +1,110 @@
+//! The launch gate: the engine is started only with a model that passed verification, and is
+//! given the verified path. At boot, `full` verifies every chunk; `fast` trusts an unchanged
+//! size, inode and modification time, and still verifies every chunk once the last full check
+//! is older than the configured interval.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::install::{Approval, CURRENT, MANIFEST, RECORD, Record, current_version, model_dir};
+use crate::sign::{Signed, Trust};
+use crate::verify::verify_file;
+use crate::{Error, ErrorKind, Manifest};
+
+/// How thoroughly the gate checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reverify {
+    /// Every chunk, every time.
+    Full,
+    /// Size, inode and mtime; every chunk when the last full check is older than this many seconds.
+    Fast {
+        /// Seconds between full checks.
+        full_every_s: u64,
+    },
+}
+
+/// A model that passed.
+#[derive(Debug, Clone)]
+pub struct Approved {
+    /// The verified weights: what the engine is given.
+    pub path: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its signature status.
+    pub signed: Signed,
+    /// What was checked, in words.
+    pub checked: String,
+}
+
+/// Checks the installed model `id` in `data_dir`.
+pub fn check(
+    data_dir: &Path,
+    id: &str,
+    reverify: Reverify,
+    trust: &Trust,
+    now: u64,
+) -> Result<Approved, Error> {
+    let dir = model_dir(data_dir, id);
+    let version = current_version(&dir)?.ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotInstalled,
+            format!(
+                "model {id} is not installed in {} (no {CURRENT}); install it with `supervisor weights install` or `weights fetch-default`",
+                data_dir.display()
+            ),
+        )
+    })?;
+    let vdir = dir.join(&version);
+    let approval = Approval::load(&vdir.join(MANIFEST), trust)?;
+    let manifest = approval.manifest;
+    if manifest.id != id {
+        return Err(Error::new(
+            ErrorKind::Mismatch,
+            format!(
+                "{} is for model {}, not {id}",
+                vdir.join(MANIFEST).display(),
+                manifest.id
+            ),
+        ));
+    }
+    let path = vdir.join(&manifest.file);
+    let record_path = vdir.join(RECORD);
+    let record: Record = fs::read_to_string(&record_path)
+        .map_err(|e| Error::io(format!("reading {}", record_path.display()), e))
+        .and_then(|t| {
+            toml::from_str(&t)
+                .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", record_path.display())))
+        })?;
+    let meta =
+        fs::metadata(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+
+    if let Reverify::Fast { full_every_s } = reverify {
+        let due = now.saturating_sub(record.last_full_verify) >= full_every_s;
+        if record.matches(&meta) && !due {
+            return Ok(Approved {
+                path,
+                manifest,
+                signed: approval.signed,
+                checked: format!(
+                    "fast: size, inode and mtime unchanged since the full check at {}",
+                    record.last_full_verify
+                ),
+            });
+        }
+    }
+    verify_file(&path, &manifest)?;
+    let refreshed = Record {
+        last_full_verify: now,
+        ..Record::of(&path, &manifest.sha256, record.installed_at)?
+    };
+    let text = toml::to_string(&refreshed)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("install record: {e}")))?;
+    durable::replace(&record_path, text.as_bytes())
+        .map_err(|e| Error::io(format!("writing {}", record_path.display()), e))?;
+    Ok(Approved {
+        path,
+        manifest,
+        signed: approval.signed,
+        checked: "full: every chunk verified".into(),
+    })
+}

@@ -1,0 +1,387 @@
+//! Installing a model into the data directory so that a crash or power cut at any point leaves
+//! the old model or the new one, never a mix, and a failure leaves nothing new behind.
+//!
+//! ```text
+//! DATA/models/<id>/current            one line: the version directory in use (switched atomically)
+//! DATA/models/<id>/<version>/<file>   the verified weights
+//!                           manifest.toml (+ manifest.toml.sig)   the approved manifest, verbatim
+//!                           installed.toml                        size, inode, mtime, last full check
+//! ```
+//! A new version is built in a staging directory, verified there, renamed into place, and only
+//! then does `current` switch to it; older versions are removed afterwards.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::hash::{HashingWriter, sha256, to_hex};
+use crate::sign::{Signed, Trust};
+use crate::verify::{Mapped, verify_file};
+use crate::{Error, ErrorKind, Manifest, patch};
+
+/// File naming the version directory in use.
+pub const CURRENT: &str = "current";
+/// The approved manifest inside a version directory.
+pub const MANIFEST: &str = "manifest.toml";
+/// Its signature, when signed.
+pub const SIGNATURE: &str = "manifest.toml.sig";
+/// The install record inside a version directory.
+pub const RECORD: &str = "installed.toml";
+
+/// A manifest together with its exact text and signature, checked against the box's trust.
+#[derive(Debug, Clone)]
+pub struct Approval {
+    /// The parsed manifest.
+    pub manifest: Manifest,
+    /// Its exact text (what the signature covers).
+    pub text: String,
+    /// The signature file's text, if signed.
+    pub signature: Option<String>,
+    /// How the signature checked out.
+    pub signed: Signed,
+}
+
+impl Approval {
+    /// Reads `path` and `path.sig`, checks the signature against `trust`, then parses.
+    pub fn load(path: &Path, trust: &Trust) -> Result<Approval, Error> {
+        let text = Manifest::read_text(path)?;
+        let sig_path = sig_path(path);
+        let signature = match fs::read_to_string(&sig_path) {
+            Ok(s) => Some(s),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io(format!("reading {}", sig_path.display()), e)),
+        };
+        let signed = trust
+            .check(text.as_bytes(), signature.as_deref())
+            .map_err(|mut e| {
+                e.message = format!("{}: {}", path.display(), e.message);
+                e
+            })?;
+        let manifest = Manifest::parse(&text, &path.display().to_string())?;
+        Ok(Approval {
+            manifest,
+            text,
+            signature,
+            signed,
+        })
+    }
+}
+
+/// `<manifest>.sig`.
+pub fn sig_path(manifest: &Path) -> PathBuf {
+    let mut name = manifest.as_os_str().to_owned();
+    name.push(".sig");
+    PathBuf::from(name)
+}
+
+/// What an install leaves for the boot-time check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Record {
+    /// Size of the installed file.
+    pub size: u64,
+    /// SHA-256 of the installed file.
+    pub sha256: String,
+    /// Its inode.
+    pub inode: u64,
+    /// Its modification time, seconds.
+    pub mtime_s: i64,
+    /// Its modification time, nanoseconds part.
+    pub mtime_ns: i64,
+    /// When it was installed (Unix seconds).
+    pub installed_at: u64,
+    /// When every chunk was last verified (Unix seconds).
+    pub last_full_verify: u64,
+}
+
+impl Record {
+    /// A record of `path` as it is now.
+    pub fn of(path: &Path, sha256: &str, now: u64) -> Result<Record, Error> {
+        let meta =
+            fs::metadata(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        Ok(Record {
+            size: meta.len(),
+            sha256: sha256.to_string(),
+            inode: meta.ino(),
+            mtime_s: meta.mtime(),
+            mtime_ns: meta.mtime_nsec(),
+            installed_at: now,
+            last_full_verify: now,
+        })
+    }
+
+    /// Whether the file still has the recorded size, inode and modification time.
+    pub fn matches(&self, meta: &fs::Metadata) -> bool {
+        self.size == meta.len()
+            && self.inode == meta.ino()
+            && self.mtime_s == meta.mtime()
+            && self.mtime_ns == meta.mtime_nsec()
+    }
+}
+
+/// Directory of one model id.
+pub fn model_dir(data_dir: &Path, id: &str) -> PathBuf {
+    data_dir.join("models").join(id)
+}
+
+/// The version directory `current` names, if any.
+pub fn current_version(model_dir: &Path) -> Result<Option<String>, Error> {
+    let path = model_dir.join(CURRENT);
+    match fs::read_to_string(&path) {
+        Ok(text) => {
+            let version = text.trim().to_string();
+            let valid = !version.is_empty()
+                && !version.starts_with('.')
+                && version
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+            if valid {
+                Ok(Some(version))
+            } else {
+                Err(Error::new(
+                    ErrorKind::Io,
+                    format!("{} is corrupt: {text:?}", path.display()),
+                ))
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+    }
+}
+
+/// Seconds since the epoch.
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The result of an install.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// Path of the installed weights.
+    pub path: PathBuf,
+    /// Whether the same file was already installed and verified (nothing was written).
+    pub already_installed: bool,
+}
+
+/// Installs `src` as the model `approval` describes: `src` is either the published source (the
+/// manifest's patches are applied) or already the approved file.
+pub fn install(src: &Path, approval: &Approval, data_dir: &Path) -> Result<Installed, Error> {
+    let manifest = &approval.manifest;
+    let dir = model_dir(data_dir, &manifest.id);
+    if let Some(path) = already_installed(&dir, approval) {
+        return Ok(Installed {
+            path,
+            already_installed: true,
+        });
+    }
+    fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let version = format!("{}-{}", &manifest.sha256[..16], unique_suffix());
+    let staging = dir.join(format!(".staging-{version}"));
+    fs::create_dir(&staging)
+        .map_err(|e| Error::io(format!("creating {}", staging.display()), e))?;
+    let result = build(src, approval, &staging).and_then(|()| {
+        let target = dir.join(&version);
+        fs::rename(&staging, &target)
+            .map_err(|e| Error::io(format!("moving {} into place", target.display()), e))?;
+        durable::sync_dir(&dir).map_err(|e| Error::io(format!("syncing {}", dir.display()), e))?;
+        // The switch: before it the old version is in use, after it the new one.
+        durable::replace(&dir.join(CURRENT), format!("{version}\n").as_bytes()).map_err(|e| {
+            Error::io(
+                format!("switching {} to {version}", dir.join(CURRENT).display()),
+                e,
+            )
+        })?;
+        Ok(target.join(&manifest.file))
+    });
+    match result {
+        Ok(path) => {
+            remove_other_versions(&dir, &version);
+            Ok(Installed {
+                path,
+                already_installed: false,
+            })
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&staging);
+            Err(e)
+        }
+    }
+}
+
+fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{nanos:x}{:x}", std::process::id())
+}
+
+/// The installed file, if `current` already holds exactly this manifest's file, intact.
+fn already_installed(dir: &Path, approval: &Approval) -> Option<PathBuf> {
+    let version = current_version(dir).ok()??;
+    let vdir = dir.join(version);
+    let installed_text = fs::read_to_string(vdir.join(MANIFEST)).ok()?;
+    if installed_text != approval.text {
+        return None;
+    }
+    let path = vdir.join(&approval.manifest.file);
+    verify_file(&path, &approval.manifest).ok()?;
+    Some(path)
+}
+
+/// Fills the staging directory: weights (patched), manifest, signature, record; all synced.
+fn build(src: &Path, approval: &Approval, staging: &Path) -> Result<(), Error> {
+    let manifest = &approval.manifest;
+    let input = Mapped::open(src)?;
+    let bytes = input.bytes();
+    let len = bytes.len() as u64;
+    let src_sha = to_hex(&sha256(bytes));
+    let target = staging.join(&manifest.file);
+    let output_sha = if src_sha == manifest.sha256 && len == manifest.size {
+        copy_into(bytes, &target)?
+    } else if manifest
+        .source
+        .as_ref()
+        .is_some_and(|s| s.sha256 == src_sha && s.size == len)
+    {
+        apply_patches(bytes, manifest, staging, &target)?
+    } else {
+        let source = manifest
+            .source
+            .as_ref()
+            .map(|s| format!("the published source ({} bytes, {})", s.size, s.sha256))
+            .unwrap_or_else(|| "no published source".into());
+        return Err(Error::new(
+            ErrorKind::Mismatch,
+            format!(
+                "{} ({len} bytes, sha256 {src_sha}) is not a file manifest {} accepts: it names {source} and the installed file ({} bytes, {})",
+                src.display(),
+                manifest.id,
+                manifest.size,
+                manifest.sha256
+            ),
+        ));
+    };
+    if output_sha != manifest.sha256 {
+        return Err(Error::new(
+            ErrorKind::Mismatch,
+            format!(
+                "the installed file hashes to {output_sha}, not the manifest's {}",
+                manifest.sha256
+            ),
+        ));
+    }
+    verify_file(&target, manifest)?;
+    let write = |name: &str, text: &str| {
+        durable::replace(&staging.join(name), text.as_bytes())
+            .map_err(|e| Error::io(format!("writing {name}"), e))
+    };
+    write(MANIFEST, &approval.text)?;
+    if let Some(sig) = &approval.signature {
+        write(SIGNATURE, sig)?;
+    }
+    let record = Record::of(&target, &manifest.sha256, now_unix())?;
+    let record_text = toml::to_string(&record)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("install record: {e}")))?;
+    write(RECORD, &record_text)?;
+    durable::sync_dir(staging).map_err(|e| Error::io(format!("syncing {}", staging.display()), e))
+}
+
+/// Writes `bytes` to a new file, synced; returns its SHA-256.
+fn copy_into(bytes: &[u8], path: &Path) -> Result<String, Error> {
+    write_synced(path, |out| {
+        for piece in bytes.chunks(1 << 20) {
+            out.write_all(piece)
+                .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+        }
+        Ok(())
+    })
+}
+
+fn write_synced(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> Result<(), Error>,
+) -> Result<String, Error> {
+    let file =
+        File::create(path).map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+    let mut out = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
+    fill(&mut out)?;
+    out.flush()
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+    let (digest, buffered) = out.finish();
+    let file = buffered
+        .into_inner()
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e.into_error()))?;
+    file.sync_all()
+        .map_err(|e| Error::io(format!("syncing {}", path.display()), e))?;
+    Ok(to_hex(&digest))
+}
+
+/// Applies the patches in order, checking each output's hash before the next step reads it.
+fn apply_patches(
+    source: &[u8],
+    manifest: &Manifest,
+    staging: &Path,
+    target: &Path,
+) -> Result<String, Error> {
+    let mut held: Option<(Mapped, PathBuf)> = None;
+    let mut last_sha = String::new();
+    for (i, step) in manifest.patches.iter().enumerate() {
+        let input = held.as_ref().map_or(source, |(m, _)| m.bytes());
+        let last = i + 1 == manifest.patches.len();
+        let out_path = if last {
+            target.to_path_buf()
+        } else {
+            staging.join(format!(".patch-{i}"))
+        };
+        let sha =
+            write_synced(&out_path, |out| patch::apply(input, step, out)).map_err(|mut e| {
+                e.message = format!("patch {i} ({}): {}", kind_name(step), e.message);
+                e
+            })?;
+        if sha != step.output_sha256() {
+            return Err(Error::new(
+                ErrorKind::Patch,
+                format!(
+                    "patch {i} ({}) produced {sha}, not the {} it promises; the manifest does not fit these bytes",
+                    kind_name(step),
+                    step.output_sha256()
+                ),
+            ));
+        }
+        if let Some((_, previous)) = held.take() {
+            let _ = fs::remove_file(previous);
+        }
+        if !last {
+            held = Some((Mapped::open(&out_path)?, out_path));
+        }
+        last_sha = sha;
+    }
+    Ok(last_sha)
+}
+
+fn kind_name(patch: &crate::Patch) -> &'static str {
+    match patch {
+        crate::Patch::GgufMetadata { .. } => "gguf-metadata",
+        crate::Patch::Bytes { .. } => "bytes",
+    }
+}
+
+/// Removes every version directory but `keep` (and stale staging directories).
+fn remove_other_versions(dir: &Path, keep: &str) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name != keep && name != CURRENT && entry.path().is_dir() {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
