@@ -27,7 +27,7 @@ pub const MAGIC: &[u8; 4] = b"GGUF";
 /// Alignment of the tensor data section when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 
-#[cfg(test)]
-mod testfile;
+#[cfg(any(test, feature = "testing"))]
+pub mod testfile;
 #[cfg(test)]
 mod tests;

@@ -1,14 +1,19 @@
-//! Small GGUF files built byte by byte for tests (independent of the reader under test).
+//! Small GGUF files built byte by byte for tests (independent of the reader under test);
+//! other crates' tests get it with the `testing` feature.
 
-pub(crate) struct Builder {
+/// Builds a GGUF file in memory.
+pub struct Builder {
     kvs: Vec<u8>,
     kv_count: u64,
     tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
-    pub(crate) alignment: u64,
+    /// Data alignment.
+    pub alignment: u64,
 }
 
 impl Builder {
-    pub(crate) fn new() -> Builder {
+    /// An empty file.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Builder {
         Builder {
             kvs: Vec::new(),
             kv_count: 0,
@@ -25,20 +30,23 @@ impl Builder {
         self.kv_count += 1;
     }
 
-    pub(crate) fn u32(mut self, key: &str, v: u32) -> Builder {
+    /// A u32 key.
+    pub fn u32(mut self, key: &str, v: u32) -> Builder {
         self.key(key, 4);
         self.kvs.extend_from_slice(&v.to_le_bytes());
         self
     }
 
-    pub(crate) fn string(mut self, key: &str, v: &str) -> Builder {
+    /// A string key.
+    pub fn string(mut self, key: &str, v: &str) -> Builder {
         self.key(key, 8);
         self.kvs.extend_from_slice(&(v.len() as u64).to_le_bytes());
         self.kvs.extend_from_slice(v.as_bytes());
         self
     }
 
-    pub(crate) fn strings(mut self, key: &str, items: &[&str]) -> Builder {
+    /// A string-array key.
+    pub fn strings(mut self, key: &str, items: &[&str]) -> Builder {
         self.key(key, 9);
         self.kvs.extend_from_slice(&8u32.to_le_bytes());
         self.kvs
@@ -51,14 +59,15 @@ impl Builder {
     }
 
     /// An F32 tensor with the given values.
-    pub(crate) fn f32_tensor(mut self, name: &str, values: &[f32]) -> Builder {
+    pub fn f32_tensor(mut self, name: &str, values: &[f32]) -> Builder {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.tensors
             .push((name.to_string(), vec![values.len() as u64], 0, data));
         self
     }
 
-    pub(crate) fn build(self) -> Vec<u8> {
+    /// The file's bytes.
+    pub fn build(self) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
         out.extend_from_slice(&3u32.to_le_bytes());
         out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
@@ -88,7 +97,7 @@ impl Builder {
 }
 
 /// A small but complete model-like file.
-pub(crate) fn sample() -> Vec<u8> {
+pub fn sample() -> Vec<u8> {
     Builder::new()
         .string("general.architecture", "llama")
         .u32("tokenizer.ggml.eos_token_id", 2)

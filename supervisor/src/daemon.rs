@@ -30,6 +30,25 @@ fn notify(states: &[NotifyState]) {
     }
 }
 
+/// The launch gate for the configured model, off the runtime thread (hashing takes a while).
+async fn check_model(board: &Board, config: &Config, how: weights::gate::Reverify) -> String {
+    let (board, config) = (board.clone(), config.clone());
+    let id = config.model.id.clone();
+    let result =
+        tokio::task::spawn_blocking(move || crate::model::check(&board, &config, how)).await;
+    match result {
+        Ok(Ok(approved)) => {
+            tracing::info!(model = %id, path = %approved.path.display(), "model verified ({})", approved.checked);
+            format!("model {id} verified")
+        }
+        Ok(Err(e)) => {
+            tracing::error!(model = %id, "model refused: {e}");
+            format!("model {id} refused: {e}")
+        }
+        Err(e) => format!("model check crashed: {e}"),
+    }
+}
+
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let backend = Backend::resolve(config.tuning.engine.backend, board);
@@ -41,7 +60,8 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
         signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
 
     let reports = tune::apply(board, &steps, &applier, false).await;
-    let status = summary(&reports);
+    let model = check_model(board, config, crate::model::reverify(config)).await;
+    let status = format!("{}; {model}", summary(&reports));
     tracing::info!("{status}");
     notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
 
@@ -62,7 +82,12 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                 for drifted in reports.iter().filter(|r| r.state == State::Applied) {
                     tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
                 }
-                let status = summary(&reports);
+                // Between boots the model is re-checked cheaply, and in full on its schedule.
+                let between_boots = weights::gate::Reverify::Fast {
+                    full_every_s: config.model.full_verify_interval_hours.saturating_mul(3600),
+                };
+                let model = check_model(board, config, between_boots).await;
+                let status = format!("{}; {model}", summary(&reports));
                 notify(&[NotifyState::Status(&status)]);
             }
         }

