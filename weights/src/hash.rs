@@ -1,9 +1,13 @@
 //! SHA-256 helpers: hex, whole-buffer, parallel chunks, and a hashing writer.
 
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
 
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
+
+use crate::Error;
 
 /// A SHA-256 digest.
 pub type Sha256Digest = [u8; 32];
@@ -62,4 +66,24 @@ impl<W: Write> Write for HashingWriter<W> {
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// Creates `path`, lets `fill` write it through a hashing writer, and syncs it to disk; returns
+/// the SHA-256 (hex) and length of what was written.
+pub fn write_synced(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> Result<(), Error>,
+) -> Result<(String, u64), Error> {
+    let fail = |what: &str, e: io::Error| Error::io(format!("{what} {}", path.display()), e);
+    let file = File::create(path).map_err(|e| fail("creating", e))?;
+    let mut out = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
+    fill(&mut out)?;
+    out.flush().map_err(|e| fail("writing", e))?;
+    let len = out.written();
+    let (digest, buffered) = out.finish();
+    let file = buffered
+        .into_inner()
+        .map_err(|e| fail("writing", e.into_error()))?;
+    file.sync_all().map_err(|e| fail("syncing", e))?;
+    Ok((to_hex(&digest), len))
 }

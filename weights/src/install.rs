@@ -10,14 +10,13 @@
 //! A new version is built in a staging directory, verified there, renamed into place, and only
 //! then does `current` switch to it; older versions are removed afterwards.
 
-use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::hash::{HashingWriter, sha256, to_hex};
+use crate::hash::{sha256, to_hex, write_synced};
 use crate::sign::{Signed, Trust};
 use crate::verify::{Mapped, verify_file};
 use crate::{Error, ErrorKind, Manifest, patch};
@@ -327,32 +326,14 @@ fn build(bytes: &[u8], form: Form, approval: &Approval, staging: &Path) -> Resul
 
 /// Writes `bytes` to a new file, synced; returns its SHA-256.
 fn copy_into(bytes: &[u8], path: &Path) -> Result<String, Error> {
-    write_synced(path, |out| {
+    let (sha, _) = write_synced(path, |out| {
         for piece in bytes.chunks(1 << 20) {
             out.write_all(piece)
                 .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
         }
         Ok(())
-    })
-}
-
-fn write_synced(
-    path: &Path,
-    fill: impl FnOnce(&mut dyn Write) -> Result<(), Error>,
-) -> Result<String, Error> {
-    let file =
-        File::create(path).map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
-    let mut out = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
-    fill(&mut out)?;
-    out.flush()
-        .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
-    let (digest, buffered) = out.finish();
-    let file = buffered
-        .into_inner()
-        .map_err(|e| Error::io(format!("writing {}", path.display()), e.into_error()))?;
-    file.sync_all()
-        .map_err(|e| Error::io(format!("syncing {}", path.display()), e))?;
-    Ok(to_hex(&digest))
+    })?;
+    Ok(sha)
 }
 
 /// Applies the patches in order, checking each output's hash before the next step reads it.
@@ -372,8 +353,9 @@ fn apply_patches(
         } else {
             staging.join(format!(".patch-{i}"))
         };
-        let sha =
-            write_synced(&out_path, |out| patch::apply(input, step, out)).map_err(|mut e| {
+        let sha = write_synced(&out_path, |out| patch::apply(input, step, out))
+            .map(|(sha, _)| sha)
+            .map_err(|mut e| {
                 e.message = format!("patch {i} ({}): {}", kind_name(step), e.message);
                 e
             })?;
