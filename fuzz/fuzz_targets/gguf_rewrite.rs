@@ -7,7 +7,9 @@ use gguf::{Header, Value};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(header) = Header::parse(data) else { return };
+    let Ok(header) = Header::parse(data) else {
+        return;
+    };
     let edit = Edit::Set("fuzz.key".into(), Value::String("value".into()));
     let mut out = with_edits(data, &header, &[edit]).expect("a parsed header rewrites");
     out.extend_from_slice(&data[header.data_start..]);

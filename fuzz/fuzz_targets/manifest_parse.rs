@@ -6,8 +6,15 @@ use libfuzzer_sys::fuzz_target;
 use weights::Manifest;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(manifest) = Manifest::parse(text, "fuzz") else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(manifest) = Manifest::parse(text, "fuzz") else {
+        return;
+    };
     let written = manifest.to_toml().expect("a checked manifest writes");
-    assert_eq!(Manifest::parse(&written, "fuzz").expect("it parses again"), manifest);
+    assert_eq!(
+        Manifest::parse(&written, "fuzz").expect("it parses again"),
+        manifest
+    );
 });
