@@ -53,6 +53,8 @@ pub struct Header {
 }
 
 const MAX_DIMS: u32 = 4;
+/// The most entries reserved up front from a count in the file.
+const RESERVE_LIMIT: usize = 4096;
 
 impl Header {
     /// Parses and validates the header of `file` (the whole file, usually a memory map).
@@ -75,8 +77,9 @@ impl Header {
         let tensor_count = r.count(32, "tensor count")?;
         let kv_count = r.count(13, "metadata count")?;
 
-        let mut metadata = Vec::with_capacity(kv_count);
-        let mut keys = HashSet::with_capacity(kv_count);
+        // Counts come from the file: grow as entries actually parse, never reserve on its word.
+        let mut metadata = Vec::with_capacity(kv_count.min(RESERVE_LIMIT));
+        let mut keys = HashSet::with_capacity(kv_count.min(RESERVE_LIMIT));
         for i in 0..kv_count {
             let start = r.pos;
             let key = r.string(&format!("metadata key {i}"))?.to_string();
@@ -114,7 +117,7 @@ impl Header {
             },
         };
 
-        let mut tensors = Vec::with_capacity(tensor_count);
+        let mut tensors = Vec::with_capacity(tensor_count.min(RESERVE_LIMIT));
         for i in 0..tensor_count {
             tensors.push(read_tensor(&mut r, i)?);
         }

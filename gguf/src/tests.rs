@@ -197,3 +197,36 @@ fn fuzz_parse_and_rewrite_never_panic() {
         "the mutations should leave many files valid, got {parsed}"
     );
 }
+
+#[test]
+fn huge_counts_and_arrays_cost_only_what_the_file_holds() {
+    // A header claiming 2^40 entries in a tiny file is refused before any reservation.
+    let mut file = sample();
+    file[8..16].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    let err = Header::parse(&file).expect_err("too many tensors");
+    assert!(err.message.contains("tensor count"), "{err}");
+    // A large byte array is checked and skipped in one step, not element by element.
+    let mut big = Builder::new().build();
+    big.truncate(24);
+    big[16..24].copy_from_slice(&1u64.to_le_bytes());
+    let key = b"blob";
+    big.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    big.extend_from_slice(key);
+    big.extend_from_slice(&9u32.to_le_bytes());
+    big.extend_from_slice(&0u32.to_le_bytes());
+    let n = 64u64 << 20;
+    big.extend_from_slice(&n.to_le_bytes());
+    big.resize(big.len() + n as usize + 32, 7);
+    let h = Header::parse(&big).expect("parses");
+    assert_eq!(
+        h.get("blob"),
+        Some(&Value::Array {
+            element: ValueType::U8,
+            len: n
+        })
+    );
+    // One byte short: the array no longer fits, and the error names the key.
+    big.truncate(24 + 8 + key.len() + 4 + 4 + 8 + n as usize - 1);
+    let err = Header::parse(&big).expect_err("short");
+    assert!(err.message.contains("blob"), "{err}");
+}

@@ -212,8 +212,16 @@ impl Value {
                     GgufError::at(at, format!("{what}: unknown array element type {tag}"))
                 })?;
                 let len = r.count(element.min_size(), &format!("{what} element count"))?;
-                for i in 0..len {
-                    Self::read_nested(r, element, &format!("{what}[{i}]"), depth + 1)?;
+                match element {
+                    // Fixed-size elements: `count` checked they fit, so skip them in one step.
+                    ValueType::String | ValueType::Array => {
+                        for _ in 0..len {
+                            Self::read_nested(r, element, what, depth + 1)?;
+                        }
+                    }
+                    _ => {
+                        r.take(len * element.min_size(), what)?;
+                    }
                 }
                 Value::Array {
                     element,

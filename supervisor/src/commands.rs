@@ -112,14 +112,9 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         Err(code) => return code,
     };
     let backend = Backend::resolve(config.tuning.engine.backend, &board);
-    // The cheap gate: an unchanged file passes on size, inode and mtime; a changed one is hashed.
-    let quick = weights::gate::Reverify::Fast {
-        full_every_s: u64::MAX,
-    };
-    let model = crate::model::ModelStatus::from_gate(
-        &config.model.id,
-        &crate::model::check(&board, &config, quick),
-    );
+    // The gate as configured: `full` hashes every chunk, `fast` trusts an unchanged file.
+    let gate = crate::model::check(&board, &config, crate::model::reverify(&config));
+    let model = crate::model::ModelStatus::from_gate(&config.model.id, &gate);
     let status = Status {
         schema_version: report::SCHEMA_VERSION,
         root: board.root().display().to_string(),

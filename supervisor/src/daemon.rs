@@ -82,11 +82,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                 for drifted in reports.iter().filter(|r| r.state == State::Applied) {
                     tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
                 }
-                // Between boots the model is re-checked cheaply, and in full on its schedule.
-                let between_boots = weights::gate::Reverify::Fast {
-                    full_every_s: config.model.full_verify_interval_hours.saturating_mul(3600),
-                };
-                let model = check_model(board, config, between_boots).await;
+                let model = check_model(board, config, crate::model::between_boots(config)).await;
                 let status = format!("{}; {model}", summary(&reports));
                 notify(&[NotifyState::Status(&status)]);
             }

@@ -44,13 +44,18 @@ pub fn data_dir(board: &Board, config: &Config) -> PathBuf {
     board.path(&config.model.data_dir)
 }
 
-/// The configured re-verification.
+/// The configured re-verification (at boot and for `status`).
 pub fn reverify(config: &Config) -> gate::Reverify {
     match config.model.reverify {
         Reverify::Full => gate::Reverify::Full,
-        Reverify::Fast => gate::Reverify::Fast {
-            full_every_s: config.model.full_verify_interval_hours.saturating_mul(3600),
-        },
+        Reverify::Fast => between_boots(config),
+    }
+}
+
+/// The daemon's periodic re-check: cheap, and in full on the configured schedule.
+pub fn between_boots(config: &Config) -> gate::Reverify {
+    gate::Reverify::Fast {
+        full_every_s: config.model.full_verify_interval_hours.saturating_mul(3600),
     }
 }
 

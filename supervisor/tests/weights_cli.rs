@@ -131,8 +131,18 @@ fn the_default_model_is_fetched_installed_verified_and_gated() {
     assert_eq!(report["error"]["bad_chunk"]["index"], 2);
     assert_eq!(report["error"]["bad_chunk"]["start"], 2 * 16_777_216u64);
 
-    // The same flip in the installed file: the launch gate refuses it, and status says why.
+    // The same flip in the installed file, with its mtime put back as bit rot would leave it:
+    // the launch gate refuses it, and status says why.
+    let mtime = std::fs::metadata(&path)
+        .expect("stat")
+        .modified()
+        .expect("mtime");
     std::fs::write(&path, &bytes).expect("tamper");
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_modified(mtime))
+        .expect("put the mtime back");
     let model = status(&root)["model"].clone();
     assert_eq!(model["state"], "failed");
     assert!(

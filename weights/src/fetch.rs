@@ -28,7 +28,14 @@ pub fn source(manifest: &Manifest, cache: &Path) -> Result<PathBuf, Error> {
     let sources = cache.join("sources");
     let target = sources.join(format!("{}.gguf", source.sha256));
     if fs::metadata(&target).is_ok_and(|m| m.len() == source.size) {
-        return Ok(target);
+        let cached = crate::verify::Mapped::open(&target)?;
+        if crate::hash::to_hex(&crate::hash::sha256(cached.bytes())) == source.sha256 {
+            return Ok(target);
+        }
+        // A corrupted cache entry is fetched again rather than failing every run.
+        drop(cached);
+        fs::remove_file(&target)
+            .map_err(|e| Error::io(format!("removing corrupt {}", target.display()), e))?;
     }
     let wheels = cache.join("wheels");
     for dir in [&sources, &wheels] {

@@ -69,42 +69,38 @@ pub fn check(
     }
     let path = vdir.join(&manifest.file);
     let record_path = vdir.join(RECORD);
-    let record: Record = fs::read_to_string(&record_path)
-        .map_err(|e| Error::io(format!("reading {}", record_path.display()), e))
-        .and_then(|t| {
-            toml::from_str(&t)
-                .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", record_path.display())))
-        })?;
+    let record = Record::read(&record_path)?;
     let meta =
         fs::metadata(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
 
     if let Reverify::Fast { full_every_s } = reverify {
-        let due = now.saturating_sub(record.last_full_verify) >= full_every_s;
-        if record.matches(&meta) && !due {
+        // A clock behind the last full check (no RTC, no network time yet) makes it due too.
+        let due = now < record.last_full_verify || now - record.last_full_verify >= full_every_s;
+        if record.still_describes(&meta, &manifest) && !due {
             return Ok(Approved {
                 path,
                 manifest,
                 signed: approval.signed,
                 checked: format!(
-                    "fast: size, inode and mtime unchanged since the full check at {}",
+                    "fast: size, inode, mtime and ctime unchanged since the full check at {}",
                     record.last_full_verify
                 ),
             });
         }
     }
     verify_file(&path, &manifest)?;
-    let refreshed = Record {
-        last_full_verify: now,
-        ..Record::of(&path, &manifest.sha256, record.installed_at)?
+    // The model is good whether or not the record can be refreshed (a full data partition must
+    // not stop the engine); the next check then simply verifies in full again.
+    let refreshed =
+        Record::of(&path, &manifest, record.installed_at, now).and_then(|r| r.write(&record_path));
+    let checked = match refreshed {
+        Ok(()) => "full: every chunk verified".to_string(),
+        Err(e) => format!("full: every chunk verified (the install record was not updated: {e})"),
     };
-    let text = toml::to_string(&refreshed)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("install record: {e}")))?;
-    durable::replace(&record_path, text.as_bytes())
-        .map_err(|e| Error::io(format!("writing {}", record_path.display()), e))?;
     Ok(Approved {
         path,
         manifest,
         signed: approval.signed,
-        checked: "full: every chunk verified".into(),
+        checked,
     })
 }

@@ -48,10 +48,10 @@ impl Approval {
     pub fn load(path: &Path, trust: &Trust) -> Result<Approval, Error> {
         let text = Manifest::read_text(path)?;
         let sig_path = sig_path(path);
-        let signature = match fs::read_to_string(&sig_path) {
-            Ok(s) => Some(s),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io(format!("reading {}", sig_path.display()), e)),
+        let signature = if sig_path.exists() {
+            Some(crate::manifest::read_limited(&sig_path, 4096, "signature")?)
+        } else {
+            None
         };
         let signed = trust
             .check(text.as_bytes(), signature.as_deref())
@@ -86,10 +86,10 @@ pub struct Record {
     pub sha256: String,
     /// Its inode.
     pub inode: u64,
-    /// Its modification time, seconds.
-    pub mtime_s: i64,
-    /// Its modification time, nanoseconds part.
-    pub mtime_ns: i64,
+    /// Its modification time, seconds and nanoseconds.
+    pub mtime: (i64, i64),
+    /// Its status-change time, seconds and nanoseconds (unlike mtime, no one can set it back).
+    pub ctime: (i64, i64),
     /// When it was installed (Unix seconds).
     pub installed_at: u64,
     /// When every chunk was last verified (Unix seconds).
@@ -97,27 +97,50 @@ pub struct Record {
 }
 
 impl Record {
-    /// A record of `path` as it is now.
-    pub fn of(path: &Path, sha256: &str, now: u64) -> Result<Record, Error> {
+    /// A record of `path` as it is now, for the file of `manifest`.
+    pub fn of(
+        path: &Path,
+        manifest: &Manifest,
+        installed_at: u64,
+        verified_at: u64,
+    ) -> Result<Record, Error> {
         let meta =
             fs::metadata(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
         Ok(Record {
             size: meta.len(),
-            sha256: sha256.to_string(),
+            sha256: manifest.sha256.clone(),
             inode: meta.ino(),
-            mtime_s: meta.mtime(),
-            mtime_ns: meta.mtime_nsec(),
-            installed_at: now,
-            last_full_verify: now,
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            installed_at,
+            last_full_verify: verified_at,
         })
     }
 
-    /// Whether the file still has the recorded size, inode and modification time.
-    pub fn matches(&self, meta: &fs::Metadata) -> bool {
-        self.size == meta.len()
+    /// Whether the file is still the one recorded for `manifest`: same size, hash, inode,
+    /// modification and status-change times.
+    pub fn still_describes(&self, meta: &fs::Metadata, manifest: &Manifest) -> bool {
+        self.size == manifest.size
+            && self.sha256 == manifest.sha256
+            && self.size == meta.len()
             && self.inode == meta.ino()
-            && self.mtime_s == meta.mtime()
-            && self.mtime_ns == meta.mtime_nsec()
+            && self.mtime == (meta.mtime(), meta.mtime_nsec())
+            && self.ctime == (meta.ctime(), meta.ctime_nsec())
+    }
+
+    /// Reads a record file.
+    pub fn read(path: &Path) -> Result<Record, Error> {
+        let text = crate::manifest::read_limited(path, 4096, "install record")?;
+        toml::from_str(&text)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", path.display())))
+    }
+
+    /// Writes the record atomically.
+    pub fn write(&self, path: &Path) -> Result<(), Error> {
+        let text = toml::to_string(self)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("install record: {e}")))?;
+        durable::replace(path, text.as_bytes())
+            .map_err(|e| Error::io(format!("writing {}", path.display()), e))
     }
 }
 
@@ -176,13 +199,20 @@ pub fn install(src: &Path, approval: &Approval, data_dir: &Path) -> Result<Insta
     // The input is checked first, so a bad file is reported even when the model is installed.
     let form = classify(src, input.bytes(), manifest)?;
     let dir = model_dir(data_dir, &manifest.id);
+    create_dirs_durably(&dir)?;
+    let _lock = lock(&dir)?;
     if let Some(path) = already_installed(&dir, approval) {
         return Ok(Installed {
             path,
             already_installed: true,
         });
     }
-    fs::create_dir_all(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    // What a crash or power cut left behind (a staging directory, a superseded version) goes
+    // before anything new takes space.
+    match current_version(&dir)? {
+        Some(current) => remove_other_versions(&dir, &current),
+        None => remove_other_versions(&dir, ""),
+    }
     let version = format!("{}-{}", &manifest.sha256[..16], unique_suffix());
     let staging = dir.join(format!(".staging-{version}"));
     fs::create_dir(&staging)
@@ -216,6 +246,49 @@ pub fn install(src: &Path, approval: &Approval, data_dir: &Path) -> Result<Insta
     }
 }
 
+/// Creates `dir` and its parents, syncing each parent so the new entries survive a power cut.
+fn create_dirs_durably(dir: &Path) -> Result<(), Error> {
+    let mut missing = Vec::new();
+    let mut probe = Some(dir);
+    while let Some(p) = probe {
+        if p.is_dir() {
+            break;
+        }
+        missing.push(p);
+        probe = p.parent();
+    }
+    fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    for created in missing {
+        if let Some(parent) = created.parent() {
+            durable::sync_dir(parent)
+                .map_err(|e| Error::io(format!("syncing {}", parent.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// One install at a time per model: an exclusive lock on `DIR/.lock`, held until dropped.
+fn lock(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>, Error> {
+    let path = dir.join(".lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(
+        |(_, errno)| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "another install of this model is running ({}: {errno})",
+                    path.display()
+                ),
+            )
+        },
+    )
+}
+
 fn unique_suffix() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -229,7 +302,9 @@ fn already_installed(dir: &Path, approval: &Approval) -> Option<PathBuf> {
     let version = current_version(dir).ok()??;
     let vdir = dir.join(version);
     let installed_text = fs::read_to_string(vdir.join(MANIFEST)).ok()?;
-    if installed_text != approval.text {
+    let installed_sig = fs::read_to_string(vdir.join(SIGNATURE)).ok();
+    // A manifest signed since it was installed is installed again, with its signature.
+    if installed_text != approval.text || installed_sig != approval.signature {
         return None;
     }
     let path = vdir.join(&approval.manifest.file);
@@ -317,10 +392,8 @@ fn build(bytes: &[u8], form: Form, approval: &Approval, staging: &Path) -> Resul
     if let Some(sig) = &approval.signature {
         write(SIGNATURE, sig)?;
     }
-    let record = Record::of(&target, &manifest.sha256, now_unix())?;
-    let record_text = toml::to_string(&record)
-        .map_err(|e| Error::new(ErrorKind::Io, format!("install record: {e}")))?;
-    write(RECORD, &record_text)?;
+    let now = now_unix();
+    Record::of(&target, manifest, now, now)?.write(&staging.join(RECORD))?;
     durable::sync_dir(staging).map_err(|e| Error::io(format!("syncing {}", staging.display()), e))
 }
 

@@ -35,6 +35,8 @@ use crate::{Error, ErrorKind};
 /// model take about 70 KiB).
 pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 const MIN_CHUNK: u64 = 64 * 1024;
+/// Names an installed model directory uses for its own bookkeeping.
+const RESERVED_NAMES: [&str; 3] = ["manifest.toml", "manifest.toml.sig", "installed.toml"];
 const MAX_CHUNK: u64 = 1 << 30;
 
 /// A model manifest.
@@ -223,20 +225,10 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// Reads a manifest file's text, refusing oversized files before reading them.
+    /// Reads a manifest file's text, refusing to read more than [`MAX_MANIFEST_BYTES`] (a
+    /// device or pipe reports no size, so the limit is on what is read).
     pub fn read_text(path: &std::path::Path) -> Result<String, Error> {
-        let meta = std::fs::metadata(path)
-            .map_err(|e| Error::io(format!("reading manifest {}", path.display()), e))?;
-        if meta.len() > MAX_MANIFEST_BYTES {
-            return Err(bad(format!(
-                "{}: {} bytes is too large for a manifest",
-                path.display(),
-                meta.len()
-            )));
-        }
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::io(format!("reading manifest {}", path.display()), e))?;
-        String::from_utf8(bytes).map_err(|_| bad(format!("{}: not UTF-8 text", path.display())))
+        read_limited(path, MAX_MANIFEST_BYTES, "manifest")
     }
 
     /// Checks every field against the others.
@@ -258,11 +250,13 @@ impl Manifest {
             && self.file.len() <= 255
             && !self.file.contains('/')
             && !self.file.contains('\0')
-            && !self.file.starts_with('.');
+            && !self.file.starts_with('.')
+            && !RESERVED_NAMES.contains(&self.file.as_str());
         if !file_ok {
             return Err(bad(format!(
-                "file {:?} must be a plain file name (no '/', not starting with '.')",
-                self.file
+                "file {:?} must be a plain file name (no '/', not starting with '.', not one of {})",
+                self.file,
+                RESERVED_NAMES.join(", ")
             )));
         }
         check_hex("sha256", &self.sha256)?;
@@ -407,6 +401,11 @@ impl Template {
     /// order with their hashes filled in, then the result hashed whole and by chunk.
     pub fn build(self, bytes: &[u8], file_name: &str, chunk_size: u64) -> Result<Manifest, Error> {
         use crate::hash::{chunk_digests, sha256, to_hex};
+        if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
+            return Err(bad(format!(
+                "chunk size {chunk_size} must be between {MIN_CHUNK} and {MAX_CHUNK} bytes"
+            )));
+        }
         let stem = file_name.strip_suffix(".gguf").unwrap_or(file_name);
         let id = self.id.unwrap_or_else(|| {
             stem.to_ascii_lowercase()
@@ -459,4 +458,27 @@ impl Template {
         manifest.check()?;
         Ok(manifest)
     }
+}
+
+/// Reads at most `limit` bytes of UTF-8 text from `path`, refusing anything longer.
+pub(crate) fn read_limited(
+    path: &std::path::Path,
+    limit: u64,
+    what: &str,
+) -> Result<String, Error> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)
+        .map_err(|e| Error::io(format!("reading {what} {}", path.display()), e))?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(format!("reading {what} {}", path.display()), e))?;
+    if bytes.len() as u64 > limit {
+        return Err(bad(format!(
+            "{}: more than {limit} bytes is too large for a {what}",
+            path.display()
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| bad(format!("{}: the {what} is not UTF-8 text", path.display())))
 }

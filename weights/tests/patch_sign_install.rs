@@ -128,6 +128,7 @@ fn install_patches_verifies_and_switches_atomically() {
         .expect("current");
     let files = tree(&model);
     let mut expected = vec![
+        ".lock".to_string(),
         CURRENT.to_string(),
         version.clone(),
         format!("{version}/installed.toml"),
@@ -336,4 +337,142 @@ fn signatures_are_enforced() {
         ErrorKind::Signature
     );
     assert!(Trust::new(&["12".into()], false).is_err());
+}
+
+#[test]
+fn bit_rot_with_the_mtime_put_back_is_still_caught() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let bytes = gguf_file(100_000);
+    let manifest = manifest_for(&bytes, "");
+    let installed =
+        install(&write(dir.path(), "m", &bytes), &approval(&manifest), &data).expect("install");
+    let mtime = std::fs::metadata(&installed.path)
+        .expect("stat")
+        .modified()
+        .expect("mtime");
+    let mut content = std::fs::read(&installed.path).expect("read");
+    content[5 * CHUNK as usize + 3] ^= 0x80;
+    std::fs::write(&installed.path, &content).expect("write");
+    std::fs::File::options()
+        .write(true)
+        .open(&installed.path)
+        .and_then(|f| f.set_modified(mtime))
+        .expect("put the mtime back");
+    let now = install::now_unix();
+    for how in [
+        Reverify::Full,
+        Reverify::Fast {
+            full_every_s: 1_000_000,
+        },
+    ] {
+        let err = gate::check(&data, "test-model", how, &open_trust(), now).expect_err("caught");
+        assert_eq!(err.bad_chunk.map(|c| c.0), Some(5), "{how:?}: {err}");
+    }
+}
+
+#[test]
+fn fast_mode_verifies_in_full_when_due_or_when_the_clock_went_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let bytes = gguf_file(10_000);
+    let manifest = manifest_for(&bytes, "");
+    install(&write(dir.path(), "m", &bytes), &approval(&manifest), &data).expect("install");
+    let installed_at = install::now_unix();
+    let fast = Reverify::Fast { full_every_s: 3600 };
+    let checked = |now| {
+        gate::check(&data, "test-model", fast, &open_trust(), now)
+            .expect("ok")
+            .checked
+    };
+    assert!(checked(installed_at + 10).starts_with("fast"));
+    assert!(
+        checked(installed_at + 7200).starts_with("full"),
+        "due after the interval"
+    );
+    assert!(
+        checked(installed_at + 7300).starts_with("fast"),
+        "the full check was recorded"
+    );
+    assert!(
+        checked(1000).starts_with("full"),
+        "a clock behind the last check makes it due"
+    );
+}
+
+#[test]
+fn a_crash_leftover_does_not_block_the_next_install() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let bytes = gguf_file(10_000);
+    let manifest = manifest_for(&bytes, "");
+    let model = install::model_dir(&data, "test-model");
+    let leftover = model.join(".staging-deadbeef");
+    std::fs::create_dir_all(&leftover).expect("mkdir");
+    std::fs::write(leftover.join("model.gguf"), vec![0u8; 50_000]).expect("write");
+    install(&write(dir.path(), "m", &bytes), &approval(&manifest), &data).expect("install");
+    assert!(!leftover.exists(), "the crash leftover was cleaned up");
+}
+
+#[test]
+fn one_install_at_a_time_per_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let bytes = gguf_file(10_000);
+    let manifest = manifest_for(&bytes, "");
+    let model = install::model_dir(&data, "test-model");
+    std::fs::create_dir_all(&model).expect("mkdir");
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(model.join(".lock"))
+        .expect("open");
+    let _held = nix::fcntl::Flock::lock(held, nix::fcntl::FlockArg::LockExclusive).expect("lock");
+    let err =
+        install(&write(dir.path(), "m", &bytes), &approval(&manifest), &data).expect_err("locked");
+    assert!(err.message.contains("another install"), "{err}");
+}
+
+#[test]
+fn bookkeeping_names_cannot_be_model_files() {
+    let bytes = gguf_file(1000);
+    for name in ["manifest.toml", "installed.toml", "manifest.toml.sig"] {
+        let mut m = manifest_for(&bytes, "");
+        m.file = name.into();
+        assert!(m.check().is_err(), "{name}");
+    }
+}
+
+#[test]
+fn a_manifest_signed_after_install_is_installed_again_with_its_signature() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let bytes = gguf_file(10_000);
+    let src = write(dir.path(), "m", &bytes);
+    let text = manifest_for(&bytes, "").to_toml().expect("toml");
+    let m = write(dir.path(), "m.toml", text.as_bytes());
+    let (secret, public) = sign::keygen().expect("keygen");
+    let lax = Trust::new(std::slice::from_ref(&public), false).expect("trust");
+    let strict = Trust::new(std::slice::from_ref(&public), true).expect("trust");
+    install(&src, &Approval::load(&m, &lax).expect("unsigned ok"), &data).expect("install");
+    assert!(
+        gate::check(&data, "test-model", Reverify::Full, &strict, 0).is_err(),
+        "unsigned under require"
+    );
+
+    std::fs::write(
+        install::sig_path(&m),
+        sign::sign(text.as_bytes(), &secret).expect("sign"),
+    )
+    .expect("sig");
+    let again =
+        install(&src, &Approval::load(&m, &strict).expect("signed"), &data).expect("reinstall");
+    assert!(
+        !again.already_installed,
+        "the signature must be installed too"
+    );
+    let ok =
+        gate::check(&data, "test-model", Reverify::Full, &strict, 0).expect("signed model passes");
+    assert_eq!(ok.signed, Signed::By(public));
 }
