@@ -1,0 +1,127 @@
+//! A GGUF model file mapped into memory, with its header validated and zero-copy views of its
+//! tensors. Nothing is copied at load: a tensor is a slice of the map.
+
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use gguf::{Header, TensorInfo};
+use memmap2::Mmap;
+
+/// Why a model file cannot be used: the file and what is wrong with it.
+#[derive(Debug)]
+pub struct LoadError {
+    /// The model file.
+    pub path: PathBuf,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.message)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// An open model file.
+pub struct ModelFile {
+    path: PathBuf,
+    map: Mmap,
+    header: Header,
+}
+
+/// A tensor: its directory entry and its bytes inside the map.
+#[derive(Debug, Clone, Copy)]
+pub struct Tensor<'a> {
+    /// Name, shape, type and offset.
+    pub info: &'a TensorInfo,
+    /// The stored data.
+    pub bytes: &'a [u8],
+}
+
+impl Tensor<'_> {
+    /// Elements per row (the innermost dimension).
+    pub fn row_len(&self) -> usize {
+        self.info.dims[0] as usize
+    }
+
+    /// Number of rows (the product of the outer dimensions).
+    pub fn rows(&self) -> usize {
+        self.info.dims[1..].iter().product::<u64>() as usize
+    }
+
+    /// Stored bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.bytes.len() / self.rows().max(1)
+    }
+
+    /// The stored bytes of row `i`.
+    pub fn row(&self, i: usize) -> &[u8] {
+        let n = self.row_bytes();
+        &self.bytes[i * n..(i + 1) * n]
+    }
+}
+
+#[allow(unsafe_code)]
+fn map(file: &File) -> std::io::Result<Mmap> {
+    // SAFETY: read-only map of a model file the supervisor verified and never modifies in place
+    // (installs rename new files over old ones); all reads are bounds-checked against the
+    // validated header first.
+    unsafe { Mmap::map(file) }
+}
+
+impl ModelFile {
+    /// Opens and validates `path`.
+    pub fn open(path: &Path) -> Result<ModelFile, LoadError> {
+        let fail = |message: String| LoadError {
+            path: path.to_path_buf(),
+            message,
+        };
+        let file = File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;
+        let len = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot read: {e}")))?
+            .len();
+        if len < 24 {
+            return Err(fail(format!("{len} bytes is too short for a GGUF file")));
+        }
+        let map = map(&file).map_err(|e| fail(format!("cannot map: {e}")))?;
+        let header = Header::parse(&map).map_err(|e| fail(e.to_string()))?;
+        Ok(ModelFile {
+            path: path.to_path_buf(),
+            map,
+            header,
+        })
+    }
+
+    /// The validated header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A tensor by name; an error names the missing tensor.
+    pub fn tensor(&self, name: &str) -> Result<Tensor<'_>, LoadError> {
+        let info = self
+            .header
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| LoadError {
+                path: self.path.clone(),
+                message: format!("the model has no tensor {name}"),
+            })?;
+        // Header::parse checked offset + size against the data section.
+        let start = self.header.data_start + info.offset as usize;
+        Ok(Tensor {
+            info,
+            bytes: &self.map[start..start + info.size as usize],
+        })
+    }
+}

