@@ -101,6 +101,11 @@ impl ModelFile {
         &self.header
     }
 
+    /// The whole file (array metadata is read from it on demand, see `gguf::arrays`).
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -143,6 +143,11 @@ impl Header {
         Ok(header)
     }
 
+    /// A metadata entry by key.
+    pub fn entry(&self, key: &str) -> Option<&KeyValue> {
+        self.metadata.iter().find(|kv| kv.key == key)
+    }
+
     /// A metadata value by key.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata

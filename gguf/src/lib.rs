@@ -10,6 +10,7 @@
 //! The supervisor uses this to patch published models; the engine's loader builds on the same
 //! reader.
 
+pub mod arrays;
 mod error;
 mod header;
 mod reader;

@@ -230,3 +230,17 @@ fn huge_counts_and_arrays_cost_only_what_the_file_holds() {
     let err = Header::parse(&big).expect_err("short");
     assert!(err.message.contains("blob"), "{err}");
 }
+
+#[test]
+fn arrays_are_read_on_demand_and_type_checked() {
+    let file = sample();
+    let h = Header::parse(&file).expect("parse");
+    let tokens = h.entry("tokenizer.ggml.tokens").expect("tokens");
+    assert_eq!(
+        crate::arrays::strings(&file, tokens).expect("strings"),
+        vec!["<s>", "</s>", "<eot>", "hi"]
+    );
+    assert!(crate::arrays::f32s(&file, tokens).is_err());
+    let scalar = h.entry("tokenizer.ggml.eos_token_id").expect("eos");
+    assert!(crate::arrays::strings(&file, scalar).is_err());
+}

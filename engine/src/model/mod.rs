@@ -1,0 +1,221 @@
+//! Transformer forward passes over a [`ModelFile`]: the hyperparameters from GGUF metadata, the
+//! per-layer weights as zero-copy views, a KV cache sized to the configured context, and one
+//! token step that returns the logits. Matrix-vector products run rows in parallel, each row
+//! with the scalar reference dot, so the result does not depend on the thread count.
+
+mod hparams;
+mod layers;
+
+use rayon::prelude::*;
+
+pub use hparams::{Arch, Hparams};
+
+use crate::model_file::{LoadError, ModelFile, Tensor};
+use crate::quant::{self, TensorType};
+
+struct Layer<'a> {
+    attn_norm: Vec<f32>,
+    wq: Tensor<'a>,
+    wk: Tensor<'a>,
+    wv: Tensor<'a>,
+    wo: Tensor<'a>,
+    /// Gemma 3 and Qwen 3 normalise each query and key head.
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    /// Gemma 3 normalises the attention and FFN outputs too.
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    post_ffn_norm: Option<Vec<f32>>,
+    gate: Tensor<'a>,
+    up: Tensor<'a>,
+    down: Tensor<'a>,
+}
+
+/// A model ready to run, borrowing its weights from the mapped file.
+pub struct Model<'a> {
+    /// Hyperparameters.
+    pub hparams: Hparams,
+    embeddings: Tensor<'a>,
+    output: Tensor<'a>,
+    output_norm: Vec<f32>,
+    layers: Vec<Layer<'a>>,
+}
+
+/// Keys and values of every position seen so far, per layer.
+pub struct KvCache {
+    context: usize,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl KvCache {
+    /// A cache for `context` positions (the configured context, not the model's maximum).
+    pub fn new(hparams: &Hparams, context: usize) -> KvCache {
+        let width = hparams.n_head_kv * hparams.head_dim;
+        KvCache {
+            context,
+            keys: vec![vec![0.0; context * width]; hparams.n_layer],
+            values: vec![vec![0.0; context * width]; hparams.n_layer],
+        }
+    }
+
+    /// Positions it can hold.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+}
+
+fn load_err(file: &ModelFile, message: String) -> LoadError {
+    LoadError {
+        path: file.path().to_path_buf(),
+        message,
+    }
+}
+
+fn vector(file: &ModelFile, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+    let t = file.tensor(name)?;
+    if t.info.dims.iter().product::<u64>() != len as u64 {
+        return Err(load_err(
+            file,
+            format!("{name} has shape {:?}, expected {len} values", t.info.dims),
+        ));
+    }
+    let mut out = vec![0.0; len];
+    quant::dequantize(&t.info.tensor_type, t.bytes, &mut out)
+        .map_err(|e| load_err(file, format!("{name}: {e}")))?;
+    Ok(out)
+}
+
+fn matrix<'a>(
+    file: &'a ModelFile,
+    name: &str,
+    cols: usize,
+    rows: usize,
+) -> Result<Tensor<'a>, LoadError> {
+    let t = file.tensor(name)?;
+    if t.info.dims.len() != 2 || t.row_len() != cols || t.rows() != rows {
+        return Err(load_err(
+            file,
+            format!(
+                "{name} has shape {:?}, expected [{cols}, {rows}]",
+                t.info.dims
+            ),
+        ));
+    }
+    Ok(t)
+}
+
+impl<'a> Model<'a> {
+    /// Loads the architecture `file` declares.
+    pub fn load(file: &'a ModelFile) -> Result<Model<'a>, LoadError> {
+        let h = Hparams::from_header(file.header()).map_err(|e| load_err(file, e))?;
+        let (e, q_dim, kv_dim) = (h.n_embd, h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
+        let embeddings = matrix(file, "token_embd.weight", e, h.vocab)?;
+        let output = if file
+            .header()
+            .tensors
+            .iter()
+            .any(|t| t.name == "output.weight")
+        {
+            matrix(file, "output.weight", e, h.vocab)?
+        } else {
+            embeddings
+        };
+        let gemma = h.arch == Arch::Gemma3;
+        let mut layers = Vec::with_capacity(h.n_layer);
+        for i in 0..h.n_layer {
+            let name = |n: &str| format!("blk.{i}.{n}.weight");
+            let optional = |n: &str, len: usize| -> Result<Option<Vec<f32>>, LoadError> {
+                let full = name(n);
+                if file.header().tensors.iter().any(|t| t.name == full) {
+                    vector(file, &full, len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            layers.push(Layer {
+                attn_norm: vector(file, &name("attn_norm"), e)?,
+                wq: matrix(file, &name("attn_q"), e, q_dim)?,
+                wk: matrix(file, &name("attn_k"), e, kv_dim)?,
+                wv: matrix(file, &name("attn_v"), e, kv_dim)?,
+                wo: matrix(file, &name("attn_output"), q_dim, e)?,
+                q_norm: optional("attn_q_norm", h.head_dim)?,
+                k_norm: optional("attn_k_norm", h.head_dim)?,
+                post_attn_norm: if gemma {
+                    Some(vector(file, &name("post_attention_norm"), e)?)
+                } else {
+                    None
+                },
+                ffn_norm: vector(file, &name("ffn_norm"), e)?,
+                post_ffn_norm: if gemma {
+                    Some(vector(file, &name("post_ffw_norm"), e)?)
+                } else {
+                    None
+                },
+                gate: matrix(file, &name("ffn_gate"), e, h.n_ff)?,
+                up: matrix(file, &name("ffn_up"), e, h.n_ff)?,
+                down: matrix(file, &name("ffn_down"), h.n_ff, e)?,
+            });
+        }
+        Ok(Model {
+            output_norm: vector(file, "output_norm.weight", e)?,
+            embeddings,
+            output,
+            layers,
+            hparams: h,
+        })
+    }
+
+    /// Runs token `token` at position `pos` (all earlier positions must be in `cache`) and
+    /// returns the logits over the vocabulary.
+    pub fn step(&self, token: u32, pos: usize, cache: &mut KvCache) -> Result<Vec<f32>, String> {
+        let h = &self.hparams;
+        if token as usize >= h.vocab {
+            return Err(format!(
+                "token {token} is outside the vocabulary of {}",
+                h.vocab
+            ));
+        }
+        if pos >= cache.context {
+            return Err(format!(
+                "position {pos} is past the context of {}",
+                cache.context
+            ));
+        }
+        let mut x = vec![0.0; h.n_embd];
+        let embd = &self.embeddings;
+        quant::dequantize(&embd.info.tensor_type, embd.row(token as usize), &mut x)
+            .map_err(|e| e.to_string())?;
+        if h.arch == Arch::Gemma3 {
+            let scale = (h.n_embd as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        for (il, layer) in self.layers.iter().enumerate() {
+            layers::block(h, il, layer, &mut x, pos, cache)?;
+        }
+        layers::rms_norm(&mut x, &self.output_norm, h.rms_eps);
+        let mut logits = vec![0.0; h.vocab];
+        matvec(&self.output, &x, &mut logits)?;
+        Ok(logits)
+    }
+}
+
+/// `out = W · x` over all rows of `w`, rows in parallel.
+fn matvec(w: &Tensor<'_>, x: &[f32], out: &mut [f32]) -> Result<(), String> {
+    let ty: TensorType = w.info.tensor_type;
+    out.par_iter_mut().enumerate().try_for_each(|(r, o)| {
+        *o = quant::dot(&ty, w.row(r), x).map_err(|e| e.to_string())?;
+        Ok(())
+    })
+}
+
+/// Log-softmax of logits, in f64 for a stable reference.
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_sum = sum.ln();
+    logits
+        .iter()
+        .map(|&l| (f64::from(l - max) - log_sum) as f32)
+        .collect()
+}
