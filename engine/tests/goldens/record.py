@@ -24,6 +24,21 @@ PROMPTS = {
 }
 GENERATE = 32
 
+# Tokenizer corpus: code, Greek, Chinese, emoji, whitespace runs, numbers, special tokens.
+CORPUS = [
+    "fn main() {\n    println!(\"{}\", 1 + 2);\n}\n",
+    "def f(x):\n\treturn x**2  # square\n",
+    "Καλημέρα κόσμε, τι κάνεις;",
+    "北京欢迎你。我们在学习机器学习。",
+    "Emoji 🙂🚀 and ZWJ 👩‍💻 family 👨‍👩‍👧",
+    "spaces:   three,      six\n\n\nnewlines\r\nwindows",
+    "Numbers 3.14159, 1,000,000 and 2026-11-29; 0x1F; 42nd",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>",
+    "Don't won't I'm we'll they've she'd it's",
+    "   leading and trailing   ",
+    "MiXeD CaSe ÀÉÎÕÜ ß ﬁ",
+]
+
 
 def free_port():
     with socket.socket() as s:
@@ -73,6 +88,14 @@ def main():
                 json.dump(golden, f)
                 f.write("\n")
             print(f"{name}-{key}: {len(ids)} prompt tokens, {len(golden['tokens'])} generated", file=sys.stderr)
+        cases = []
+        for text in CORPUS:
+            for special in (False, True):
+                ids = post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": special})["tokens"]
+                cases.append({"text": text, "special": special, "ids": ids})
+        with open(os.path.join(out_dir, f"{name}-tokenizer.json"), "w") as f:
+            json.dump(cases, f)
+            f.write("\n")
     finally:
         server.terminate()
         server.wait()

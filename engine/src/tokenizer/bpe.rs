@@ -1,0 +1,120 @@
+//! Byte-level BPE (GPT-2 style): pre-tokenize with the model's regexes, map bytes to printable
+//! characters, then merge adjacent symbols by merge rank, lowest first and leftmost on ties.
+
+use std::collections::HashMap;
+
+use fancy_regex::Regex;
+
+/// GPT-2's pre-tokenizer pattern.
+const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// A byte-level BPE model: pre-tokenizer regexes applied in sequence, and merge ranks.
+pub struct Bpe {
+    splits: Vec<Regex>,
+    ranks: HashMap<(String, String), usize>,
+}
+
+/// GPT-2's reversible byte → character table: printable bytes map to themselves, the others to
+/// code points from 256 up.
+fn byte_char(b: u8) -> char {
+    let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    if printable {
+        char::from(b)
+    } else {
+        let index = (0..b)
+            .filter(|&x| !((33..=126).contains(&x) || (161..=172).contains(&x) || x >= 174))
+            .count();
+        char::from_u32(256 + index as u32).unwrap_or('?')
+    }
+}
+
+/// The raw bytes of a byte-level token string.
+pub fn unmap_bytes(token: &str) -> Vec<u8> {
+    token
+        .chars()
+        .map(|c| (0u8..=255).find(|&b| byte_char(b) == c).unwrap_or(b'?'))
+        .collect()
+}
+
+impl Bpe {
+    /// The pre-tokenizer for `pre` (`tokenizer.ggml.pre`) and the merge list.
+    pub fn new(pre: &str, merges: &[&str]) -> Result<Bpe, String> {
+        let patterns: Vec<&str> = match pre {
+            // SmolLM / StarCoder: digits one by one, then GPT-2.
+            "smollm" | "starcoder" => vec![r"\p{N}", GPT2],
+            "gpt-2" | "default" => vec![GPT2],
+            other => return Err(format!("pre-tokenizer {other} is not supported yet")),
+        };
+        let splits = patterns
+            .iter()
+            .map(|p| Regex::new(p).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut ranks = HashMap::with_capacity(merges.len());
+        for (rank, merge) in merges.iter().enumerate() {
+            let (a, b) = merge
+                .split_once(' ')
+                .ok_or_else(|| format!("merge {rank} ({merge:?}) is not two symbols"))?;
+            ranks.entry((a.to_string(), b.to_string())).or_insert(rank);
+        }
+        Ok(Bpe { splits, ranks })
+    }
+
+    /// Splits `text` by each regex in turn: matches and the text between them become pieces.
+    fn pre_tokenize<'t>(&self, text: &'t str) -> Vec<&'t str> {
+        let mut pieces = vec![text];
+        for re in &self.splits {
+            let mut next = Vec::with_capacity(pieces.len());
+            for piece in pieces {
+                let mut last = 0;
+                for m in re.find_iter(piece).flatten() {
+                    if m.start() > last {
+                        next.push(&piece[last..m.start()]);
+                    }
+                    next.push(m.as_str());
+                    last = m.end();
+                }
+                if last < piece.len() {
+                    next.push(&piece[last..]);
+                }
+            }
+            pieces = next;
+        }
+        pieces.retain(|p| !p.is_empty());
+        pieces
+    }
+
+    /// Appends the ids of `text` (no special tokens in it) to `out`.
+    pub fn encode(&self, text: &str, ids: &HashMap<String, u32>, out: &mut Vec<u32>) {
+        for piece in self.pre_tokenize(text) {
+            let mut symbols: Vec<String> =
+                piece.bytes().map(|b| byte_char(b).to_string()).collect();
+            loop {
+                let best = symbols
+                    .windows(2)
+                    .enumerate()
+                    .filter_map(|(i, w)| {
+                        self.ranks
+                            .get(&(w[0].clone(), w[1].clone()))
+                            .map(|&r| (r, i))
+                    })
+                    .min();
+                let Some((_, i)) = best else { break };
+                let right = symbols.remove(i + 1);
+                symbols[i].push_str(&right);
+            }
+            for symbol in symbols {
+                match ids.get(&symbol) {
+                    Some(&id) => out.push(id),
+                    None => {
+                        // Every single byte character is in a byte-level vocabulary.
+                        out.extend(
+                            symbol
+                                .chars()
+                                .filter_map(|c| ids.get(&c.to_string()).copied()),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Tokenizers built from GGUF metadata. So far: byte-level BPE (`tokenizer.ggml.model = gpt2`)
+//! with the `smollm`, `gpt-2` and default pre-tokenizers, and special tokens recognised in
+//! templated prompts.
+
+mod bpe;
+
+use std::collections::HashMap;
+
+use gguf::arrays;
+
+pub use bpe::Bpe;
+
+use crate::model_file::ModelFile;
+
+/// A tokenizer loaded from a model file.
+pub struct Tokenizer {
+    tokens: Vec<String>,
+    ids: HashMap<String, u32>,
+    /// Control and user-defined tokens, longest first, matched verbatim when `special` is on.
+    specials: Vec<(String, u32)>,
+    bpe: Bpe,
+    add_bos: Option<u32>,
+}
+
+const CONTROL: i32 = 3;
+const USER_DEFINED: i32 = 4;
+
+impl Tokenizer {
+    /// Reads the vocabulary, merges and token types from the model's metadata.
+    pub fn load(file: &ModelFile) -> Result<Tokenizer, String> {
+        let h = file.header();
+        let entry = |k: &str| h.entry(k).ok_or_else(|| format!("{k} is missing"));
+        let kind = match h.get("tokenizer.ggml.model") {
+            Some(gguf::Value::String(s)) => s.clone(),
+            _ => return Err("tokenizer.ggml.model is missing".into()),
+        };
+        if kind != "gpt2" {
+            return Err(format!(
+                "tokenizer model {kind} is not supported yet (gpt2 is)"
+            ));
+        }
+        let pre = match h.get("tokenizer.ggml.pre") {
+            Some(gguf::Value::String(s)) => s.clone(),
+            _ => "default".to_string(),
+        };
+        let bytes = file.bytes();
+        let tokens: Vec<String> = arrays::strings(bytes, entry("tokenizer.ggml.tokens")?)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let merges =
+            arrays::strings(bytes, entry("tokenizer.ggml.merges")?).map_err(|e| e.to_string())?;
+        let types = match h.entry("tokenizer.ggml.token_type") {
+            Some(kv) => arrays::i32s(bytes, kv).map_err(|e| e.to_string())?,
+            None => vec![1; tokens.len()],
+        };
+        let ids: HashMap<String, u32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let mut specials: Vec<(String, u32)> = tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter(|(_, (_, ty))| **ty == CONTROL || **ty == USER_DEFINED)
+            .map(|(i, (t, _))| (t.clone(), i as u32))
+            .filter(|(t, _)| !t.is_empty())
+            .collect();
+        specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        let add_bos = match (
+            h.get("tokenizer.ggml.add_bos_token"),
+            h.get("tokenizer.ggml.bos_token_id"),
+        ) {
+            (Some(gguf::Value::Bool(true)), Some(v)) => v.as_u64().map(|b| b as u32),
+            _ => None,
+        };
+        let bpe = Bpe::new(&pre, &merges)?;
+        Ok(Tokenizer {
+            tokens,
+            ids,
+            specials,
+            bpe,
+            add_bos,
+        })
+    }
+
+    /// Token ids of `text`; with `special`, control tokens written in the text become their ids.
+    pub fn encode(&self, text: &str, special: bool) -> Vec<u32> {
+        let mut out: Vec<u32> = self.add_bos.into_iter().collect();
+        let mut rest = text;
+        while !rest.is_empty() {
+            let next = if special {
+                self.specials
+                    .iter()
+                    .filter_map(|(s, id)| rest.find(s.as_str()).map(|at| (at, s.len(), *id)))
+                    .min_by_key(|&(at, len, _)| (at, usize::MAX - len))
+            } else {
+                None
+            };
+            let (plain, tail) = match next {
+                Some((at, len, id)) => {
+                    let (plain, after) = rest.split_at(at);
+                    self.bpe.encode(plain, &self.ids, &mut out);
+                    out.push(id);
+                    ("", &after[len..])
+                }
+                None => (rest, ""),
+            };
+            self.bpe.encode(plain, &self.ids, &mut out);
+            rest = tail;
+        }
+        out
+    }
+
+    /// The text of a token id, decoded from byte-level form to raw bytes.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        self.tokens
+            .get(id as usize)
+            .map(|t| bpe::unmap_bytes(t))
+            .unwrap_or_default()
+    }
+}
