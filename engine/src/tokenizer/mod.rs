@@ -68,7 +68,7 @@ impl Tokenizer {
             .map(|(i, (t, _))| (t.clone(), i as u32))
             .filter(|(t, _)| !t.is_empty())
             .collect();
-        specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        specials.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
         let add_bos = match (
             h.get("tokenizer.ggml.add_bos_token"),
             h.get("tokenizer.ggml.bos_token_id"),
