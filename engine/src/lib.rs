@@ -6,8 +6,10 @@
 //! [`model`] (the llama and gemma3 forward passes over a KV cache) and [`score`] (teacher-forced
 //! log-probabilities). Tokenizers, sampling, qwen2/qwen3 and the server land with the engine issues.
 
+pub mod generate;
 pub mod model;
 pub mod model_file;
 pub mod quant;
+pub mod sampler;
 pub mod score;
 pub mod tokenizer;

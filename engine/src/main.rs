@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use engine::model::Model;
 use engine::model_file::ModelFile;
+use engine::sampler::{Sampler, Sampling};
+use engine::tokenizer::Tokenizer;
 
 /// The Appliance inference engine.
 #[derive(Parser)]
@@ -17,6 +19,50 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate a continuation of PROMPT.
+    Generate {
+        /// The GGUF model.
+        #[arg(short = 'm', long)]
+        model: PathBuf,
+        /// The prompt text (special tokens written in it are recognised).
+        #[arg(short = 'p', long)]
+        prompt: String,
+        /// Tokens to generate at most.
+        #[arg(short = 'n', long, default_value_t = 64)]
+        n_predict: usize,
+        /// Temperature (0 = greedy).
+        #[arg(long, default_value_t = 0.8)]
+        temp: f32,
+        /// Seed of the sampler.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Render the prompt with the model's chat template (not built yet).
+        #[arg(long)]
+        chat: bool,
+        /// Threads.
+        #[arg(short = 't', long, default_value_t = 4)]
+        threads: usize,
+        /// Context length in tokens.
+        #[arg(short = 'c', long, default_value_t = 4096)]
+        ctx_size: usize,
+        /// JSON output: {"prompt_tokens":[…],"tokens":[…],"text":"…","stop":"eos|limit"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the token ids of TEXT.
+    Tokenize {
+        /// The GGUF model.
+        #[arg(short = 'm', long)]
+        model: PathBuf,
+        /// Recognise special tokens written in the text.
+        #[arg(long)]
+        special: bool,
+        /// The text.
+        text: String,
+        /// JSON output (the only format).
+        #[arg(long)]
+        json: bool,
+    },
     /// Teacher-forced scoring: top-K log-probabilities at every position from N on.
     Score {
         /// The GGUF model.
@@ -42,8 +88,91 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(2)
 }
 
+fn open(path: &std::path::Path) -> Result<ModelFile, ExitCode> {
+    ModelFile::open(path).map_err(fail)
+}
+
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Command::Tokenize {
+            model,
+            special,
+            text,
+            json: _,
+        } => {
+            let file = match open(&model) {
+                Ok(f) => f,
+                Err(code) => return code,
+            };
+            match Tokenizer::load(&file) {
+                Ok(tok) => {
+                    println!("{}", serde_json::json!(tok.encode(&text, special)));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(format!("{}: {e}", model.display())),
+            }
+        }
+        Command::Generate {
+            model,
+            prompt,
+            n_predict,
+            temp,
+            seed,
+            chat,
+            threads,
+            ctx_size,
+            json,
+        } => {
+            if chat {
+                return fail("--chat needs chat templates, which are not built yet");
+            }
+            let file = match open(&model) {
+                Ok(f) => f,
+                Err(code) => return code,
+            };
+            let run = || -> Result<(Vec<u32>, Vec<u32>, engine::generate::Stop, String), String> {
+                let tok =
+                    Tokenizer::load(&file).map_err(|e| format!("{}: {e}", model.display()))?;
+                let m = Model::load(&file).map_err(|e| e.to_string())?;
+                let ids = tok.encode(&prompt, true);
+                let mut sampler = Sampler::new(Sampling {
+                    temperature: temp,
+                    seed,
+                    ..Sampling::default()
+                });
+                let (tokens, stop) = engine::generate::generate(
+                    &m,
+                    &ids,
+                    n_predict,
+                    ctx_size,
+                    &mut sampler,
+                    &Tokenizer::end_ids(&file),
+                )?;
+                let text = tok.decode(&tokens);
+                Ok((ids, tokens, stop, text))
+            };
+            let pool = match rayon::ThreadPoolBuilder::new()
+                .num_threads(threads.max(1))
+                .build()
+            {
+                Ok(p) => p,
+                Err(e) => return fail(e),
+            };
+            match pool.install(run) {
+                Ok((ids, tokens, stop, text)) => {
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({ "prompt_tokens": ids, "tokens": tokens, "text": text, "stop": stop })
+                        );
+                    } else {
+                        println!("{text}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
         Command::Score {
             model,
             ids,

@@ -114,6 +114,22 @@ impl Tokenizer {
         out
     }
 
+    /// End-of-generation ids: EOS and EOT when the model names them.
+    pub fn end_ids(file: &ModelFile) -> Vec<u32> {
+        ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+            .iter()
+            .filter_map(|k| file.header().get(k).and_then(gguf::Value::as_u64))
+            .map(|v| v as u32)
+            .collect()
+    }
+
+    /// The text of token ids: their bytes joined, then decoded (an incomplete UTF-8 tail is
+    /// replaced, never split).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids.iter().flat_map(|&id| self.token_bytes(id)).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
     /// The text of a token id, decoded from byte-level form to raw bytes.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
         self.tokens

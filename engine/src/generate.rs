@@ -1,0 +1,57 @@
+//! Generation: prefill the prompt into the cache, then sample token by token until an end-of-
+//! generation token or the limit.
+
+use serde::Serialize;
+
+use crate::model::{KvCache, Model};
+use crate::sampler::Sampler;
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stop {
+    /// An end-of-generation token.
+    Eos,
+    /// The token limit or the end of the context.
+    Limit,
+}
+
+/// Generates up to `limit` tokens after `prompt`; `end` holds the end-of-generation ids.
+pub fn generate(
+    model: &Model<'_>,
+    prompt: &[u32],
+    limit: usize,
+    context: usize,
+    sampler: &mut Sampler,
+    end: &[u32],
+) -> Result<(Vec<u32>, Stop), String> {
+    if prompt.is_empty() {
+        return Err("the prompt has no tokens".into());
+    }
+    if prompt.len() >= context {
+        return Err(format!(
+            "the prompt's {} tokens do not fit the context of {context}",
+            prompt.len()
+        ));
+    }
+    let mut cache = KvCache::new(&model.hparams, context);
+    let mut logits = Vec::new();
+    for (pos, &t) in prompt.iter().enumerate() {
+        logits = model.step(t, pos, &mut cache)?;
+    }
+    let mut history = prompt.to_vec();
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let token = sampler.next(&logits, &history);
+        if end.contains(&token) {
+            return Ok((out, Stop::Eos));
+        }
+        out.push(token);
+        history.push(token);
+        if history.len() >= context {
+            break;
+        }
+        logits = model.step(token, history.len() - 1, &mut cache)?;
+    }
+    Ok((out, Stop::Limit))
+}

@@ -1,0 +1,128 @@
+//! The `engine` binary: generate, tokenize and score on the default model; bad paths fail cleanly.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::smollm2;
+use serde_json::Value;
+
+fn engine(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(args)
+        .output()
+        .expect("run engine")
+}
+
+fn json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+#[test]
+fn greedy_generation_is_identical_across_threads_and_runs() {
+    let model = smollm2();
+    let m = model.to_str().expect("utf8");
+    let run = |t: &str| {
+        json(&engine(&[
+            "generate",
+            "-m",
+            m,
+            "-p",
+            "The capital of France is",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "-t",
+            t,
+            "--json",
+        ]))
+    };
+    let one = run("1");
+    assert_eq!(one, run("2"));
+    assert_eq!(one, run("2"));
+    assert!(
+        one["text"].as_str().expect("text").starts_with(" Paris"),
+        "{one}"
+    );
+    assert_eq!(one["stop"], "limit");
+    assert_eq!(one["tokens"].as_array().expect("tokens").len(), 8);
+}
+
+#[test]
+fn tokenize_and_score_agree_with_generation() {
+    let model = smollm2();
+    let m = model.to_str().expect("utf8");
+    let ids = json(&engine(&[
+        "tokenize",
+        "-m",
+        m,
+        "The capital of France is",
+        "--json",
+    ]));
+    let generated = json(&engine(&[
+        "generate",
+        "-m",
+        m,
+        "-p",
+        "The capital of France is",
+        "-n",
+        "3",
+        "--temp",
+        "0",
+        "--json",
+    ]));
+    assert_eq!(ids, generated["prompt_tokens"]);
+    let mut all: Vec<Value> = ids.as_array().expect("ids").clone();
+    all.extend(
+        generated["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .cloned(),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("ids.json");
+    std::fs::write(&file, serde_json::to_string(&all).expect("json")).expect("write");
+    let from = ids.as_array().expect("ids").len();
+    let scored = json(&engine(&[
+        "score",
+        "-m",
+        m,
+        "--ids",
+        file.to_str().expect("utf8"),
+        "--from",
+        &from.to_string(),
+        "--top",
+        "3",
+        "--json",
+    ]));
+    let positions = scored["positions"].as_array().expect("positions");
+    assert_eq!(positions.len(), 3);
+    // Greedy generation picks exactly the top-1 of each teacher-forced position.
+    for (p, token) in positions
+        .iter()
+        .zip(generated["tokens"].as_array().expect("tokens"))
+    {
+        assert_eq!(&p["top"][0][0], token);
+    }
+}
+
+#[test]
+fn bad_models_exit_nonzero_with_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"this is not a model at all, not even close").expect("write");
+    for path in [junk.to_str().expect("utf8"), "/nonexistent/model.gguf"] {
+        let out = engine(&["generate", "-m", path, "-p", "hi"]);
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(path), "{stderr}");
+    }
+}
