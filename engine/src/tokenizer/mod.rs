@@ -1,14 +1,22 @@
-//! Tokenizers built from GGUF metadata. So far: byte-level BPE (`tokenizer.ggml.model = gpt2`)
-//! with the `smollm`, `gpt-2` and default pre-tokenizers, and special tokens recognised in
-//! templated prompts.
+//! Tokenizers built from GGUF metadata: byte-level BPE (`tokenizer.ggml.model = gpt2`, with the
+//! `smollm`, `gpt-2` and default pre-tokenizers) and SentencePiece-style (`llama`, Gemma), with
+//! special tokens recognised in templated prompts.
 
 mod bpe;
+mod spm;
 
 use std::collections::HashMap;
 
 use gguf::arrays;
 
 pub use bpe::Bpe;
+pub use spm::Spm;
+
+/// The algorithm a vocabulary uses.
+enum Algorithm {
+    Bpe(Bpe),
+    Spm(Spm),
+}
 
 use crate::model_file::ModelFile;
 
@@ -18,7 +26,7 @@ pub struct Tokenizer {
     ids: HashMap<String, u32>,
     /// Control and user-defined tokens, longest first, matched verbatim when `special` is on.
     specials: Vec<(String, u32)>,
-    bpe: Bpe,
+    algorithm: Algorithm,
     add_bos: Option<u32>,
 }
 
@@ -34,11 +42,6 @@ impl Tokenizer {
             Some(gguf::Value::String(s)) => s.clone(),
             _ => return Err("tokenizer.ggml.model is missing".into()),
         };
-        if kind != "gpt2" {
-            return Err(format!(
-                "tokenizer model {kind} is not supported yet (gpt2 is)"
-            ));
-        }
         let pre = match h.get("tokenizer.ggml.pre") {
             Some(gguf::Value::String(s)) => s.clone(),
             _ => "default".to_string(),
@@ -49,8 +52,6 @@ impl Tokenizer {
             .into_iter()
             .map(str::to_string)
             .collect();
-        let merges =
-            arrays::strings(bytes, entry("tokenizer.ggml.merges")?).map_err(|e| e.to_string())?;
         let types = match h.entry("tokenizer.ggml.token_type") {
             Some(kv) => arrays::i32s(bytes, kv).map_err(|e| e.to_string())?,
             None => vec![1; tokens.len()],
@@ -76,12 +77,32 @@ impl Tokenizer {
             (Some(gguf::Value::Bool(true)), Some(v)) => v.as_u64().map(|b| b as u32),
             _ => None,
         };
-        let bpe = Bpe::new(&pre, &merges)?;
+        let algorithm = match kind.as_str() {
+            "gpt2" => {
+                let merges = arrays::strings(bytes, entry("tokenizer.ggml.merges")?)
+                    .map_err(|e| e.to_string())?;
+                Algorithm::Bpe(Bpe::new(&pre, &merges)?)
+            }
+            "llama" => {
+                let scores = arrays::f32s(bytes, entry("tokenizer.ggml.scores")?)
+                    .map_err(|e| e.to_string())?;
+                let add_space_prefix = !matches!(
+                    h.get("tokenizer.ggml.add_space_prefix"),
+                    Some(gguf::Value::Bool(false))
+                );
+                Algorithm::Spm(Spm::new(&tokens, scores, add_space_prefix))
+            }
+            other => {
+                return Err(format!(
+                    "tokenizer model {other} is not supported (gpt2, llama)"
+                ));
+            }
+        };
         Ok(Tokenizer {
             tokens,
             ids,
             specials,
-            bpe,
+            algorithm,
             add_bos,
         })
     }
@@ -102,16 +123,23 @@ impl Tokenizer {
             let (plain, tail) = match next {
                 Some((at, len, id)) => {
                     let (plain, after) = rest.split_at(at);
-                    self.bpe.encode(plain, &self.ids, &mut out);
+                    self.encode_plain(plain, &mut out);
                     out.push(id);
                     ("", &after[len..])
                 }
                 None => (rest, ""),
             };
-            self.bpe.encode(plain, &self.ids, &mut out);
+            self.encode_plain(plain, &mut out);
             rest = tail;
         }
         out
+    }
+
+    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
+        match &self.algorithm {
+            Algorithm::Bpe(bpe) => bpe.encode(text, &self.ids, out),
+            Algorithm::Spm(spm) => spm.encode(text, &self.ids, out),
+        }
     }
 
     /// End-of-generation ids: EOS and EOT when the model names them.
@@ -132,9 +160,12 @@ impl Tokenizer {
 
     /// The text of a token id, decoded from byte-level form to raw bytes.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
-        self.tokens
-            .get(id as usize)
-            .map(|t| bpe::unmap_bytes(t))
-            .unwrap_or_default()
+        let Some(token) = self.tokens.get(id as usize) else {
+            return Vec::new();
+        };
+        match self.algorithm {
+            Algorithm::Bpe(_) => bpe::unmap_bytes(token),
+            Algorithm::Spm(_) => spm::token_bytes(token),
+        }
     }
 }
