@@ -10,14 +10,14 @@ const SPACE: char = '\u{2581}';
 /// An SPM model: token scores and the byte-fallback ids.
 pub struct Spm {
     scores: Vec<f32>,
-    byte_ids: [Option<u32>; 256],
+    byte_ids: Vec<Option<u32>>,
     add_space_prefix: bool,
 }
 
 impl Spm {
     /// A model from the vocabulary's scores; byte tokens are found by their `<0xXX>` names.
     pub fn new(tokens: &[String], scores: Vec<f32>, add_space_prefix: bool) -> Spm {
-        let mut byte_ids = [None; 256];
+        let mut byte_ids = vec![None; 256];
         for (id, t) in tokens.iter().enumerate() {
             if let Some(hex) = t.strip_prefix("<0x").and_then(|r| r.strip_suffix('>')) {
                 if let Ok(b) = u8::from_str_radix(hex, 16) {
