@@ -88,20 +88,12 @@ impl Bpe {
         for piece in self.pre_tokenize(text) {
             let mut symbols: Vec<String> =
                 piece.bytes().map(|b| byte_char(b).to_string()).collect();
-            loop {
-                let best = symbols
-                    .windows(2)
-                    .enumerate()
-                    .filter_map(|(i, w)| {
-                        self.ranks
-                            .get(&(w[0].clone(), w[1].clone()))
-                            .map(|&r| (r, i))
-                    })
-                    .min();
-                let Some((_, i)) = best else { break };
-                let right = symbols.remove(i + 1);
-                symbols[i].push_str(&right);
-            }
+            // Lowest merge rank first.
+            super::merge_pairs(&mut symbols, |a, b| {
+                self.ranks
+                    .get(&(a.to_string(), b.to_string()))
+                    .map(|&r| -(r as f64))
+            });
             for symbol in symbols {
                 match ids.get(&symbol) {
                     Some(&id) => out.push(id),

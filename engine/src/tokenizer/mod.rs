@@ -12,6 +12,24 @@ use gguf::arrays;
 pub use bpe::Bpe;
 pub use spm::Spm;
 
+/// Merges adjacent symbols while any pair has a priority, highest priority first and the
+/// leftmost pair on ties (how both BPE and SentencePiece merge).
+fn merge_pairs(symbols: &mut Vec<String>, priority: impl Fn(&str, &str) -> Option<f64>) {
+    loop {
+        let mut best: Option<(f64, usize)> = None;
+        for i in 0..symbols.len().saturating_sub(1) {
+            if let Some(p) = priority(&symbols[i], &symbols[i + 1]) {
+                if best.is_none_or(|(q, _)| p > q) {
+                    best = Some((p, i));
+                }
+            }
+        }
+        let Some((_, i)) = best else { return };
+        let right = symbols.remove(i + 1);
+        symbols[i].push_str(&right);
+    }
+}
+
 /// The algorithm a vocabulary uses.
 enum Algorithm {
     Bpe(Bpe),

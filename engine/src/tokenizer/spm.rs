@@ -43,22 +43,11 @@ impl Spm {
         }
         normalized.extend(text.chars().map(|c| if c == ' ' { SPACE } else { c }));
         let mut symbols: Vec<String> = normalized.chars().map(String::from).collect();
-        loop {
-            let mut best: Option<(f32, usize)> = None;
-            for i in 0..symbols.len().saturating_sub(1) {
-                let joined = format!("{}{}", symbols[i], symbols[i + 1]);
-                if let Some(&id) = ids.get(&joined) {
-                    let score = self.scores.get(id as usize).copied().unwrap_or(0.0);
-                    // Strictly higher scores win, so the leftmost pair keeps a tie.
-                    if best.is_none_or(|(s, _)| score > s) {
-                        best = Some((score, i));
-                    }
-                }
-            }
-            let Some((_, i)) = best else { break };
-            let right = symbols.remove(i + 1);
-            symbols[i].push_str(&right);
-        }
+        // Highest vocabulary score first.
+        super::merge_pairs(&mut symbols, |a, b| {
+            ids.get(&format!("{a}{b}"))
+                .map(|&id| f64::from(self.scores.get(id as usize).copied().unwrap_or(0.0)))
+        });
         for symbol in symbols {
             match ids.get(&symbol) {
                 Some(&id) => out.push(id),
