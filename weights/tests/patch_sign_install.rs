@@ -250,12 +250,12 @@ fn nix_is_root() -> bool {
 
 #[test]
 fn the_gate_catches_tampering_fast_by_stat_and_full_by_hash() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let bytes = gguf_file(100_000);
-    let manifest = manifest_for(&bytes, "");
-    let installed =
-        install(&write(dir.path(), "m", &bytes), &approval(&manifest), &data).expect("install");
+    let Fixture {
+        dir: _dir,
+        data,
+        manifest: _,
+        installed,
+    } = fixture(100_000);
     let fast = Reverify::Fast { full_every_s: 1000 };
     let ok = gate::check(
         &data,
@@ -341,12 +341,12 @@ fn signatures_are_enforced() {
 
 #[test]
 fn bit_rot_with_the_mtime_put_back_is_still_caught() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let bytes = gguf_file(100_000);
-    let manifest = manifest_for(&bytes, "");
-    let installed =
-        install(&write(dir.path(), "m", &bytes), &approval(&manifest), &data).expect("install");
+    let Fixture {
+        dir: _dir,
+        data,
+        manifest: _,
+        installed,
+    } = fixture(100_000);
     let mtime = std::fs::metadata(&installed.path)
         .expect("stat")
         .modified()
@@ -373,11 +373,9 @@ fn bit_rot_with_the_mtime_put_back_is_still_caught() {
 
 #[test]
 fn fast_mode_verifies_in_full_when_due_or_when_the_clock_went_back() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let bytes = gguf_file(10_000);
-    let manifest = manifest_for(&bytes, "");
-    install(&write(dir.path(), "m", &bytes), &approval(&manifest), &data).expect("install");
+    let Fixture {
+        dir: _dir, data, ..
+    } = fixture(10_000);
     let installed_at = install::now_unix();
     let fast = Reverify::Fast { full_every_s: 3600 };
     let checked = |now| {

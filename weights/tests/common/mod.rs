@@ -92,3 +92,28 @@ pub fn tree(dir: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// A model installed into a fresh data directory.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub data: PathBuf,
+    pub manifest: Manifest,
+    pub installed: weights::install::Installed,
+}
+
+/// Installs an unpatched test model of `floats` tensor values.
+pub fn fixture(floats: usize) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let bytes = gguf_file(floats);
+    let manifest = manifest_for(&bytes, "");
+    let installed =
+        weights::install::install(&write(dir.path(), "m", &bytes), &approval(&manifest), &data)
+            .expect("install");
+    Fixture {
+        dir,
+        data,
+        manifest,
+        installed,
+    }
+}
