@@ -42,8 +42,9 @@ use crate::model_file::ModelFile;
 pub struct Tokenizer {
     tokens: Vec<String>,
     ids: HashMap<String, u32>,
-    /// Control and user-defined tokens, longest first, matched verbatim when `special` is on.
-    specials: Vec<(String, u32)>,
+    /// Tokens matched verbatim in the text, longest first: user-defined ones always (as
+    /// llama.cpp does), control ones only when `special` is on. The flag marks control tokens.
+    specials: Vec<(String, u32, bool)>,
     algorithm: Algorithm,
     add_bos: Option<u32>,
 }
@@ -79,13 +80,13 @@ impl Tokenizer {
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
-        let mut specials: Vec<(String, u32)> = tokens
+        let mut specials: Vec<(String, u32, bool)> = tokens
             .iter()
             .zip(&types)
             .enumerate()
             .filter(|(_, (_, ty))| **ty == CONTROL || **ty == USER_DEFINED)
-            .map(|(i, (t, _))| (t.clone(), i as u32))
-            .filter(|(t, _)| !t.is_empty())
+            .map(|(i, (t, ty))| (t.clone(), i as u32, *ty == CONTROL))
+            .filter(|(t, _, _)| !t.is_empty())
             .collect();
         specials.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
         let add_bos = match (
@@ -125,19 +126,18 @@ impl Tokenizer {
         })
     }
 
-    /// Token ids of `text`; with `special`, control tokens written in the text become their ids.
+    /// Token ids of `text`; with `special`, control tokens written in the text become their ids
+    /// (user-defined tokens always do).
     pub fn encode(&self, text: &str, special: bool) -> Vec<u32> {
         let mut out: Vec<u32> = self.add_bos.into_iter().collect();
         let mut rest = text;
         while !rest.is_empty() {
-            let next = if special {
-                self.specials
-                    .iter()
-                    .filter_map(|(s, id)| rest.find(s.as_str()).map(|at| (at, s.len(), *id)))
-                    .min_by_key(|&(at, len, _)| (at, usize::MAX - len))
-            } else {
-                None
-            };
+            let next = self
+                .specials
+                .iter()
+                .filter(|(_, _, control)| special || !control)
+                .filter_map(|(s, id, _)| rest.find(s.as_str()).map(|at| (at, s.len(), *id)))
+                .min_by_key(|&(at, len, _)| (at, usize::MAX - len));
             let (plain, tail) = match next {
                 Some((at, len, id)) => {
                     let (plain, after) = rest.split_at(at);
