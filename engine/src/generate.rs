@@ -34,7 +34,7 @@ pub fn generate(
             prompt.len()
         ));
     }
-    let mut cache = KvCache::new(&model.hparams, context);
+    let mut cache = KvCache::new(&model.hparams, context)?;
     let mut logits = Vec::new();
     for (pos, &t) in prompt.iter().enumerate() {
         logits = model.step(t, pos, &mut cache)?;

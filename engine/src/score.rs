@@ -27,7 +27,7 @@ pub fn score(
             ids.len()
         ));
     }
-    let mut cache = KvCache::new(&model.hparams, ids.len());
+    let mut cache = KvCache::new(&model.hparams, ids.len())?;
     let mut out = Vec::with_capacity(ids.len() - from);
     for (pos, &token) in ids[..ids.len() - 1].iter().enumerate() {
         let logits = model.step(token, pos, &mut cache)?;

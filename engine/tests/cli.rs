@@ -118,6 +118,19 @@ fn bad_models_exit_nonzero_with_one_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let junk = dir.path().join("junk.gguf");
     std::fs::write(&junk, b"this is not a model at all, not even close").expect("write");
+    // A context the model cannot hold is refused before anything is allocated for it.
+    let model = smollm2();
+    let out = engine(&[
+        "generate",
+        "-m",
+        model.to_str().expect("utf8"),
+        "-p",
+        "hi",
+        "-c",
+        "100000000000",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("trained for 1 to 8192"));
     for path in [junk.to_str().expect("utf8"), "/nonexistent/model.gguf"] {
         let out = engine(&["generate", "-m", path, "-p", "hi"]);
         assert_eq!(out.status.code(), Some(2));

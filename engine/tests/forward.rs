@@ -28,7 +28,7 @@ fn ids(file: &ModelFile, pieces: &[&str]) -> Vec<u32> {
 
 fn next_token(file: &ModelFile, prompt: &[u32]) -> (String, Vec<f32>) {
     let model = Model::load(file).expect("load");
-    let mut cache = KvCache::new(&model.hparams, 64);
+    let mut cache = KvCache::new(&model.hparams, 64).expect("cache");
     let mut logits = Vec::new();
     for (pos, &t) in prompt.iter().enumerate() {
         logits = model.step(t, pos, &mut cache).expect("step");

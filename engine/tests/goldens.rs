@@ -69,7 +69,7 @@ fn check(golden_file: &str) {
     let file = ModelFile::open(&model_for(golden_file)).expect("open");
     let model = Model::load(&file).expect("load");
     let sequence: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
-    let mut cache = KvCache::new(&model.hparams, sequence.len());
+    let mut cache = KvCache::new(&model.hparams, sequence.len()).expect("cache");
     let mut identical = true;
     let mut worst_mean = 0f32;
     let mut worst_max = 0f32;

@@ -49,14 +49,21 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache for `context` positions (the configured context, not the model's maximum).
-    pub fn new(hparams: &Hparams, context: usize) -> KvCache {
+    /// A cache for `context` positions (the configured context, not the model's maximum, which
+    /// also bounds it: positions past the training context are not supported).
+    pub fn new(hparams: &Hparams, context: usize) -> Result<KvCache, String> {
+        if context == 0 || context > hparams.train_context {
+            return Err(format!(
+                "a context of {context} tokens is not possible: the model was trained for 1 to {}",
+                hparams.train_context
+            ));
+        }
         let width = hparams.n_head_kv * hparams.head_dim;
-        KvCache {
+        Ok(KvCache {
             context,
             keys: vec![vec![0.0; context * width]; hparams.n_layer],
             values: vec![vec![0.0; context * width]; hparams.n_layer],
-        }
+        })
     }
 
     /// Positions it can hold.
