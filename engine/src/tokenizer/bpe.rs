@@ -16,23 +16,34 @@ pub struct Bpe {
 
 /// GPT-2's reversible byte → character table: printable bytes map to themselves, the others to
 /// code points from 256 up.
+fn byte_chars() -> &'static [char; 256] {
+    static TABLE: std::sync::OnceLock<[char; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut table = ['\0'; 256];
+        let mut next = 256u32;
+        for b in 0..=255u8 {
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+            table[usize::from(b)] = if printable {
+                char::from(b)
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap_or('?')
+            };
+        }
+        table
+    })
+}
+
 fn byte_char(b: u8) -> char {
-    let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
-    if printable {
-        char::from(b)
-    } else {
-        let index = (0..b)
-            .filter(|&x| !((33..=126).contains(&x) || (161..=172).contains(&x) || x >= 174))
-            .count();
-        char::from_u32(256 + index as u32).unwrap_or('?')
-    }
+    byte_chars()[usize::from(b)]
 }
 
 /// The raw bytes of a byte-level token string.
 pub fn unmap_bytes(token: &str) -> Vec<u8> {
+    let table = byte_chars();
     token
         .chars()
-        .map(|c| (0u8..=255).find(|&b| byte_char(b) == c).unwrap_or(b'?'))
+        .map(|c| table.iter().position(|&t| t == c).map_or(b'?', |b| b as u8))
         .collect()
 }
 

@@ -135,7 +135,7 @@ impl Backend {
             CgroupBackend::Files => Backend::Files,
             CgroupBackend::Auto => {
                 let live = !board.is_simulated() && board.root() == std::path::Path::new("/");
-                if live && std::path::Path::new("/run/systemd/system").is_dir() {
+                if live && board.path("/run/systemd/system").is_dir() {
                     Backend::Systemd
                 } else {
                     Backend::Files
