@@ -7,6 +7,7 @@
 //! log-probabilities). Tokenizers, sampling, qwen2/qwen3 and the server land with the engine issues.
 
 pub mod generate;
+pub mod kernels;
 pub mod model;
 pub mod model_file;
 pub mod quant;

@@ -9,6 +9,10 @@ pub enum Arch {
     Llama,
     /// `gemma3`: embedding scale, pre/post norms, GELU-tanh, sliding-window layers.
     Gemma3,
+    /// `qwen2`: NEOX rope, biases on the query/key/value projections.
+    Qwen2,
+    /// `qwen3`: NEOX rope, per-head query/key norms, head width from `key_length`.
+    Qwen3,
 }
 
 /// What the forward pass needs to know about a model.
@@ -76,9 +80,11 @@ impl Hparams {
         let arch = match arch_name.as_str() {
             "llama" => Arch::Llama,
             "gemma3" => Arch::Gemma3,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
             other => {
                 return Err(format!(
-                    "architecture {other} is not supported (llama, gemma3)"
+                    "architecture {other} is not supported (llama, qwen2, qwen3, gemma3)"
                 ));
             }
         };

@@ -1,42 +1,115 @@
 //! One transformer block, token by token: norms, rotary embeddings, attention over the cache,
-//! and the gated feed-forward network.
+//! and the gated feed-forward network. Element-wise steps follow ggml's arithmetic (f64 norm
+//! sums, iterated rope angles, GELU through f16) so results track llama.cpp's closely.
 
-use super::{Arch, Hparams, KvCache, Layer, matvec};
+use super::attention::{self, Query};
+use super::{Arch, Hparams, KvCache, Layer};
+use crate::kernels;
+use crate::quant::{f16_to_f32, f32_to_f16};
 
-/// `x ← x / sqrt(mean(x²) + eps) · w`.
+/// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
-    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let sum: f64 = x.iter().map(|v| f64::from(v * v)).sum();
+    let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for (v, g) in x.iter_mut().zip(w) {
         *v = *v * scale * g;
     }
 }
 
-/// Rotates the first `n_rot` dimensions of one head: NORM pairs (2i, 2i+1) for llama,
-/// NEOX pairs (i, i + n_rot/2) for Gemma.
-fn rope(head: &mut [f32], pos: usize, n_rot: usize, base: f32, neox: bool) {
-    let half = n_rot / 2;
-    for i in 0..half {
-        let theta = pos as f32 * base.powf(-2.0 * i as f32 / n_rot as f32);
-        let (sin, cos) = theta.sin_cos();
-        let (a, b) = if neox {
-            (i, i + half)
-        } else {
-            (2 * i, 2 * i + 1)
-        };
-        let (x0, x1) = (head[a], head[b]);
-        head[a] = x0 * cos - x1 * sin;
-        head[b] = x0 * sin + x1 * cos;
+/// Rotary position embedding of one head.
+pub(super) struct Rope<'a> {
+    pub n_rot: usize,
+    pub base: f32,
+    /// NEOX pairs (i, i + n_rot/2) — Gemma, Qwen — instead of adjacent pairs (2i, 2i+1).
+    pub neox: bool,
+    /// Llama 3's per-frequency divisors (`rope_freqs.weight`).
+    pub freq_factors: Option<&'a [f32]>,
+}
+
+impl Rope<'_> {
+    /// Rotates the first `n_rot` dimensions of `head` for position `pos`; the angle of pair i
+    /// is pos·base^(−2i/n_rot), built by repeated multiplication as ggml does.
+    pub fn apply(&self, head: &mut [f32], pos: usize) {
+        let half = self.n_rot / 2;
+        let theta_scale = self.base.powf(-2.0 / self.n_rot as f32);
+        let mut theta = pos as f32;
+        for i in 0..half {
+            let factor = self.freq_factors.and_then(|f| f.get(i)).copied();
+            let angle = theta / factor.unwrap_or(1.0);
+            let (sin, cos) = (angle.sin(), angle.cos());
+            let (a, b) = if self.neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+            theta *= theta_scale;
+        }
     }
 }
 
+/// SiLU as ggml's vector code computes it: x / (1 + e^−x) with [`expf_poly`].
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + expf_poly(-x))
 }
 
-fn gelu_tanh(x: f32) -> f32 {
+/// e^x by range reduction to 2^n·e^b (|b| ≤ ln2/2) and a degree-5 polynomial: the routine from
+/// Arm's optimized-routines that ggml's SIMD SiLU uses on x86 and Arm alike (max error about
+/// 1.5 ulp). Evaluated with the same fused multiply-adds, so it rounds exactly as ggml does.
+fn expf_poly(x: f32) -> f32 {
+    let shift = f32::from_bits(0x4b40_0000); // 1.5·2^23: adding it rounds to an integer
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), shift); // x·log2(e) + shift
+    let n = z - shift;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),                  // ln2, low part
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // ln2, high part
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
+    if n.abs() <= 126.0 {
+        return j.mul_add(k, k);
+    }
+    // Past the normal exponent range: scale in two steps, or saturate to 0 / infinity.
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// GELU (tanh form) as ggml evaluates it: through its f16 table for |x| < 10.
+fn gelu(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+    const COEF_A: f32 = 0.044_715;
+    if x <= -10.0 {
+        return 0.0;
+    }
+    if x >= 10.0 {
+        return x;
+    }
+    let x = f16_to_f32(f32_to_f16(x));
+    let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+    f16_to_f32(f32_to_f16(y))
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&Vec<f32>>) {
+    if let Some(b) = bias {
+        x.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+    }
 }
 
 /// Runs layer `il` on the residual stream `x` at position `pos`.
@@ -44,97 +117,98 @@ pub(super) fn block(
     h: &Hparams,
     il: usize,
     layer: &Layer<'_>,
+    rope_freqs: Option<&[f32]>,
     x: &mut [f32],
     pos: usize,
     cache: &mut KvCache,
 ) -> Result<(), String> {
     let gemma = h.arch == Arch::Gemma3;
-    let (hd, q_dim, kv_dim) = (h.head_dim, h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
+    let (hd, kv_dim) = (h.head_dim, h.n_head_kv * h.head_dim);
     // Gemma 3: every sixth layer is global, the others see a sliding window with their own base.
     let window = h.sliding_window.filter(|_| gemma && il % 6 < 5);
-    let base = if window.is_some() {
-        h.rope_base_swa
-    } else {
-        h.rope_base
+    let rope = Rope {
+        n_rot: h.n_rot,
+        base: if window.is_some() {
+            h.rope_base_swa
+        } else {
+            h.rope_base
+        },
+        neox: h.arch != Arch::Llama,
+        freq_factors: rope_freqs,
     };
+    let isa = cache.isa;
+    let w = &mut cache.work;
 
-    let mut cur = x.to_vec();
-    rms_norm(&mut cur, &layer.attn_norm, h.rms_eps);
-    let mut q = vec![0.0; q_dim];
-    let mut k = vec![0.0; kv_dim];
-    let mut v = vec![0.0; kv_dim];
-    matvec(&layer.wq, &cur, &mut q)?;
-    matvec(&layer.wk, &cur, &mut k)?;
-    matvec(&layer.wv, &cur, &mut v)?;
-    for head in q.chunks_exact_mut(hd) {
-        if let Some(w) = &layer.q_norm {
-            rms_norm(head, w, h.rms_eps);
+    w.cur.copy_from_slice(x);
+    rms_norm(&mut w.cur, &layer.attn_norm, h.rms_eps);
+    kernels::matvec(&layer.wq, &w.cur, &mut w.q, isa, &mut w.scratch)?;
+    kernels::matvec(&layer.wk, &w.cur, &mut w.k, isa, &mut w.scratch)?;
+    kernels::matvec(&layer.wv, &w.cur, &mut w.v, isa, &mut w.scratch)?;
+    add_bias(&mut w.q, layer.bq.as_ref());
+    add_bias(&mut w.k, layer.bk.as_ref());
+    add_bias(&mut w.v, layer.bv.as_ref());
+    for head in w.q.chunks_exact_mut(hd) {
+        if let Some(n) = &layer.q_norm {
+            rms_norm(head, n, h.rms_eps);
         }
-        rope(head, pos, h.n_rot, base, gemma);
+        rope.apply(head, pos);
     }
-    for head in k.chunks_exact_mut(hd) {
-        if let Some(w) = &layer.k_norm {
-            rms_norm(head, w, h.rms_eps);
+    for head in w.k.chunks_exact_mut(hd) {
+        if let Some(n) = &layer.k_norm {
+            rms_norm(head, n, h.rms_eps);
         }
-        rope(head, pos, h.n_rot, base, gemma);
+        rope.apply(head, pos);
     }
-    cache.keys[il][pos * kv_dim..(pos + 1) * kv_dim].copy_from_slice(&k);
-    cache.values[il][pos * kv_dim..(pos + 1) * kv_dim].copy_from_slice(&v);
+    let row = pos * kv_dim..(pos + 1) * kv_dim;
+    for (c, v) in cache.keys[il][row.clone()].iter_mut().zip(&w.k) {
+        *c = f32_to_f16(*v);
+    }
+    for (c, v) in cache.values[il][row].iter_mut().zip(&w.v) {
+        *c = f32_to_f16(*v);
+    }
 
     let first = match window {
         // Key p0 is masked for query p1 when p1 - p0 >= window.
-        Some(w) => (pos + 1).saturating_sub(w),
+        Some(n) => (pos + 1).saturating_sub(n),
         None => 0,
     };
+    let (pre_scale, post_scale) = if gemma {
+        (h.attn_scale, 1.0)
+    } else {
+        (1.0, h.attn_scale)
+    };
     let group = h.n_head / h.n_head_kv;
-    let mut attn = vec![0.0; q_dim];
-    let mut scores = vec![0.0f32; pos + 1 - first];
-    for (hq, out) in attn.chunks_exact_mut(hd).enumerate() {
-        let qh = &q[hq * hd..(hq + 1) * hd];
-        let kvh = hq / group;
-        for (s, p) in scores.iter_mut().zip(first..=pos) {
-            let kp = &cache.keys[il][p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-            *s = qh.iter().zip(kp).map(|(a, b)| a * b).sum::<f32>() * h.attn_scale;
-        }
-        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        for (s, p) in scores.iter().zip(first..=pos) {
-            let vp = &cache.values[il][p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-            let weight = s / sum;
-            for (o, val) in out.iter_mut().zip(vp) {
-                *o += weight * val;
-            }
-        }
+    let (keys, values) = (&cache.keys[il], &cache.values[il]);
+    for (hq, out) in w.attn.chunks_exact_mut(hd).enumerate() {
+        let kv = (hq / group) * hd;
+        let rows = (first..=pos).map(|p| {
+            let at = p * kv_dim + kv;
+            (&keys[at..at + hd], &values[at..at + hd])
+        });
+        let query = Query {
+            q: &w.q[hq * hd..(hq + 1) * hd],
+            pre_scale,
+            post_scale,
+        };
+        attention::attend(&query, rows, &mut w.attention, isa, out);
     }
-    let mut attn_out = vec![0.0; h.n_embd];
-    matvec(&layer.wo, &attn, &mut attn_out)?;
-    if let Some(w) = &layer.post_attn_norm {
-        rms_norm(&mut attn_out, w, h.rms_eps);
+    kernels::matvec(&layer.wo, &w.attn, &mut w.proj, isa, &mut w.scratch)?;
+    if let Some(n) = &layer.post_attn_norm {
+        rms_norm(&mut w.proj, n, h.rms_eps);
     }
-    for (xi, a) in x.iter_mut().zip(&attn_out) {
-        *xi += a;
-    }
+    x.iter_mut().zip(&w.proj).for_each(|(xi, a)| *xi += a);
 
-    let mut cur = x.to_vec();
-    rms_norm(&mut cur, &layer.ffn_norm, h.rms_eps);
-    let mut gate = vec![0.0; h.n_ff];
-    let mut up = vec![0.0; h.n_ff];
-    matvec(&layer.gate, &cur, &mut gate)?;
-    matvec(&layer.up, &cur, &mut up)?;
-    for (g, u) in gate.iter_mut().zip(&up) {
-        *g = if gemma { gelu_tanh(*g) } else { silu(*g) } * u;
+    w.cur.copy_from_slice(x);
+    rms_norm(&mut w.cur, &layer.ffn_norm, h.rms_eps);
+    kernels::matvec(&layer.gate, &w.cur, &mut w.gate, isa, &mut w.scratch)?;
+    kernels::matvec(&layer.up, &w.cur, &mut w.up, isa, &mut w.scratch)?;
+    for (g, u) in w.gate.iter_mut().zip(&w.up) {
+        *g = if gemma { gelu(*g) } else { silu(*g) } * u;
     }
-    let mut ffn = vec![0.0; h.n_embd];
-    matvec(&layer.down, &gate, &mut ffn)?;
-    if let Some(w) = &layer.post_ffn_norm {
-        rms_norm(&mut ffn, w, h.rms_eps);
+    kernels::matvec(&layer.down, &w.gate, &mut w.proj, isa, &mut w.scratch)?;
+    if let Some(n) = &layer.post_ffn_norm {
+        rms_norm(&mut w.proj, n, h.rms_eps);
     }
-    for (xi, f) in x.iter_mut().zip(&ffn) {
-        *xi += f;
-    }
+    x.iter_mut().zip(&w.proj).for_each(|(xi, f)| *xi += f);
     Ok(())
 }

@@ -1,17 +1,17 @@
 //! Transformer forward passes over a [`ModelFile`]: the hyperparameters from GGUF metadata, the
-//! per-layer weights as zero-copy views, a KV cache sized to the configured context, and one
-//! token step that returns the logits. Matrix-vector products run rows in parallel, each row
-//! with the scalar reference dot, so the result does not depend on the thread count.
+//! per-layer weights as zero-copy views, an f16 KV cache sized to the configured context, and
+//! one token step that returns the logits. Matrix products go through [`crate::kernels`], whose
+//! rows do not depend on the thread count, so neither does the output.
 
+mod attention;
 mod hparams;
 mod layers;
 
-use rayon::prelude::*;
-
 pub use hparams::{Arch, Hparams};
 
+use crate::kernels::{self, Isa};
 use crate::model_file::{LoadError, ModelFile, Tensor};
-use crate::quant::{self, TensorType};
+use crate::quant;
 
 struct Layer<'a> {
     attn_norm: Vec<f32>,
@@ -19,6 +19,10 @@ struct Layer<'a> {
     wk: Tensor<'a>,
     wv: Tensor<'a>,
     wo: Tensor<'a>,
+    /// Qwen 2 adds biases to the query, key and value projections.
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
     /// Gemma 3 and Qwen 3 normalise each query and key head.
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
@@ -38,14 +42,53 @@ pub struct Model<'a> {
     embeddings: Tensor<'a>,
     output: Tensor<'a>,
     output_norm: Vec<f32>,
+    /// Llama 3's rope frequency divisors.
+    rope_freqs: Option<Vec<f32>>,
     layers: Vec<Layer<'a>>,
 }
 
-/// Keys and values of every position seen so far, per layer.
+/// Keys and values (f16, as llama.cpp keeps them) of every position seen so far, per layer,
+/// and the working buffers of one sequence so the token loop does not allocate.
 pub struct KvCache {
     context: usize,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    isa: Isa,
+    keys: Vec<Vec<u16>>,
+    values: Vec<Vec<u16>>,
+    work: Work,
+}
+
+/// Per-token intermediate vectors, sized once.
+struct Work {
+    scratch: kernels::Scratch,
+    attention: attention::Buffers,
+    x: Vec<f32>,
+    cur: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl Work {
+    fn new(h: &Hparams) -> Work {
+        let (q_dim, kv_dim) = (h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
+        Work {
+            scratch: kernels::Scratch::default(),
+            attention: attention::Buffers::default(),
+            x: vec![0.0; h.n_embd],
+            cur: vec![0.0; h.n_embd],
+            q: vec![0.0; q_dim],
+            k: vec![0.0; kv_dim],
+            v: vec![0.0; kv_dim],
+            attn: vec![0.0; q_dim],
+            proj: vec![0.0; h.n_embd],
+            gate: vec![0.0; h.n_ff],
+            up: vec![0.0; h.n_ff],
+        }
+    }
 }
 
 impl KvCache {
@@ -61,14 +104,22 @@ impl KvCache {
         let width = hparams.n_head_kv * hparams.head_dim;
         Ok(KvCache {
             context,
-            keys: vec![vec![0.0; context * width]; hparams.n_layer],
-            values: vec![vec![0.0; context * width]; hparams.n_layer],
+            isa: Isa::detect(),
+            keys: vec![vec![0; context * width]; hparams.n_layer],
+            values: vec![vec![0; context * width]; hparams.n_layer],
+            work: Work::new(hparams),
         })
     }
 
     /// Positions it can hold.
     pub fn context(&self) -> usize {
         self.context
+    }
+
+    /// Runs the kernels on `isa` instead of the best one detected (tests compare them).
+    pub fn with_isa(mut self, isa: Isa) -> KvCache {
+        self.isa = isa;
+        self
     }
 }
 
@@ -91,6 +142,18 @@ fn vector(file: &ModelFile, name: &str, len: usize) -> Result<Vec<f32>, LoadErro
     quant::dequantize(&t.info.tensor_type, t.bytes, &mut out)
         .map_err(|e| load_err(file, format!("{name}: {e}")))?;
     Ok(out)
+}
+
+fn optional_vector(
+    file: &ModelFile,
+    name: &str,
+    len: usize,
+) -> Result<Option<Vec<f32>>, LoadError> {
+    if file.header().tensors.iter().any(|t| t.name == name) {
+        vector(file, name, len).map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 fn matrix<'a>(
@@ -132,20 +195,18 @@ impl<'a> Model<'a> {
         let mut layers = Vec::with_capacity(h.n_layer);
         for i in 0..h.n_layer {
             let name = |n: &str| format!("blk.{i}.{n}.weight");
-            let optional = |n: &str, len: usize| -> Result<Option<Vec<f32>>, LoadError> {
-                let full = name(n);
-                if file.header().tensors.iter().any(|t| t.name == full) {
-                    vector(file, &full, len).map(Some)
-                } else {
-                    Ok(None)
-                }
-            };
+            let optional = |n: &str, len: usize| optional_vector(file, &name(n), len);
+            let optional_bias =
+                |n: &str, len: usize| optional_vector(file, &format!("blk.{i}.{n}.bias"), len);
             layers.push(Layer {
                 attn_norm: vector(file, &name("attn_norm"), e)?,
                 wq: matrix(file, &name("attn_q"), e, q_dim)?,
                 wk: matrix(file, &name("attn_k"), e, kv_dim)?,
                 wv: matrix(file, &name("attn_v"), e, kv_dim)?,
                 wo: matrix(file, &name("attn_output"), q_dim, e)?,
+                bq: optional_bias("attn_q", q_dim)?,
+                bk: optional_bias("attn_k", kv_dim)?,
+                bv: optional_bias("attn_v", kv_dim)?,
                 q_norm: optional("attn_q_norm", h.head_dim)?,
                 k_norm: optional("attn_k_norm", h.head_dim)?,
                 post_attn_norm: if gemma {
@@ -166,6 +227,7 @@ impl<'a> Model<'a> {
         }
         Ok(Model {
             output_norm: vector(file, "output_norm.weight", e)?,
+            rope_freqs: optional_vector(file, "rope_freqs.weight", h.n_rot / 2)?,
             embeddings,
             output,
             layers,
@@ -189,7 +251,7 @@ impl<'a> Model<'a> {
                 cache.context
             ));
         }
-        let mut x = vec![0.0; h.n_embd];
+        let mut x = std::mem::take(&mut cache.work.x);
         let embd = &self.embeddings;
         quant::dequantize(&embd.info.tensor_type, embd.row(token as usize), &mut x)
             .map_err(|e| e.to_string())?;
@@ -197,23 +259,19 @@ impl<'a> Model<'a> {
             let scale = (h.n_embd as f32).sqrt();
             x.iter_mut().for_each(|v| *v *= scale);
         }
-        for (il, layer) in self.layers.iter().enumerate() {
-            layers::block(h, il, layer, &mut x, pos, cache)?;
-        }
+        let rope_freqs = self.rope_freqs.as_deref();
+        let ran = self.layers.iter().enumerate().try_for_each(|(il, layer)| {
+            layers::block(h, il, layer, rope_freqs, &mut x, pos, cache)
+        });
         layers::rms_norm(&mut x, &self.output_norm, h.rms_eps);
         let mut logits = vec![0.0; h.vocab];
-        matvec(&self.output, &x, &mut logits)?;
-        Ok(logits)
+        let isa = cache.isa;
+        let projected = ran.and_then(|()| {
+            kernels::matvec(&self.output, &x, &mut logits, isa, &mut cache.work.scratch)
+        });
+        cache.work.x = x;
+        projected.map(|()| logits)
     }
-}
-
-/// `out = W · x` over all rows of `w`, rows in parallel.
-fn matvec(w: &Tensor<'_>, x: &[f32], out: &mut [f32]) -> Result<(), String> {
-    let ty: TensorType = w.info.tensor_type;
-    out.par_iter_mut().enumerate().try_for_each(|(r, o)| {
-        *o = quant::dot(&ty, w.row(r), x).map_err(|e| e.to_string())?;
-        Ok(())
-    })
 }
 
 /// Log-softmax of logits, in f64 for a stable reference.

@@ -16,7 +16,7 @@ fn pair_scales(d: f32, dmin: f32, packed: &[u8], pair: usize) -> [(f32, f32); 2]
 }
 
 /// The 6-bit scale and min of sub-block `j` (0–7) from the 12 packed bytes.
-fn scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min(j: usize, packed: &[u8]) -> (u8, u8) {
     if j < 4 {
         (packed[j] & 63, packed[j + 4] & 63)
     } else {

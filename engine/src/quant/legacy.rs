@@ -69,7 +69,7 @@ pub fn q8_0(raw: &[u8], out: &mut [f32]) {
 }
 
 /// IQ4_NL's 16 levels.
-const IQ4_NL_LEVELS: [i8; 16] = [
+pub(crate) const IQ4_NL_LEVELS: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 

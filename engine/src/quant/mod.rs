@@ -9,7 +9,9 @@ mod legacy;
 use std::fmt;
 
 pub use gguf::TensorType;
-pub use half::{bf16_to_f32, f16_to_f32};
+pub use half::{bf16_to_f32, f16_to_f32, f32_to_f16};
+pub(crate) use kquants::scale_min;
+pub(crate) use legacy::IQ4_NL_LEVELS;
 
 /// A buffer that does not hold whole blocks of its type, or a type without a reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +92,6 @@ pub fn dot(ty: &TensorType, row: &[u8], x: &[f32]) -> Result<f32, QuantError> {
 }
 
 /// Reads a little-endian f16 at `at`.
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
 }

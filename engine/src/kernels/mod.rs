@@ -1,0 +1,371 @@
+//! Matrix products over stored weights: one interface, a plain scalar reference and per-ISA
+//! implementations chosen at run time.
+//!
+//! Activations are quantized once per product to the weight type's dot type (Q8_0, Q8_1 or
+//! Q8_K, as ggml does) and reused for every row; each row's dot product is then integer
+//! arithmetic per block. Rows are independent and always computed the same way, so the result
+//! does not depend on how rows are split across threads.
+
+pub mod activations;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86;
+
+use rayon::prelude::*;
+
+use activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+
+use crate::model_file::Tensor;
+use crate::quant::{self, QuantError, TensorType};
+
+/// The instruction set the kernels run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// The portable reference.
+    Scalar,
+    /// x86-64 with AVX2, FMA and F16C.
+    Avx2,
+}
+
+impl Isa {
+    /// The best instruction set this CPU supports (checked at run time).
+    pub fn detect() -> Isa {
+        Isa::available().last().copied().unwrap_or(Isa::Scalar)
+    }
+
+    /// Every instruction set this CPU can run, the scalar reference first.
+    pub fn available() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut isas = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if x86::supported() {
+            isas.push(Isa::Avx2);
+        }
+        isas
+    }
+}
+
+/// One weight row · activations quantized to the row type's dot type.
+#[derive(Clone, Copy)]
+pub enum RowDot {
+    /// Legacy 32-element quants paired with Q8_0.
+    Q8_0(fn(&[u8], &[BlockQ8_0]) -> f32),
+    /// Quants with an offset, paired with Q8_1.
+    Q8_1(fn(&[u8], &[BlockQ8_1]) -> f32),
+    /// K-quants, paired with Q8_K.
+    Q8K(fn(&[u8], &[BlockQ8K]) -> f32),
+    /// Float types: the reference dot over f32 activations.
+    Float(TensorType),
+}
+
+/// The row kernel for weights of type `ty` on `isa`.
+pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        if let Some(dot) = x86::row_dot(ty) {
+            return Ok(dot);
+        }
+    }
+    let _ = isa;
+    Ok(match ty.name {
+        "Q4_0" => RowDot::Q8_0(scalar::q4_0),
+        "Q4_1" => RowDot::Q8_1(scalar::q4_1),
+        "Q5_0" => RowDot::Q8_0(scalar::q5_0),
+        "Q5_1" => RowDot::Q8_1(scalar::q5_1),
+        "Q8_0" => RowDot::Q8_0(scalar::q8_0),
+        "IQ4_NL" => RowDot::Q8_0(scalar::iq4_nl),
+        "Q4_K" => RowDot::Q8K(scalar::q4_k),
+        "Q5_K" => RowDot::Q8K(scalar::q5_k),
+        "Q6_K" => RowDot::Q8K(scalar::q6_k),
+        "F32" | "F16" | "BF16" => RowDot::Float(*ty),
+        other => {
+            return Err(QuantError(format!(
+                "no kernel for {other} tensors (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, \
+                 Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K, Q6_K)"
+            )));
+        }
+    })
+}
+
+/// `a · b` over f16 vectors (keys and queries in attention), on `isa`.
+pub fn dot_f16(a: &[u16], b: &[u16], isa: Isa) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::dot_f16(a, b),
+        _ => scalar::dot_f16(a, b),
+    }
+}
+
+/// `acc ← acc + v·w` over f16 vectors (the attention's weighted values), on `isa`.
+pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32, isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::mad_f16(acc, v, w),
+        _ => scalar::mad_f16(acc, v, w),
+    }
+}
+
+/// `acc ← acc·s` over an f16 vector, on `isa`.
+pub fn scale_f16(acc: &mut [u16], s: f32, isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::scale_f16(acc, s),
+        _ => scalar::scale_f16(acc, s),
+    }
+}
+
+/// Reusable buffers for quantized activations, so the token loop does not allocate.
+#[derive(Default)]
+pub struct Scratch {
+    q8_0: Vec<BlockQ8_0>,
+    q8_1: Vec<BlockQ8_1>,
+    q8k: Vec<BlockQ8K>,
+}
+
+/// Rows per parallel task: big enough to amortise scheduling, small enough to balance.
+const ROWS_PER_TASK: usize = 16;
+
+fn each_row<B: Sync>(w: &Tensor<'_>, act: &[B], dot: fn(&[u8], &[B]) -> f32, out: &mut [f32]) {
+    out.par_chunks_mut(ROWS_PER_TASK)
+        .enumerate()
+        .for_each(|(task, chunk)| {
+            for (i, o) in chunk.iter_mut().enumerate() {
+                *o = dot(w.row(task * ROWS_PER_TASK + i), act);
+            }
+        });
+}
+
+/// `out = W · x` for every row of `w`, rows in parallel.
+pub fn matvec(
+    w: &Tensor<'_>,
+    x: &[f32],
+    out: &mut [f32],
+    isa: Isa,
+    scratch: &mut Scratch,
+) -> Result<(), String> {
+    let ty = w.info.tensor_type;
+    if x.len() != w.row_len() || out.len() != w.rows() {
+        return Err(format!(
+            "{}: a [{}, {}] matrix cannot take {} inputs into {} outputs",
+            w.info.name,
+            w.row_len(),
+            w.rows(),
+            x.len(),
+            out.len()
+        ));
+    }
+    match row_dot(&ty, isa).map_err(|e| e.to_string())? {
+        RowDot::Q8_0(dot) => {
+            activations::quantize_q8_0(x, &mut scratch.q8_0);
+            each_row(w, &scratch.q8_0, dot, out);
+        }
+        RowDot::Q8_1(dot) => {
+            activations::quantize_q8_1(x, &mut scratch.q8_1);
+            each_row(w, &scratch.q8_1, dot, out);
+        }
+        RowDot::Q8K(dot) => {
+            activations::quantize_q8_k(x, &mut scratch.q8k);
+            each_row(w, &scratch.q8k, dot, out);
+        }
+        RowDot::Float(ty) => {
+            out.par_iter_mut().enumerate().try_for_each(|(r, o)| {
+                *o = quant::dot(&ty, w.row(r), x).map_err(|e| e.to_string())?;
+                Ok::<(), String>(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::f32_to_f16;
+
+    /// Deterministic bytes (xorshift), so failures reproduce.
+    struct Bytes(u64);
+
+    impl Bytes {
+        fn next(&mut self) -> u8 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 24) as u8
+        }
+    }
+
+    fn tensor_type(name: &str) -> TensorType {
+        (0..64)
+            .filter_map(gguf::TensorType::from_id)
+            .find(|t| t.name == name)
+            .expect("known type")
+    }
+
+    /// A random row of `elements` values of `name`, its f16 scale fields set to sane values.
+    fn random_row(name: &str, elements: usize, rng: &mut Bytes) -> Vec<u8> {
+        let ty = tensor_type(name);
+        let size = ty.block_bytes as usize;
+        let blocks = elements / ty.block_elements as usize;
+        let scale_fields: &[usize] = match name {
+            "Q4_1" | "Q5_1" | "Q4_K" | "Q5_K" => &[0, 2],
+            "Q6_K" => &[208],
+            _ => &[0],
+        };
+        let mut row: Vec<u8> = (0..size * blocks).map(|_| rng.next()).collect();
+        for block in row.chunks_exact_mut(size) {
+            for &at in scale_fields {
+                let value = (f32::from(block[at]) - 100.0) / 4000.0;
+                block[at..at + 2].copy_from_slice(&f32_to_f16(value).to_le_bytes());
+            }
+        }
+        row
+    }
+
+    fn activations(n: usize, rng: &mut Bytes) -> Vec<f32> {
+        (0..n)
+            .map(|i| (f32::from(rng.next()) - 128.0) / 50.0 * if i % 17 == 0 { 8.0 } else { 1.0 })
+            .collect()
+    }
+
+    const TYPES: [&str; 9] = [
+        "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K",
+    ];
+
+    /// The dot of the row with the activations as quantized, from the float references.
+    fn expected(ty: &TensorType, row: &[u8], x: &[f32]) -> (f64, f64) {
+        let mut w = vec![0f32; x.len()];
+        quant::dequantize(ty, row, &mut w).expect("dequantize");
+        let dequantized: Vec<f32> = match row_dot(ty, Isa::Scalar).expect("kernel") {
+            RowDot::Q8_0(_) => {
+                let mut q = Vec::new();
+                activations::quantize_q8_0(x, &mut q);
+                q.iter()
+                    .flat_map(|b| b.qs.map(|v| f32::from(v) * b.d))
+                    .collect()
+            }
+            RowDot::Q8_1(_) => {
+                let mut q = Vec::new();
+                activations::quantize_q8_1(x, &mut q);
+                q.iter()
+                    .flat_map(|b| b.qs.map(|v| f32::from(v) * b.d))
+                    .collect()
+            }
+            RowDot::Q8K(_) => {
+                let mut q = Vec::new();
+                activations::quantize_q8_k(x, &mut q);
+                q.iter()
+                    .flat_map(|b| b.qs.map(|v| f32::from(v) * b.d))
+                    .collect()
+            }
+            RowDot::Float(_) => x.to_vec(),
+        };
+        let sum = w
+            .iter()
+            .zip(&dequantized)
+            .map(|(a, b)| f64::from(*a) * f64::from(*b));
+        let magnitude = w
+            .iter()
+            .zip(&dequantized)
+            .map(|(a, b)| f64::from((a * b).abs()));
+        (sum.sum(), magnitude.sum())
+    }
+
+    fn run(dot: RowDot, row: &[u8], x: &[f32]) -> f32 {
+        let mut s = Scratch::default();
+        match dot {
+            RowDot::Q8_0(f) => {
+                activations::quantize_q8_0(x, &mut s.q8_0);
+                f(row, &s.q8_0)
+            }
+            RowDot::Q8_1(f) => {
+                activations::quantize_q8_1(x, &mut s.q8_1);
+                f(row, &s.q8_1)
+            }
+            RowDot::Q8K(f) => {
+                activations::quantize_q8_k(x, &mut s.q8k);
+                f(row, &s.q8k)
+            }
+            RowDot::Float(ty) => quant::dot(&ty, row, x).expect("dot"),
+        }
+    }
+
+    #[test]
+    fn scalar_kernels_compute_the_dot_of_the_dequantized_values() {
+        let mut rng = Bytes(0x9e37_79b9_7f4a_7c15);
+        for name in TYPES {
+            let ty = tensor_type(name);
+            for _ in 0..20 {
+                let row = random_row(name, 512, &mut rng);
+                let x = activations(512, &mut rng);
+                let (want, magnitude) = expected(&ty, &row, &x);
+                let got = run(row_dot(&ty, Isa::Scalar).expect("kernel"), &row, &x);
+                assert!(
+                    (f64::from(got) - want).abs() <= 1e-5 * magnitude + 1e-6,
+                    "{name}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_isa_matches_the_scalar_reference_bit_for_bit() {
+        let mut rng = Bytes(0x2545_f491_4f6c_dd1d);
+        for isa in Isa::available() {
+            for name in TYPES {
+                let ty = tensor_type(name);
+                for _ in 0..50 {
+                    let row = random_row(name, 768, &mut rng);
+                    let x = activations(768, &mut rng);
+                    let reference = run(row_dot(&ty, Isa::Scalar).expect("scalar"), &row, &x);
+                    let got = run(row_dot(&ty, isa).expect("kernel"), &row, &x);
+                    assert_eq!(got.to_bits(), reference.to_bits(), "{name} on {isa:?}");
+                }
+            }
+            for len in [32, 64, 72, 256, 5] {
+                let halves = |rng: &mut Bytes| -> Vec<u16> {
+                    (0..len)
+                        .map(|_| f32_to_f16((f32::from(rng.next()) - 128.0) / 64.0))
+                        .collect()
+                };
+                let (a, b) = (halves(&mut rng), halves(&mut rng));
+                assert_eq!(
+                    dot_f16(&a, &b, isa).to_bits(),
+                    dot_f16(&a, &b, Isa::Scalar).to_bits(),
+                    "dot_f16 {len} on {isa:?}"
+                );
+                let (mut acc, mut reference) = (a.clone(), a.clone());
+                mad_f16(&mut acc, &b, 0.37, isa);
+                mad_f16(&mut reference, &b, 0.37, Isa::Scalar);
+                assert_eq!(acc, reference, "mad_f16 {len} on {isa:?}");
+                scale_f16(&mut acc, 0.61, isa);
+                scale_f16(&mut reference, 0.61, Isa::Scalar);
+                assert_eq!(acc, reference, "scale_f16 {len} on {isa:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn matvec_refuses_mismatched_shapes() {
+        let mut rng = Bytes(7);
+        let bytes = random_row("Q8_0", 128, &mut rng);
+        let ty = tensor_type("Q8_0");
+        let info = gguf::TensorInfo {
+            name: "w".into(),
+            dims: vec![64, 2],
+            tensor_type: ty,
+            offset: 0,
+            size: bytes.len() as u64,
+            span: 0..0,
+        };
+        let w = Tensor {
+            info: &info,
+            bytes: &bytes,
+        };
+        let mut out = [0f32; 2];
+        let mut scratch = Scratch::default();
+        assert!(matvec(&w, &[0.0; 32], &mut out, Isa::Scalar, &mut scratch).is_err());
+        assert!(matvec(&w, &[0.0; 64], &mut [0f32; 3], Isa::Scalar, &mut scratch).is_err());
+        matvec(&w, &[1.0; 64], &mut out, Isa::Scalar, &mut scratch).expect("fits");
+    }
+}

@@ -1,0 +1,264 @@
+//! The plain reference for every row dot product: integer sums per block, then the block's
+//! scales, in the order ggml's generic kernels use. Every SIMD kernel is tested against these.
+//!
+//! Each function takes one weight row (whole blocks) and the activations quantized to the
+//! weight type's dot type; a row with fewer blocks than activations (or more) only pairs up
+//! what both hold, so a mismatch cannot read out of bounds (the caller checks lengths).
+
+use super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use crate::quant::{IQ4_NL_LEVELS, f16_at, f16_to_f32, f32_to_f16, scale_min};
+
+/// Unpacks the 32 low/high-nibble values of a Q4-style block (elements 0–15 low, 16–31 high).
+fn nibbles(qs: &[u8]) -> [i32; 32] {
+    let mut v = [0i32; 32];
+    for (j, &q) in qs.iter().take(16).enumerate() {
+        v[j] = i32::from(q & 0x0f);
+        v[j + 16] = i32::from(q >> 4);
+    }
+    v
+}
+
+/// Adds the fifth bit from `qh` to each nibble value.
+fn with_fifth_bits(mut v: [i32; 32], qh: &[u8]) -> [i32; 32] {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    for (j, x) in v.iter_mut().enumerate() {
+        *x |= (((qh >> j) & 1) << 4) as i32;
+    }
+    v
+}
+
+/// Sums of 4 consecutive products, as one 256-bit vector of i32 lanes holds them.
+fn lane_sums(v: &[i32; 32], qs: &[i8; 32]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for (k, lane) in lanes.iter_mut().enumerate() {
+        *lane = (4 * k..4 * k + 4).map(|j| v[j] * i32::from(qs[j])).sum();
+    }
+    lanes
+}
+
+/// Eight f32 accumulators folded the way the AVX2 kernels fold them, so that this reference
+/// and the SIMD code give bit-identical results.
+pub(super) fn hsum8(l: [f32; 8]) -> f32 {
+    let r = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// A 32-element format: block size, the unpacked values, and the offset term (Q4_1/Q5_1's
+/// `m·s`, none for the symmetric formats).
+fn legacy<Y: Copy>(
+    row: &[u8],
+    x: &[Y],
+    block_bytes: usize,
+    values: impl Fn(&[u8]) -> [i32; 32],
+    act: impl Fn(&Y) -> (f32, &[i8; 32], f32),
+    offset: bool,
+) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for (b, y) in row.chunks_exact(block_bytes).zip(x) {
+        let (dy, qs, sy) = act(y);
+        let d = f16_at(b, 0) * dy;
+        for (a, lane) in acc.iter_mut().zip(lane_sums(&values(b), qs)) {
+            *a = d.mul_add(lane as f32, *a);
+        }
+        if offset {
+            summs = f16_at(b, 2).mul_add(sy, summs);
+        }
+    }
+    hsum8(acc) + summs
+}
+
+fn q8_0_act(y: &BlockQ8_0) -> (f32, &[i8; 32], f32) {
+    (y.d, &y.qs, 0.0)
+}
+
+fn q8_1_act(y: &BlockQ8_1) -> (f32, &[i8; 32], f32) {
+    (y.d, &y.qs, y.s)
+}
+
+pub fn q4_0(row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    let values = |b: &[u8]| nibbles(&b[2..18]).map(|q| q - 8);
+    legacy(row, x, 18, values, q8_0_act, false)
+}
+
+pub fn q4_1(row: &[u8], x: &[BlockQ8_1]) -> f32 {
+    legacy(row, x, 20, |b| nibbles(&b[4..20]), q8_1_act, true)
+}
+
+pub fn q5_0(row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    let values = |b: &[u8]| with_fifth_bits(nibbles(&b[6..22]), &b[2..6]).map(|q| q - 16);
+    legacy(row, x, 22, values, q8_0_act, false)
+}
+
+pub fn q5_1(row: &[u8], x: &[BlockQ8_1]) -> f32 {
+    let values = |b: &[u8]| with_fifth_bits(nibbles(&b[8..24]), &b[4..8]);
+    legacy(row, x, 24, values, q8_1_act, true)
+}
+
+pub fn q8_0(row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    let values = |b: &[u8]| {
+        let mut v = [0i32; 32];
+        for (o, &q) in v.iter_mut().zip(&b[2..34]) {
+            *o = i32::from(q as i8);
+        }
+        v
+    };
+    legacy(row, x, 34, values, q8_0_act, false)
+}
+
+pub fn iq4_nl(row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    let values = |b: &[u8]| nibbles(&b[2..18]).map(|q| i32::from(IQ4_NL_LEVELS[q as usize]));
+    legacy(row, x, 18, values, q8_0_act, false)
+}
+
+/// Q4_K / Q5_K share everything but the unpacking of the 256 values.
+fn k_scaled_min(b: &[u8], y: &BlockQ8K, values: &[i32; 256]) -> f32 {
+    let packed = &b[4..16];
+    let (mut sumi, mut summ) = (0i32, 0i32);
+    for j in 0..8 {
+        let (sc, m) = scale_min(j, packed);
+        let (sc, m) = (i32::from(sc), i32::from(m));
+        let sub: i32 = values[32 * j..32 * j + 32]
+            .iter()
+            .zip(&y.qs[32 * j..32 * j + 32])
+            .map(|(a, &q)| a * i32::from(q))
+            .sum();
+        sumi += sc * sub;
+        summ += m * (i32::from(y.bsums[2 * j]) + i32::from(y.bsums[2 * j + 1]));
+    }
+    y.d * f16_at(b, 0) * sumi as f32 - y.d * f16_at(b, 2) * summ as f32
+}
+
+pub fn q4_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut acc_m = [0f32; 4];
+    for (b, y) in row.chunks_exact(144).zip(x) {
+        let d = y.d * f16_at(b, 0);
+        let dmin = -y.d * f16_at(b, 2);
+        let (mut sc, mut m) = ([0i32; 8], [0i32; 8]);
+        for j in 0..8 {
+            let (s, n) = scale_min(j, &b[4..16]);
+            (sc[j], m[j]) = (i32::from(s), i32::from(n));
+        }
+        let pair_sum = |i: usize| i32::from(y.bsums[2 * i]) + i32::from(y.bsums[2 * i + 1]);
+        for (i, a) in acc_m.iter_mut().enumerate() {
+            let prod = m[2 * i] * pair_sum(2 * i) + m[2 * i + 1] * pair_sum(2 * i + 1);
+            *a = dmin.mul_add(prod as f32, *a);
+        }
+        let mut lanes = [0i32; 8];
+        for (j, qs) in b[16..144].chunks_exact(32).enumerate() {
+            for (k, lane) in lanes.iter_mut().enumerate() {
+                let (mut lo, mut hi) = (0, 0);
+                for (l, &q) in qs.iter().enumerate().skip(4 * k).take(4) {
+                    lo += i32::from(q & 0x0f) * i32::from(y.qs[64 * j + l]);
+                    hi += i32::from(q >> 4) * i32::from(y.qs[64 * j + 32 + l]);
+                }
+                *lane += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+            }
+        }
+        for (a, lane) in acc.iter_mut().zip(lanes) {
+            *a = d.mul_add(lane as f32, *a);
+        }
+    }
+    hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+}
+
+pub fn q5_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
+    row.chunks_exact(176).zip(x).fold(0.0, |sum, (b, y)| {
+        let qh = &b[16..48];
+        let mut values = [0i32; 256];
+        for (pair, qs) in b[48..176].chunks_exact(32).enumerate() {
+            for (l, &q) in qs.iter().enumerate() {
+                let hi = |bit: usize| i32::from((qh[l] >> bit) & 1) << 4;
+                values[64 * pair + l] = i32::from(q & 0x0f) | hi(2 * pair);
+                values[64 * pair + 32 + l] = i32::from(q >> 4) | hi(2 * pair + 1);
+            }
+        }
+        sum + k_scaled_min(b, y, &values)
+    })
+}
+
+pub fn q6_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (b, y) in row.chunks_exact(210).zip(x) {
+        let d = y.d * f16_at(b, 208);
+        let sc: [i32; 16] = std::array::from_fn(|g| i32::from(b[192 + g] as i8));
+        // The unsigned 6-bit values; the −32 offset is taken out through the block sums.
+        let mut values = [0i32; 256];
+        for half in 0..2 {
+            let ql = &b[64 * half..64 * half + 64];
+            let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+            let out = &mut values[128 * half..128 * half + 128];
+            for l in 0..32 {
+                out[l] = i32::from((ql[l] & 0x0f) | ((qh[l] & 3) << 4));
+                out[l + 32] = i32::from((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4));
+                out[l + 64] = i32::from((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                out[l + 96] = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+        for (k, a) in acc.iter_mut().enumerate() {
+            let mut lane = 0i32;
+            for chunk in 0..8 {
+                let group = 2 * chunk + k / 4;
+                let part: i32 = (32 * chunk + 4 * k..32 * chunk + 4 * k + 4)
+                    .map(|e| values[e] * i32::from(y.qs[e]))
+                    .sum();
+                lane += sc[group] * part;
+            }
+            let bsum = |g: usize| i32::from(y.bsums[g]) * sc[g];
+            lane -= 32 * (bsum(2 * k) + bsum(2 * k + 1));
+            *a = d.mul_add(lane as f32, *a);
+        }
+    }
+    hsum8(acc)
+}
+
+/// f16 · f16 in f32: four 8-lane accumulators over 32-element steps with fused multiply-adds,
+/// folded as ggml's AVX2 `ggml_vec_dot_f16` folds them; a tail shorter than 32 is added in f64.
+pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
+    let table = f16_table();
+    let whole = a.len().min(b.len()) / 32 * 32;
+    let mut acc = [[0f32; 8]; 4];
+    for (ca, cb) in a[..whole].chunks_exact(32).zip(b[..whole].chunks_exact(32)) {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            for (l, lane) in acc.iter_mut().enumerate() {
+                let (x, y) = (
+                    table[usize::from(ca[8 * j + l])],
+                    table[usize::from(cb[8 * j + l])],
+                );
+                *lane = x.mul_add(y, *lane);
+            }
+        }
+    }
+    let x: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
+    let folded = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+    let tail: f64 = a[whole..]
+        .iter()
+        .zip(&b[whole..])
+        .map(|(&x, &y)| f64::from(table[usize::from(x)] * table[usize::from(y)]))
+        .sum();
+    (f64::from(folded) + tail) as f32
+}
+
+/// Every f16 bit pattern as f32 (256 KiB, built once): the scalar attention converts each key
+/// and value element, and a lookup is far cheaper than decoding the bits each time.
+pub fn f16_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(f16_to_f32).collect())
+}
+
+/// `acc ← f16(acc + v·w)` element-wise, with a fused multiply-add (ggml's `ggml_vec_mad_f16`).
+pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32) {
+    let table = f16_table();
+    for (a, &x) in acc.iter_mut().zip(v) {
+        *a = f32_to_f16(table[usize::from(x)].mul_add(w, table[usize::from(*a)]));
+    }
+}
+
+/// `acc ← f16(acc·s)` element-wise.
+pub fn scale_f16(acc: &mut [u16], s: f32) {
+    let table = f16_table();
+    for a in acc.iter_mut() {
+        *a = f32_to_f16(table[usize::from(*a)] * s);
+    }
+}

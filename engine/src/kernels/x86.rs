@@ -1,0 +1,378 @@
+//! x86-64 kernels on AVX2, FMA and F16C. Each keeps the lane layout and the order of float
+//! operations of its scalar twin in `scalar.rs`, so the two give bit-identical results (the
+//! tests compare them exactly); integer sums are exact, so only the float steps need care.
+//!
+//! The `*_avx2` functions require those CPU features: the row kernels are only handed out by
+//! [`row_dot`], which checks [`supported`] first, and the f16 helpers check it on every call.
+
+// Rust 1.85 (our MSRV) still needs `unsafe` around every intrinsic call; newer compilers see
+// some of those blocks as redundant.
+#![allow(unused_unsafe)]
+
+use std::arch::x86_64::*;
+
+use super::RowDot;
+use super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use super::scalar;
+use crate::quant::{TensorType, f16_at, scale_min};
+
+/// Whether this CPU has AVX2, FMA and F16C.
+pub fn supported() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX2 kernel for `ty`, where there is one.
+pub fn row_dot(ty: &TensorType) -> Option<RowDot> {
+    if !supported() {
+        return None;
+    }
+    Some(match ty.name {
+        "Q4_0" => RowDot::Q8_0(q4_0),
+        "Q4_1" => RowDot::Q8_1(q4_1),
+        "Q5_0" => RowDot::Q8_0(q5_0),
+        "Q8_0" => RowDot::Q8_0(q8_0),
+        "Q4_K" => RowDot::Q8K(q4_k),
+        "Q6_K" => RowDot::Q8K(q6_k),
+        _ => return None,
+    })
+}
+
+macro_rules! safe_wrapper {
+    ($name:ident, $inner:ident, $act:ty) => {
+        fn $name(row: &[u8], x: &[$act]) -> f32 {
+            // SAFETY: only reachable through `row_dot`, which checks `supported()` first.
+            unsafe { $inner(row, x) }
+        }
+    };
+}
+
+safe_wrapper!(q4_0, q4_0_avx2, BlockQ8_0);
+safe_wrapper!(q4_1, q4_1_avx2, BlockQ8_1);
+safe_wrapper!(q5_0, q5_0_avx2, BlockQ8_0);
+safe_wrapper!(q8_0, q8_0_avx2, BlockQ8_0);
+safe_wrapper!(q4_k, q4_k_avx2, BlockQ8K);
+safe_wrapper!(q6_k, q6_k_avx2, BlockQ8K);
+
+/// Eight lanes folded as `scalar::hsum8` folds them.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum8(v: __m256) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        let r = _mm_add_ss(r, _mm_movehdup_ps(r));
+        _mm_cvtss_f32(r)
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load32(bytes: &[u8]) -> __m256i {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        assert!(bytes.len() >= 32);
+        _mm256_loadu_si256(bytes.as_ptr().cast())
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load_qs(qs: &[i8; 32]) -> __m256i {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { _mm256_loadu_si256(qs.as_ptr().cast()) }
+}
+
+/// 16 bytes of nibbles → 32 bytes: low nibbles (elements 0–15), then high (16–31).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nibbles(qs: &[u8]) -> __m256i {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        assert!(qs.len() >= 16);
+        let packed = _mm_loadu_si128(qs.as_ptr().cast());
+        let both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+    }
+}
+
+/// 0xFF in byte j where bit j of the 32-bit `qh` is set.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bits_to_bytes(qh: u32) -> __m256i {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(qh as i32),
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit)
+    }
+}
+
+/// Sums of four consecutive u8·i8 products, as f32 lanes.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn unsigned_lanes(x: __m256i, y: __m256i) -> __m256 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let pairs = _mm256_maddubs_epi16(x, y);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), pairs))
+    }
+}
+
+/// Sums of four consecutive i8·i8 products, as f32 lanes.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn signed_lanes(x: __m256i, y: __m256i) -> __m256 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { unsigned_lanes(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for (b, y) in row.chunks_exact(18).zip(x) {
+            let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
+            let qx = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
+            acc = _mm256_fmadd_ps(d, signed_lanes(qx, load_qs(&y.qs)), acc);
+        }
+        hsum8(acc)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_1_avx2(row: &[u8], x: &[BlockQ8_1]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut summs = 0f32;
+        for (b, y) in row.chunks_exact(20).zip(x) {
+            summs = f16_at(b, 2).mul_add(y.s, summs);
+            let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
+            acc = _mm256_fmadd_ps(d, unsigned_lanes(nibbles(&b[4..]), load_qs(&y.qs)), acc);
+        }
+        hsum8(acc) + summs
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for (b, y) in row.chunks_exact(22).zip(x) {
+            let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
+            let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+            let qx = _mm256_or_si256(nibbles(&b[6..]), high);
+            acc = _mm256_fmadd_ps(d, signed_lanes(qx, load_qs(&y.qs)), acc);
+        }
+        hsum8(acc)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for (b, y) in row.chunks_exact(34).zip(x) {
+            let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
+            acc = _mm256_fmadd_ps(d, signed_lanes(load32(&b[2..]), load_qs(&y.qs)), acc);
+        }
+        hsum8(acc)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_avx2(row: &[u8], x: &[BlockQ8K]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_m = [0f32; 4];
+        let low = _mm256_set1_epi8(0x0f);
+        for (b, y) in row.chunks_exact(144).zip(x) {
+            let d = y.d * f16_at(b, 0);
+            let dmin = -y.d * f16_at(b, 2);
+            let (mut sc, mut m) = ([0i16; 8], [0i32; 8]);
+            for j in 0..8 {
+                let (s, n) = scale_min(j, &b[4..16]);
+                (sc[j], m[j]) = (i16::from(s), i32::from(n));
+            }
+            let pair_sum = |i: usize| i32::from(y.bsums[2 * i]) + i32::from(y.bsums[2 * i + 1]);
+            for (i, a) in acc_m.iter_mut().enumerate() {
+                let prod = m[2 * i] * pair_sum(2 * i) + m[2 * i + 1] * pair_sum(2 * i + 1);
+                *a = dmin.mul_add(prod as f32, *a);
+            }
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                let bits = load32(&b[16 + 32 * j..]);
+                let lo = _mm256_and_si256(bits, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
+                let ql = load32(cast_i8(&y.qs[64 * j..64 * j + 32]));
+                let qh = load32(cast_i8(&y.qs[64 * j + 32..64 * j + 64]));
+                let pl =
+                    _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), _mm256_maddubs_epi16(lo, ql));
+                let ph = _mm256_madd_epi16(
+                    _mm256_set1_epi16(sc[2 * j + 1]),
+                    _mm256_maddubs_epi16(hi, qh),
+                );
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+            }
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_avx2(row: &[u8], x: &[BlockQ8K]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        let low = _mm256_set1_epi8(0x0f);
+        let two = _mm256_set1_epi8(3);
+        for (b, y) in row.chunks_exact(210).zip(x) {
+            let d = y.d * f16_at(b, 208);
+            let sc: [i16; 16] = std::array::from_fn(|g| i16::from(b[192 + g] as i8));
+            let offsets: [i32; 8] = std::array::from_fn(|k| {
+                let term = |g: usize| i32::from(y.bsums[g]) * i32::from(sc[g]);
+                32 * (term(2 * k) + term(2 * k + 1))
+            });
+            let offsets = _mm256_loadu_si256(offsets.as_ptr().cast());
+            let mut sumi = _mm256_setzero_si256();
+            for half in 0..2 {
+                let ql0 = load32(&b[64 * half..]);
+                let ql1 = load32(&b[64 * half + 32..]);
+                let qh = load32(&b[128 + 32 * half..]);
+                let bits = |v: __m256i| _mm256_slli_epi16(_mm256_and_si256(v, two), 4);
+                let high = [
+                    bits(qh),
+                    bits(_mm256_srli_epi16(qh, 2)),
+                    bits(_mm256_srli_epi16(qh, 4)),
+                    bits(_mm256_srli_epi16(qh, 6)),
+                ];
+                let values = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, low), high[0]),
+                    _mm256_or_si256(_mm256_and_si256(ql1, low), high[1]),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), high[2]),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), high[3]),
+                ];
+                for (t, v) in values.into_iter().enumerate() {
+                    let chunk = 4 * half + t;
+                    let q8 = load32(cast_i8(&y.qs[32 * chunk..32 * chunk + 32]));
+                    let scales = _mm256_set_m128i(
+                        _mm_set1_epi16(sc[2 * chunk + 1]),
+                        _mm_set1_epi16(sc[2 * chunk]),
+                    );
+                    let p = _mm256_madd_epi16(scales, _mm256_maddubs_epi16(v, q8));
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+            }
+            sumi = _mm256_sub_epi32(sumi, offsets);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        }
+        hsum8(acc)
+    }
+}
+
+fn cast_i8(v: &[i8]) -> &[u8] {
+    // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) }
+}
+
+/// f16 · f16 as `scalar::dot_f16` computes it.
+pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
+    if !supported() {
+        return scalar::dot_f16(a, b);
+    }
+    // SAFETY: the CPU features were checked just above.
+    unsafe { dot_f16_avx2(a, b) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load_f16(v: &[u16]) -> __m256 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        assert!(v.len() >= 8);
+        _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().cast()))
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_avx2(a: &[u16], b: &[u16]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let whole = a.len().min(b.len()) / 32 * 32;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (ca, cb) in a[..whole].chunks_exact(32).zip(b[..whole].chunks_exact(32)) {
+            for (j, s) in acc.iter_mut().enumerate() {
+                *s = _mm256_fmadd_ps(load_f16(&ca[8 * j..]), load_f16(&cb[8 * j..]), *s);
+            }
+        }
+        let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+        let t1 = _mm_hadd_ps(t0, t0);
+        let folded = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+        let table = scalar::f16_table();
+        let tail: f64 = a[whole..]
+            .iter()
+            .zip(&b[whole..])
+            .map(|(&x, &y)| f64::from(table[usize::from(x)] * table[usize::from(y)]))
+            .sum();
+        (f64::from(folded) + tail) as f32
+    }
+}
+
+/// `acc ← f16(acc + v·w)` element-wise, as `scalar::mad_f16`.
+pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32) {
+    if !supported() {
+        return scalar::mad_f16(acc, v, w);
+    }
+    // SAFETY: the CPU features were checked just above.
+    unsafe { mad_f16_avx2(acc, v, w) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mad_f16_avx2(acc: &mut [u16], v: &[u16], w: f32) {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let n = acc.len().min(v.len()) / 8 * 8;
+        let weight = _mm256_set1_ps(w);
+        for (a, x) in acc[..n].chunks_exact_mut(8).zip(v[..n].chunks_exact(8)) {
+            let sum = _mm256_fmadd_ps(load_f16(x), weight, load_f16(a));
+            let packed = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(sum);
+            _mm_storeu_si128(a.as_mut_ptr().cast(), packed);
+        }
+        scalar::mad_f16(&mut acc[n..], &v[n..], w);
+    }
+}
+
+/// `acc ← f16(acc·s)` element-wise, as `scalar::scale_f16`.
+pub fn scale_f16(acc: &mut [u16], s: f32) {
+    if !supported() {
+        return scalar::scale_f16(acc, s);
+    }
+    // SAFETY: the CPU features were checked just above.
+    unsafe { scale_f16_avx2(acc, s) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_f16_avx2(acc: &mut [u16], s: f32) {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let n = acc.len() / 8 * 8;
+        let scale = _mm256_set1_ps(s);
+        for a in acc[..n].chunks_exact_mut(8) {
+            let packed =
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(load_f16(a), scale));
+            _mm_storeu_si128(a.as_mut_ptr().cast(), packed);
+        }
+        scalar::scale_f16(&mut acc[n..], s);
+    }
+}
