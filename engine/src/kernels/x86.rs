@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use super::RowDot;
 use super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use super::scalar;
-use crate::quant::{TensorType, f16_at, scale_min};
+use crate::quant::{TensorType, f16_at};
 
 /// Whether this CPU has AVX2, FMA and F16C.
 pub fn supported() -> bool {
@@ -198,17 +198,7 @@ unsafe fn q4_k_avx2(row: &[u8], x: &[BlockQ8K]) -> f32 {
         let low = _mm256_set1_epi8(0x0f);
         for (b, y) in row.chunks_exact(144).zip(x) {
             let d = y.d * f16_at(b, 0);
-            let dmin = -y.d * f16_at(b, 2);
-            let (mut sc, mut m) = ([0i16; 8], [0i32; 8]);
-            for j in 0..8 {
-                let (s, n) = scale_min(j, &b[4..16]);
-                (sc[j], m[j]) = (i16::from(s), i32::from(n));
-            }
-            let pair_sum = |i: usize| i32::from(y.bsums[2 * i]) + i32::from(y.bsums[2 * i + 1]);
-            for (i, a) in acc_m.iter_mut().enumerate() {
-                let prod = m[2 * i] * pair_sum(2 * i) + m[2 * i + 1] * pair_sum(2 * i + 1);
-                *a = dmin.mul_add(prod as f32, *a);
-            }
+            let sc = scalar::q4_k_scales_and_mins(b, y, &mut acc_m);
             let mut sumi = _mm256_setzero_si256();
             for j in 0..4 {
                 let bits = load32(&b[16 + 32 * j..]);
