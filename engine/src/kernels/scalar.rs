@@ -239,9 +239,15 @@ pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
     }
     let x: [f32; 8] = std::array::from_fn(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]));
     let folded = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-    let tail: f64 = a[whole..]
+    with_f16_tail(folded, &a[whole..], &b[whole..])
+}
+
+/// Adds the products of a tail shorter than one 32-element step in f64, as ggml does.
+pub(super) fn with_f16_tail(folded: f32, a: &[u16], b: &[u16]) -> f32 {
+    let table = f16_table();
+    let tail: f64 = a
         .iter()
-        .zip(&b[whole..])
+        .zip(b)
         .map(|(&x, &y)| f64::from(table[usize::from(x)] * table[usize::from(y)]))
         .sum();
     (f64::from(folded) + tail) as f32

@@ -309,13 +309,7 @@ unsafe fn dot_f16_avx2(a: &[u16], b: &[u16]) -> f32 {
         let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
         let t1 = _mm_hadd_ps(t0, t0);
         let folded = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
-        let table = scalar::f16_table();
-        let tail: f64 = a[whole..]
-            .iter()
-            .zip(&b[whole..])
-            .map(|(&x, &y)| f64::from(table[usize::from(x)] * table[usize::from(y)]))
-            .sum();
-        (f64::from(folded) + tail) as f32
+        scalar::with_f16_tail(folded, &a[whole..], &b[whole..])
     }
 }
 
