@@ -16,7 +16,8 @@ pub enum Stop {
     Limit,
 }
 
-/// Generates up to `limit` tokens after `prompt`; `end` holds the end-of-generation ids.
+/// Generates up to `limit` tokens after `prompt`; `end` holds the end-of-generation ids, and
+/// `on_token` sees each generated token as soon as it is sampled.
 pub fn generate(
     model: &Model<'_>,
     prompt: &[u32],
@@ -24,6 +25,7 @@ pub fn generate(
     context: usize,
     sampler: &mut Sampler,
     end: &[u32],
+    on_token: &mut dyn FnMut(u32),
 ) -> Result<(Vec<u32>, Stop), String> {
     if prompt.is_empty() {
         return Err("the prompt has no tokens".into());
@@ -46,6 +48,7 @@ pub fn generate(
         if end.contains(&token) {
             return Ok((out, Stop::Eos));
         }
+        on_token(token);
         out.push(token);
         history.push(token);
         if history.len() >= context {

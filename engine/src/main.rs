@@ -3,11 +3,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::io::Write as _;
+
 use clap::{Parser, Subcommand};
+use engine::chat::{ChatTemplate, Message};
 use engine::model::Model;
 use engine::model_file::ModelFile;
 use engine::sampler::{Sampler, Sampling};
-use engine::tokenizer::Tokenizer;
+use engine::tokenizer::{TextStream, Tokenizer};
 
 /// The Appliance inference engine.
 #[derive(Parser)]
@@ -36,7 +39,7 @@ enum Command {
         /// Seed of the sampler.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Render the prompt with the model's chat template (not built yet).
+        /// Send the prompt as a user message through the model's chat template (ChatML if it has none).
         #[arg(long)]
         chat: bool,
         /// Threads.
@@ -123,9 +126,6 @@ fn main() -> ExitCode {
             ctx_size,
             json,
         } => {
-            if chat {
-                return fail("--chat needs chat templates, which are not built yet");
-            }
             let file = match open(&model) {
                 Ok(f) => f,
                 Err(code) => return code,
@@ -134,12 +134,25 @@ fn main() -> ExitCode {
                 let tok =
                     Tokenizer::load(&file).map_err(|e| format!("{}: {e}", model.display()))?;
                 let m = Model::load(&file).map_err(|e| e.to_string())?;
-                let ids = tok.encode(&prompt, true);
+                let ids = if chat {
+                    ChatTemplate::from_model(&file, &tok)?
+                        .prompt_ids(&tok, &[Message::new("user", &prompt)])?
+                } else {
+                    tok.encode(&prompt, true)
+                };
                 let mut sampler = Sampler::new(Sampling {
                     temperature: temp,
                     seed,
                     ..Sampling::default()
                 });
+                let mut stream = TextStream::new();
+                let mut stdout = std::io::stdout();
+                let mut show = |token: u32| {
+                    if !json {
+                        let _ = write!(stdout, "{}", stream.push(&tok.token_bytes(token)));
+                        let _ = stdout.flush();
+                    }
+                };
                 let (tokens, stop) = engine::generate::generate(
                     &m,
                     &ids,
@@ -147,7 +160,11 @@ fn main() -> ExitCode {
                     ctx_size,
                     &mut sampler,
                     &Tokenizer::end_ids(&file),
+                    &mut show,
                 )?;
+                if !json {
+                    println!("{}", stream.finish());
+                }
                 let text = tok.decode(&tokens);
                 Ok((ids, tokens, stop, text))
             };
@@ -165,8 +182,6 @@ fn main() -> ExitCode {
                             "{}",
                             serde_json::json!({ "prompt_tokens": ids, "tokens": tokens, "text": text, "stop": stop })
                         );
-                    } else {
-                        println!("{text}");
                     }
                     ExitCode::SUCCESS
                 }

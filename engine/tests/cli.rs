@@ -139,3 +139,45 @@ fn bad_models_exit_nonzero_with_one_line() {
         assert!(stderr.contains(path), "{stderr}");
     }
 }
+
+/// `--chat` sends the prompt through the model's template; plain output streams the same text
+/// that `--json` reports.
+#[test]
+fn chat_generation_uses_the_template_and_streams_the_text() {
+    let model = smollm2();
+    let m = model.to_str().expect("utf8");
+    let args = |json: bool| {
+        let mut a = vec![
+            "generate",
+            "-m",
+            m,
+            "-p",
+            "What is 2+2?",
+            "-n",
+            "6",
+            "--temp",
+            "0",
+            "--chat",
+        ];
+        if json {
+            a.push("--json");
+        }
+        engine(&a)
+    };
+    let reported = json(&args(true));
+    let ids = json(&engine(&[
+        "tokenize",
+        "-m",
+        m,
+        "--special",
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+        "--json",
+    ]));
+    assert_eq!(reported["prompt_tokens"], ids);
+    let plain = args(false);
+    assert!(plain.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout).trim_end_matches('\n'),
+        reported["text"].as_str().expect("text")
+    );
+}

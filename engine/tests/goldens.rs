@@ -3,22 +3,23 @@
 //! top-5 tokens with its own (`goldens/record.py` wrote them; `goldens/build-llama.sh` builds
 //! the reference from PyPI).
 //!
-//! Thresholds (the issue's): mean |Δ logprob| < 0.1 and max < 1.5 at each position over the
-//! reference's top tokens; our top-1 within 1.0 of the reference's top-1; and the same greedy
-//! token as the reference up to its first position whose top-1/top-2 margin is below 1.0.
+//! Thresholds: mean and max |Δ logprob| at each position over the reference's top tokens (the
+//! limits below say why the mean is not the issue's 0.1); our top-1 within 1.0 of the
+//! reference's top-1; and the same greedy token as the reference up to its first position whose
+//! top-1/top-2 margin is below 1.0.
 
 mod common;
 
 use common::{gemma3, smollm2};
 
 /// Per-position limits on |Δ logprob| over the reference's top-5. The issue asks for a mean
-/// below 0.1. The kernels now reproduce ggml's roundings (Q8 activations, f16 KV and attention
-/// accumulation, its lane order): SmolLM2's hidden states match llama.cpp's to print precision
-/// through the first nine layers, but the remaining single-ulp differences (rope, and Q4_K's
-/// repacked GEMV on x86 for Gemma) flip f16 and Q8 roundings and grow through the stack. The
-/// worst position measures 0.34 mean / 0.66 max (Gemma 3, ~500-token prompt); these limits
-/// hold that until the last differences are removed.
-const MEAN_LIMIT: f32 = 0.4;
+/// below 0.1, but llama.cpp does not meet that against itself: recorded again with flash
+/// attention off and an f32 cache (`record.py … -fa off -ctk f32 -ctv f32`, then `compare.py`),
+/// its worst position moves by 0.27 mean / 0.58 max (Gemma 3, ~500-token prompt; 0.20 / 0.39 on
+/// SmolLM2). Our kernels reproduce ggml's roundings (Q8 activations, integer dots in its lane
+/// order, f16 cache and attention accumulation, its fused rope) and measure 0.23 / 0.53 at worst,
+/// inside that floor; these limits hold us there.
+const MEAN_LIMIT: f32 = 0.3;
 const MAX_LIMIT: f32 = 0.75;
 
 use std::path::PathBuf;
@@ -148,4 +149,30 @@ fn gemma3_chat_short() {
 #[test]
 fn gemma3_raw_long() {
     check("gemma3-raw-long.json");
+}
+
+/// The chat goldens' prompts were rendered by llama-server's `/apply-template` (SmolLM2's own
+/// template; ChatML for Gemma 3, whose GGUF carries none) and tokenized by it: ours must agree
+/// on both the text and the ids, BOS included once.
+#[test]
+fn chat_prompts_render_and_tokenize_as_llama_cpp() {
+    use engine::chat::{ChatTemplate, Message};
+    use engine::tokenizer::Tokenizer;
+    for name in ["smollm2-chat-short.json", "gemma3-chat-short.json"] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/goldens")
+            .join(name);
+        let golden: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("golden")).expect("json");
+        let file = ModelFile::open(&model_for(name)).expect("open");
+        let tok = Tokenizer::load(&file).expect("tokenizer");
+        let template = ChatTemplate::from_model(&file, &tok).expect("template");
+        let messages = [Message::new("user", "Name three primary colours.")];
+        let text = template.render(&messages, true).expect("render");
+        assert_eq!(text, golden["prompt"].as_str().expect("prompt"), "{name}");
+        let ids = template.prompt_ids(&tok, &messages).expect("ids");
+        let expected: Vec<u32> =
+            serde_json::from_value(golden["prompt_tokens"].clone()).expect("ids");
+        assert_eq!(ids, expected, "{name}");
+    }
 }

@@ -44,8 +44,14 @@ impl Rope<'_> {
                 (2 * i, 2 * i + 1)
             };
             let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
+            // The fused multiply-adds ggml's compiled rotation uses (GCC contracts the scalar
+            // NEOX loop and vectorizes the adjacent-pair one with fmaddsub), so we round alike.
+            head[a] = x0.mul_add(cos, -(x1 * sin));
+            head[b] = if self.neox {
+                x0.mul_add(sin, x1 * cos)
+            } else {
+                x1.mul_add(cos, x0 * sin)
+            };
             theta *= theta_scale;
         }
     }

@@ -8,6 +8,13 @@ use fancy_regex::Regex;
 /// GPT-2's pre-tokenizer pattern.
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
+/// Llama 3's pattern (also `llama-bpe`): case-insensitive contractions, numbers in runs of up to
+/// three digits, letters with one leading non-letter.
+const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen 2's pattern: Llama 3's with single digits.
+const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// A byte-level BPE model: pre-tokenizer regexes applied in sequence, and merge ranks.
 pub struct Bpe {
     splits: Vec<Regex>,
@@ -54,6 +61,8 @@ impl Bpe {
             // SmolLM / StarCoder: digits one by one, then GPT-2.
             "smollm" | "starcoder" => vec![r"\p{N}", GPT2],
             "gpt-2" | "default" => vec![GPT2],
+            "llama3" | "llama-bpe" | "llama-v3" => vec![LLAMA3],
+            "qwen2" | "deepseek-r1-qwen" => vec![QWEN2],
             other => return Err(format!("pre-tokenizer {other} is not supported yet")),
         };
         let splits = patterns
@@ -119,5 +128,32 @@ impl Bpe {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Expected pieces from Python's `regex` module with the same patterns.
+    #[test]
+    fn llama3_and_qwen2_pre_tokenizers_split_like_the_reference_regexes() {
+        let text = "Hello world 12345 DON'T\n\n  x...!\n";
+        let llama3 = Bpe::new("llama-bpe", &[]).expect("llama3");
+        assert_eq!(
+            llama3.pre_tokenize(text),
+            [
+                "Hello", " world", " ", "123", "45", " DON", "'T", "\n\n", " ", " x", "...!\n"
+            ]
+        );
+        let qwen2 = Bpe::new("qwen2", &[]).expect("qwen2");
+        assert_eq!(
+            qwen2.pre_tokenize(text),
+            [
+                "Hello", " world", " ", "1", "2", "3", "4", "5", " DON", "'T", "\n\n", " ", " x",
+                "...!\n"
+            ]
+        );
+        assert!(Bpe::new("no-such-pre", &[]).is_err());
     }
 }

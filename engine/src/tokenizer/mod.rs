@@ -4,6 +4,7 @@
 
 mod bpe;
 mod spm;
+mod stream;
 
 use std::collections::HashMap;
 
@@ -11,6 +12,7 @@ use gguf::arrays;
 
 pub use bpe::Bpe;
 pub use spm::Spm;
+pub use stream::TextStream;
 
 /// Merges adjacent symbols while any pair has a priority, highest priority first and the
 /// leftmost pair on ties (how both BPE and SentencePiece merge).
@@ -174,6 +176,16 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32]) -> String {
         let bytes: Vec<u8> = ids.iter().flat_map(|&id| self.token_bytes(id)).collect();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// A token's vocabulary entry as written (special tokens are their literal text).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// Whether [`Tokenizer::encode`] starts every text with the BOS token.
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos.is_some()
     }
 
     /// The text of a token id, decoded from byte-level form to raw bytes.

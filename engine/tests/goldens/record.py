@@ -3,8 +3,11 @@
 token ids, the greedy continuation and the top-5 log-probabilities at every generated position,
 from llama-server (temperature 0, one slot, no prompt cache).
 
-Usage: record.py LLAMA_BIN_DIR MODEL.gguf NAME OUT_DIR
-Prompts are below; NAME prefixes the output files (NAME-PROMPT.json).
+Usage: record.py LLAMA_BIN_DIR MODEL.gguf NAME OUT_DIR [LLAMA_SERVER_ARG ...]
+Prompts are below; NAME prefixes the output files (NAME-PROMPT.json). Extra arguments go to
+llama-server: recording with another of its configurations (say `-fa off -ctk f32 -ctv f32`)
+and comparing with compare.py measures how far llama.cpp moves from itself, the floor for our
+tolerances.
 """
 import json
 import os
@@ -55,9 +58,10 @@ def post(port, path, body):
 
 def main():
     bin_dir, model, name, out_dir = sys.argv[1:5]
+    extra = sys.argv[5:]
     port = free_port()
     server = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--host", "127.0.0.1",
-                               "--port", str(port), "-t", "2", "-c", "4096", "-np", "1", "--no-warmup"],
+                               "--port", str(port), "-t", "2", "-c", "4096", "-np", "1", "--no-warmup", *extra],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):

@@ -1,0 +1,277 @@
+//! Chat prompts: a model's Jinja chat template (GGUF `tokenizer.chat_template`) rendered as
+//! Hugging Face's transformers renders it — `trim_blocks` and `lstrip_blocks`, `raise_exception`,
+//! Python string methods, `tojson` formatted like Python's `json.dumps` — or ChatML when the model
+//! carries no template, which is llama.cpp's fallback too, so one conversation gives both engines
+//! the same prompt.
+
+use std::fmt::Write as _;
+
+use minijinja::{Environment, ErrorKind, Value, context};
+use serde::{Deserialize, Serialize};
+
+use crate::model_file::ModelFile;
+use crate::tokenizer::Tokenizer;
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` (or whatever else the template understands).
+    pub role: String,
+    /// The turn's text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message from `role` saying `content`.
+    pub fn new(role: &str, content: &str) -> Message {
+        Message {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+}
+
+/// The fallback for models without a template (llama.cpp's `chatml`).
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + \
+message['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ \
+'<|im_start|>assistant\n' }}{% endif %}";
+
+/// A compiled chat template with the special-token texts it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+    /// Whether this is the model's own template rather than the ChatML fallback.
+    pub from_model: bool,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("from_model", &self.from_model)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// The template of `file` (ChatML when it has none); BOS and EOS texts from `tokenizer`.
+    pub fn from_model(file: &ModelFile, tokenizer: &Tokenizer) -> Result<ChatTemplate, String> {
+        let source = match file.header().get("tokenizer.chat_template") {
+            Some(gguf::Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err("tokenizer.chat_template is not a string".into()),
+            None => None,
+        };
+        let text_of = |key: &str| {
+            file.header()
+                .get(key)
+                .and_then(gguf::Value::as_u64)
+                .and_then(|id| tokenizer.token_text(id as u32))
+                .unwrap_or_default()
+                .to_string()
+        };
+        ChatTemplate::new(
+            source,
+            text_of("tokenizer.ggml.bos_token_id"),
+            text_of("tokenizer.ggml.eos_token_id"),
+        )
+    }
+
+    /// Compiles `source` (ChatML when `None`); a syntax error names the template's line.
+    pub fn new(source: Option<String>, bos: String, eos: String) -> Result<ChatTemplate, String> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        let from_model = source.is_some();
+        let source = source.unwrap_or_else(|| CHATML.to_string());
+        env.add_template_owned("chat", source)
+            .map_err(|e| format!("the model's chat template does not compile: {e:#}"))?;
+        Ok(ChatTemplate {
+            env,
+            bos,
+            eos,
+            from_model,
+        })
+    }
+
+    /// The prompt text of `messages`, ending with the assistant's cue when `add_generation_prompt`.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        if messages.is_empty() {
+            return Err("a chat needs at least one message".into());
+        }
+        let template = self
+            .env
+            .get_template("chat")
+            .map_err(|e| format!("chat template: {e:#}"))?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos,
+                eos_token => self.eos,
+            })
+            .map_err(|e| format!("the chat template refused these messages: {e:#}"))
+    }
+
+    /// `text` without the BOS text the template wrote at its start, so a tokenizer that adds
+    /// BOS itself does not begin the prompt with two.
+    pub fn strip_bos<'a>(&self, text: &'a str) -> &'a str {
+        if self.bos.is_empty() {
+            return text;
+        }
+        text.strip_prefix(self.bos.as_str()).unwrap_or(text)
+    }
+
+    /// The token ids of `messages` rendered with the generation cue: special tokens in the
+    /// rendering are recognised, and BOS appears once whoever writes it.
+    pub fn prompt_ids(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+    ) -> Result<Vec<u32>, String> {
+        let text = self.render(messages, true)?;
+        let text = if tokenizer.adds_bos() {
+            self.strip_bos(&text)
+        } else {
+            &text
+        };
+        Ok(tokenizer.encode(text, true))
+    }
+}
+
+fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `tojson` as transformers defines it: `json.dumps(value, ensure_ascii=False, indent=indent)`,
+/// so separators and escapes match what the model saw in training.
+fn tojson(
+    value: &Value,
+    indent: Option<usize>,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<Value, minijinja::Error> {
+    let indent = match indent {
+        Some(n) => Some(n),
+        None => kwargs.get::<Option<usize>>("indent")?,
+    };
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(value).map_err(|e| {
+        minijinja::Error::new(ErrorKind::InvalidOperation, "cannot serialize to JSON")
+            .with_source(e)
+    })?;
+    let mut out = String::new();
+    python_json(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn python_json(value: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
+    use serde_json::Value as J;
+    let (open_sep, item_sep, close_sep) = match indent {
+        Some(n) => (
+            format!("\n{}", " ".repeat(n * (depth + 1))),
+            format!(",\n{}", " ".repeat(n * (depth + 1))),
+            format!("\n{}", " ".repeat(n * depth)),
+        ),
+        None => (String::new(), ", ".to_string(), String::new()),
+    };
+    match value {
+        J::Array(items) if !items.is_empty() => {
+            out.push('[');
+            out.push_str(&open_sep);
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&item_sep);
+                }
+                python_json(item, indent, depth + 1, out);
+            }
+            out.push_str(&close_sep);
+            out.push(']');
+        }
+        J::Object(map) if !map.is_empty() => {
+            out.push('{');
+            out.push_str(&open_sep);
+            for (i, (key, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(&item_sep);
+                }
+                let _ = write!(out, "{}: ", J::String(key.clone()));
+                python_json(item, indent, depth + 1, out);
+            }
+            out.push_str(&close_sep);
+            out.push('}');
+        }
+        other => {
+            let _ = write!(out, "{other}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_fallback_matches_llama_cpp() {
+        let t = ChatTemplate::new(None, String::new(), String::new()).expect("chatml");
+        let text = t
+            .render(&[Message::new("user", "Hi")], true)
+            .expect("render");
+        assert_eq!(
+            text,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(!t.from_model);
+    }
+
+    #[test]
+    fn templates_get_hugging_face_semantics() {
+        let source = "{{ bos_token }}{% for m in messages %}\n  {% if true %}{{ m['role'] | upper }}: {{ m['content'].strip() }}{% endif %}\n{% endfor %}";
+        let t =
+            ChatTemplate::new(Some(source.into()), "<s>".into(), "</s>".into()).expect("compile");
+        let text = t
+            .render(&[Message::new("user", "  hello  ")], false)
+            .expect("render");
+        // trim_blocks drops the newline after a block tag; lstrip_blocks the indentation before it.
+        assert_eq!(text, "<s>USER: hello");
+        assert_eq!(t.strip_bos(&text), "USER: hello");
+    }
+
+    #[test]
+    fn raise_exception_becomes_a_clear_error() {
+        let source = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}";
+        let t =
+            ChatTemplate::new(Some(source.into()), String::new(), String::new()).expect("compile");
+        let err = t
+            .render(&[Message::new("assistant", "x")], true)
+            .expect_err("refused");
+        assert!(err.contains("first must be user"), "{err}");
+        assert!(t.render(&[], true).is_err());
+    }
+
+    #[test]
+    fn tojson_formats_like_python_json_dumps() {
+        let t = ChatTemplate::new(
+            Some("{{ {'a': [1, 'é<'], 'b': {}} | tojson }}|{{ [1] | tojson(indent=2) }}".into()),
+            String::new(),
+            String::new(),
+        )
+        .expect("compile");
+        let text = t
+            .render(&[Message::new("user", "")], false)
+            .expect("render");
+        assert_eq!(text, "{\"a\": [1, \"é<\"], \"b\": {}}|[\n  1\n]");
+    }
+
+    #[test]
+    fn a_broken_template_is_an_error_not_a_panic() {
+        let err = ChatTemplate::new(Some("{% for %}".into()), String::new(), String::new())
+            .expect_err("syntax error");
+        assert!(err.contains("chat template"), "{err}");
+    }
+}
