@@ -37,6 +37,13 @@ impl Builder {
         self
     }
 
+    /// An f32 key.
+    pub fn f32(mut self, key: &str, v: f32) -> Builder {
+        self.key(key, 6);
+        self.kvs.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+
     /// A string key.
     pub fn string(mut self, key: &str, v: &str) -> Builder {
         self.key(key, 8);
@@ -63,6 +70,15 @@ impl Builder {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.tensors
             .push((name.to_string(), vec![values.len() as u64], 0, data));
+        self
+    }
+
+    /// An F32 matrix of `rows` rows of `cols` values (GGUF dims `[cols, rows]`), row-major.
+    pub fn f32_matrix(mut self, name: &str, cols: usize, rows: usize, values: &[f32]) -> Builder {
+        assert_eq!(values.len(), cols * rows, "{name}: {cols}×{rows} values");
+        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.tensors
+            .push((name.to_string(), vec![cols as u64, rows as u64], 0, data));
         self
     }
 
