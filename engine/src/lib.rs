@@ -6,6 +6,7 @@
 //! [`model`] (the llama and gemma3 forward passes over a KV cache) and [`score`] (teacher-forced
 //! log-probabilities). Tokenizers, sampling, qwen2/qwen3 and the server land with the engine issues.
 
+pub mod bench;
 pub mod chat;
 pub mod generate;
 pub mod kernels;

@@ -66,6 +66,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Prompt-processing and generation speed, as llama-bench measures them.
+    Bench {
+        /// The GGUF model.
+        #[arg(short = 'm', long)]
+        model: PathBuf,
+        /// Prompt tokens per prompt-processing run (0 skips).
+        #[arg(short = 'p', long, default_value_t = 128)]
+        prompt: usize,
+        /// Tokens per generation run (0 skips).
+        #[arg(short = 'n', long, default_value_t = 64)]
+        generate: usize,
+        /// Thread counts, comma-separated.
+        #[arg(short = 't', long, value_delimiter = ',', default_value = "1,2")]
+        threads: Vec<usize>,
+        /// Repetitions per row.
+        #[arg(short = 'r', long, default_value_t = 5)]
+        repetitions: usize,
+        /// A JSON list of rows with llama-bench's field names instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Teacher-forced scoring: top-K log-probabilities at every position from N on.
     Score {
         /// The GGUF model.
@@ -187,6 +208,49 @@ fn main() -> ExitCode {
                 }
                 Err(e) => fail(e),
             }
+        }
+        Command::Bench {
+            model,
+            prompt,
+            generate,
+            threads,
+            repetitions,
+            json,
+        } => {
+            let file = match open(&model) {
+                Ok(f) => f,
+                Err(code) => return code,
+            };
+            let loaded = match Model::load(&file) {
+                Ok(m) => m,
+                Err(e) => return fail(e),
+            };
+            let plan = engine::bench::Plan {
+                prompt,
+                generate,
+                threads,
+                repetitions,
+            };
+            let rows = match engine::bench::run(&loaded, &plan) {
+                Ok(rows) => rows,
+                Err(e) => return fail(e),
+            };
+            if json {
+                println!("{}", serde_json::json!(rows));
+            } else {
+                let name = model.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+                println!("| model | threads | test | t/s |\n| --- | ---: | ---: | ---: |");
+                for row in rows {
+                    println!(
+                        "| {name} | {} | {} | {:.2} ± {:.2} |",
+                        row.n_threads,
+                        row.test_name(),
+                        row.avg_ts,
+                        row.stddev_ts
+                    );
+                }
+            }
+            ExitCode::SUCCESS
         }
         Command::Score {
             model,

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use super::RowDot;
 use super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 use super::scalar;
-use crate::quant::{TensorType, f16_at};
+use crate::quant::TensorType;
 
 /// Whether this CPU has AVX2, FMA and F16C.
 pub fn supported() -> bool {
@@ -130,13 +130,22 @@ unsafe fn signed_lanes(x: __m256i, y: __m256i) -> __m256 {
     unsafe { unsigned_lanes(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
 }
 
+/// The f16 at byte `at` of `bytes`, converted by the F16C unit (exact, like `f16_to_f32`).
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn f16c_at(bytes: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+    // SAFETY: the caller guarantees F16C.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
         let mut acc = _mm256_setzero_ps();
         for (b, y) in row.chunks_exact(18).zip(x) {
-            let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
+            let d = _mm256_set1_ps(f16c_at(b, 0) * y.d);
             let qx = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
             acc = _mm256_fmadd_ps(d, signed_lanes(qx, load_qs(&y.qs)), acc);
         }
@@ -151,8 +160,8 @@ unsafe fn q4_1_avx2(row: &[u8], x: &[BlockQ8_1]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let mut summs = 0f32;
         for (b, y) in row.chunks_exact(20).zip(x) {
-            summs = f16_at(b, 2).mul_add(y.s, summs);
-            let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
+            summs = f16c_at(b, 2).mul_add(y.s, summs);
+            let d = _mm256_set1_ps(f16c_at(b, 0) * y.d);
             acc = _mm256_fmadd_ps(d, unsigned_lanes(nibbles(&b[4..]), load_qs(&y.qs)), acc);
         }
         hsum8(acc) + summs
@@ -165,7 +174,7 @@ unsafe fn q5_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
     unsafe {
         let mut acc = _mm256_setzero_ps();
         for (b, y) in row.chunks_exact(22).zip(x) {
-            let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
+            let d = _mm256_set1_ps(f16c_at(b, 0) * y.d);
             let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
             // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
             let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
@@ -182,7 +191,7 @@ unsafe fn q8_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
     unsafe {
         let mut acc = _mm256_setzero_ps();
         for (b, y) in row.chunks_exact(34).zip(x) {
-            let d = _mm256_set1_ps(f16_at(b, 0) * y.d);
+            let d = _mm256_set1_ps(f16c_at(b, 0) * y.d);
             acc = _mm256_fmadd_ps(d, signed_lanes(load32(&b[2..]), load_qs(&y.qs)), acc);
         }
         hsum8(acc)
@@ -197,7 +206,7 @@ unsafe fn q4_k_avx2(row: &[u8], x: &[BlockQ8K]) -> f32 {
         let mut acc_m = [0f32; 4];
         let low = _mm256_set1_epi8(0x0f);
         for (b, y) in row.chunks_exact(144).zip(x) {
-            let d = y.d * f16_at(b, 0);
+            let d = y.d * f16c_at(b, 0);
             let sc = scalar::q4_k_scales_and_mins(b, y, &mut acc_m);
             let mut sumi = _mm256_setzero_si256();
             for j in 0..4 {
@@ -228,7 +237,7 @@ unsafe fn q6_k_avx2(row: &[u8], x: &[BlockQ8K]) -> f32 {
         let low = _mm256_set1_epi8(0x0f);
         let two = _mm256_set1_epi8(3);
         for (b, y) in row.chunks_exact(210).zip(x) {
-            let d = y.d * f16_at(b, 208);
+            let d = y.d * f16c_at(b, 208);
             let sc: [i16; 16] = std::array::from_fn(|g| i16::from(b[192 + g] as i8));
             let offsets: [i32; 8] = std::array::from_fn(|k| {
                 let term = |g: usize| i32::from(y.bsums[g]) * i32::from(sc[g]);
@@ -358,5 +367,28 @@ unsafe fn scale_f16_avx2(acc: &mut [u16], s: f32) {
             _mm_storeu_si128(a.as_mut_ptr().cast(), packed);
         }
         scalar::scale_f16(&mut acc[n..], s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::f16_to_f32;
+
+    #[test]
+    fn f16c_conversion_equals_the_reference_for_every_f16() {
+        if !supported() {
+            return;
+        }
+        for bits in 0..=u16::MAX {
+            let bytes = bits.to_le_bytes();
+            // SAFETY: `supported()` checked F16C.
+            let hw = unsafe { f16c_at(&bytes, 0) };
+            let sw = f16_to_f32(bits);
+            assert!(
+                hw.to_bits() == sw.to_bits() || (hw.is_nan() && sw.is_nan()),
+                "{bits:#06x}: {hw} vs {sw}"
+            );
+        }
     }
 }

@@ -1,0 +1,148 @@
+//! `engine bench`: prompt processing and generation speed measured the way llama-bench measures
+//! them, so the two tools' rows compare directly: random tokens, a fresh cache per repetition, a
+//! warm-up run first, tokens per second as mean ± sample standard deviation over repetitions.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::model::{KvCache, Model};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Prompt lengths to prefill (llama-bench `-p`); 0 skips.
+    pub prompt: usize,
+    /// Tokens to generate one at a time (llama-bench `-n`); 0 skips.
+    pub generate: usize,
+    /// Thread counts.
+    pub threads: Vec<usize>,
+    /// Repetitions per row.
+    pub repetitions: usize,
+}
+
+/// One result row, with llama-bench's JSON field names.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Prompt tokens processed per repetition (0 for generation rows).
+    pub n_prompt: usize,
+    /// Tokens generated per repetition (0 for prompt rows).
+    pub n_gen: usize,
+    /// Threads.
+    pub n_threads: usize,
+    /// Mean tokens per second.
+    pub avg_ts: f64,
+    /// Sample standard deviation of tokens per second.
+    pub stddev_ts: f64,
+    /// Tokens per second of each repetition.
+    pub samples_ts: Vec<f64>,
+}
+
+impl Row {
+    /// llama-bench's name for the test: `pp128`, `tg64`.
+    pub fn test_name(&self) -> String {
+        if self.n_gen == 0 {
+            format!("pp{}", self.n_prompt)
+        } else {
+            format!("tg{}", self.n_gen)
+        }
+    }
+}
+
+/// Deterministic token ids in the vocabulary (llama-bench also measures on random tokens).
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Seconds to run `tokens` through the model from position 0 on a fresh cache.
+fn timed_pass(model: &Model<'_>, tokens: &[u32]) -> Result<f64, String> {
+    let mut cache = KvCache::new(&model.hparams, tokens.len().max(1))?;
+    let start = Instant::now();
+    for (pos, &t) in tokens.iter().enumerate() {
+        model.step(t, pos, &mut cache)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn measure(
+    model: &Model<'_>,
+    tokens: &[u32],
+    repetitions: usize,
+) -> Result<(f64, f64, Vec<f64>), String> {
+    timed_pass(model, tokens)?; // warm-up: page in the weights, size the pools
+    let samples = (0..repetitions.max(1))
+        .map(|_| timed_pass(model, tokens).map(|s| tokens.len() as f64 / s))
+        .collect::<Result<Vec<f64>, String>>()?;
+    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+    let var = if samples.len() > 1 {
+        samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (samples.len() - 1) as f64
+    } else {
+        0.0
+    };
+    Ok((mean, var.sqrt(), samples))
+}
+
+/// Runs the plan: for each thread count, the prompt row then the generation row.
+pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
+    let vocab = model.hparams.vocab;
+    let mut rows = Vec::new();
+    for &threads in &plan.threads {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .build()
+            .map_err(|e| e.to_string())?;
+        for (n_prompt, n_gen) in [(plan.prompt, 0), (0, plan.generate)] {
+            let n = n_prompt + n_gen;
+            if n == 0 {
+                continue;
+            }
+            let tokens = random_tokens(n, vocab, 0x5eed + n as u64);
+            let (avg_ts, stddev_ts, samples_ts) =
+                pool.install(|| measure(model, &tokens, plan.repetitions))?;
+            rows.push(Row {
+                n_prompt,
+                n_gen,
+                n_threads: threads,
+                avg_ts,
+                stddev_ts,
+                samples_ts,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_stay_in_the_vocabulary_and_repeat_per_seed() {
+        let a = random_tokens(1000, 37, 7);
+        assert!(a.iter().all(|&t| t < 37));
+        assert_eq!(a, random_tokens(1000, 37, 7));
+        assert_ne!(a, random_tokens(1000, 37, 8));
+    }
+
+    #[test]
+    fn test_names_follow_llama_bench() {
+        let row = |n_prompt, n_gen| Row {
+            n_prompt,
+            n_gen,
+            n_threads: 1,
+            avg_ts: 0.0,
+            stddev_ts: 0.0,
+            samples_ts: Vec::new(),
+        };
+        assert_eq!(row(128, 0).test_name(), "pp128");
+        assert_eq!(row(0, 64).test_name(), "tg64");
+    }
+}
