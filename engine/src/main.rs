@@ -238,7 +238,10 @@ fn main() -> ExitCode {
             if json {
                 println!("{}", serde_json::json!(rows));
             } else {
-                let name = model.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+                let name = model
+                    .file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default();
                 println!("| model | threads | test | t/s |\n| --- | ---: | ---: | ---: |");
                 for row in rows {
                     println!(

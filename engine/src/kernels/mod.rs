@@ -46,15 +46,19 @@ impl Isa {
     }
 }
 
-/// One weight row · activations quantized to the row type's dot type.
+/// Dots of `out.len()` consecutive weight rows (`row_bytes` each, starting at the slice's
+/// start) with one activation vector quantized to the rows' dot type.
+pub type RowsFn<B> = fn(&[u8], usize, &[B], &mut [f32]);
+
+/// Weight rows · activations quantized to the row type's dot type.
 #[derive(Clone, Copy)]
 pub enum RowDot {
     /// Legacy 32-element quants paired with Q8_0.
-    Q8_0(fn(&[u8], &[BlockQ8_0]) -> f32),
+    Q8_0(RowsFn<BlockQ8_0>),
     /// Quants with an offset, paired with Q8_1.
-    Q8_1(fn(&[u8], &[BlockQ8_1]) -> f32),
+    Q8_1(RowsFn<BlockQ8_1>),
     /// K-quants, paired with Q8_K.
-    Q8K(fn(&[u8], &[BlockQ8K]) -> f32),
+    Q8K(RowsFn<BlockQ8K>),
     /// Float types: the reference dot over f32 activations.
     Float(TensorType),
 }
@@ -69,15 +73,15 @@ pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
     }
     let _ = isa;
     Ok(match ty.name {
-        "Q4_0" => RowDot::Q8_0(scalar::q4_0),
-        "Q4_1" => RowDot::Q8_1(scalar::q4_1),
-        "Q5_0" => RowDot::Q8_0(scalar::q5_0),
-        "Q5_1" => RowDot::Q8_1(scalar::q5_1),
-        "Q8_0" => RowDot::Q8_0(scalar::q8_0),
-        "IQ4_NL" => RowDot::Q8_0(scalar::iq4_nl),
-        "Q4_K" => RowDot::Q8K(scalar::q4_k),
-        "Q5_K" => RowDot::Q8K(scalar::q5_k),
-        "Q6_K" => RowDot::Q8K(scalar::q6_k),
+        "Q4_0" => RowDot::Q8_0(scalar::rows::q4_0),
+        "Q4_1" => RowDot::Q8_1(scalar::rows::q4_1),
+        "Q5_0" => RowDot::Q8_0(scalar::rows::q5_0),
+        "Q5_1" => RowDot::Q8_1(scalar::rows::q5_1),
+        "Q8_0" => RowDot::Q8_0(scalar::rows::q8_0),
+        "IQ4_NL" => RowDot::Q8_0(scalar::rows::iq4_nl),
+        "Q4_K" => RowDot::Q8K(scalar::rows::q4_k),
+        "Q5_K" => RowDot::Q8K(scalar::rows::q5_k),
+        "Q6_K" => RowDot::Q8K(scalar::rows::q6_k),
         "F32" | "F16" | "BF16" => RowDot::Float(*ty),
         other => {
             return Err(QuantError(format!(
@@ -126,13 +130,18 @@ pub struct Scratch {
 /// Rows per parallel task: big enough to amortise scheduling, small enough to balance.
 const ROWS_PER_TASK: usize = 16;
 
-fn each_row<B: Sync>(w: &Tensor<'_>, act: &[B], dot: fn(&[u8], &[B]) -> f32, out: &mut [f32]) {
+fn each_row<B: Sync>(w: &Tensor<'_>, act: &[B], dot: RowsFn<B>, out: &mut [f32]) {
+    let row_bytes = w.row_bytes();
     out.par_chunks_mut(ROWS_PER_TASK)
         .enumerate()
         .for_each(|(task, chunk)| {
-            for (i, o) in chunk.iter_mut().enumerate() {
-                *o = dot(w.row(task * ROWS_PER_TASK + i), act);
-            }
+            let first = task * ROWS_PER_TASK * row_bytes;
+            dot(
+                &w.bytes[first..first + chunk.len() * row_bytes],
+                row_bytes,
+                act,
+                chunk,
+            );
         });
 }
 
@@ -271,23 +280,35 @@ mod tests {
         (sum.sum(), magnitude.sum())
     }
 
-    fn run(dot: RowDot, row: &[u8], x: &[f32]) -> f32 {
+    /// The dots of `rows` consecutive rows in `w` with `x`.
+    fn run_rows(dot: RowDot, w: &[u8], rows: usize, x: &[f32]) -> Vec<f32> {
         let mut s = Scratch::default();
+        let row_bytes = w.len() / rows;
+        let mut out = vec![0f32; rows];
         match dot {
             RowDot::Q8_0(f) => {
                 activations::quantize_q8_0(x, &mut s.q8_0);
-                f(row, &s.q8_0)
+                f(w, row_bytes, &s.q8_0, &mut out);
             }
             RowDot::Q8_1(f) => {
                 activations::quantize_q8_1(x, &mut s.q8_1);
-                f(row, &s.q8_1)
+                f(w, row_bytes, &s.q8_1, &mut out);
             }
             RowDot::Q8K(f) => {
                 activations::quantize_q8_k(x, &mut s.q8k);
-                f(row, &s.q8k)
+                f(w, row_bytes, &s.q8k, &mut out);
             }
-            RowDot::Float(ty) => quant::dot(&ty, row, x).expect("dot"),
+            RowDot::Float(ty) => {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                    *o = quant::dot(&ty, row, x).expect("dot");
+                }
+            }
         }
+        out
+    }
+
+    fn run(dot: RowDot, row: &[u8], x: &[f32]) -> f32 {
+        run_rows(dot, row, 1, x)[0]
     }
 
     #[test]
@@ -321,6 +342,15 @@ mod tests {
                     let got = run(row_dot(&ty, isa).expect("kernel"), &row, &x);
                     assert_eq!(got.to_bits(), reference.to_bits(), "{name} on {isa:?}");
                 }
+                // Several rows at once (kernels pair rows up; an odd count leaves a tail).
+                let rows: Vec<u8> = (0..5)
+                    .flat_map(|_| random_row(name, 768, &mut rng))
+                    .collect();
+                let x = activations(768, &mut rng);
+                let reference = run_rows(row_dot(&ty, Isa::Scalar).expect("scalar"), &rows, 5, &x);
+                let got = run_rows(row_dot(&ty, isa).expect("kernel"), &rows, 5, &x);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&reference), "{name} rows on {isa:?}");
             }
             for len in [32, 64, 72, 256, 5] {
                 let halves = |rng: &mut Bytes| -> Vec<u16> {

@@ -275,3 +275,33 @@ pub fn scale_f16(acc: &mut [u16], s: f32) {
         *a = f32_to_f16(table[usize::from(*a)] * s);
     }
 }
+
+/// The rows interface every ISA implements (`out.len()` consecutive rows of `row_bytes` each),
+/// here over the one-row references.
+pub mod rows {
+    use super::super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+
+    macro_rules! rows {
+        ($($name:ident: $act:ty),* $(,)?) => {
+            $(
+                pub fn $name(w: &[u8], row_bytes: usize, x: &[$act], out: &mut [f32]) {
+                    for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                        *o = super::$name(row, x);
+                    }
+                }
+            )*
+        };
+    }
+
+    rows!(
+        q4_0: BlockQ8_0,
+        q4_1: BlockQ8_1,
+        q5_0: BlockQ8_0,
+        q5_1: BlockQ8_1,
+        q8_0: BlockQ8_0,
+        iq4_nl: BlockQ8_0,
+        q4_k: BlockQ8K,
+        q5_k: BlockQ8K,
+        q6_k: BlockQ8K,
+    );
+}

@@ -41,9 +41,9 @@ pub fn row_dot(ty: &TensorType) -> Option<RowDot> {
 
 macro_rules! safe_wrapper {
     ($name:ident, $inner:ident, $act:ty) => {
-        fn $name(row: &[u8], x: &[$act]) -> f32 {
+        fn $name(w: &[u8], row_bytes: usize, x: &[$act], out: &mut [f32]) {
             // SAFETY: only reachable through `row_dot`, which checks `supported()` first.
-            unsafe { $inner(row, x) }
+            unsafe { $inner(w, row_bytes, x, out) }
         }
     };
 }
@@ -52,8 +52,8 @@ safe_wrapper!(q4_0, q4_0_avx2, BlockQ8_0);
 safe_wrapper!(q4_1, q4_1_avx2, BlockQ8_1);
 safe_wrapper!(q5_0, q5_0_avx2, BlockQ8_0);
 safe_wrapper!(q8_0, q8_0_avx2, BlockQ8_0);
-safe_wrapper!(q4_k, q4_k_avx2, BlockQ8K);
-safe_wrapper!(q6_k, q6_k_avx2, BlockQ8K);
+safe_wrapper!(q4_k, q4_k_rows_avx2, BlockQ8K);
+safe_wrapper!(q6_k, q6_k_rows_avx2, BlockQ8K);
 
 /// Eight lanes folded as `scalar::hsum8` folds them.
 #[target_feature(enable = "avx2,fma")]
@@ -139,64 +139,98 @@ unsafe fn f16c_at(bytes: &[u8], at: usize) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let mut acc = _mm256_setzero_ps();
-        for (b, y) in row.chunks_exact(18).zip(x) {
-            let d = _mm256_set1_ps(f16c_at(b, 0) * y.d);
-            let qx = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
-            acc = _mm256_fmadd_ps(d, signed_lanes(qx, load_qs(&y.qs)), acc);
+/// A legacy-quant rows kernel: each block contributes `(d, lanes)` as
+/// `acc ← fma(d, lanes, acc)` (plus, for offset types, a scalar `summs` it updates itself).
+/// Rows go two at a time so the two accumulation chains overlap and the activation block is
+/// loaded once for both; each row still sums in exactly the scalar reference's order.
+macro_rules! legacy_rows {
+    ($rows:ident, $act:ty, $bytes:expr, |$b:ident, $y:ident, $summs:ident| $block:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], out: &mut [f32]) {
+            // SAFETY: the caller guarantees the CPU features this function is compiled for.
+            unsafe {
+                let mut rows = w.chunks_exact(row_bytes);
+                let mut pairs = out.chunks_exact_mut(2);
+                for o in pairs.by_ref() {
+                    let (Some(r0), Some(r1)) = (rows.next(), rows.next()) else {
+                        break;
+                    };
+                    let mut acc = [_mm256_setzero_ps(); 2];
+                    let mut sums = [0f32; 2];
+                    let blocks = r0.chunks_exact($bytes).zip(r1.chunks_exact($bytes));
+                    // Ask for the next pair's rows now: memory streams ahead of the math.
+                    let next = r0.as_ptr().wrapping_add(2 * row_bytes);
+                    for line in (0..2 * row_bytes).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
+                    }
+                    for ((b0, b1), $y) in blocks.zip(x) {
+                        for (r, $b) in [b0, b1].into_iter().enumerate() {
+                            let $summs = &mut sums[r];
+                            let (d, lanes) = $block;
+                            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, acc[r]);
+                        }
+                    }
+                    o[0] = hsum8(acc[0]) + sums[0];
+                    o[1] = hsum8(acc[1]) + sums[1];
+                }
+                for (o, row) in pairs.into_remainder().iter_mut().zip(rows) {
+                    let mut acc = _mm256_setzero_ps();
+                    let mut sum = 0f32;
+                    for ($b, $y) in row.chunks_exact($bytes).zip(x) {
+                        let $summs = &mut sum;
+                        let (d, lanes) = $block;
+                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, acc);
+                    }
+                    *o = hsum8(acc) + sum;
+                }
+            }
         }
-        hsum8(acc)
-    }
+    };
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_avx2(row: &[u8], x: &[BlockQ8_1]) -> f32 {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let mut acc = _mm256_setzero_ps();
-        let mut summs = 0f32;
-        for (b, y) in row.chunks_exact(20).zip(x) {
-            summs = f16c_at(b, 2).mul_add(y.s, summs);
-            let d = _mm256_set1_ps(f16c_at(b, 0) * y.d);
-            acc = _mm256_fmadd_ps(d, unsigned_lanes(nibbles(&b[4..]), load_qs(&y.qs)), acc);
+legacy_rows!(q4_0_avx2, BlockQ8_0, 18, |b, y, _summs| {
+    let qx = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
+    (f16c_at(b, 0) * y.d, signed_lanes(qx, load_qs(&y.qs)))
+});
+
+legacy_rows!(q4_1_avx2, BlockQ8_1, 20, |b, y, summs| {
+    *summs = f16c_at(b, 2).mul_add(y.s, *summs);
+    (
+        f16c_at(b, 0) * y.d,
+        unsigned_lanes(nibbles(&b[4..]), load_qs(&y.qs)),
+    )
+});
+
+legacy_rows!(q5_0_avx2, BlockQ8_0, 22, |b, y, _summs| {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
+    let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+    let qx = _mm256_or_si256(nibbles(&b[6..]), high);
+    (f16c_at(b, 0) * y.d, signed_lanes(qx, load_qs(&y.qs)))
+});
+
+legacy_rows!(q8_0_avx2, BlockQ8_0, 34, |b, y, _summs| {
+    (
+        f16c_at(b, 0) * y.d,
+        signed_lanes(load32(&b[2..]), load_qs(&y.qs)),
+    )
+});
+
+/// A rows kernel from a one-row kernel (K-quants: a block is long enough to keep the core busy).
+macro_rules! one_by_one {
+    ($rows:ident, $one:ident, $act:ty) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], out: &mut [f32]) {
+            for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                // SAFETY: the caller guarantees the CPU features.
+                *o = unsafe { $one(row, x) };
+            }
         }
-        hsum8(acc) + summs
-    }
+    };
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let mut acc = _mm256_setzero_ps();
-        for (b, y) in row.chunks_exact(22).zip(x) {
-            let d = _mm256_set1_ps(f16c_at(b, 0) * y.d);
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
-            let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
-            let qx = _mm256_or_si256(nibbles(&b[6..]), high);
-            acc = _mm256_fmadd_ps(d, signed_lanes(qx, load_qs(&y.qs)), acc);
-        }
-        hsum8(acc)
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_avx2(row: &[u8], x: &[BlockQ8_0]) -> f32 {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let mut acc = _mm256_setzero_ps();
-        for (b, y) in row.chunks_exact(34).zip(x) {
-            let d = _mm256_set1_ps(f16c_at(b, 0) * y.d);
-            acc = _mm256_fmadd_ps(d, signed_lanes(load32(&b[2..]), load_qs(&y.qs)), acc);
-        }
-        hsum8(acc)
-    }
-}
+one_by_one!(q4_k_rows_avx2, q4_k_avx2, BlockQ8K);
+one_by_one!(q6_k_rows_avx2, q6_k_avx2, BlockQ8K);
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_avx2(row: &[u8], x: &[BlockQ8K]) -> f32 {
