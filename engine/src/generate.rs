@@ -37,14 +37,13 @@ pub fn generate(
         ));
     }
     let mut cache = KvCache::new(&model.hparams, context)?;
-    let mut logits = Vec::new();
     for (pos, &t) in prompt.iter().enumerate() {
-        logits = model.step(t, pos, &mut cache)?;
+        model.step(t, pos, &mut cache)?;
     }
     let mut history = prompt.to_vec();
     let mut out = Vec::new();
     while out.len() < limit {
-        let token = sampler.next(&logits, &history);
+        let token = sampler.next(cache.logits(), &history);
         if end.contains(&token) {
             return Ok((out, Stop::Eos));
         }
@@ -54,7 +53,7 @@ pub fn generate(
         if history.len() >= context {
             break;
         }
-        logits = model.step(token, history.len() - 1, &mut cache)?;
+        model.step(token, history.len() - 1, &mut cache)?;
     }
     Ok((out, Stop::Limit))
 }

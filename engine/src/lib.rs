@@ -12,6 +12,8 @@ pub mod generate;
 pub mod kernels;
 pub mod model;
 pub mod model_file;
+#[allow(unsafe_code)]
+pub mod pool;
 pub mod quant;
 pub mod sampler;
 pub mod score;

@@ -34,7 +34,7 @@ pub fn score(
         if pos + 1 < from {
             continue;
         }
-        let lp = log_softmax(&logits);
+        let lp = log_softmax(logits);
         let mut order: Vec<u32> = (0..lp.len() as u32).collect();
         let k = top.min(order.len());
         order.select_nth_unstable_by(k.saturating_sub(1), |a, b| {

@@ -31,7 +31,7 @@ fn next_token(file: &ModelFile, prompt: &[u32]) -> (String, Vec<f32>) {
     let mut cache = KvCache::new(&model.hparams, 64).expect("cache");
     let mut logits = Vec::new();
     for (pos, &t) in prompt.iter().enumerate() {
-        logits = model.step(t, pos, &mut cache).expect("step");
+        logits = model.step(t, pos, &mut cache).expect("step").to_vec();
     }
     let best = logits
         .iter()

@@ -83,7 +83,7 @@ fn check(golden_file: &str) {
             Some(g) => g,
             None => continue,
         };
-        let ours = log_softmax(&logits);
+        let ours = log_softmax(logits);
         let reference = &tops[g];
         let deltas: Vec<f32> = reference
             .iter()

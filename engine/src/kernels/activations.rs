@@ -47,6 +47,14 @@ impl Default for BlockQ8K {
     }
 }
 
+/// Round to nearest, ties to even, for |v| ≤ 2²²: adding 1.5·2²³ leaves no fraction bits, so
+/// the addition itself rounds (in the default mode, ties to even) — ggml's `nearest_int` trick,
+/// and a few instructions where `round_ties_even` is a library call without SSE4.1.
+fn round_small(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
+}
+
 fn round_f16(x: f32) -> f32 {
     f16_to_f32(f32_to_f16(x))
 }
@@ -59,7 +67,7 @@ fn q8_block(x: &[f32]) -> (f32, [i8; 32], i32) {
     let mut qs = [0i8; 32];
     let mut sum = 0;
     for (q, v) in qs.iter_mut().zip(x) {
-        let r = (v * id).round_ties_even().clamp(-128.0, 127.0) as i32;
+        let r = round_small(v * id).clamp(-128.0, 127.0) as i32;
         *q = r as i8;
         sum += r;
     }
@@ -109,7 +117,7 @@ pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) {
         }
         let iscale = -127.0 / max;
         for (q, v) in block.qs.iter_mut().zip(c) {
-            *q = (iscale * v).round_ties_even().clamp(-128.0, 127.0) as i8;
+            *q = round_small(iscale * v).clamp(-128.0, 127.0) as i8;
         }
         for (sum, run) in block.bsums.iter_mut().zip(block.qs.chunks_exact(16)) {
             *sum = run.iter().map(|&q| i16::from(q)).sum();
@@ -121,6 +129,16 @@ pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn small_rounding_is_ties_to_even() {
+        for i in -300_000..300_000 {
+            let v = i as f32 / 1024.0;
+            assert_eq!(super::round_small(v), v.round_ties_even(), "{v}");
+        }
+        assert_eq!(super::round_small(2.5), 2.0);
+        assert_eq!(super::round_small(-3.5), -4.0);
+    }
+
     use super::*;
 
     fn ramp(n: usize) -> Vec<f32> {

@@ -12,11 +12,12 @@ mod scalar;
 #[allow(unsafe_code)]
 mod x86;
 
-use rayon::prelude::*;
+use std::sync::Arc;
 
 use activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 
 use crate::model_file::Tensor;
+use crate::pool::Pool;
 use crate::quant::{self, QuantError, TensorType};
 
 /// The instruction set the kernels run on.
@@ -110,6 +111,15 @@ pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32, isa: Isa) {
     }
 }
 
+/// `gate ← silu(gate)·up` with ggml's vectorised exponential, on `isa`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::silu_mul(gate, up),
+        _ => scalar::silu_mul(gate, up),
+    }
+}
+
 /// `acc ← acc·s` over an f16 vector, on `isa`.
 pub fn scale_f16(acc: &mut [u16], s: f32, isa: Isa) {
     match isa {
@@ -127,64 +137,117 @@ pub struct Scratch {
     q8k: Vec<BlockQ8K>,
 }
 
-/// Rows per parallel task: big enough to amortise scheduling, small enough to balance.
-const ROWS_PER_TASK: usize = 16;
-
-fn each_row<B: Sync>(w: &Tensor<'_>, act: &[B], dot: RowsFn<B>, out: &mut [f32]) {
-    let row_bytes = w.row_bytes();
-    out.par_chunks_mut(ROWS_PER_TASK)
-        .enumerate()
-        .for_each(|(task, chunk)| {
-            let first = task * ROWS_PER_TASK * row_bytes;
-            dot(
-                &w.bytes[first..first + chunk.len() * row_bytes],
-                row_bytes,
-                act,
-                chunk,
-            );
-        });
+/// Where products run: the instruction set and the threads.
+#[derive(Debug, Clone)]
+pub struct Exec {
+    /// Instruction set of the kernels.
+    pub isa: Isa,
+    /// Threads that share each product's rows.
+    pub pool: Arc<Pool>,
 }
 
-/// `out = W · x` for every row of `w`, rows in parallel.
+impl Exec {
+    /// The best detected instruction set on the shared pool of `threads` threads.
+    pub fn new(threads: usize) -> Exec {
+        Exec {
+            isa: Isa::detect(),
+            pool: Pool::shared(threads),
+        }
+    }
+}
+
+/// One product of a fused region: `out = W · x`.
+pub struct Product<'t, 'o> {
+    /// The weights.
+    pub w: &'t Tensor<'t>,
+    /// One output per row of `w`.
+    pub out: &'o mut [f32],
+}
+
+/// Kernels pair rows up, so thread boundaries fall on even rows.
+const ROW_ALIGN: usize = 2;
+
+/// `out = W · x` for every row of `w`, rows split across the pool's threads.
 pub fn matvec(
     w: &Tensor<'_>,
     x: &[f32],
     out: &mut [f32],
-    isa: Isa,
+    exec: &Exec,
     scratch: &mut Scratch,
 ) -> Result<(), String> {
-    let ty = w.info.tensor_type;
-    if x.len() != w.row_len() || out.len() != w.rows() {
-        return Err(format!(
-            "{}: a [{}, {}] matrix cannot take {} inputs into {} outputs",
-            w.info.name,
-            w.row_len(),
-            w.rows(),
-            x.len(),
-            out.len()
-        ));
+    matvecs(&mut [Product { w, out }], x, exec, scratch)
+}
+
+/// Several products of the same input in one parallel region: `x` is quantized once per dot
+/// type, then every thread computes its contiguous share of each product's rows.
+pub fn matvecs(
+    products: &mut [Product<'_, '_>],
+    x: &[f32],
+    exec: &Exec,
+    scratch: &mut Scratch,
+) -> Result<(), String> {
+    let mut dots = Vec::with_capacity(products.len());
+    let (mut need_q8_0, mut need_q8_1, mut need_q8k) = (false, false, false);
+    for p in products.iter() {
+        let w = p.w;
+        if x.len() != w.row_len() || p.out.len() != w.rows() {
+            return Err(format!(
+                "{}: a [{}, {}] matrix cannot take {} inputs into {} outputs",
+                w.info.name,
+                w.row_len(),
+                w.rows(),
+                x.len(),
+                p.out.len()
+            ));
+        }
+        let dot = row_dot(&w.info.tensor_type, exec.isa).map_err(|e| e.to_string())?;
+        match dot {
+            RowDot::Q8_0(_) => need_q8_0 = true,
+            RowDot::Q8_1(_) => need_q8_1 = true,
+            RowDot::Q8K(_) => need_q8k = true,
+            RowDot::Float(_) => {}
+        }
+        dots.push((dot, w));
     }
-    match row_dot(&ty, isa).map_err(|e| e.to_string())? {
-        RowDot::Q8_0(dot) => {
-            activations::quantize_q8_0(x, &mut scratch.q8_0);
-            each_row(w, &scratch.q8_0, dot, out);
-        }
-        RowDot::Q8_1(dot) => {
-            activations::quantize_q8_1(x, &mut scratch.q8_1);
-            each_row(w, &scratch.q8_1, dot, out);
-        }
-        RowDot::Q8K(dot) => {
-            activations::quantize_q8_k(x, &mut scratch.q8k);
-            each_row(w, &scratch.q8k, dot, out);
-        }
-        RowDot::Float(ty) => {
-            out.par_iter_mut().enumerate().try_for_each(|(r, o)| {
-                *o = quant::dot(&ty, w.row(r), x).map_err(|e| e.to_string())?;
-                Ok::<(), String>(())
-            })?;
-        }
+    if need_q8_0 {
+        activations::quantize_q8_0(x, &mut scratch.q8_0);
     }
-    Ok(())
+    if need_q8_1 {
+        activations::quantize_q8_1(x, &mut scratch.q8_1);
+    }
+    if need_q8k {
+        activations::quantize_q8_k(x, &mut scratch.q8k);
+    }
+    let scratch = &*scratch;
+    let failure = std::sync::Mutex::new(None);
+    let mut outs: Vec<&mut [f32]> = products.iter_mut().map(|p| &mut *p.out).collect();
+    exec.pool
+        .for_each_piece_of(&mut outs, ROW_ALIGN, &|which, first, piece| {
+            let (dot, w) = dots[which];
+            let rb = w.row_bytes();
+            let rows = &w.bytes[first * rb..(first + piece.len()) * rb];
+            match dot {
+                RowDot::Q8_0(f) => f(rows, rb, &scratch.q8_0, piece),
+                RowDot::Q8_1(f) => f(rows, rb, &scratch.q8_1, piece),
+                RowDot::Q8K(f) => f(rows, rb, &scratch.q8k, piece),
+                RowDot::Float(ty) => {
+                    for (o, row) in piece.iter_mut().zip(rows.chunks_exact(rb)) {
+                        match quant::dot(&ty, row, x) {
+                            Ok(v) => *o = v,
+                            Err(e) => {
+                                *failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(e.to_string());
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -394,8 +457,12 @@ mod tests {
         };
         let mut out = [0f32; 2];
         let mut scratch = Scratch::default();
-        assert!(matvec(&w, &[0.0; 32], &mut out, Isa::Scalar, &mut scratch).is_err());
-        assert!(matvec(&w, &[0.0; 64], &mut [0f32; 3], Isa::Scalar, &mut scratch).is_err());
-        matvec(&w, &[1.0; 64], &mut out, Isa::Scalar, &mut scratch).expect("fits");
+        let exec = Exec {
+            isa: Isa::Scalar,
+            pool: Pool::shared(2),
+        };
+        assert!(matvec(&w, &[0.0; 32], &mut out, &exec, &mut scratch).is_err());
+        assert!(matvec(&w, &[0.0; 64], &mut [0f32; 3], &exec, &mut scratch).is_err());
+        matvec(&w, &[1.0; 64], &mut out, &exec, &mut scratch).expect("fits");
     }
 }

@@ -276,6 +276,53 @@ pub fn scale_f16(acc: &mut [u16], s: f32) {
     }
 }
 
+/// SiLU as ggml's vector code computes it: x / (1 + e^−x) with [`expf_poly`].
+fn silu(x: f32) -> f32 {
+    x / (1.0 + expf_poly(-x))
+}
+
+/// e^x by range reduction to 2^n·e^b (|b| ≤ ln2/2) and a degree-5 polynomial: the routine from
+/// Arm's optimized-routines that ggml's SIMD SiLU uses on x86 and Arm alike (max error about
+/// 1.5 ulp). Evaluated with the same fused multiply-adds, so it rounds exactly as ggml does.
+fn expf_poly(x: f32) -> f32 {
+    let shift = f32::from_bits(0x4b40_0000); // 1.5·2^23: adding it rounds to an integer
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), shift); // x·log2(e) + shift
+    let n = z - shift;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),                  // ln2, low part
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // ln2, high part
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
+    if n.abs() <= 126.0 {
+        return j.mul_add(k, k);
+    }
+    // Past the normal exponent range: scale in two steps, or saturate to 0 / infinity.
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// `gate ← silu(gate)·up`, element by element (the SwiGLU of llama-style FFNs).
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
 /// The rows interface every ISA implements (`out.len()` consecutive rows of `row_bytes` each),
 /// here over the one-row references.
 pub mod rows {
@@ -304,4 +351,26 @@ pub mod rows {
         q5_k: BlockQ8K,
         q6_k: BlockQ8K,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_exponential_is_within_two_ulp_and_saturates() {
+        for i in -10_000..10_000 {
+            let x = i as f32 / 100.0;
+            let (got, want) = (super::expf_poly(x), f64::from(x).exp());
+            if want > f64::from(f32::MAX) {
+                assert!(got.is_infinite(), "{x}");
+            } else if want >= f64::from(f32::MIN_POSITIVE) {
+                let ulp = f64::from(f32::EPSILON) * want;
+                assert!(
+                    (f64::from(got) - want).abs() <= 2.0 * ulp,
+                    "{x}: {got} vs {want}"
+                );
+            }
+        }
+        assert_eq!(super::expf_poly(-200.0), 0.0);
+        assert!(super::expf_poly(200.0).is_infinite());
+    }
 }

@@ -4,7 +4,7 @@
 
 use super::attention::{self, Query};
 use super::{Arch, Hparams, KvCache, Layer};
-use crate::kernels;
+use crate::kernels::{self, Product};
 use crate::quant::{f16_to_f32, f32_to_f16};
 
 /// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
@@ -57,46 +57,6 @@ impl Rope<'_> {
     }
 }
 
-/// SiLU as ggml's vector code computes it: x / (1 + e^−x) with [`expf_poly`].
-fn silu(x: f32) -> f32 {
-    x / (1.0 + expf_poly(-x))
-}
-
-/// e^x by range reduction to 2^n·e^b (|b| ≤ ln2/2) and a degree-5 polynomial: the routine from
-/// Arm's optimized-routines that ggml's SIMD SiLU uses on x86 and Arm alike (max error about
-/// 1.5 ulp). Evaluated with the same fused multiply-adds, so it rounds exactly as ggml does.
-fn expf_poly(x: f32) -> f32 {
-    let shift = f32::from_bits(0x4b40_0000); // 1.5·2^23: adding it rounds to an integer
-    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), shift); // x·log2(e) + shift
-    let n = z - shift;
-    let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e),                  // ln2, low part
-        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // ln2, high part
-    );
-    let e = z.to_bits() << 23;
-    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
-    let u = b * b;
-    let j = f32::from_bits(0x3c07_2010)
-        .mul_add(b, f32::from_bits(0x3d2b_9f17))
-        .mul_add(
-            u,
-            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
-        )
-        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
-    if n.abs() <= 126.0 {
-        return j.mul_add(k, k);
-    }
-    // Past the normal exponent range: scale in two steps, or saturate to 0 / infinity.
-    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
-    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
-    let s2 = f32::from_bits(e.wrapping_sub(g));
-    if n.abs() > 192.0 {
-        s1 * s1
-    } else {
-        s2.mul_add(j, s2) * s1
-    }
-}
-
 /// GELU (tanh form) as ggml evaluates it: through its f16 table for |x| < 10.
 fn gelu(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
@@ -142,14 +102,31 @@ pub(super) fn block(
         neox: h.arch != Arch::Llama,
         freq_factors: rope_freqs,
     };
-    let isa = cache.isa;
+    let exec = &cache.exec;
+    let isa = exec.isa;
     let w = &mut cache.work;
 
     w.cur.copy_from_slice(x);
     rms_norm(&mut w.cur, &layer.attn_norm, h.rms_eps);
-    kernels::matvec(&layer.wq, &w.cur, &mut w.q, isa, &mut w.scratch)?;
-    kernels::matvec(&layer.wk, &w.cur, &mut w.k, isa, &mut w.scratch)?;
-    kernels::matvec(&layer.wv, &w.cur, &mut w.v, isa, &mut w.scratch)?;
+    kernels::matvecs(
+        &mut [
+            Product {
+                w: &layer.wq,
+                out: &mut w.q,
+            },
+            Product {
+                w: &layer.wk,
+                out: &mut w.k,
+            },
+            Product {
+                w: &layer.wv,
+                out: &mut w.v,
+            },
+        ],
+        &w.cur,
+        exec,
+        &mut w.scratch,
+    )?;
     add_bias(&mut w.q, layer.bq.as_ref());
     add_bias(&mut w.k, layer.bk.as_ref());
     add_bias(&mut w.v, layer.bv.as_ref());
@@ -198,7 +175,7 @@ pub(super) fn block(
         };
         attention::attend(&query, rows, &mut w.attention, isa, out);
     }
-    kernels::matvec(&layer.wo, &w.attn, &mut w.proj, isa, &mut w.scratch)?;
+    kernels::matvec(&layer.wo, &w.attn, &mut w.proj, exec, &mut w.scratch)?;
     if let Some(n) = &layer.post_attn_norm {
         rms_norm(&mut w.proj, n, h.rms_eps);
     }
@@ -206,12 +183,29 @@ pub(super) fn block(
 
     w.cur.copy_from_slice(x);
     rms_norm(&mut w.cur, &layer.ffn_norm, h.rms_eps);
-    kernels::matvec(&layer.gate, &w.cur, &mut w.gate, isa, &mut w.scratch)?;
-    kernels::matvec(&layer.up, &w.cur, &mut w.up, isa, &mut w.scratch)?;
-    for (g, u) in w.gate.iter_mut().zip(&w.up) {
-        *g = if gemma { gelu(*g) } else { silu(*g) } * u;
+    kernels::matvecs(
+        &mut [
+            Product {
+                w: &layer.gate,
+                out: &mut w.gate,
+            },
+            Product {
+                w: &layer.up,
+                out: &mut w.up,
+            },
+        ],
+        &w.cur,
+        exec,
+        &mut w.scratch,
+    )?;
+    if gemma {
+        for (g, u) in w.gate.iter_mut().zip(&w.up) {
+            *g = gelu(*g) * u;
+        }
+    } else {
+        kernels::silu_mul(&mut w.gate, &w.up, isa);
     }
-    kernels::matvec(&layer.down, &w.gate, &mut w.proj, isa, &mut w.scratch)?;
+    kernels::matvec(&layer.down, &w.gate, &mut w.proj, exec, &mut w.scratch)?;
     if let Some(n) = &layer.post_ffn_norm {
         rms_norm(&mut w.proj, n, h.rms_eps);
     }

@@ -9,8 +9,9 @@ mod layers;
 
 pub use hparams::{Arch, Hparams};
 
-use crate::kernels::{self, Isa};
+use crate::kernels::{self, Exec, Isa};
 use crate::model_file::{LoadError, ModelFile, Tensor};
+use crate::pool::Pool;
 use crate::quant;
 
 struct Layer<'a> {
@@ -51,7 +52,7 @@ pub struct Model<'a> {
 /// and the working buffers of one sequence so the token loop does not allocate.
 pub struct KvCache {
     context: usize,
-    isa: Isa,
+    exec: Exec,
     keys: Vec<Vec<u16>>,
     values: Vec<Vec<u16>>,
     work: Work,
@@ -70,6 +71,7 @@ struct Work {
     proj: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    logits: Vec<f32>,
 }
 
 impl Work {
@@ -87,6 +89,7 @@ impl Work {
             proj: vec![0.0; h.n_embd],
             gate: vec![0.0; h.n_ff],
             up: vec![0.0; h.n_ff],
+            logits: vec![0.0; h.vocab],
         }
     }
 }
@@ -104,11 +107,16 @@ impl KvCache {
         let width = hparams.n_head_kv * hparams.head_dim;
         Ok(KvCache {
             context,
-            isa: Isa::detect(),
+            exec: Exec::new(rayon::current_num_threads()),
             keys: vec![vec![0; context * width]; hparams.n_layer],
             values: vec![vec![0; context * width]; hparams.n_layer],
             work: Work::new(hparams),
         })
+    }
+
+    /// The logits of the last [`Model::step`].
+    pub fn logits(&self) -> &[f32] {
+        &self.work.logits
     }
 
     /// Positions it can hold.
@@ -118,7 +126,13 @@ impl KvCache {
 
     /// Runs the kernels on `isa` instead of the best one detected (tests compare them).
     pub fn with_isa(mut self, isa: Isa) -> KvCache {
-        self.isa = isa;
+        self.exec.isa = isa;
+        self
+    }
+
+    /// Runs on `threads` threads instead of the caller's rayon pool size.
+    pub fn with_threads(mut self, threads: usize) -> KvCache {
+        self.exec.pool = Pool::shared(threads);
         self
     }
 }
@@ -236,8 +250,13 @@ impl<'a> Model<'a> {
     }
 
     /// Runs token `token` at position `pos` (all earlier positions must be in `cache`) and
-    /// returns the logits over the vocabulary.
-    pub fn step(&self, token: u32, pos: usize, cache: &mut KvCache) -> Result<Vec<f32>, String> {
+    /// returns the logits over the vocabulary (kept in the cache until the next step).
+    pub fn step<'c>(
+        &self,
+        token: u32,
+        pos: usize,
+        cache: &'c mut KvCache,
+    ) -> Result<&'c [f32], String> {
         let h = &self.hparams;
         if token as usize >= h.vocab {
             return Err(format!(
@@ -264,13 +283,18 @@ impl<'a> Model<'a> {
             layers::block(h, il, layer, rope_freqs, &mut x, pos, cache)
         });
         layers::rms_norm(&mut x, &self.output_norm, h.rms_eps);
-        let mut logits = vec![0.0; h.vocab];
-        let isa = cache.isa;
+        let work = &mut cache.work;
         let projected = ran.and_then(|()| {
-            kernels::matvec(&self.output, &x, &mut logits, isa, &mut cache.work.scratch)
+            kernels::matvec(
+                &self.output,
+                &x,
+                &mut work.logits,
+                &cache.exec,
+                &mut work.scratch,
+            )
         });
-        cache.work.x = x;
-        projected.map(|()| logits)
+        work.x = x;
+        projected.map(|()| &work.logits[..])
     }
 }
 

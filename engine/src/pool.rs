@@ -1,0 +1,337 @@
+//! Persistent worker threads for the token loop. A forward pass is a few hundred short parallel
+//! regions per token; waking sleeping threads for each (what a general-purpose pool does when
+//! it runs dry) costs more than the region itself. These workers spin between regions and
+//! sleep only after a millisecond without work, so a region starts in well under a microsecond
+//! during generation and an idle engine does not burn a core.
+//!
+//! The caller always takes part as thread 0, and `run` returns only when every worker has
+//! finished, which is what makes lending the job's borrows to the workers sound.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The live shared pools by thread count.
+type Registry = Vec<(usize, Weak<Pool>)>;
+
+/// A job as the workers see it: `job(thread_index)`.
+type Job = dyn Fn(usize) + Sync;
+
+/// How long an idle worker spins before it sleeps.
+const SPIN: Duration = Duration::from_millis(1);
+
+struct Shared {
+    /// Bumped once per region; workers run the job when it changes.
+    epoch: AtomicUsize,
+    /// The current region's job, with its lifetime erased (see `Pool::run`).
+    job: Mutex<Option<&'static Job>>,
+    /// Workers still running the current region.
+    pending: AtomicUsize,
+    /// A worker's job panicked in the current region.
+    panicked: AtomicBool,
+    stop: AtomicBool,
+    /// Workers asleep on `wake` (checked by the dispatcher after it bumps the epoch).
+    sleepers: AtomicUsize,
+    sleep: Mutex<()>,
+    wake: Condvar,
+}
+
+/// A fixed set of threads that run parallel regions together with the calling thread.
+pub struct Pool {
+    threads: usize,
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// One region at a time: `run` from two threads at once waits its turn.
+    dispatch: Mutex<()>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+impl Pool {
+    /// A pool of `threads` threads in all: the caller plus `threads − 1` workers (fewer if the
+    /// system refuses to start more).
+    pub fn new(threads: usize) -> Pool {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            epoch: AtomicUsize::new(0),
+            job: Mutex::new(None),
+            pending: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            sleep: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let mut workers = Vec::with_capacity(threads - 1);
+        for index in 1..threads {
+            let worker_shared = Arc::clone(&shared);
+            match std::thread::Builder::new()
+                .name(format!("engine-worker-{index}"))
+                .spawn(move || work(&worker_shared, index))
+            {
+                Ok(handle) => workers.push(handle),
+                // Out of threads: run with the ones we have rather than fail the request.
+                Err(_) => break,
+            }
+        }
+        Pool {
+            threads: workers.len() + 1,
+            shared,
+            workers,
+            dispatch: Mutex::new(()),
+        }
+    }
+
+    /// The process-wide pool of `threads` threads, created on first use and shared while
+    /// anyone holds it.
+    pub fn shared(threads: usize) -> Arc<Pool> {
+        static POOLS: OnceLock<Mutex<Registry>> = OnceLock::new();
+        let pools = POOLS.get_or_init(|| Mutex::new(Vec::new()));
+        let mut pools = pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.retain(|(_, weak)| weak.strong_count() > 0);
+        if let Some(pool) = pools
+            .iter()
+            .find(|(n, _)| *n == threads.max(1))
+            .and_then(|(_, weak)| weak.upgrade())
+        {
+            return pool;
+        }
+        let pool = Arc::new(Pool::new(threads));
+        pools.push((pool.threads, Arc::downgrade(&pool)));
+        pool
+    }
+
+    /// Threads in all, the caller included.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `job(i)` for every thread index `i` in `0..threads()`, the caller doing `i = 0`,
+    /// and returns when all are done. A panic in any of them is re-raised here.
+    pub fn run<'a>(&self, job: &'a (dyn Fn(usize) + Sync + 'a)) {
+        if self.threads == 1 {
+            job(0);
+            return;
+        }
+        let _turn = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &*self.shared;
+        // SAFETY: the erased reference is only used by workers between the epoch bump below
+        // and their decrement of `pending`; this function does not return (or unwind) before
+        // `pending` is zero and the slot is cleared, so `job` outlives every use.
+        let erased: &'static Job =
+            unsafe { std::mem::transmute::<&'a (dyn Fn(usize) + Sync + 'a), &'static Job>(job) };
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(erased);
+        s.panicked.store(false, Ordering::Relaxed);
+        s.pending.store(self.threads - 1, Ordering::SeqCst);
+        s.epoch.fetch_add(1, Ordering::SeqCst);
+        if s.sleepers.load(Ordering::SeqCst) > 0 {
+            let _guard = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+        let mut spins = 0u32;
+        while s.pending.load(Ordering::Acquire) != 0 {
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Err(panic) = mine {
+            std::panic::resume_unwind(panic);
+        }
+        if s.panicked.load(Ordering::Acquire) {
+            panic!("an engine worker thread panicked");
+        }
+    }
+
+    /// Splits `out` into one contiguous piece per thread (piece boundaries on multiples of
+    /// `align` elements) and runs `job(first_index, piece)` on each in parallel.
+    pub fn for_each_piece<T: Send>(
+        &self,
+        out: &mut [T],
+        align: usize,
+        job: &(dyn Fn(usize, &mut [T]) + Sync),
+    ) {
+        self.for_each_piece_of(&mut [out], align, &|_, start, piece| job(start, piece));
+    }
+
+    /// [`Pool::for_each_piece`] over several slices in one region: every thread takes its
+    /// share of each, calling `job(slice_index, first_index, piece)`, so products that read the
+    /// same input (query, key and value) cost one synchronisation instead of three.
+    pub fn for_each_piece_of<T: Send>(
+        &self,
+        outs: &mut [&mut [T]],
+        align: usize,
+        job: &(dyn Fn(usize, usize, &mut [T]) + Sync),
+    ) {
+        const MAX: usize = 4;
+        let align = align.max(1);
+        let threads = self.threads;
+        for (group, chunk) in outs.chunks_mut(MAX).enumerate() {
+            let mut bases = [(SendPtr(std::ptr::null_mut()), 0usize); MAX];
+            for (slot, out) in bases.iter_mut().zip(chunk.iter_mut()) {
+                *slot = (SendPtr(out.as_mut_ptr()), out.len());
+            }
+            let used = chunk.len();
+            self.run(&|i| {
+                for (k, &(base, len)) in bases[..used].iter().enumerate() {
+                    let units = len.div_ceil(align);
+                    let bound = |t: usize| (units * t / threads * align).min(len);
+                    let (start, end) = (bound(i), bound(i + 1));
+                    if start < end {
+                        // SAFETY: for a given slice the ranges [bound(i), bound(i+1)) are
+                        // disjoint across threads and lie inside it, and every slice is
+                        // exclusively borrowed for the whole of `run`.
+                        let piece = unsafe {
+                            std::slice::from_raw_parts_mut(base.get().add(start), end - start)
+                        };
+                        job(group * MAX + k, start, piece);
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// A raw pointer that may cross threads: `for_each_piece` hands each thread a disjoint range.
+struct SendPtr<T>(*mut T);
+
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+// SAFETY: only used to rebuild disjoint sub-slices of a slice of `T: Send` (see above).
+unsafe impl<T: Send> Send for SendPtr<T> {}
+// SAFETY: as above; the pointer itself is only read.
+unsafe impl<T: Send> Sync for SendPtr<T> {}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let s = &*self.shared;
+        s.stop.store(true, Ordering::SeqCst);
+        {
+            let _guard = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn work(s: &Shared, index: usize) {
+    let mut seen = 0usize;
+    loop {
+        let mut idle_since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let epoch = s.epoch.load(Ordering::SeqCst);
+            if epoch != seen {
+                seen = epoch;
+                break;
+            }
+            if s.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 != 0 || idle_since.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            let guard = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            s.sleepers.fetch_add(1, Ordering::SeqCst);
+            if s.epoch.load(Ordering::SeqCst) == seen && !s.stop.load(Ordering::SeqCst) {
+                let _guard = s.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+            }
+            s.sleepers.fetch_sub(1, Ordering::SeqCst);
+            idle_since = Instant::now();
+        }
+        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(job) = job {
+            if catch_unwind(AssertUnwindSafe(|| job(index))).is_err() {
+                s.panicked.store(true, Ordering::Release);
+            }
+        }
+        s.pending.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_thread_index_runs_once_per_region() {
+        let pool = Pool::new(3);
+        let counts: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+        for _ in 0..1000 {
+            pool.run(&|i| {
+                counts[i].fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert!(counts.iter().all(|c| c.load(Ordering::Relaxed) == 1000));
+    }
+
+    #[test]
+    fn pieces_cover_the_slice_once_on_aligned_boundaries() {
+        for threads in 1..=4 {
+            let pool = Pool::new(threads);
+            for len in [0, 1, 2, 7, 64, 577] {
+                let mut out = vec![0u32; len];
+                pool.for_each_piece(&mut out, 2, &|start, piece| {
+                    assert_eq!(start % 2, 0);
+                    for (k, v) in piece.iter_mut().enumerate() {
+                        *v += (start + k) as u32 + 1;
+                    }
+                });
+                assert!(out.iter().enumerate().all(|(k, &v)| v == k as u32 + 1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_worker_panic_reaches_the_caller_and_the_pool_goes_on() {
+        let pool = Pool::new(2);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(&|i| assert!(i != 1, "worker fails"));
+        }));
+        assert!(result.is_err());
+        let ran = AtomicUsize::new(0);
+        pool.run(&|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn idle_workers_sleep_and_wake_for_the_next_region() {
+        let pool = Pool::new(2);
+        std::thread::sleep(SPIN * 5);
+        let ran = AtomicUsize::new(0);
+        pool.run(&|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), 2);
+    }
+}
