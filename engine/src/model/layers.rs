@@ -57,19 +57,31 @@ impl Rope<'_> {
     }
 }
 
-/// GELU (tanh form) as ggml evaluates it: through its f16 table for |x| < 10.
+/// GELU (tanh form) as ggml evaluates it: through a table over every f16 input for |x| < 10.
 fn gelu(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    const COEF_A: f32 = 0.044_715;
     if x <= -10.0 {
         return 0.0;
     }
     if x >= 10.0 {
         return x;
     }
-    let x = f16_to_f32(f32_to_f16(x));
-    let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
-    f16_to_f32(f32_to_f16(y))
+    f16_to_f32(gelu_table()[usize::from(f32_to_f16(x))])
+}
+
+/// GELU of every f16 value, rounded to f16 (ggml's `table_gelu_f16`).
+fn gelu_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        const COEF_A: f32 = 0.044_715;
+        (0..=u16::MAX)
+            .map(|h| {
+                let x = f16_to_f32(h);
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+                f32_to_f16(y)
+            })
+            .collect()
+    })
 }
 
 fn add_bias(x: &mut [f32], bias: Option<&Vec<f32>>) {
