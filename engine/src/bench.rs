@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::model::{KvCache, Model};
+use crate::model::{KvCache, Logits, Model};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -62,12 +62,26 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
+/// How the tokens go in: as a prompt (batched passes, last logits only) or generated one by one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Prompt,
+    Generation,
+}
+
 /// Seconds to run `tokens` through the model from position 0 on a fresh cache.
-fn timed_pass(model: &Model<'_>, tokens: &[u32]) -> Result<f64, String> {
+fn timed_run(model: &Model<'_>, tokens: &[u32], mode: Mode) -> Result<f64, String> {
     let mut cache = KvCache::new(&model.hparams, tokens.len().max(1))?;
     let start = Instant::now();
-    for (pos, &t) in tokens.iter().enumerate() {
-        model.step(t, pos, &mut cache)?;
+    match mode {
+        Mode::Prompt => {
+            model.forward(tokens, 0, &mut cache, Logits::Last)?;
+        }
+        Mode::Generation => {
+            for (pos, &t) in tokens.iter().enumerate() {
+                model.step(t, pos, &mut cache)?;
+            }
+        }
     }
     Ok(start.elapsed().as_secs_f64())
 }
@@ -75,11 +89,12 @@ fn timed_pass(model: &Model<'_>, tokens: &[u32]) -> Result<f64, String> {
 fn measure(
     model: &Model<'_>,
     tokens: &[u32],
+    mode: Mode,
     repetitions: usize,
 ) -> Result<(f64, f64, Vec<f64>), String> {
-    timed_pass(model, tokens)?; // warm-up: page in the weights, size the pools
+    timed_run(model, tokens, mode)?; // warm-up: page in the weights, size the buffers
     let samples = (0..repetitions.max(1))
-        .map(|_| timed_pass(model, tokens).map(|s| tokens.len() as f64 / s))
+        .map(|_| timed_run(model, tokens, mode).map(|s| tokens.len() as f64 / s))
         .collect::<Result<Vec<f64>, String>>()?;
     let mean = samples.iter().sum::<f64>() / samples.len() as f64;
     let var = if samples.len() > 1 {
@@ -99,14 +114,17 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
             .num_threads(threads.max(1))
             .build()
             .map_err(|e| e.to_string())?;
-        for (n_prompt, n_gen) in [(plan.prompt, 0), (0, plan.generate)] {
+        for (n_prompt, n_gen, mode) in [
+            (plan.prompt, 0, Mode::Prompt),
+            (0, plan.generate, Mode::Generation),
+        ] {
             let n = n_prompt + n_gen;
             if n == 0 {
                 continue;
             }
             let tokens = random_tokens(n, vocab, 0x5eed + n as u64);
             let (avg_ts, stddev_ts, samples_ts) =
-                pool.install(|| measure(model, &tokens, plan.repetitions))?;
+                pool.install(|| measure(model, &tokens, mode, plan.repetitions))?;
             rows.push(Row {
                 n_prompt,
                 n_gen,

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::model::{KvCache, Model};
+use crate::model::{KvCache, Logits, Model};
 use crate::sampler::Sampler;
 
 /// Why generation stopped.
@@ -37,9 +37,7 @@ pub fn generate(
         ));
     }
     let mut cache = KvCache::new(&model.hparams, context)?;
-    for (pos, &t) in prompt.iter().enumerate() {
-        model.step(t, pos, &mut cache)?;
-    }
+    model.forward(prompt, 0, &mut cache, Logits::Last)?;
     let mut history = prompt.to_vec();
     let mut out = Vec::new();
     while out.len() < limit {

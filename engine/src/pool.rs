@@ -7,6 +7,7 @@
 //! The caller always takes part as thread 0, and `run` returns only when every worker has
 //! finished, which is what makes lending the job's borrows to the workers sound.
 
+use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -155,51 +156,80 @@ impl Pool {
         }
     }
 
-    /// Splits `out` into one contiguous piece per thread (piece boundaries on multiples of
-    /// `align` elements) and runs `job(first_index, piece)` on each in parallel.
-    pub fn for_each_piece<T: Send>(
-        &self,
-        out: &mut [T],
-        align: usize,
-        job: &(dyn Fn(usize, &mut [T]) + Sync),
-    ) {
-        self.for_each_piece_of(&mut [out], align, &|_, start, piece| job(start, piece));
-    }
-
-    /// [`Pool::for_each_piece`] over several slices in one region: every thread takes its
-    /// share of each, calling `job(slice_index, first_index, piece)`, so products that read the
-    /// same input (query, key and value) cost one synchronisation instead of three.
-    pub fn for_each_piece_of<T: Send>(
+    /// Splits each slice of `outs` — `columns` columns of equal length, one after another —
+    /// into one contiguous range of rows per thread (boundaries on multiples of `align`), and
+    /// runs `job(slice_index, share)` for every thread's share of every slice in one region.
+    /// So products that read the same input (query, key and value) cost one synchronisation,
+    /// and a thread keeps the same rows of every column (its weights stay in its cache).
+    pub fn for_each_share<T: Send>(
         &self,
         outs: &mut [&mut [T]],
+        columns: usize,
         align: usize,
-        job: &(dyn Fn(usize, usize, &mut [T]) + Sync),
+        job: &(dyn Fn(usize, Share<'_, T>) + Sync),
     ) {
         const MAX: usize = 4;
         let align = align.max(1);
+        let columns = columns.max(1);
         let threads = self.threads;
         for (group, chunk) in outs.chunks_mut(MAX).enumerate() {
             let mut bases = [(SendPtr(std::ptr::null_mut()), 0usize); MAX];
             for (slot, out) in bases.iter_mut().zip(chunk.iter_mut()) {
-                *slot = (SendPtr(out.as_mut_ptr()), out.len());
+                assert_eq!(out.len() % columns, 0, "a slice of {columns} equal columns");
+                *slot = (SendPtr(out.as_mut_ptr()), out.len() / columns);
             }
             let used = chunk.len();
             self.run(&|i| {
-                for (k, &(base, len)) in bases[..used].iter().enumerate() {
-                    let units = len.div_ceil(align);
-                    let bound = |t: usize| (units * t / threads * align).min(len);
+                for (k, &(base, rows)) in bases[..used].iter().enumerate() {
+                    let units = rows.div_ceil(align);
+                    let bound = |t: usize| (units * t / threads * align).min(rows);
                     let (start, end) = (bound(i), bound(i + 1));
                     if start < end {
-                        // SAFETY: for a given slice the ranges [bound(i), bound(i+1)) are
-                        // disjoint across threads and lie inside it, and every slice is
-                        // exclusively borrowed for the whole of `run`.
-                        let piece = unsafe {
-                            std::slice::from_raw_parts_mut(base.get().add(start), end - start)
+                        let share = Share {
+                            base,
+                            rows,
+                            columns,
+                            start,
+                            end,
+                            _borrow: PhantomData,
                         };
-                        job(group * MAX + k, start, piece);
+                        job(group * MAX + k, share);
                     }
                 }
             });
+        }
+    }
+}
+
+/// One thread's rows `[start, end)` of every column of a slice being filled in parallel.
+pub struct Share<'a, T> {
+    base: SendPtr<T>,
+    rows: usize,
+    columns: usize,
+    /// First row of the share.
+    pub start: usize,
+    /// One past its last row.
+    pub end: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+impl<T> Share<'_, T> {
+    /// Columns in the slice.
+    pub fn columns(&self) -> usize {
+        self.columns
+    }
+
+    /// This share's rows of column `c`.
+    pub fn column(&mut self, c: usize) -> &mut [T] {
+        assert!(c < self.columns, "column {c} of {}", self.columns);
+        // SAFETY: `for_each_share` gives each thread a disjoint row range [start, end) inside
+        // every column of a slice it holds exclusively for the whole region, and `&mut self`
+        // allows one column view at a time per share.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.base.get().add(c * self.rows + self.start),
+                self.end - self.start,
+            )
         }
     }
 }
@@ -294,18 +324,26 @@ mod tests {
     }
 
     #[test]
-    fn pieces_cover_the_slice_once_on_aligned_boundaries() {
+    fn shares_cover_every_column_once_on_aligned_boundaries() {
         for threads in 1..=4 {
             let pool = Pool::new(threads);
-            for len in [0, 1, 2, 7, 64, 577] {
-                let mut out = vec![0u32; len];
-                pool.for_each_piece(&mut out, 2, &|start, piece| {
-                    assert_eq!(start % 2, 0);
-                    for (k, v) in piece.iter_mut().enumerate() {
-                        *v += (start + k) as u32 + 1;
+            for (rows, columns) in [(0, 1), (1, 1), (2, 3), (7, 2), (64, 1), (577, 5)] {
+                let mut a = vec![0u32; rows * columns];
+                let mut b = vec![0u32; rows * columns];
+                pool.for_each_share(&mut [&mut a, &mut b], columns, 2, &|which, mut share| {
+                    assert_eq!(share.start % 2, 0);
+                    let start = share.start;
+                    for c in 0..share.columns() {
+                        for (k, v) in share.column(c).iter_mut().enumerate() {
+                            *v += (which * 100_000 + c * 1000 + start + k) as u32 + 1;
+                        }
                     }
                 });
-                assert!(out.iter().enumerate().all(|(k, &v)| v == k as u32 + 1));
+                for (which, out) in [a, b].iter().enumerate() {
+                    assert!(out.iter().enumerate().all(|(i, &v)| {
+                        v == (which * 100_000 + (i / rows) * 1000 + i % rows) as u32 + 1
+                    }));
+                }
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::model::{KvCache, Model, log_softmax};
+use crate::model::{KvCache, Logits, MAX_BATCH, Model, log_softmax};
 
 /// The top candidates at one position.
 #[derive(Debug, Clone, Serialize)]
@@ -29,23 +29,35 @@ pub fn score(
     }
     let mut cache = KvCache::new(&model.hparams, ids.len())?;
     let mut out = Vec::with_capacity(ids.len() - from);
-    for (pos, &token) in ids[..ids.len() - 1].iter().enumerate() {
-        let logits = model.step(token, pos, &mut cache)?;
-        if pos + 1 < from {
-            continue;
+    // Positions before `from − 1` predict nothing asked for: one batched prefill, no logits kept.
+    let scored_from = from - 1;
+    if scored_from > 0 {
+        model.forward(&ids[..scored_from], 0, &mut cache, Logits::Last)?;
+    }
+    let inputs = &ids[scored_from..ids.len() - 1];
+    let vocab = model.hparams.vocab;
+    for (c, chunk) in inputs.chunks(MAX_BATCH).enumerate() {
+        let first = scored_from + c * MAX_BATCH;
+        let logits = model.forward(chunk, first, &mut cache, Logits::All)?;
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            out.push(Position {
+                pos: first + i + 1,
+                top: best(&log_softmax(row), top),
+            });
         }
-        let lp = log_softmax(logits);
-        let mut order: Vec<u32> = (0..lp.len() as u32).collect();
-        let k = top.min(order.len());
-        order.select_nth_unstable_by(k.saturating_sub(1), |a, b| {
-            lp[*b as usize].total_cmp(&lp[*a as usize])
-        });
-        let mut best: Vec<(u32, f32)> = order[..k].iter().map(|&i| (i, lp[i as usize])).collect();
-        best.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        out.push(Position {
-            pos: pos + 1,
-            top: best,
-        });
     }
     Ok(out)
+}
+
+/// The `k` most likely tokens, best first (ties by id).
+fn best(lp: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut order: Vec<u32> = (0..lp.len() as u32).collect();
+    let k = k.min(order.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    order.select_nth_unstable_by(k - 1, |a, b| lp[*b as usize].total_cmp(&lp[*a as usize]));
+    let mut top: Vec<(u32, f32)> = order[..k].iter().map(|&i| (i, lp[i as usize])).collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    top
 }

@@ -90,3 +90,42 @@ fn logits_are_bit_identical_across_thread_counts() {
             .all(|(a, b)| a.to_bits() == b.to_bits())
     );
 }
+
+/// A prompt run as batched passes (longer than one pass, so two of them) gives every position
+/// exactly the logits that stepping token by token gives, on one thread and on two.
+#[test]
+fn batched_passes_equal_token_by_token_steps_bit_for_bit() {
+    use engine::model::{Logits, MAX_BATCH};
+    for path in [smollm2(), gemma3()] {
+        let file = ModelFile::open(&path).expect("open");
+        let model = Model::load(&file).expect("load");
+        let n = MAX_BATCH + 7;
+        let tokens: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + 13) % 5000 + 10).collect();
+        let mut stepped = Vec::new();
+        let mut cache = KvCache::new(&model.hparams, n).expect("cache");
+        for (pos, &t) in tokens.iter().enumerate() {
+            stepped.extend_from_slice(model.step(t, pos, &mut cache).expect("step"));
+        }
+        for threads in [1, 2] {
+            let mut cache = KvCache::new(&model.hparams, n)
+                .expect("cache")
+                .with_threads(threads);
+            let batched = model
+                .forward(&tokens, 0, &mut cache, Logits::All)
+                .expect("forward");
+            assert_eq!(batched.len(), stepped.len());
+            let differing = batched
+                .iter()
+                .zip(&stepped)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(differing, 0, "{} on {threads} threads", path.display());
+            // Only the last row when that is all that is asked for.
+            let mut cache = KvCache::new(&model.hparams, n).expect("cache");
+            let last = model
+                .forward(&tokens, 0, &mut cache, Logits::Last)
+                .expect("forward");
+            assert_eq!(last, &stepped[(n - 1) * model.hparams.vocab..]);
+        }
+    }
+}

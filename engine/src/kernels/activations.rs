@@ -74,9 +74,8 @@ fn q8_block(x: &[f32]) -> (f32, [i8; 32], i32) {
     (d, qs, sum)
 }
 
-/// Quantizes `x` (a multiple of 32 long) into `out`.
+/// Quantizes `x` (a multiple of 32 long), appending to `out`.
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) {
-    out.clear();
     out.extend(x.chunks_exact(32).map(|c| {
         let (d, qs, _) = q8_block(c);
         BlockQ8_0 {
@@ -86,9 +85,8 @@ pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) {
     }));
 }
 
-/// Quantizes `x` (a multiple of 32 long) into `out`.
+/// Quantizes `x` (a multiple of 32 long), appending to `out`.
 pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) {
-    out.clear();
     out.extend(x.chunks_exact(32).map(|c| {
         let (d, qs, sum) = q8_block(c);
         BlockQ8_1 {
@@ -99,10 +97,9 @@ pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) {
     }));
 }
 
-/// Quantizes `x` (a multiple of 256 long) into `out`: the value of largest magnitude maps to
+/// Quantizes `x` (a multiple of 256 long), appending to `out`: the value of largest magnitude maps to
 /// −127, as ggml's `quantize_row_q8_K_ref` does.
 pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) {
-    out.clear();
     out.extend(x.chunks_exact(256).map(|c| {
         let mut block = BlockQ8K::default();
         let (mut amax, mut max) = (0f32, 0f32);

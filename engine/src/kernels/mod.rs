@@ -156,16 +156,20 @@ impl Exec {
     }
 }
 
-/// One product of a fused region: `out = W · x`.
+/// One product of a fused region: `out = W · x` for each of the input columns.
 pub struct Product<'t, 'o> {
     /// The weights.
     pub w: &'t Tensor<'t>,
-    /// One output per row of `w`.
+    /// One output per row of `w` for each input column, column after column.
     pub out: &'o mut [f32],
 }
 
 /// Kernels pair rows up, so thread boundaries fall on even rows.
 const ROW_ALIGN: usize = 2;
+
+/// Rows a thread takes through every input column before moving on: a few KiB of weights that
+/// stay in its L1 cache while they meet each column.
+const ROWS_PER_CHUNK: usize = 16;
 
 /// `out = W · x` for every row of `w`, rows split across the pool's threads.
 pub fn matvec(
@@ -175,28 +179,33 @@ pub fn matvec(
     exec: &Exec,
     scratch: &mut Scratch,
 ) -> Result<(), String> {
-    matvecs(&mut [Product { w, out }], x, exec, scratch)
+    matmul(&mut [Product { w, out }], x, 1, exec, scratch)
 }
 
-/// Several products of the same input in one parallel region: `x` is quantized once per dot
-/// type, then every thread computes its contiguous share of each product's rows.
-pub fn matvecs(
+/// Products of the same `columns` input vectors (`xs`, one after another) in one parallel
+/// region. Each input is quantized once per dot type; every thread then takes a contiguous
+/// share of each product's rows and, chunk by chunk, applies them to every column, so a batch
+/// of tokens reads each weight from memory once. A column's result does not depend on the
+/// batch it came in or the thread count: it is the same kernel call on the same data.
+pub fn matmul(
     products: &mut [Product<'_, '_>],
-    x: &[f32],
+    xs: &[f32],
+    columns: usize,
     exec: &Exec,
     scratch: &mut Scratch,
 ) -> Result<(), String> {
+    let columns = columns.max(1);
     let mut dots = Vec::with_capacity(products.len());
     let (mut need_q8_0, mut need_q8_1, mut need_q8k) = (false, false, false);
     for p in products.iter() {
         let w = p.w;
-        if x.len() != w.row_len() || p.out.len() != w.rows() {
+        if xs.len() != w.row_len() * columns || p.out.len() != w.rows() * columns {
             return Err(format!(
-                "{}: a [{}, {}] matrix cannot take {} inputs into {} outputs",
+                "{}: a [{}, {}] matrix cannot take {} inputs into {} outputs over {columns} columns",
                 w.info.name,
                 w.row_len(),
                 w.rows(),
-                x.len(),
+                xs.len(),
                 p.out.len()
             ));
         }
@@ -209,35 +218,58 @@ pub fn matvecs(
         }
         dots.push((dot, w));
     }
-    if need_q8_0 {
-        activations::quantize_q8_0(x, &mut scratch.q8_0);
+    let Some(&(_, first)) = dots.first() else {
+        return Ok(());
+    };
+    let width = first.row_len();
+    let Scratch { q8_0, q8_1, q8k } = scratch;
+    q8_0.clear();
+    q8_1.clear();
+    q8k.clear();
+    for x in xs.chunks_exact(width) {
+        if need_q8_0 {
+            activations::quantize_q8_0(x, q8_0);
+        }
+        if need_q8_1 {
+            activations::quantize_q8_1(x, q8_1);
+        }
+        if need_q8k {
+            activations::quantize_q8_k(x, q8k);
+        }
     }
-    if need_q8_1 {
-        activations::quantize_q8_1(x, &mut scratch.q8_1);
-    }
-    if need_q8k {
-        activations::quantize_q8_k(x, &mut scratch.q8k);
-    }
-    let scratch = &*scratch;
+    let (q8_0, q8_1, q8k) = (&*q8_0, &*q8_1, &*q8k);
     let failure = std::sync::Mutex::new(None);
     let mut outs: Vec<&mut [f32]> = products.iter_mut().map(|p| &mut *p.out).collect();
     exec.pool
-        .for_each_piece_of(&mut outs, ROW_ALIGN, &|which, first, piece| {
+        .for_each_share(&mut outs, columns, ROW_ALIGN, &|which, mut share| {
             let (dot, w) = dots[which];
             let rb = w.row_bytes();
-            let rows = &w.bytes[first * rb..(first + piece.len()) * rb];
-            match dot {
-                RowDot::Q8_0(f) => f(rows, rb, &scratch.q8_0, piece),
-                RowDot::Q8_1(f) => f(rows, rb, &scratch.q8_1, piece),
-                RowDot::Q8K(f) => f(rows, rb, &scratch.q8k, piece),
-                RowDot::Float(ty) => {
-                    for (o, row) in piece.iter_mut().zip(rows.chunks_exact(rb)) {
-                        match quant::dot(&ty, row, x) {
-                            Ok(v) => *o = v,
-                            Err(e) => {
-                                *failure.lock().unwrap_or_else(|p| p.into_inner()) =
-                                    Some(e.to_string());
-                                return;
+            let (start, end) = (share.start, share.end);
+            for chunk in (start..end).step_by(ROWS_PER_CHUNK) {
+                let chunk_end = (chunk + ROWS_PER_CHUNK).min(end);
+                let rows = &w.bytes[chunk * rb..chunk_end * rb];
+                for c in 0..columns {
+                    let out = &mut share.column(c)[chunk - start..chunk_end - start];
+                    let activations = |blocks: usize| c * blocks..(c + 1) * blocks;
+                    match dot {
+                        RowDot::Q8_0(f) => {
+                            f(rows, rb, &q8_0[activations(q8_0.len() / columns)], out)
+                        }
+                        RowDot::Q8_1(f) => {
+                            f(rows, rb, &q8_1[activations(q8_1.len() / columns)], out)
+                        }
+                        RowDot::Q8K(f) => f(rows, rb, &q8k[activations(q8k.len() / columns)], out),
+                        RowDot::Float(ty) => {
+                            let x = &xs[c * width..(c + 1) * width];
+                            for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                                match quant::dot(&ty, row, x) {
+                                    Ok(v) => *o = v,
+                                    Err(e) => {
+                                        *failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                                            Some(e.to_string());
+                                        return;
+                                    }
+                                }
                             }
                         }
                     }

@@ -17,27 +17,24 @@ pub struct Query<'a> {
     pub post_scale: f32,
 }
 
-/// Per-head buffers reused across calls.
-#[derive(Default)]
-pub struct Buffers {
-    q16: Vec<u16>,
-    acc16: Vec<u16>,
-}
+/// The widest head [`attend`] takes (its f16 buffers live on the stack); models with wider
+/// heads are refused when they load.
+pub const MAX_HEAD_DIM: usize = 512;
 
 /// Computes `out = softmax(q·K) · V` over the cached rows `keys`/`values` (each `out.len()`
-/// wide, f16 bits), rows in order.
+/// wide, at most [`MAX_HEAD_DIM`], f16 bits), rows in order.
 pub fn attend<'c>(
     query: &Query<'_>,
     rows: impl Iterator<Item = (&'c [u16], &'c [u16])>,
-    buffers: &mut Buffers,
     isa: Isa,
     out: &mut [f32],
 ) {
-    let Buffers { q16, acc16 } = buffers;
-    q16.clear();
-    q16.extend(query.q.iter().map(|&v| f32_to_f16(v * query.pre_scale)));
-    acc16.clear();
-    acc16.resize(out.len(), 0);
+    let width = out.len().min(MAX_HEAD_DIM);
+    let (mut q_buf, mut acc_buf) = ([0u16; MAX_HEAD_DIM], [0u16; MAX_HEAD_DIM]);
+    let (q16, acc16) = (&mut q_buf[..width], &mut acc_buf[..width]);
+    for (h, &v) in q16.iter_mut().zip(query.q) {
+        *h = f32_to_f16(v * query.pre_scale);
+    }
     let mut sum = 0f32;
     let mut max = f32::NEG_INFINITY;
     for (k, v) in rows {
@@ -93,7 +90,6 @@ mod tests {
             keys.iter()
                 .map(Vec::as_slice)
                 .zip(values.iter().map(Vec::as_slice)),
-            &mut Buffers::default(),
             Isa::Scalar,
             &mut out,
         );

@@ -132,6 +132,7 @@ impl Hparams {
             && h.n_head % h.n_head_kv == 0
             && h.head_dim > 0
             && h.head_dim % 2 == 0
+            && h.head_dim <= super::attention::MAX_HEAD_DIM
             && h.n_rot <= h.head_dim
             && h.n_rot % 2 == 0
             && h.n_layer > 0

@@ -90,14 +90,18 @@ fn add_bias(x: &mut [f32], bias: Option<&Vec<f32>>) {
     }
 }
 
-/// Runs layer `il` on the residual stream `x` at position `pos`.
+/// Runs layer `il` on the residual streams `x` of `n` consecutive tokens at positions
+/// `first..first + n`: each token's keys and values go into the cache, and each attends to
+/// every cached position up to its own.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn block(
     h: &Hparams,
     il: usize,
     layer: &Layer<'_>,
     rope_freqs: Option<&[f32]>,
     x: &mut [f32],
-    pos: usize,
+    n: usize,
+    first: usize,
     cache: &mut KvCache,
 ) -> Result<(), String> {
     let gemma = h.arch == Arch::Gemma3;
@@ -114,13 +118,21 @@ pub(super) fn block(
         neox: h.arch != Arch::Llama,
         freq_factors: rope_freqs,
     };
-    let exec = &cache.exec;
+    let KvCache {
+        exec,
+        keys,
+        values,
+        work: w,
+        ..
+    } = cache;
     let isa = exec.isa;
-    let w = &mut cache.work;
+    let e = h.n_embd;
 
     w.cur.copy_from_slice(x);
-    rms_norm(&mut w.cur, &layer.attn_norm, h.rms_eps);
-    kernels::matvecs(
+    for row in w.cur.chunks_exact_mut(e) {
+        rms_norm(row, &layer.attn_norm, h.rms_eps);
+    }
+    kernels::matmul(
         &mut [
             Product {
                 w: &layer.wq,
@@ -136,66 +148,98 @@ pub(super) fn block(
             },
         ],
         &w.cur,
+        n,
         exec,
         &mut w.scratch,
     )?;
-    add_bias(&mut w.q, layer.bq.as_ref());
-    add_bias(&mut w.k, layer.bk.as_ref());
-    add_bias(&mut w.v, layer.bv.as_ref());
-    for head in w.q.chunks_exact_mut(hd) {
-        if let Some(n) = &layer.q_norm {
-            rms_norm(head, n, h.rms_eps);
+    let q_dim = h.n_head * hd;
+    for (t, ((q, k), v)) in
+        w.q.chunks_exact_mut(q_dim)
+            .zip(w.k.chunks_exact_mut(kv_dim))
+            .zip(w.v.chunks_exact_mut(kv_dim))
+            .enumerate()
+    {
+        let pos = first + t;
+        add_bias(q, layer.bq.as_ref());
+        add_bias(k, layer.bk.as_ref());
+        add_bias(v, layer.bv.as_ref());
+        for head in q.chunks_exact_mut(hd) {
+            if let Some(norm) = &layer.q_norm {
+                rms_norm(head, norm, h.rms_eps);
+            }
+            rope.apply(head, pos);
         }
-        rope.apply(head, pos);
-    }
-    for head in w.k.chunks_exact_mut(hd) {
-        if let Some(n) = &layer.k_norm {
-            rms_norm(head, n, h.rms_eps);
+        for head in k.chunks_exact_mut(hd) {
+            if let Some(norm) = &layer.k_norm {
+                rms_norm(head, norm, h.rms_eps);
+            }
+            rope.apply(head, pos);
         }
-        rope.apply(head, pos);
-    }
-    let row = pos * kv_dim..(pos + 1) * kv_dim;
-    for (c, v) in cache.keys[il][row.clone()].iter_mut().zip(&w.k) {
-        *c = f32_to_f16(*v);
-    }
-    for (c, v) in cache.values[il][row].iter_mut().zip(&w.v) {
-        *c = f32_to_f16(*v);
+        let row = pos * kv_dim..(pos + 1) * kv_dim;
+        for (c, v) in keys[il][row.clone()].iter_mut().zip(k.iter()) {
+            *c = f32_to_f16(*v);
+        }
+        for (c, v) in values[il][row].iter_mut().zip(v.iter()) {
+            *c = f32_to_f16(*v);
+        }
     }
 
-    let first = match window {
-        // Key p0 is masked for query p1 when p1 - p0 >= window.
-        Some(n) => (pos + 1).saturating_sub(n),
-        None => 0,
-    };
     let (pre_scale, post_scale) = if gemma {
         (h.attn_scale, 1.0)
     } else {
         (1.0, h.attn_scale)
     };
     let group = h.n_head / h.n_head_kv;
-    let (keys, values) = (&cache.keys[il], &cache.values[il]);
-    for (hq, out) in w.attn.chunks_exact_mut(hd).enumerate() {
-        let kv = (hq / group) * hd;
-        let rows = (first..=pos).map(|p| {
-            let at = p * kv_dim + kv;
-            (&keys[at..at + hd], &values[at..at + hd])
+    let (keys, values) = (&keys[il], &values[il]);
+    let queries = &w.q;
+    // Every (token, query head) pair is independent: the threads share them out.
+    exec.pool
+        .for_each_share(&mut [&mut w.attn], 1, hd, &|_, mut share| {
+            let start = share.start;
+            for (i, out) in share.column(0).chunks_exact_mut(hd).enumerate() {
+                let slot = start / hd + i;
+                let (t, hq) = (slot / h.n_head, slot % h.n_head);
+                let pos = first + t;
+                let from = match window {
+                    // Key p0 is masked for query p1 when p1 - p0 >= window.
+                    Some(size) => (pos + 1).saturating_sub(size),
+                    None => 0,
+                };
+                let kv = (hq / group) * hd;
+                let rows = (from..=pos).map(|p| {
+                    let at = p * kv_dim + kv;
+                    (&keys[at..at + hd], &values[at..at + hd])
+                });
+                let query = Query {
+                    q: &queries[slot * hd..(slot + 1) * hd],
+                    pre_scale,
+                    post_scale,
+                };
+                attention::attend(&query, rows, isa, out);
+            }
         });
-        let query = Query {
-            q: &w.q[hq * hd..(hq + 1) * hd],
-            pre_scale,
-            post_scale,
-        };
-        attention::attend(&query, rows, &mut w.attention, isa, out);
+    kernels::matmul(
+        &mut [Product {
+            w: &layer.wo,
+            out: &mut w.proj,
+        }],
+        &w.attn,
+        n,
+        exec,
+        &mut w.scratch,
+    )?;
+    for (xr, pr) in x.chunks_exact_mut(e).zip(w.proj.chunks_exact_mut(e)) {
+        if let Some(norm) = &layer.post_attn_norm {
+            rms_norm(pr, norm, h.rms_eps);
+        }
+        xr.iter_mut().zip(pr.iter()).for_each(|(xi, a)| *xi += a);
     }
-    kernels::matvec(&layer.wo, &w.attn, &mut w.proj, exec, &mut w.scratch)?;
-    if let Some(n) = &layer.post_attn_norm {
-        rms_norm(&mut w.proj, n, h.rms_eps);
-    }
-    x.iter_mut().zip(&w.proj).for_each(|(xi, a)| *xi += a);
 
     w.cur.copy_from_slice(x);
-    rms_norm(&mut w.cur, &layer.ffn_norm, h.rms_eps);
-    kernels::matvecs(
+    for row in w.cur.chunks_exact_mut(e) {
+        rms_norm(row, &layer.ffn_norm, h.rms_eps);
+    }
+    kernels::matmul(
         &mut [
             Product {
                 w: &layer.gate,
@@ -207,6 +251,7 @@ pub(super) fn block(
             },
         ],
         &w.cur,
+        n,
         exec,
         &mut w.scratch,
     )?;
@@ -217,10 +262,21 @@ pub(super) fn block(
     } else {
         kernels::silu_mul(&mut w.gate, &w.up, isa);
     }
-    kernels::matvec(&layer.down, &w.gate, &mut w.proj, exec, &mut w.scratch)?;
-    if let Some(n) = &layer.post_ffn_norm {
-        rms_norm(&mut w.proj, n, h.rms_eps);
+    kernels::matmul(
+        &mut [Product {
+            w: &layer.down,
+            out: &mut w.proj,
+        }],
+        &w.gate,
+        n,
+        exec,
+        &mut w.scratch,
+    )?;
+    for (xr, pr) in x.chunks_exact_mut(e).zip(w.proj.chunks_exact_mut(e)) {
+        if let Some(norm) = &layer.post_ffn_norm {
+            rms_norm(pr, norm, h.rms_eps);
+        }
+        xr.iter_mut().zip(pr.iter()).for_each(|(xi, f)| *xi += f);
     }
-    x.iter_mut().zip(&w.proj).for_each(|(xi, f)| *xi += f);
     Ok(())
 }

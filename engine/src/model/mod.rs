@@ -58,10 +58,10 @@ pub struct KvCache {
     work: Work,
 }
 
-/// Per-token intermediate vectors, sized once.
+/// Intermediate vectors of a pass over up to [`MAX_BATCH`] tokens (one row per token), grown
+/// to the widest pass seen and then reused, so the token loop does not allocate.
 struct Work {
     scratch: kernels::Scratch,
-    attention: attention::Buffers,
     x: Vec<f32>,
     cur: Vec<f32>,
     q: Vec<f32>,
@@ -75,24 +75,53 @@ struct Work {
 }
 
 impl Work {
-    fn new(h: &Hparams) -> Work {
-        let (q_dim, kv_dim) = (h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
+    fn new() -> Work {
         Work {
             scratch: kernels::Scratch::default(),
-            attention: attention::Buffers::default(),
-            x: vec![0.0; h.n_embd],
-            cur: vec![0.0; h.n_embd],
-            q: vec![0.0; q_dim],
-            k: vec![0.0; kv_dim],
-            v: vec![0.0; kv_dim],
-            attn: vec![0.0; q_dim],
-            proj: vec![0.0; h.n_embd],
-            gate: vec![0.0; h.n_ff],
-            up: vec![0.0; h.n_ff],
-            logits: vec![0.0; h.vocab],
+            x: Vec::new(),
+            cur: Vec::new(),
+            q: Vec::new(),
+            k: Vec::new(),
+            v: Vec::new(),
+            attn: Vec::new(),
+            proj: Vec::new(),
+            gate: Vec::new(),
+            up: Vec::new(),
+            logits: Vec::new(),
+        }
+    }
+
+    /// Sizes every buffer for a pass of `n` tokens.
+    fn shape(&mut self, h: &Hparams, n: usize) {
+        let (q_dim, kv_dim) = (h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
+        for (buffer, width) in [
+            (&mut self.x, h.n_embd),
+            (&mut self.cur, h.n_embd),
+            (&mut self.q, q_dim),
+            (&mut self.k, kv_dim),
+            (&mut self.v, kv_dim),
+            (&mut self.attn, q_dim),
+            (&mut self.proj, h.n_embd),
+            (&mut self.gate, h.n_ff),
+            (&mut self.up, h.n_ff),
+        ] {
+            buffer.resize(n * width, 0.0);
         }
     }
 }
+
+/// Which logits a pass computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last token's (prefill, generation).
+    Last,
+    /// Every token's, one row of `vocab` each (scoring, checking drafted tokens).
+    All,
+}
+
+/// Tokens per pass: a batch's activations stay in the caches while each weight chunk is read
+/// once for all of them. Longer inputs run as several passes.
+pub const MAX_BATCH: usize = 32;
 
 impl KvCache {
     /// A cache for `context` positions (the configured context, not the model's maximum, which
@@ -110,11 +139,11 @@ impl KvCache {
             exec: Exec::new(rayon::current_num_threads()),
             keys: vec![vec![0; context * width]; hparams.n_layer],
             values: vec![vec![0; context * width]; hparams.n_layer],
-            work: Work::new(hparams),
+            work: Work::new(),
         })
     }
 
-    /// The logits of the last [`Model::step`].
+    /// The logits of the last pass ([`Model::step`] or [`Model::forward`]).
     pub fn logits(&self) -> &[f32] {
         &self.work.logits
     }
@@ -257,44 +286,108 @@ impl<'a> Model<'a> {
         pos: usize,
         cache: &'c mut KvCache,
     ) -> Result<&'c [f32], String> {
+        self.forward(&[token], pos, cache, Logits::Last)
+    }
+
+    /// Runs `tokens` at positions `start..` (all earlier positions must be in `cache`), in
+    /// passes of up to [`MAX_BATCH`] tokens, and returns the last token's logits or every
+    /// token's (`vocab` each, in order). The result equals stepping token by token, bit for bit.
+    pub fn forward<'c>(
+        &self,
+        tokens: &[u32],
+        start: usize,
+        cache: &'c mut KvCache,
+        logits: Logits,
+    ) -> Result<&'c [f32], String> {
         let h = &self.hparams;
-        if token as usize >= h.vocab {
+        if tokens.is_empty() {
+            return Err("a pass needs at least one token".into());
+        }
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= h.vocab) {
             return Err(format!(
-                "token {token} is outside the vocabulary of {}",
+                "token {bad} is outside the vocabulary of {}",
                 h.vocab
             ));
         }
-        if pos >= cache.context {
+        if start + tokens.len() > cache.context {
             return Err(format!(
-                "position {pos} is past the context of {}",
+                "positions {start}..{} do not fit the context of {}",
+                start + tokens.len(),
                 cache.context
             ));
         }
+        let rows = match logits {
+            Logits::Last => 1,
+            Logits::All => tokens.len(),
+        };
+        cache.work.logits.resize(rows * h.vocab, 0.0);
+        let batches = tokens.len().div_ceil(MAX_BATCH);
+        for (b, batch) in tokens.chunks(MAX_BATCH).enumerate() {
+            let first = start + b * MAX_BATCH;
+            let out_rows = match logits {
+                Logits::All => Some(b * MAX_BATCH),
+                Logits::Last if b + 1 == batches => Some(0),
+                Logits::Last => None,
+            };
+            self.pass(batch, first, cache, logits, out_rows)?;
+        }
+        Ok(&cache.work.logits)
+    }
+
+    /// One pass of `tokens` (at most [`MAX_BATCH`]) from position `first`; with `out_row`, its
+    /// logits (the last token's, or all of them) go to the logits buffer from that row on.
+    fn pass(
+        &self,
+        tokens: &[u32],
+        first: usize,
+        cache: &mut KvCache,
+        logits: Logits,
+        out_row: Option<usize>,
+    ) -> Result<(), String> {
+        let h = &self.hparams;
+        let (n, e) = (tokens.len(), h.n_embd);
+        cache.work.shape(h, n);
         let mut x = std::mem::take(&mut cache.work.x);
         let embd = &self.embeddings;
-        quant::dequantize(&embd.info.tensor_type, embd.row(token as usize), &mut x)
-            .map_err(|e| e.to_string())?;
-        if h.arch == Arch::Gemma3 {
-            let scale = (h.n_embd as f32).sqrt();
-            x.iter_mut().for_each(|v| *v *= scale);
+        for (row, &token) in x.chunks_exact_mut(e).zip(tokens) {
+            quant::dequantize(&embd.info.tensor_type, embd.row(token as usize), row)
+                .map_err(|err| err.to_string())?;
+            if h.arch == Arch::Gemma3 {
+                let scale = (e as f32).sqrt();
+                row.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         let rope_freqs = self.rope_freqs.as_deref();
         let ran = self.layers.iter().enumerate().try_for_each(|(il, layer)| {
-            layers::block(h, il, layer, rope_freqs, &mut x, pos, cache)
+            layers::block(h, il, layer, rope_freqs, &mut x, n, first, cache)
         });
-        layers::rms_norm(&mut x, &self.output_norm, h.rms_eps);
-        let work = &mut cache.work;
         let projected = ran.and_then(|()| {
-            kernels::matvec(
-                &self.output,
-                &x,
-                &mut work.logits,
+            let Some(at) = out_row else {
+                return Ok(());
+            };
+            let wanted = match logits {
+                Logits::Last => &mut x[(n - 1) * e..],
+                Logits::All => &mut x[..],
+            };
+            for row in wanted.chunks_exact_mut(e) {
+                layers::rms_norm(row, &self.output_norm, h.rms_eps);
+            }
+            let columns = wanted.len() / e;
+            let work = &mut cache.work;
+            let out = &mut work.logits[at * h.vocab..(at + columns) * h.vocab];
+            kernels::matmul(
+                &mut [kernels::Product {
+                    w: &self.output,
+                    out,
+                }],
+                wanted,
+                columns,
                 &cache.exec,
                 &mut work.scratch,
             )
         });
-        work.x = x;
-        projected.map(|()| &work.logits[..])
+        cache.work.x = x;
+        projected
     }
 }
 
