@@ -47,9 +47,10 @@ impl Isa {
     }
 }
 
-/// Dots of `out.len()` consecutive weight rows (`row_bytes` each, starting at the slice's
-/// start) with one activation vector quantized to the rows' dot type.
-pub type RowsFn<B> = fn(&[u8], usize, &[B], &mut [f32]);
+/// Dots of every row of `w` (consecutive rows of `row_bytes`) with each of `columns`
+/// activation vectors (`x`, one after another, each quantized to the rows' dot type); the
+/// result for row r and column c goes to `out[c · rows + r]`.
+pub type RowsFn<B> = fn(&[u8], usize, &[B], usize, &mut [f32]);
 
 /// Weight rows · activations quantized to the row type's dot type.
 #[derive(Clone, Copy)]
@@ -171,6 +172,23 @@ const ROW_ALIGN: usize = 2;
 /// stay in its L1 cache while they meet each column.
 const ROWS_PER_CHUNK: usize = 16;
 
+/// Columns per kernel call in a batch (the results tile lives on the stack).
+const MAX_TILE_COLUMNS: usize = 32;
+
+/// Float weights: the reference dot of each row with `x`.
+fn float_rows(
+    ty: TensorType,
+    rows: &[u8],
+    rb: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), String> {
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+        *o = quant::dot(&ty, row, x).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// `out = W · x` for every row of `w`, rows split across the pool's threads.
 pub fn matvec(
     w: &Tensor<'_>,
@@ -245,33 +263,52 @@ pub fn matmul(
             let (dot, w) = dots[which];
             let rb = w.row_bytes();
             let (start, end) = (share.start, share.end);
+            if columns == 1 {
+                // One token: the whole share in one call, rows streaming from memory.
+                let rows = &w.bytes[start * rb..end * rb];
+                let out = share.column(0);
+                match dot {
+                    RowDot::Q8_0(f) => f(rows, rb, q8_0, 1, out),
+                    RowDot::Q8_1(f) => f(rows, rb, q8_1, 1, out),
+                    RowDot::Q8K(f) => f(rows, rb, q8k, 1, out),
+                    RowDot::Float(ty) => {
+                        if let Err(e) = float_rows(ty, rows, rb, xs, out) {
+                            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                        }
+                    }
+                }
+                return;
+            }
+            // A batch: a chunk of rows meets every column while it is in cache.
+            let mut tile = [0f32; ROWS_PER_CHUNK * MAX_TILE_COLUMNS];
             for chunk in (start..end).step_by(ROWS_PER_CHUNK) {
                 let chunk_end = (chunk + ROWS_PER_CHUNK).min(end);
+                let n = chunk_end - chunk;
                 let rows = &w.bytes[chunk * rb..chunk_end * rb];
-                for c in 0..columns {
-                    let out = &mut share.column(c)[chunk - start..chunk_end - start];
-                    let activations = |blocks: usize| c * blocks..(c + 1) * blocks;
+                for c0 in (0..columns).step_by(MAX_TILE_COLUMNS) {
+                    let nc = (columns - c0).min(MAX_TILE_COLUMNS);
+                    let tile = &mut tile[..n * nc];
+                    let span = |len: usize| {
+                        let per = len / columns;
+                        c0 * per..(c0 + nc) * per
+                    };
                     match dot {
-                        RowDot::Q8_0(f) => {
-                            f(rows, rb, &q8_0[activations(q8_0.len() / columns)], out)
-                        }
-                        RowDot::Q8_1(f) => {
-                            f(rows, rb, &q8_1[activations(q8_1.len() / columns)], out)
-                        }
-                        RowDot::Q8K(f) => f(rows, rb, &q8k[activations(q8k.len() / columns)], out),
+                        RowDot::Q8_0(f) => f(rows, rb, &q8_0[span(q8_0.len())], nc, tile),
+                        RowDot::Q8_1(f) => f(rows, rb, &q8_1[span(q8_1.len())], nc, tile),
+                        RowDot::Q8K(f) => f(rows, rb, &q8k[span(q8k.len())], nc, tile),
                         RowDot::Float(ty) => {
-                            let x = &xs[c * width..(c + 1) * width];
-                            for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
-                                match quant::dot(&ty, row, x) {
-                                    Ok(v) => *o = v,
-                                    Err(e) => {
-                                        *failure.lock().unwrap_or_else(|p| p.into_inner()) =
-                                            Some(e.to_string());
-                                        return;
-                                    }
+                            for (c, out) in tile.chunks_exact_mut(n).enumerate() {
+                                let x = &xs[(c0 + c) * width..(c0 + c + 1) * width];
+                                if let Err(e) = float_rows(ty, rows, rb, x, out) {
+                                    *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                                    return;
                                 }
                             }
                         }
+                    }
+                    for (c, results) in tile.chunks_exact(n).enumerate() {
+                        share.column(c0 + c)[chunk - start..chunk_end - start]
+                            .copy_from_slice(results);
                     }
                 }
             }
@@ -375,27 +412,31 @@ mod tests {
         (sum.sum(), magnitude.sum())
     }
 
-    /// The dots of `rows` consecutive rows in `w` with `x`.
-    fn run_rows(dot: RowDot, w: &[u8], rows: usize, x: &[f32]) -> Vec<f32> {
+    /// The dots of `rows` consecutive rows in `w` with each column of `xs` (column-major out).
+    fn run_rows(dot: RowDot, w: &[u8], rows: usize, xs: &[f32], columns: usize) -> Vec<f32> {
         let mut s = Scratch::default();
         let row_bytes = w.len() / rows;
-        let mut out = vec![0f32; rows];
+        let width = xs.len() / columns;
+        let mut out = vec![0f32; rows * columns];
         match dot {
             RowDot::Q8_0(f) => {
-                activations::quantize_q8_0(x, &mut s.q8_0);
-                f(w, row_bytes, &s.q8_0, &mut out);
+                xs.chunks_exact(width)
+                    .for_each(|x| activations::quantize_q8_0(x, &mut s.q8_0));
+                f(w, row_bytes, &s.q8_0, columns, &mut out);
             }
             RowDot::Q8_1(f) => {
-                activations::quantize_q8_1(x, &mut s.q8_1);
-                f(w, row_bytes, &s.q8_1, &mut out);
+                xs.chunks_exact(width)
+                    .for_each(|x| activations::quantize_q8_1(x, &mut s.q8_1));
+                f(w, row_bytes, &s.q8_1, columns, &mut out);
             }
             RowDot::Q8K(f) => {
-                activations::quantize_q8_k(x, &mut s.q8k);
-                f(w, row_bytes, &s.q8k, &mut out);
+                xs.chunks_exact(width)
+                    .for_each(|x| activations::quantize_q8_k(x, &mut s.q8k));
+                f(w, row_bytes, &s.q8k, columns, &mut out);
             }
             RowDot::Float(ty) => {
-                for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
-                    *o = quant::dot(&ty, row, x).expect("dot");
+                for (outs, x) in out.chunks_exact_mut(rows).zip(xs.chunks_exact(width)) {
+                    float_rows(ty, w, row_bytes, x, outs).expect("dot");
                 }
             }
         }
@@ -403,7 +444,7 @@ mod tests {
     }
 
     fn run(dot: RowDot, row: &[u8], x: &[f32]) -> f32 {
-        run_rows(dot, row, 1, x)[0]
+        run_rows(dot, row, 1, x, 1)[0]
     }
 
     #[test]
@@ -437,15 +478,22 @@ mod tests {
                     let got = run(row_dot(&ty, isa).expect("kernel"), &row, &x);
                     assert_eq!(got.to_bits(), reference.to_bits(), "{name} on {isa:?}");
                 }
-                // Several rows at once (kernels pair rows up; an odd count leaves a tail).
+                // Tiles of rows × columns (kernels pair both up; odd counts leave tails).
                 let rows: Vec<u8> = (0..5)
                     .flat_map(|_| random_row(name, 768, &mut rng))
                     .collect();
-                let x = activations(768, &mut rng);
-                let reference = run_rows(row_dot(&ty, Isa::Scalar).expect("scalar"), &rows, 5, &x);
-                let got = run_rows(row_dot(&ty, isa).expect("kernel"), &rows, 5, &x);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&reference), "{name} rows on {isa:?}");
+                for columns in [1, 2, 3] {
+                    let xs = activations(768 * columns, &mut rng);
+                    let scalar = row_dot(&ty, Isa::Scalar).expect("scalar");
+                    let reference = run_rows(scalar, &rows, 5, &xs, columns);
+                    let got = run_rows(row_dot(&ty, isa).expect("kernel"), &rows, 5, &xs, columns);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&reference),
+                        "{name} {columns} columns on {isa:?}"
+                    );
+                }
             }
             for len in [32, 64, 72, 256, 5] {
                 let halves = |rng: &mut Bytes| -> Vec<u16> {

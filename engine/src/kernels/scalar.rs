@@ -323,17 +323,27 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// The rows interface every ISA implements (`out.len()` consecutive rows of `row_bytes` each),
-/// here over the one-row references.
+/// The interface every ISA implements (see `RowsFn`), here over the one-row references.
 pub mod rows {
     use super::super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 
     macro_rules! rows {
         ($($name:ident: $act:ty),* $(,)?) => {
             $(
-                pub fn $name(w: &[u8], row_bytes: usize, x: &[$act], out: &mut [f32]) {
-                    for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
-                        *o = super::$name(row, x);
+                pub fn $name(
+                    w: &[u8],
+                    row_bytes: usize,
+                    x: &[$act],
+                    columns: usize,
+                    out: &mut [f32],
+                ) {
+                    let n_rows = w.len() / row_bytes;
+                    let blocks = x.len() / columns.max(1);
+                    for (c, outs) in out.chunks_exact_mut(n_rows.max(1)).take(columns).enumerate() {
+                        let column = &x[c * blocks..(c + 1) * blocks];
+                        for (o, row) in outs.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                            *o = super::$name(row, column);
+                        }
                     }
                 }
             )*

@@ -41,9 +41,9 @@ pub fn row_dot(ty: &TensorType) -> Option<RowDot> {
 
 macro_rules! safe_wrapper {
     ($name:ident, $inner:ident, $act:ty) => {
-        fn $name(w: &[u8], row_bytes: usize, x: &[$act], out: &mut [f32]) {
+        fn $name(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
             // SAFETY: only reachable through `row_dot`, which checks `supported()` first.
-            unsafe { $inner(w, row_bytes, x, out) }
+            unsafe { $inner(w, row_bytes, x, columns, out) }
         }
     };
 }
@@ -139,49 +139,114 @@ unsafe fn f16c_at(bytes: &[u8], at: usize) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
 }
 
-/// A legacy-quant rows kernel: each block contributes `(d, lanes)` as
-/// `acc ← fma(d, lanes, acc)` (plus, for offset types, a scalar `summs` it updates itself).
-/// Rows go two at a time so the two accumulation chains overlap and the activation block is
-/// loaded once for both; each row still sums in exactly the scalar reference's order.
+/// A legacy-quant kernel: each block contributes `(d, lanes)` as `acc ← fma(d, lanes, acc)`
+/// (plus, for offset types, a scalar `summs` it updates itself). Work goes in tiles of two
+/// rows × two columns: four independent chains, each weight block unpacked once for both
+/// columns and each activation block loaded once for both rows. Every (row, column) still sums
+/// in exactly the scalar reference's order.
 macro_rules! legacy_rows {
     ($rows:ident, $act:ty, $bytes:expr, |$b:ident, $y:ident, $summs:ident| $block:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], out: &mut [f32]) {
+        unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
-                let mut rows = w.chunks_exact(row_bytes);
-                let mut pairs = out.chunks_exact_mut(2);
-                for o in pairs.by_ref() {
-                    let (Some(r0), Some(r1)) = (rows.next(), rows.next()) else {
-                        break;
+                let n_rows = w.len() / row_bytes;
+                let blocks = row_bytes / $bytes;
+                if n_rows == 0 || blocks == 0 || x.len() < columns * blocks {
+                    return;
+                }
+                macro_rules! row {
+                    ($r:expr) => {
+                        &w[$r * row_bytes..($r + 1) * row_bytes]
                     };
-                    let mut acc = [_mm256_setzero_ps(); 2];
-                    let mut sums = [0f32; 2];
-                    let blocks = r0.chunks_exact($bytes).zip(r1.chunks_exact($bytes));
+                }
+                macro_rules! column {
+                    ($c:expr) => {
+                        &x[$c * blocks..($c + 1) * blocks]
+                    };
+                }
+                // One (row, column) pair's block: the accumulation every path shares.
+                macro_rules! step {
+                    ($acc:expr, $sum:expr, $bb:expr, $yy:expr) => {{
+                        let $b: &[u8] = $bb;
+                        let $y: &$act = $yy;
+                        let $summs: &mut f32 = $sum;
+                        let (d, lanes) = $block;
+                        $acc = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, $acc);
+                    }};
+                }
+                let zero = _mm256_setzero_ps();
+                macro_rules! two_by_two {
+                    ($r:expr, $c:expr) => {{
+                        let (r, c) = ($r, $c);
+                        let (mut a00, mut a01, mut a10, mut a11) = (zero, zero, zero, zero);
+                        let mut s = [0f32; 4];
+                        let rows = row!(r)
+                            .chunks_exact($bytes)
+                            .zip(row!(r + 1).chunks_exact($bytes));
+                        for ((b0, b1), (y0, y1)) in rows.zip(column!(c).iter().zip(column!(c + 1)))
+                        {
+                            let [s00, s01, s10, s11] = &mut s;
+                            step!(a00, s00, b0, y0);
+                            step!(a01, s01, b0, y1);
+                            step!(a10, s10, b1, y0);
+                            step!(a11, s11, b1, y1);
+                        }
+                        out[c * n_rows + r] = hsum8(a00) + s[0];
+                        out[(c + 1) * n_rows + r] = hsum8(a01) + s[1];
+                        out[c * n_rows + r + 1] = hsum8(a10) + s[2];
+                        out[(c + 1) * n_rows + r + 1] = hsum8(a11) + s[3];
+                    }};
+                }
+                macro_rules! two_by_one {
+                    ($r:expr, $c:expr) => {{
+                        let (r, c) = ($r, $c);
+                        let (mut a0, mut a1) = (zero, zero);
+                        let mut s = [0f32; 2];
+                        let rows = row!(r)
+                            .chunks_exact($bytes)
+                            .zip(row!(r + 1).chunks_exact($bytes));
+                        for ((b0, b1), y) in rows.zip(column!(c)) {
+                            let [s0, s1] = &mut s;
+                            step!(a0, s0, b0, y);
+                            step!(a1, s1, b1, y);
+                        }
+                        out[c * n_rows + r] = hsum8(a0) + s[0];
+                        out[c * n_rows + r + 1] = hsum8(a1) + s[1];
+                    }};
+                }
+                macro_rules! one_by_one {
+                    ($r:expr, $c:expr) => {{
+                        let (r, c) = ($r, $c);
+                        let mut a = zero;
+                        let mut s = 0f32;
+                        for (b0, y) in row!(r).chunks_exact($bytes).zip(column!(c)) {
+                            step!(a, &mut s, b0, y);
+                        }
+                        out[c * n_rows + r] = hsum8(a) + s;
+                    }};
+                }
+                let mut r = 0;
+                while r + 2 <= n_rows {
                     // Ask for the next pair's rows now: memory streams ahead of the math.
-                    let next = r0.as_ptr().wrapping_add(2 * row_bytes);
+                    let next = w.as_ptr().wrapping_add((r + 2) * row_bytes);
                     for line in (0..2 * row_bytes).step_by(64) {
                         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
                     }
-                    for ((b0, b1), $y) in blocks.zip(x) {
-                        for (r, $b) in [b0, b1].into_iter().enumerate() {
-                            let $summs = &mut sums[r];
-                            let (d, lanes) = $block;
-                            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, acc[r]);
-                        }
+                    let mut c = 0;
+                    while c + 2 <= columns {
+                        two_by_two!(r, c);
+                        c += 2;
                     }
-                    o[0] = hsum8(acc[0]) + sums[0];
-                    o[1] = hsum8(acc[1]) + sums[1];
+                    if c < columns {
+                        two_by_one!(r, c);
+                    }
+                    r += 2;
                 }
-                for (o, row) in pairs.into_remainder().iter_mut().zip(rows) {
-                    let mut acc = _mm256_setzero_ps();
-                    let mut sum = 0f32;
-                    for ($b, $y) in row.chunks_exact($bytes).zip(x) {
-                        let $summs = &mut sum;
-                        let (d, lanes) = $block;
-                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, acc);
+                if r < n_rows {
+                    for c in 0..columns {
+                        one_by_one!(r, c);
                     }
-                    *o = hsum8(acc) + sum;
                 }
             }
         }
@@ -220,10 +285,19 @@ legacy_rows!(q8_0_avx2, BlockQ8_0, 34, |b, y, _summs| {
 macro_rules! one_by_one {
     ($rows:ident, $one:ident, $act:ty) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], out: &mut [f32]) {
-            for (o, row) in out.iter_mut().zip(w.chunks_exact(row_bytes)) {
-                // SAFETY: the caller guarantees the CPU features.
-                *o = unsafe { $one(row, x) };
+        unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
+            let n_rows = w.len() / row_bytes;
+            let blocks = x.len() / columns.max(1);
+            for (c, outs) in out
+                .chunks_exact_mut(n_rows.max(1))
+                .take(columns)
+                .enumerate()
+            {
+                let column = &x[c * blocks..(c + 1) * blocks];
+                for (o, row) in outs.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                    // SAFETY: the caller guarantees the CPU features.
+                    *o = unsafe { $one(row, column) };
+                }
             }
         }
     };
