@@ -7,6 +7,9 @@
 //! does not depend on how rows are split across threads.
 
 pub mod activations;
+#[cfg(target_arch = "aarch64")]
+#[allow(unsafe_code)]
+mod arm;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
@@ -27,6 +30,8 @@ pub enum Isa {
     Scalar,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
+    /// aarch64 NEON with the dot-product extension.
+    Neon,
 }
 
 impl Isa {
@@ -42,6 +47,10 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         if x86::supported() {
             isas.push(Isa::Avx2);
+        }
+        #[cfg(target_arch = "aarch64")]
+        if arm::supported() {
+            isas.push(Isa::Neon);
         }
         isas
     }
@@ -70,6 +79,12 @@ pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         if let Some(dot) = x86::row_dot(ty) {
+            return Ok(dot);
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        if let Some(dot) = arm::row_dot(ty) {
             return Ok(dot);
         }
     }
@@ -515,6 +530,16 @@ mod tests {
                 scale_f16(&mut reference, 0.61, Isa::Scalar);
                 assert_eq!(acc, reference, "scale_f16 {len} on {isa:?}");
             }
+        }
+    }
+
+    /// CI names the instruction set it expects (`ENGINE_REQUIRE_ISA=Neon` under qemu-user), so
+    /// a machine without it fails here instead of comparing the reference with itself.
+    #[test]
+    fn the_required_isa_is_detected() {
+        if let Ok(name) = std::env::var("ENGINE_REQUIRE_ISA") {
+            let found: Vec<String> = Isa::available().iter().map(|i| format!("{i:?}")).collect();
+            assert!(found.contains(&name), "{name} not among {found:?}");
         }
     }
 

@@ -4,7 +4,7 @@
 # and `engine bench` alternately (same model, threads, sizes and repetitions) for a number of
 # rounds and prints each row's tokens/s and the ratio engine / llama.cpp.
 #
-# Usage: scripts/bench-vs-llama [-t 1,2] [-p 128] [-n 64] [-r 5] [--rounds 2] [MANIFEST ...]
+# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-r 5] [--rounds 2] [MANIFEST ...]
 # Cache: $APPLIANCE_CACHE, else ~/.cache/appliance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
