@@ -17,4 +17,5 @@ pub mod pool;
 pub mod quant;
 pub mod sampler;
 pub mod score;
+pub mod server;
 pub mod tokenizer;

@@ -66,6 +66,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the OpenAI-compatible API (and llama.cpp's /completion).
+    Serve {
+        /// The GGUF model.
+        #[arg(short = 'm', long)]
+        model: PathBuf,
+        /// Address to listen on (beyond loopback an API key is required).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: std::net::IpAddr,
+        /// Port.
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Threads.
+        #[arg(short = 't', long, default_value_t = 4)]
+        threads: usize,
+        /// Context per conversation, in tokens.
+        #[arg(short = 'c', long, default_value_t = 4096)]
+        ctx_size: usize,
+        /// Requests that may wait behind the running one; more get 503 with Retry-After.
+        #[arg(long, default_value_t = 8)]
+        queue: usize,
+        /// Require `Authorization: Bearer KEY` (also from ENGINE_API_KEY).
+        #[arg(long, env = "ENGINE_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// System prompt for chats that bring none.
+        #[arg(long)]
+        system_prompt: Option<String>,
+        /// Model id reported to clients (default: the file name).
+        #[arg(long)]
+        alias: Option<String>,
+    },
     /// Prompt-processing and generation speed, as llama-bench measures them.
     Bench {
         /// The GGUF model.
@@ -213,6 +243,29 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             }
         }
+        Command::Serve {
+            model,
+            host,
+            port,
+            threads,
+            ctx_size,
+            queue,
+            api_key,
+            system_prompt,
+            alias,
+        } => match engine::server::serve(engine::server::ServeConfig {
+            model,
+            listen: std::net::SocketAddr::new(host, port),
+            threads,
+            context: ctx_size,
+            queue,
+            api_key: api_key.filter(|k| !k.is_empty()),
+            system_prompt,
+            model_id: alias,
+        }) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        },
         Command::Bench {
             model,
             prompt,

@@ -1,0 +1,554 @@
+//! `engine serve`: the OpenAI-compatible HTTP API (and llama.cpp's native `/completion`) over
+//! one model, one generation at a time from a bounded queue.
+//!
+//! Handlers only translate: a request becomes token ids and sampler settings, the generation
+//! thread ([`worker`]) produces text events, and the handler shapes them into a JSON body or
+//! server-sent events. Anything bound beyond loopback needs an API key.
+
+pub mod api;
+pub mod worker;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::chat::{ChatTemplate, Message};
+use crate::tokenizer::Tokenizer;
+use api::{ApiError, ChatRequest, CompletionRequest, Knobs};
+use worker::{Event, Finish, Job, Summary, Worker};
+
+/// What the handlers need once the model is loaded.
+pub struct Ready {
+    /// The generation thread.
+    pub worker: Worker,
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Its chat template (ChatML when it has none).
+    pub template: ChatTemplate,
+    /// Context per conversation.
+    pub context: usize,
+    /// A system prompt put first in chats that bring none.
+    pub system_prompt: Option<String>,
+}
+
+/// Shared handler state.
+#[derive(Clone)]
+pub struct AppState {
+    /// Set once loading finishes; until then generation endpoints answer 503.
+    pub ready: Arc<OnceLock<Ready>>,
+    /// The id `/v1/models` reports.
+    pub model_id: Arc<str>,
+    /// SHA-256 of the API key, when one is required.
+    pub api_key_sha256: Option<[u8; 32]>,
+}
+
+/// Default `max_tokens` when a request gives none.
+const DEFAULT_MAX_TOKENS: usize = 512;
+
+/// The router of every endpoint.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/completion", post(native_completion))
+        .with_state(state)
+}
+
+/// Whether `addr` is loopback (the only place an unauthenticated server may listen).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// SHA-256 of an API key (only the hash is kept in memory).
+pub fn key_hash(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(expected) = state.api_key_sha256 else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|k| key_hash(k.trim()));
+    // Comparing hashes keeps the comparison's timing independent of the key.
+    match given {
+        Some(h) if h == expected => Ok(()),
+        _ => Err(ApiError::unauthorized()),
+    }
+}
+
+fn ready(state: &AppState) -> Result<&Ready, ApiError> {
+    state
+        .ready
+        .get()
+        .ok_or_else(|| ApiError::unavailable("the model is loading; try again shortly"))
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    match state.ready.get() {
+        Some(_) => axum::Json(json!({ "status": "ok" })).into_response(),
+        None => ApiError::unavailable("Loading model").into_response(),
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn models(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    Ok(axum::Json(json!({
+        "object": "list",
+        "data": [{ "id": &*state.model_id, "object": "model", "created": now(), "owned_by": "appliance" }],
+    }))
+    .into_response())
+}
+
+/// A queued generation: its events and the prompt's length.
+struct Started {
+    events: UnboundedReceiver<Event>,
+    prompt_tokens: usize,
+}
+
+fn start(ready: &Ready, prompt: Vec<u32>, knobs: &Knobs) -> Result<Started, ApiError> {
+    if prompt.len() >= ready.context {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is {} tokens long; the context holds {} (shorten it or start a new chat)",
+            prompt.len(),
+            ready.context
+        )));
+    }
+    let (events, receiver) = unbounded_channel();
+    let prompt_tokens = prompt.len();
+    ready
+        .worker
+        .submit(Job {
+            prompt,
+            sampling: knobs.sampling()?,
+            max_tokens: knobs.limit(DEFAULT_MAX_TOKENS)?,
+            stop: knobs.stops(),
+            events,
+        })
+        .map_err(|_| ApiError::unavailable("the request queue is full; retry shortly"))?;
+    Ok(Started {
+        events: receiver,
+        prompt_tokens,
+    })
+}
+
+/// Waits for the whole text.
+async fn collect(started: &mut Started) -> Result<(String, Summary), ApiError> {
+    let mut text = String::new();
+    while let Some(event) = started.events.recv().await {
+        match event {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(summary) => return Ok((text, summary)),
+            Event::Failed(e) => return Err(ApiError::internal(e)),
+        }
+    }
+    Err(ApiError::internal("the generation thread stopped"))
+}
+
+fn usage(prompt_tokens: usize, summary: &Summary) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": summary.predicted_n,
+        "total_tokens": prompt_tokens + summary.predicted_n,
+    })
+}
+
+fn id(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix}-{:x}{n:x}", now())
+}
+
+fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
+    let mut messages = api::messages(&request.messages)?;
+    if let Some(system) = &ready.system_prompt {
+        if messages.first().is_none_or(|m| m.role != "system") {
+            messages.insert(0, Message::new("system", system));
+        }
+    }
+    Ok(messages)
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let request: ChatRequest = api::parse(&body)?;
+    let ready = ready(&state)?;
+    let messages = chat_messages(ready, &request)?;
+    let prompt = ready
+        .template
+        .prompt_ids(&ready.tokenizer, &messages)
+        .map_err(ApiError::bad_request)?;
+    let mut started = start(ready, prompt, &request.knobs)?;
+    let (id, created, model) = (id("chatcmpl"), now(), state.model_id.to_string());
+    if !request.knobs.stream {
+        let (text, summary) = collect(&mut started).await?;
+        return Ok(axum::Json(json!({
+            "id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{
+                "index": 0,
+                "message": { "role": "assistant", "content": text },
+                "finish_reason": summary.finish,
+            }],
+            "usage": usage(started.prompt_tokens, &summary),
+            "timings": summary,
+        }))
+        .into_response());
+    }
+    let include_usage = request
+        .knobs
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    let chunk = move |delta: Value, finish: Option<Finish>| {
+        json!({
+            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
+        })
+    };
+    let first = chunk(json!({ "role": "assistant", "content": "" }), None);
+    Ok(stream(
+        started,
+        first,
+        include_usage,
+        move |event| match event {
+            Piece::Text(t) => vec![chunk(json!({ "content": t }), None)],
+            Piece::End(finish, usage, summary) => {
+                let mut last = chunk(json!({}), Some(finish));
+                last["timings"] = json!(summary);
+                let mut out = vec![last];
+                if let Some(u) = usage {
+                    let mut usage_chunk = chunk(json!({}), None);
+                    usage_chunk["choices"] = json!([]);
+                    usage_chunk["usage"] = u;
+                    out.push(usage_chunk);
+                }
+                out
+            }
+        },
+    ))
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let request: CompletionRequest = api::parse(&body)?;
+    let ready = ready(&state)?;
+    if request.prompt.is_empty() {
+        return Err(ApiError::bad_request("prompt must not be empty"));
+    }
+    let prompt = ready.tokenizer.encode(&request.prompt, true);
+    let mut started = start(ready, prompt, &request.knobs)?;
+    let (id, created, model) = (id("cmpl"), now(), state.model_id.to_string());
+    if !request.knobs.stream {
+        let (text, summary) = collect(&mut started).await?;
+        return Ok(axum::Json(json!({
+            "id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{ "index": 0, "text": text, "finish_reason": summary.finish, "logprobs": null }],
+            "usage": usage(started.prompt_tokens, &summary),
+            "timings": summary,
+        }))
+        .into_response());
+    }
+    let include_usage = request
+        .knobs
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    let chunk = move |text: &str, finish: Option<Finish>| {
+        json!({
+            "id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{ "index": 0, "text": text, "finish_reason": finish, "logprobs": null }],
+        })
+    };
+    let first = chunk("", None);
+    Ok(stream(
+        started,
+        first,
+        include_usage,
+        move |event| match event {
+            Piece::Text(t) => vec![chunk(&t, None)],
+            Piece::End(finish, usage, summary) => {
+                let mut last = chunk("", Some(finish));
+                last["timings"] = json!(summary);
+                if let Some(u) = usage {
+                    last["usage"] = u;
+                }
+                vec![last]
+            }
+        },
+    ))
+}
+
+/// llama.cpp's native endpoint: `content`, `stop`, `timings`, …
+async fn native_completion(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    authorize(&state, &headers)?;
+    let request: CompletionRequest = api::parse(&body)?;
+    let ready = ready(&state)?;
+    let prompt = ready.tokenizer.encode(&request.prompt, true);
+    let mut started = start(ready, prompt, &request.knobs)?;
+    if request.knobs.stream {
+        let first = json!({ "content": "", "stop": false });
+        return Ok(stream(started, first, false, |event| match event {
+            Piece::Text(t) => vec![json!({ "content": t, "stop": false })],
+            Piece::End(finish, _, summary) => vec![json!({
+                "content": "", "stop": true, "stop_type": stop_type(finish), "timings": summary,
+            })],
+        }));
+    }
+    let (text, summary) = collect(&mut started).await?;
+    Ok(axum::Json(json!({
+        "content": text,
+        "stop": true,
+        "stop_type": stop_type(summary.finish),
+        "tokens_evaluated": started.prompt_tokens,
+        "tokens_predicted": summary.predicted_n,
+        "model": &*state.model_id,
+        "timings": summary,
+    }))
+    .into_response())
+}
+
+fn stop_type(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Stop => "eos",
+        Finish::Length => "limit",
+    }
+}
+
+/// What a stream's shaper sees.
+enum Piece {
+    Text(String),
+    End(Finish, Option<Value>, Summary),
+}
+
+/// Server-sent events: `first`, then the shaped pieces, then `data: [DONE]` (OpenAI style).
+/// Dropping the stream (a disconnected client) drops the receiver, which stops generation.
+fn stream(
+    started: Started,
+    first: Value,
+    include_usage: bool,
+    shape: impl Fn(Piece) -> Vec<Value> + Send + 'static,
+) -> Response {
+    let Started {
+        events,
+        prompt_tokens,
+    } = started;
+    let state = (events, Some(first), false, shape);
+    let body =
+        futures_util::stream::unfold(state, move |(mut events, first, done, shape)| async move {
+            if let Some(first) = first {
+                let event = SseEvent::default().data(first.to_string());
+                return Some((vec![event], (events, None, false, shape)));
+            }
+            if done {
+                return None;
+            }
+            let batch = match events.recv().await {
+                Some(Event::Text(t)) => shape(Piece::Text(t))
+                    .into_iter()
+                    .map(|v| SseEvent::default().data(v.to_string()))
+                    .collect(),
+                Some(Event::Done(summary)) => {
+                    let u = include_usage.then(|| usage(prompt_tokens, &summary));
+                    let mut out: Vec<SseEvent> = shape(Piece::End(summary.finish, u, summary))
+                        .into_iter()
+                        .map(|v| SseEvent::default().data(v.to_string()))
+                        .collect();
+                    out.push(SseEvent::default().data("[DONE]"));
+                    return Some((out, (events, None, true, shape)));
+                }
+                Some(Event::Failed(e)) => {
+                    let body =
+                        json!({ "error": { "message": e, "type": "server_error", "code": 500 } });
+                    let out = vec![SseEvent::default().data(body.to_string())];
+                    return Some((out, (events, None, true, shape)));
+                }
+                None => return None,
+            };
+            Some((batch, (events, None, false, shape)))
+        });
+    let flat = futures_util::StreamExt::flat_map(body, |events: Vec<SseEvent>| {
+        futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>))
+    });
+    Sse::new(flat)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// How `engine serve` runs.
+pub struct ServeConfig {
+    /// The GGUF model.
+    pub model: std::path::PathBuf,
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Threads per pass.
+    pub threads: usize,
+    /// Context per conversation.
+    pub context: usize,
+    /// Requests waiting at most.
+    pub queue: usize,
+    /// Required bearer key (mandatory beyond loopback).
+    pub api_key: Option<String>,
+    /// System prompt for chats that bring none.
+    pub system_prompt: Option<String>,
+    /// The id clients see in `/v1/models`.
+    pub model_id: Option<String>,
+}
+
+/// Listens at once (`/health` answers 503 while the model loads), loads the model, serves until
+/// SIGINT or SIGTERM.
+pub fn serve(config: ServeConfig) -> Result<(), String> {
+    if config.api_key.is_none() && !is_loopback(&config.listen) {
+        return Err(format!(
+            "refusing to listen on {} without an API key: pass --api-key (or ENGINE_API_KEY), or \
+             listen on 127.0.0.1",
+            config.listen
+        ));
+    }
+    let model_id: Arc<str> = config
+        .model_id
+        .clone()
+        .or_else(|| {
+            config
+                .model
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "model".into())
+        .into();
+    let state = AppState {
+        ready: Arc::new(OnceLock::new()),
+        model_id,
+        api_key_sha256: config.api_key.as_deref().map(key_hash),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+        eprintln!("engine: listening on http://{}", config.listen);
+        let (failed, load_failure) = tokio::sync::oneshot::channel::<String>();
+        let ready = Arc::clone(&state.ready);
+        tokio::task::spawn_blocking(move || match load(&config) {
+            Ok(loaded) => {
+                if ready.set(loaded).is_ok() {
+                    eprintln!("engine: model loaded");
+                }
+            }
+            Err(e) => {
+                let _ = failed.send(e);
+            }
+        });
+        let failure = Arc::new(std::sync::Mutex::new(None));
+        let stop = {
+            let failure = Arc::clone(&failure);
+            async move {
+                tokio::select! {
+                    () = shutdown() => {}
+                    Ok(e) = load_failure => {
+                        *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    }
+                }
+            }
+        };
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(stop)
+            .await
+            .map_err(|e| format!("server: {e}"))?;
+        let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    })
+}
+
+fn load(config: &ServeConfig) -> Result<Ready, String> {
+    let file = crate::model_file::ModelFile::open(&config.model).map_err(|e| e.to_string())?;
+    // The server runs for the life of the process: its mapping can be too.
+    let file: &'static crate::model_file::ModelFile = Box::leak(Box::new(file));
+    let model = Arc::new(crate::model::Model::load(file).map_err(|e| e.to_string())?);
+    let tokenizer =
+        Arc::new(Tokenizer::load(file).map_err(|e| format!("{}: {e}", config.model.display()))?);
+    let template = ChatTemplate::from_model(file, &tokenizer)?;
+    crate::model::KvCache::new(&model.hparams, config.context)?;
+    let worker = Worker::start(
+        model,
+        Arc::clone(&tokenizer),
+        Tokenizer::end_ids(file),
+        &worker::Settings {
+            context: config.context,
+            threads: config.threads,
+            queue: config.queue,
+        },
+    );
+    Ok(Ready {
+        worker,
+        tokenizer,
+        template,
+        context: config.context,
+        system_prompt: config.system_prompt.clone(),
+    })
+}
+
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}

@@ -1,0 +1,342 @@
+//! The one generation thread: it owns the model's caches and runs one request at a time from a
+//! bounded queue, streaming text back as it is produced. A request whose receiver is gone (the
+//! client disconnected) stops at the next token.
+//!
+//! Prefix cache: the cache of the last conversation is kept with its tokens; a request that
+//! starts with them only prefills the rest (reported as `cache_n`).
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::model::{KvCache, Logits, Model};
+use crate::sampler::{Sampler, Sampling};
+use crate::tokenizer::{TextStream, Tokenizer};
+
+/// One generation request.
+pub struct Job {
+    /// Prompt token ids (BOS included where the model wants it).
+    pub prompt: Vec<u32>,
+    /// Sampler settings.
+    pub sampling: Sampling,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Strings that end generation (not included in the text).
+    pub stop: Vec<String>,
+    /// Where the text and the end go.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What a request hears back, in order: text deltas, then `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    /// The next piece of text (whole UTF-8 characters, never part of a stop string).
+    Text(String),
+    /// Generation ended.
+    Done(Summary),
+    /// Generation could not run.
+    Failed(String),
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Finish {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` or the end of the context.
+    Length,
+}
+
+/// llama.cpp's `timings` object, plus the finish reason.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Why it ended.
+    #[serde(skip)]
+    pub finish: Finish,
+    /// Prompt tokens evaluated (not taken from the prefix cache).
+    pub prompt_n: usize,
+    /// Milliseconds spent on them.
+    pub prompt_ms: f64,
+    /// Their rate.
+    pub prompt_per_second: f64,
+    /// Tokens generated.
+    pub predicted_n: usize,
+    /// Milliseconds spent generating.
+    pub predicted_ms: f64,
+    /// Their rate.
+    pub predicted_per_second: f64,
+    /// Prompt tokens reused from the prefix cache.
+    pub cache_n: usize,
+}
+
+/// The queue is full.
+#[derive(Debug)]
+pub struct Busy;
+
+/// The handle requests are submitted through.
+#[derive(Clone)]
+pub struct Worker {
+    queue: SyncSender<Job>,
+}
+
+/// Settings of the generation thread.
+pub struct Settings {
+    /// Context per conversation, in tokens.
+    pub context: usize,
+    /// Threads per pass.
+    pub threads: usize,
+    /// Requests waiting at most (beyond the one running).
+    pub queue: usize,
+}
+
+impl Worker {
+    /// Starts the generation thread for `model`.
+    pub fn start(
+        model: Arc<Model<'static>>,
+        tokenizer: Arc<Tokenizer>,
+        end_ids: Vec<u32>,
+        settings: &Settings,
+    ) -> Worker {
+        let (queue, jobs) = std::sync::mpsc::sync_channel(settings.queue.max(1));
+        let (context, threads) = (settings.context, settings.threads);
+        std::thread::Builder::new()
+            .name("engine-generation".into())
+            .spawn(move || run(&model, &tokenizer, &end_ids, context, threads, &jobs))
+            .map(|_| ())
+            .unwrap_or_else(|e| eprintln!("error: cannot start the generation thread: {e}"));
+        Worker { queue }
+    }
+
+    /// Queues `job`, or says the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), Busy> {
+        match self.queue.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => Err(Busy),
+        }
+    }
+}
+
+/// The last conversation's cache and the tokens it holds.
+struct Cached {
+    cache: KvCache,
+    tokens: Vec<u32>,
+}
+
+fn run(
+    model: &Model<'static>,
+    tokenizer: &Tokenizer,
+    end_ids: &[u32],
+    context: usize,
+    threads: usize,
+    jobs: &Receiver<Job>,
+) {
+    let mut cached: Option<Cached> = None;
+    while let Ok(job) = jobs.recv() {
+        if job.events.is_closed() {
+            continue;
+        }
+        let reused = cached.take().filter(|c| c.cache.context() == context);
+        let result = generate(model, tokenizer, end_ids, context, threads, &job, reused);
+        match result {
+            Ok((summary, kept)) => {
+                cached = Some(kept);
+                let _ = job.events.send(Event::Done(summary));
+            }
+            Err(message) => {
+                let _ = job.events.send(Event::Failed(message));
+            }
+        }
+    }
+}
+
+/// Length of the common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn generate(
+    model: &Model<'static>,
+    tokenizer: &Tokenizer,
+    end_ids: &[u32],
+    context: usize,
+    threads: usize,
+    job: &Job,
+    reused: Option<Cached>,
+) -> Result<(Summary, Cached), String> {
+    let prompt = &job.prompt;
+    if prompt.is_empty() || prompt.len() >= context {
+        return Err(format!(
+            "the prompt has {} tokens; the context holds {context}",
+            prompt.len()
+        ));
+    }
+    // At least the last prompt token runs, so there are logits to sample from.
+    let (mut cache, cache_n) = match reused {
+        Some(c) => {
+            let n = common_prefix(&c.tokens, prompt).min(prompt.len() - 1);
+            (c.cache, n)
+        }
+        None => (
+            KvCache::new(&model.hparams, context)?.with_threads(threads),
+            0,
+        ),
+    };
+    let started = Instant::now();
+    model.forward(&prompt[cache_n..], cache_n, &mut cache, Logits::Last)?;
+    let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
+
+    let generating = Instant::now();
+    let mut sampler = Sampler::new(job.sampling.clone());
+    let mut history = prompt.clone();
+    let mut in_cache = prompt.len();
+    let mut stream = TextStream::new();
+    let mut text = StopFilter::new(&job.stop);
+    let mut generated = 0;
+    let mut cut_by_stop_string = false;
+    let finish = loop {
+        if generated >= job.max_tokens || history.len() >= context {
+            break Finish::Length;
+        }
+        if job.events.is_closed() {
+            break Finish::Stop;
+        }
+        let token = sampler.next(cache.logits(), &history);
+        if end_ids.contains(&token) {
+            break Finish::Stop;
+        }
+        generated += 1;
+        history.push(token);
+        let piece = stream.push(&tokenizer.token_bytes(token));
+        let (ready, stopped) = text.push(&piece);
+        if !ready.is_empty() {
+            let _ = job.events.send(Event::Text(ready));
+        }
+        if stopped {
+            cut_by_stop_string = true;
+            break Finish::Stop;
+        }
+        if generated < job.max_tokens && history.len() < context {
+            model.step(token, history.len() - 1, &mut cache)?;
+            in_cache = history.len();
+        }
+    };
+    if !cut_by_stop_string {
+        let (ready, _) = text.push(&stream.finish());
+        let rest = ready + &text.flush();
+        if !rest.is_empty() {
+            let _ = job.events.send(Event::Text(rest));
+        }
+    }
+    let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
+    let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let prompt_n = prompt.len() - cache_n;
+    history.truncate(in_cache);
+    Ok((
+        Summary {
+            finish,
+            prompt_n,
+            prompt_ms,
+            prompt_per_second: per_second(prompt_n, prompt_ms),
+            predicted_n: generated,
+            predicted_ms,
+            predicted_per_second: per_second(generated, predicted_ms),
+            cache_n,
+        },
+        Cached {
+            cache,
+            tokens: history,
+        },
+    ))
+}
+
+/// Holds back text that might be the start of a stop string, and cuts at the first stop string.
+struct StopFilter<'a> {
+    stops: &'a [String],
+    pending: String,
+}
+
+impl<'a> StopFilter<'a> {
+    fn new(stops: &'a [String]) -> StopFilter<'a> {
+        StopFilter {
+            stops,
+            pending: String::new(),
+        }
+    }
+
+    /// Adds `piece`; returns the text now safe to send and whether a stop string was reached.
+    fn push(&mut self, piece: &str) -> (String, bool) {
+        self.pending.push_str(piece);
+        let first_stop = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min();
+        if let Some(at) = first_stop {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return (out, true);
+        }
+        // Keep the longest tail that is a prefix of some stop string.
+        let keep = self
+            .stops
+            .iter()
+            .flat_map(|s| {
+                (1..s.len().min(self.pending.len() + 1))
+                    .rev()
+                    .filter(|&n| s.is_char_boundary(n))
+                    .find(|&n| self.pending.ends_with(&s[..n]))
+            })
+            .max()
+            .unwrap_or(0);
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    /// Whatever is held back, at the end.
+    fn flush(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_cut_the_text_even_across_pieces() {
+        let stops = vec!["END".to_string(), "\n\n".to_string()];
+        let mut f = StopFilter::new(&stops);
+        assert_eq!(f.push("Hello E"), ("Hello ".to_string(), false));
+        assert_eq!(f.push("N"), (String::new(), false));
+        assert_eq!(f.push("Dx"), (String::new(), true));
+        let mut f = StopFilter::new(&stops);
+        assert_eq!(f.push("a\n"), ("a".to_string(), false));
+        assert_eq!(f.push("b"), ("\nb".to_string(), false));
+        assert_eq!(f.push("\n\nrest"), (String::new(), true));
+        let mut f = StopFilter::new(&[]);
+        assert_eq!(f.push("free"), ("free".to_string(), false));
+        assert_eq!(f.flush(), "");
+    }
+
+    #[test]
+    fn held_back_text_is_released_at_the_end() {
+        let stops = vec!["STOP".to_string()];
+        let mut f = StopFilter::new(&stops);
+        assert_eq!(f.push("ab ST"), ("ab ".to_string(), false));
+        assert_eq!(f.flush(), "ST");
+    }
+
+    #[test]
+    fn common_prefixes() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+    }
+}

@@ -1,0 +1,370 @@
+//! `engine serve` end to end on the real SmolLM2: the OpenAI endpoints (plain and streamed),
+//! llama.cpp's /completion, bad requests, API keys, the queue limit, and a real client (the
+//! `openai` Python package).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A running server, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn start(extra: &[&str]) -> Server {
+    let model = common::smollm2();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["serve", "-m"])
+        .arg(&model)
+        .args(["--port", &port.to_string(), "-t", "2", "-c", "512"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start engine serve");
+    let server = Server { child, port };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Some((200, _)) = request(&server, "GET", "/health", None, None) {
+            return server;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the server did not become healthy");
+}
+
+/// One HTTP/1.0 request (so the body ends when the connection closes, never chunked).
+fn request(
+    server: &Server,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    key: Option<&str>,
+) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .ok()?;
+    let body = body.unwrap_or("");
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).ok()?;
+    stream.write_all(body.as_bytes()).ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+fn post(server: &Server, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) =
+        request(server, "POST", path, Some(&body.to_string()), None).expect("response");
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+    )
+}
+
+/// The JSON payloads of a server-sent event stream, `[DONE]` as a string.
+fn events(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.to_string())))
+        .collect()
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut body =
+        json!({ "messages": [{ "role": "user", "content": content }], "temperature": 0 });
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    body
+}
+
+#[test]
+fn chat_completions_plain_and_streamed_agree() {
+    let server = start(&[]);
+    let (status, plain) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat("Name a colour.", json!({ "max_tokens": 12 })),
+    );
+    assert_eq!(status, 200, "{plain}");
+    let text = plain["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(!text.is_empty());
+    assert_eq!(plain["choices"][0]["message"]["role"], "assistant");
+    assert!(
+        ["stop", "length"].contains(&plain["choices"][0]["finish_reason"].as_str().unwrap_or(""))
+    );
+    let usage = &plain["usage"];
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(
+            usage["prompt_tokens"].as_u64().unwrap_or(0)
+                + usage["completion_tokens"].as_u64().unwrap_or(0)
+        )
+    );
+    for field in [
+        "prompt_n",
+        "prompt_ms",
+        "prompt_per_second",
+        "predicted_n",
+        "predicted_ms",
+        "predicted_per_second",
+        "cache_n",
+    ] {
+        assert!(
+            plain["timings"][field].is_number(),
+            "timings.{field}: {plain}"
+        );
+    }
+
+    let body = chat(
+        "Name a colour.",
+        json!({ "max_tokens": 12, "stream": true, "stream_options": { "include_usage": true } }),
+    );
+    let (status, raw) = request(
+        &server,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body.to_string()),
+        None,
+    )
+    .expect("stream");
+    assert_eq!(status, 200);
+    let chunks = events(&raw);
+    assert_eq!(
+        chunks.first().map(|c| &c["choices"][0]["delta"]["role"]),
+        Some(&json!("assistant"))
+    );
+    assert_eq!(chunks.last(), Some(&json!("[DONE]")));
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        streamed, text,
+        "greedy streaming must produce the same text"
+    );
+    let finish = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["finish_reason"].as_str())
+        .collect::<Vec<_>>();
+    assert_eq!(finish.len(), 1);
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["usage"]["completion_tokens"].is_number())
+    );
+    // The same conversation again reuses its prefix from the cache.
+    let (_, again) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat("Name a colour.", json!({ "max_tokens": 12 })),
+    );
+    assert!(
+        again["timings"]["cache_n"].as_u64().unwrap_or(0) > 0,
+        "{again}"
+    );
+    assert_eq!(
+        again["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
+}
+
+#[test]
+fn completions_native_endpoint_models_and_stop_strings() {
+    let server = start(&[]);
+    let (status, models) = request(&server, "GET", "/v1/models", None, None).expect("models");
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&models).expect("json");
+    assert_eq!(models["object"], "list");
+    assert!(models["data"][0]["id"].is_string());
+
+    let (status, done) = post(
+        &server,
+        "/completion",
+        &json!({ "prompt": "The capital of France is", "n_predict": 8, "temperature": 0 }),
+    );
+    assert_eq!(status, 200, "{done}");
+    assert!(
+        done["content"].as_str().unwrap_or("").starts_with(" Paris"),
+        "{done}"
+    );
+    assert_eq!(done["timings"]["predicted_n"], 8);
+
+    let (status, cut) = post(
+        &server,
+        "/v1/completions",
+        &json!({ "prompt": "The capital of France is", "max_tokens": 30, "temperature": 0, "stop": ["."] }),
+    );
+    assert_eq!(status, 200, "{cut}");
+    let text = cut["choices"][0]["text"].as_str().expect("text");
+    assert!(!text.contains('.'), "{text:?}");
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn bad_requests_get_openai_style_errors() {
+    let server = start(&[]);
+    let cases = [
+        "{not json".to_string(),
+        json!({ "messages": 3 }).to_string(),
+        json!({ "messages": [] }).to_string(),
+        chat("hi", json!({ "max_tokens": 0 })).to_string(),
+        chat("hi", json!({ "temperature": -1 })).to_string(),
+        chat(&"word ".repeat(800), json!({})).to_string(),
+    ];
+    for body in cases {
+        let (status, text) =
+            request(&server, "POST", "/v1/chat/completions", Some(&body), None).expect("response");
+        assert_eq!(status, 400, "{body}: {text}");
+        let error: Value = serde_json::from_str(&text).expect("json error");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{text}"
+        );
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+    }
+    // Still serving after all that.
+    let (status, _) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat("hi", json!({ "max_tokens": 2 })),
+    );
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn an_api_key_is_required_when_set_and_beyond_loopback() {
+    let server = start(&["--api-key", "s3cret"]);
+    let body = chat("hi", json!({ "max_tokens": 2 })).to_string();
+    let (status, text) =
+        request(&server, "POST", "/v1/chat/completions", Some(&body), None).expect("response");
+    assert_eq!(status, 401, "{text}");
+    let (status, _) = request(
+        &server,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        Some("wrong"),
+    )
+    .expect("response");
+    assert_eq!(status, 401);
+    let (status, _) = request(
+        &server,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body),
+        Some("s3cret"),
+    )
+    .expect("response");
+    assert_eq!(status, 200);
+    let model = common::smollm2();
+    let refused = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["serve", "-m"])
+        .arg(&model)
+        .args(["--host", "0.0.0.0", "--port", &free_port().to_string()])
+        .env_remove("ENGINE_API_KEY")
+        .output()
+        .expect("run");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("API key"));
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let server = start(&["--queue", "1"]);
+    let port = server.port;
+    let long = chat(
+        "Write a long story about a lighthouse.",
+        json!({ "max_tokens": 300 }),
+    )
+    .to_string();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let body = long.clone();
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                let head = format!(
+                    "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                stream.write_all(head.as_bytes()).expect("send");
+                let mut raw = String::new();
+                stream.read_to_string(&mut raw).expect("read");
+                raw
+            })
+        })
+        .collect();
+    let responses: Vec<String> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
+    let busy: Vec<&String> = responses
+        .iter()
+        .filter(|r| r.starts_with("HTTP/1.0 503"))
+        .collect();
+    assert!(
+        !busy.is_empty(),
+        "no request was turned away: {responses:?}"
+    );
+    assert!(
+        busy.iter()
+            .all(|r| r.to_ascii_lowercase().contains("retry-after: 1"))
+    );
+    assert!(responses.iter().any(|r| r.starts_with("HTTP/1.0 200")));
+}
+
+/// The official `openai` Python client (installed by .ci/run) against the server.
+#[test]
+fn the_openai_python_client_works() {
+    let server = start(&[]);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/openai_client.py"
+    );
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{}/v1", server.port))
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
