@@ -135,7 +135,18 @@ impl ChatTemplate {
         tokenizer: &Tokenizer,
         messages: &[Message],
     ) -> Result<Vec<u32>, String> {
-        let text = self.render(messages, true)?;
+        self.ids(tokenizer, messages, true)
+    }
+
+    /// The token ids of `messages` rendered with or without the generation cue (without: the
+    /// prefix that a later conversation starting with these messages shares).
+    pub fn ids(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, String> {
+        let text = self.render(messages, add_generation_prompt)?;
         let text = if tokenizer.adds_bos() {
             self.strip_bos(&text)
         } else {

@@ -95,6 +95,10 @@ enum Command {
         /// Model id reported to clients (default: the file name).
         #[arg(long)]
         alias: Option<String>,
+        /// Memory for the caches of recent conversations, in MiB (one is always kept), so a
+        /// follow-up message only prefills what is new.
+        #[arg(long, default_value_t = 512)]
+        cache_mib: usize,
     },
     /// Prompt-processing and generation speed, as llama-bench measures them.
     Bench {
@@ -253,6 +257,7 @@ fn main() -> ExitCode {
             api_key,
             system_prompt,
             alias,
+            cache_mib,
         } => match engine::server::serve(engine::server::ServeConfig {
             model,
             listen: std::net::SocketAddr::new(host, port),
@@ -262,6 +267,7 @@ fn main() -> ExitCode {
             api_key: api_key.filter(|k| !k.is_empty()),
             system_prompt,
             model_id: alias,
+            cache_mib,
         }) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e),

@@ -37,7 +37,12 @@ fn start(extra: &[&str]) -> Server {
     let child = Command::new(env!("CARGO_BIN_EXE_engine"))
         .args(["serve", "-m"])
         .arg(&model)
-        .args(["--port", &port.to_string(), "-t", "2", "-c", "512"])
+        .args(["--port", &port.to_string(), "-t", "2"])
+        .args(if extra.contains(&"-c") {
+            &[][..]
+        } else {
+            &["-c", "512"][..]
+        })
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -367,4 +372,108 @@ fn the_openai_python_client_works() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A configured system prompt is prefilled at start, so the first chat already reuses it; a
+/// conversation picked up again after another one reuses its own prefix.
+#[test]
+fn system_prompt_and_recent_conversations_come_from_the_cache() {
+    let server = start(&["--system-prompt", "You are a terse assistant."]);
+    let (_, first) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat("Hello", json!({ "max_tokens": 4 })),
+    );
+    assert!(
+        first["timings"]["cache_n"].as_u64().unwrap_or(0) > 5,
+        "{first}"
+    );
+    let (_, other) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat("Something else entirely", json!({ "max_tokens": 4 })),
+    );
+    assert_eq!(other["choices"][0]["message"]["role"], "assistant");
+    let reply = first["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("reply");
+    let follow_up = json!({
+        "messages": [
+            { "role": "user", "content": "Hello" },
+            { "role": "assistant", "content": reply },
+            { "role": "user", "content": "And again?" },
+        ],
+        "max_tokens": 4, "temperature": 0,
+    });
+    let (_, again) = post(&server, "/v1/chat/completions", &follow_up);
+    let (cached, evaluated) = (
+        again["timings"]["cache_n"].as_u64().unwrap_or(0),
+        again["timings"]["prompt_n"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        cached > evaluated,
+        "the follow-up re-read its history: {again}"
+    );
+}
+
+/// A client that goes away stops its generation: the next request does not wait for it.
+#[test]
+fn a_disconnected_client_cancels_its_generation() {
+    let server = start(&["-c", "2048"]);
+    let body = chat(
+        "Tell me everything about the sea.",
+        json!({ "max_tokens": 2000, "stream": true }),
+    )
+    .to_string();
+    {
+        let mut stream = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).expect("send");
+        let mut first = [0u8; 512];
+        let _ = stream.read(&mut first).expect("first bytes");
+    } // dropped: the connection closes mid-stream
+    let started = Instant::now();
+    let (status, _) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat("hi", json!({ "max_tokens": 2 })),
+    );
+    assert_eq!(status, 200);
+    // 2000 tokens take well over 10 s here; a cancelled generation frees the engine at once.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?}",
+        started.elapsed()
+    );
+}
+
+/// curl, the other client the box's users have.
+#[test]
+fn curl_streams_a_chat() {
+    let server = start(&[]);
+    let body = chat("Hi", json!({ "max_tokens": 4, "stream": true })).to_string();
+    let out = Command::new("curl")
+        .args([
+            "-sN",
+            "--max-time",
+            "60",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            &body,
+        ])
+        .arg(format!(
+            "http://127.0.0.1:{}/v1/chat/completions",
+            server.port
+        ))
+        .output()
+        .expect("run curl");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let chunks = events(&text);
+    assert_eq!(chunks.last(), Some(&json!("[DONE]")), "{text}");
+    assert!(chunks.len() >= 3, "{text}");
 }

@@ -146,7 +146,7 @@ pub fn scale_f16(acc: &mut [u16], s: f32, isa: Isa) {
 }
 
 /// Reusable buffers for quantized activations, so the token loop does not allocate.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Scratch {
     q8_0: Vec<BlockQ8_0>,
     q8_1: Vec<BlockQ8_1>,

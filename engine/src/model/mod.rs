@@ -50,6 +50,7 @@ pub struct Model<'a> {
 
 /// Keys and values (f16, as llama.cpp keeps them) of every position seen so far, per layer,
 /// and the working buffers of one sequence so the token loop does not allocate.
+#[derive(Clone)]
 pub struct KvCache {
     context: usize,
     exec: Exec,
@@ -60,6 +61,7 @@ pub struct KvCache {
 
 /// Intermediate vectors of a pass over up to [`MAX_BATCH`] tokens (one row per token), grown
 /// to the widest pass seen and then reused, so the token loop does not allocate.
+#[derive(Clone)]
 struct Work {
     scratch: kernels::Scratch,
     x: Vec<f32>,
@@ -146,6 +148,15 @@ impl KvCache {
     /// The logits of the last pass ([`Model::step`] or [`Model::forward`]).
     pub fn logits(&self) -> &[f32] {
         &self.work.logits
+    }
+
+    /// Bytes its keys and values take.
+    pub fn bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|v| v.len() * 2)
+            .sum()
     }
 
     /// Positions it can hold.

@@ -429,6 +429,8 @@ pub struct ServeConfig {
     pub system_prompt: Option<String>,
     /// The id clients see in `/v1/models`.
     pub model_id: Option<String>,
+    /// Memory for kept conversation caches, in MiB.
+    pub cache_mib: usize,
 }
 
 /// Listens at once (`/health` answers 503 while the model loads), loads the model, serves until
@@ -511,6 +513,11 @@ fn load(config: &ServeConfig) -> Result<Ready, String> {
         Arc::new(Tokenizer::load(file).map_err(|e| format!("{}: {e}", config.model.display()))?);
     let template = ChatTemplate::from_model(file, &tokenizer)?;
     crate::model::KvCache::new(&model.hparams, config.context)?;
+    // A configured system prompt is prefilled now, so every new chat starts from it.
+    let warm = match &config.system_prompt {
+        Some(system) => template.ids(&tokenizer, &[Message::new("system", system)], false)?,
+        None => Vec::new(),
+    };
     let worker = Worker::start(
         model,
         Arc::clone(&tokenizer),
@@ -519,6 +526,8 @@ fn load(config: &ServeConfig) -> Result<Ready, String> {
             context: config.context,
             threads: config.threads,
             queue: config.queue,
+            cache_bytes: config.cache_mib.saturating_mul(1 << 20),
+            warm,
         },
     );
     Ok(Ready {

@@ -91,6 +91,11 @@ pub struct Settings {
     pub threads: usize,
     /// Requests waiting at most (beyond the one running).
     pub queue: usize,
+    /// Memory for kept conversation caches (at least one is always kept).
+    pub cache_bytes: usize,
+    /// Tokens to prefill at start and keep (a configured system prompt), so a new chat that
+    /// begins with them starts from there.
+    pub warm: Vec<u32>,
 }
 
 impl Worker {
@@ -103,9 +108,24 @@ impl Worker {
     ) -> Worker {
         let (queue, jobs) = std::sync::mpsc::sync_channel(settings.queue.max(1));
         let (context, threads) = (settings.context, settings.threads);
+        let (cache_bytes, warm) = (settings.cache_bytes, settings.warm.clone());
         std::thread::Builder::new()
             .name("engine-generation".into())
-            .spawn(move || run(&model, &tokenizer, &end_ids, context, threads, &jobs))
+            .spawn(move || {
+                let mut caches = Caches::new(cache_bytes);
+                if let Err(e) = caches.warm(&model, &warm, context, threads) {
+                    eprintln!("warning: the system prompt was not prefilled: {e}");
+                }
+                run(
+                    &model,
+                    &tokenizer,
+                    &end_ids,
+                    context,
+                    threads,
+                    &jobs,
+                    &mut caches,
+                )
+            })
             .map(|_| ())
             .unwrap_or_else(|e| eprintln!("error: cannot start the generation thread: {e}"));
         Worker { queue }
@@ -120,10 +140,95 @@ impl Worker {
     }
 }
 
-/// The last conversation's cache and the tokens it holds.
+/// A conversation's cache and the tokens it holds.
+#[derive(Clone)]
 struct Cached {
     cache: KvCache,
     tokens: Vec<u32>,
+}
+
+/// Kept conversation caches, least recently used first, within a memory budget; the warm
+/// system-prompt cache is pinned and only ever copied.
+struct Caches {
+    budget: usize,
+    kept: Vec<Cached>,
+    pinned: Option<Cached>,
+}
+
+impl Caches {
+    fn new(budget: usize) -> Caches {
+        Caches {
+            budget,
+            kept: Vec::new(),
+            pinned: None,
+        }
+    }
+
+    fn warm(
+        &mut self,
+        model: &Model<'static>,
+        tokens: &[u32],
+        context: usize,
+        threads: usize,
+    ) -> Result<(), String> {
+        if tokens.is_empty() || tokens.len() >= context {
+            return Ok(());
+        }
+        let mut cache = KvCache::new(&model.hparams, context)?.with_threads(threads);
+        model.forward(tokens, 0, &mut cache, Logits::Last)?;
+        self.pinned = Some(Cached {
+            cache,
+            tokens: tokens.to_vec(),
+        });
+        Ok(())
+    }
+
+    /// The kept cache sharing the longest prefix with `prompt`, if any shares at least one
+    /// token: taken out when the prompt continues it, else copied (always for the pinned one).
+    fn best_for(&mut self, prompt: &[u32]) -> Option<Cached> {
+        let (at, shared) = self
+            .kept
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i, common_prefix(&c.tokens, prompt)))
+            .max_by_key(|&(i, n)| (n, i))
+            .unwrap_or((0, 0));
+        let pinned = self
+            .pinned
+            .as_ref()
+            .map_or(0, |p| common_prefix(&p.tokens, prompt));
+        if pinned >= shared {
+            return self.pinned.clone().filter(|_| pinned > 0);
+        }
+        if shared == 0 {
+            return None;
+        }
+        // A request that continues the conversation takes its cache; one that branches off
+        // gets a copy, so the other conversation can still be picked up where it was.
+        if shared == self.kept[at].tokens.len() {
+            Some(self.kept.remove(at))
+        } else {
+            Some(self.kept[at].clone())
+        }
+    }
+
+    /// Keeps `cached` as the most recent, evicting the oldest beyond the budget (one always stays).
+    fn keep(&mut self, cached: Cached) {
+        self.kept.push(cached);
+        let pinned = self.pinned.as_ref().map_or(0, |p| p.cache.bytes());
+        while self.kept.len() > 1
+            && pinned + self.kept.iter().map(|c| c.cache.bytes()).sum::<usize>() > self.budget
+        {
+            self.kept.remove(0);
+        }
+    }
+
+    /// The oldest kept cache to recycle for a new conversation (its memory is reused).
+    fn recycle(&mut self) -> Option<Cached> {
+        let total: usize = self.kept.iter().map(|c| c.cache.bytes()).sum();
+        let one = self.kept.first().map_or(0, |c| c.cache.bytes());
+        (total + one > self.budget && !self.kept.is_empty()).then(|| self.kept.remove(0))
+    }
 }
 
 fn run(
@@ -133,17 +238,24 @@ fn run(
     context: usize,
     threads: usize,
     jobs: &Receiver<Job>,
+    caches: &mut Caches,
 ) {
-    let mut cached: Option<Cached> = None;
     while let Ok(job) = jobs.recv() {
         if job.events.is_closed() {
             continue;
         }
-        let reused = cached.take().filter(|c| c.cache.context() == context);
+        let reused = match caches.best_for(&job.prompt) {
+            Some(c) => Some(c),
+            // No shared prefix: recycle the oldest cache's memory (its tokens do not matter).
+            None => caches.recycle().map(|mut c| {
+                c.tokens.clear();
+                c
+            }),
+        };
         let result = generate(model, tokenizer, end_ids, context, threads, &job, reused);
         match result {
             Ok((summary, kept)) => {
-                cached = Some(kept);
+                caches.keep(kept);
                 let _ = job.events.send(Event::Done(summary));
             }
             Err(message) => {
@@ -331,6 +443,56 @@ mod tests {
         let mut f = StopFilter::new(&stops);
         assert_eq!(f.push("ab ST"), ("ab ".to_string(), false));
         assert_eq!(f.flush(), "ST");
+    }
+
+    #[test]
+    fn caches_pick_the_longest_shared_prefix() {
+        let mut caches = Caches::new(usize::MAX);
+        let empty = |tokens: Vec<u32>| Cached {
+            cache: dummy_cache(),
+            tokens,
+        };
+        caches.keep(empty(vec![1, 2, 3]));
+        caches.keep(empty(vec![1, 2, 9, 9]));
+        caches.keep(empty(vec![7]));
+        // Branching off a conversation copies it; continuing one takes it.
+        let best = caches.best_for(&[1, 2, 9, 5]).expect("shared");
+        assert_eq!(best.tokens, vec![1, 2, 9, 9]);
+        assert_eq!(caches.kept.len(), 3);
+        let best = caches.best_for(&[1, 2, 9, 9, 4]).expect("continued");
+        assert_eq!(best.tokens, vec![1, 2, 9, 9]);
+        assert_eq!(caches.kept.len(), 2);
+        assert!(caches.best_for(&[5, 5]).is_none());
+        caches.pinned = Some(empty(vec![7, 8, 9]));
+        assert_eq!(
+            caches.best_for(&[7, 8, 1]).map(|c| c.tokens),
+            Some(vec![7, 8, 9])
+        );
+        assert!(
+            caches.pinned.is_some(),
+            "the pinned cache is copied, never taken"
+        );
+    }
+
+    fn dummy_cache() -> KvCache {
+        let h = crate::model::Hparams {
+            arch: crate::model::Arch::Llama,
+            vocab: 4,
+            n_embd: 8,
+            n_layer: 1,
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: 8,
+            n_ff: 8,
+            rms_eps: 1e-5,
+            rope_base: 10_000.0,
+            rope_base_swa: 10_000.0,
+            n_rot: 8,
+            sliding_window: None,
+            attn_scale: 1.0,
+            train_context: 16,
+        };
+        KvCache::new(&h, 4).expect("cache")
     }
 
     #[test]
