@@ -89,14 +89,14 @@ enum Command {
         /// Require `Authorization: Bearer KEY` (also from ENGINE_API_KEY).
         #[arg(long, env = "ENGINE_API_KEY", hide_env_values = true)]
         api_key: Option<String>,
-        /// System prompt for chats that bring none.
+        /// A file holding the system prompt for chats that bring none (prefilled at start).
         #[arg(long)]
-        system_prompt: Option<String>,
+        system_prompt: Option<PathBuf>,
         /// Model id reported to clients (default: the file name).
         #[arg(long)]
         alias: Option<String>,
-        /// Memory for the caches of recent conversations, in MiB (one is always kept), so a
-        /// follow-up message only prefills what is new.
+        /// Memory for the caches of recent conversations, in MiB (at least one is kept), so a
+        /// follow-up message only prefills what is new; 0 turns the prefix cache off.
         #[arg(long, default_value_t = 512)]
         cache_mib: usize,
     },
@@ -258,20 +258,31 @@ fn main() -> ExitCode {
             system_prompt,
             alias,
             cache_mib,
-        } => match engine::server::serve(engine::server::ServeConfig {
-            model,
-            listen: std::net::SocketAddr::new(host, port),
-            threads,
-            context: ctx_size,
-            queue,
-            api_key: api_key.filter(|k| !k.is_empty()),
-            system_prompt,
-            model_id: alias,
-            cache_mib,
-        }) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(e),
-        },
+        } => {
+            let system_prompt = match system_prompt.map(|p| {
+                std::fs::read_to_string(&p)
+                    .map(|t| t.trim_end().to_string())
+                    .map_err(|e| format!("--system-prompt {}: {e}", p.display()))
+            }) {
+                Some(Err(e)) => return fail(e),
+                Some(Ok(text)) => Some(text).filter(|t| !t.is_empty()),
+                None => None,
+            };
+            match engine::server::serve(engine::server::ServeConfig {
+                model,
+                listen: std::net::SocketAddr::new(host, port),
+                threads,
+                context: ctx_size,
+                queue,
+                api_key: api_key.filter(|k| !k.is_empty()),
+                system_prompt,
+                model_id: alias,
+                cache_mib,
+            }) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(e),
+            }
+        }
         Command::Bench {
             model,
             prompt,

@@ -378,7 +378,10 @@ fn the_openai_python_client_works() {
 /// conversation picked up again after another one reuses its own prefix.
 #[test]
 fn system_prompt_and_recent_conversations_come_from_the_cache() {
-    let server = start(&["--system-prompt", "You are a terse assistant."]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompt = dir.path().join("system.txt");
+    std::fs::write(&prompt, "You are a terse assistant.\n").expect("write");
+    let server = start(&["--system-prompt", prompt.to_str().expect("utf8")]);
     let (_, first) = post(
         &server,
         "/v1/chat/completions",

@@ -171,7 +171,7 @@ impl Caches {
         context: usize,
         threads: usize,
     ) -> Result<(), String> {
-        if tokens.is_empty() || tokens.len() >= context {
+        if self.budget == 0 || tokens.is_empty() || tokens.len() >= context {
             return Ok(());
         }
         let mut cache = KvCache::new(&model.hparams, context)?.with_threads(threads);
@@ -212,8 +212,12 @@ impl Caches {
         }
     }
 
-    /// Keeps `cached` as the most recent, evicting the oldest beyond the budget (one always stays).
+    /// Keeps `cached` as the most recent, evicting the oldest beyond the budget (one always
+    /// stays, unless the budget is zero: no prefix cache).
     fn keep(&mut self, cached: Cached) {
+        if self.budget == 0 {
+            return;
+        }
         self.kept.push(cached);
         let pinned = self.pinned.as_ref().map_or(0, |p| p.cache.bytes());
         while self.kept.len() > 1
