@@ -123,13 +123,6 @@ unsafe fn unsigned_lanes(x: __m256i, y: __m256i) -> __m256 {
     }
 }
 
-/// Sums of four consecutive i8·i8 products, as f32 lanes.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn signed_lanes(x: __m256i, y: __m256i) -> __m256 {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe { unsigned_lanes(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
-}
-
 /// The f16 at byte `at` of `bytes`, converted by the F16C unit (exact, like `f16_to_f32`).
 #[inline]
 #[target_feature(enable = "f16c")]
@@ -139,13 +132,18 @@ unsafe fn f16c_at(bytes: &[u8], at: usize) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
 }
 
-/// A legacy-quant kernel: each block contributes `(d, lanes)` as `acc ← fma(d, lanes, acc)`
-/// (plus, for offset types, a scalar `summs` it updates itself). Work goes in tiles of two
-/// rows × two columns: four independent chains, each weight block unpacked once for both
-/// columns and each activation block loaded once for both rows. Every (row, column) still sums
-/// in exactly the scalar reference's order.
+/// A legacy-quant kernel. Per block, `prep` unpacks the weights once (their f16 scale and a
+/// register form), `dot` gives the eight lane sums against one activation block, and `offset`
+/// (Q4_1) updates the scalar `m·s` sum. Work goes in tiles of two rows × two columns: four
+/// independent chains, each weight block unpacked once for both columns and each activation
+/// block loaded once for both rows. Every (row, column) sums in the scalar reference's order.
 macro_rules! legacy_rows {
-    ($rows:ident, $act:ty, $bytes:expr, |$b:ident, $y:ident, $summs:ident| $block:expr) => {
+    (
+        $rows:ident, $act:ty, $bytes:expr,
+        prep: |$b:ident| $prep:expr,
+        dot: |$w:ident, $y:ident| $dot:expr,
+        offset: |$ob:ident, $oy:ident, $summs:ident| $offset:expr $(,)?
+    ) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
@@ -165,14 +163,21 @@ macro_rules! legacy_rows {
                         &x[$c * blocks..($c + 1) * blocks]
                     };
                 }
-                // One (row, column) pair's block: the accumulation every path shares.
+                // One (row, column) pair's block, with the row's block already unpacked.
                 macro_rules! step {
-                    ($acc:expr, $sum:expr, $bb:expr, $yy:expr) => {{
-                        let $b: &[u8] = $bb;
+                    ($acc:expr, $sum:expr, $bb:expr, $prepared:expr, $yy:expr) => {{
+                        let (dw, $w) = $prepared;
                         let $y: &$act = $yy;
-                        let $summs: &mut f32 = $sum;
-                        let (d, lanes) = $block;
-                        $acc = _mm256_fmadd_ps(_mm256_set1_ps(d), lanes, $acc);
+                        let lanes = $dot;
+                        $acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * $y.d), lanes, $acc);
+                        let ($ob, $oy, $summs): (&[u8], &$act, &mut f32) = ($bb, $yy, $sum);
+                        $offset;
+                    }};
+                }
+                macro_rules! prepare {
+                    ($bb:expr) => {{
+                        let $b: &[u8] = $bb;
+                        $prep
                     }};
                 }
                 let zero = _mm256_setzero_ps();
@@ -186,11 +191,12 @@ macro_rules! legacy_rows {
                             .zip(row!(r + 1).chunks_exact($bytes));
                         for ((b0, b1), (y0, y1)) in rows.zip(column!(c).iter().zip(column!(c + 1)))
                         {
+                            let (p0, p1) = (prepare!(b0), prepare!(b1));
                             let [s00, s01, s10, s11] = &mut s;
-                            step!(a00, s00, b0, y0);
-                            step!(a01, s01, b0, y1);
-                            step!(a10, s10, b1, y0);
-                            step!(a11, s11, b1, y1);
+                            step!(a00, s00, b0, p0, y0);
+                            step!(a01, s01, b0, p0, y1);
+                            step!(a10, s10, b1, p1, y0);
+                            step!(a11, s11, b1, p1, y1);
                         }
                         out[c * n_rows + r] = hsum8(a00) + s[0];
                         out[(c + 1) * n_rows + r] = hsum8(a01) + s[1];
@@ -207,9 +213,10 @@ macro_rules! legacy_rows {
                             .chunks_exact($bytes)
                             .zip(row!(r + 1).chunks_exact($bytes));
                         for ((b0, b1), y) in rows.zip(column!(c)) {
+                            let (p0, p1) = (prepare!(b0), prepare!(b1));
                             let [s0, s1] = &mut s;
-                            step!(a0, s0, b0, y);
-                            step!(a1, s1, b1, y);
+                            step!(a0, s0, b0, p0, y);
+                            step!(a1, s1, b1, p1, y);
                         }
                         out[c * n_rows + r] = hsum8(a0) + s[0];
                         out[c * n_rows + r + 1] = hsum8(a1) + s[1];
@@ -221,7 +228,8 @@ macro_rules! legacy_rows {
                         let mut a = zero;
                         let mut s = 0f32;
                         for (b0, y) in row!(r).chunks_exact($bytes).zip(column!(c)) {
-                            step!(a, &mut s, b0, y);
+                            let p0 = prepare!(b0);
+                            step!(a, &mut s, b0, p0, y);
                         }
                         out[c * n_rows + r] = hsum8(a) + s;
                     }};
@@ -253,33 +261,52 @@ macro_rules! legacy_rows {
     };
 }
 
-legacy_rows!(q4_0_avx2, BlockQ8_0, 18, |b, y, _summs| {
-    let qx = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
-    (f16c_at(b, 0) * y.d, signed_lanes(qx, load_qs(&y.qs)))
-});
+/// Signed weights `x` as `(|x|, x)`: every column needs |x|, and x for the sign of its
+/// activations.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn signed_weights(x: __m256i) -> (__m256i, __m256i) {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { (_mm256_sign_epi8(x, x), x) }
+}
 
-legacy_rows!(q4_1_avx2, BlockQ8_1, 20, |b, y, summs| {
-    *summs = f16c_at(b, 2).mul_add(y.s, *summs);
-    (
-        f16c_at(b, 0) * y.d,
-        unsigned_lanes(nibbles(&b[4..]), load_qs(&y.qs)),
-    )
-});
+/// Sums of four consecutive i8·i8 products as f32 lanes (`maddubs` needs an unsigned side: |x|
+/// against y with x's sign), the weights' absolute values precomputed.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn signed_lanes_prepared(w: (__m256i, __m256i), y: __m256i) -> __m256 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { unsigned_lanes(w.0, _mm256_sign_epi8(y, w.1)) }
+}
 
-legacy_rows!(q5_0_avx2, BlockQ8_0, 22, |b, y, _summs| {
-    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-    // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
-    let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
-    let qx = _mm256_or_si256(nibbles(&b[6..]), high);
-    (f16c_at(b, 0) * y.d, signed_lanes(qx, load_qs(&y.qs)))
-});
+legacy_rows!(q4_0_avx2, BlockQ8_0, 18,
+    prep: |b| (f16c_at(b, 0), signed_weights(_mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8)))),
+    dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
+    offset: |_b, _y, _summs| (),
+);
 
-legacy_rows!(q8_0_avx2, BlockQ8_0, 34, |b, y, _summs| {
-    (
-        f16c_at(b, 0) * y.d,
-        signed_lanes(load32(&b[2..]), load_qs(&y.qs)),
-    )
-});
+legacy_rows!(q4_1_avx2, BlockQ8_1, 20,
+    prep: |b| (f16c_at(b, 0), nibbles(&b[4..])),
+    dot: |w, y| unsigned_lanes(w, load_qs(&y.qs)),
+    offset: |b, y, summs| *summs = f16c_at(b, 2).mul_add(y.s, *summs),
+);
+
+legacy_rows!(q5_0_avx2, BlockQ8_0, 22,
+    prep: |b| {
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
+        let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+        (f16c_at(b, 0), signed_weights(_mm256_or_si256(nibbles(&b[6..]), high)))
+    },
+    dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
+    offset: |_b, _y, _summs| (),
+);
+
+legacy_rows!(q8_0_avx2, BlockQ8_0, 34,
+    prep: |b| (f16c_at(b, 0), signed_weights(load32(&b[2..]))),
+    dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
+    offset: |_b, _y, _summs| (),
+);
 
 /// A rows kernel from a one-row kernel (K-quants: a block is long enough to keep the core busy).
 macro_rules! one_by_one {
