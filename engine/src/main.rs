@@ -218,7 +218,7 @@ fn main() -> ExitCode {
                     n_predict,
                     ctx_size,
                     &mut sampler,
-                    &Tokenizer::end_ids(&file),
+                    &tok.end_ids(&file),
                     &mut show,
                 )?;
                 if !json {

@@ -98,15 +98,17 @@ impl Pool {
         let pools = POOLS.get_or_init(|| Mutex::new(Vec::new()));
         let mut pools = pools.lock().unwrap_or_else(|e| e.into_inner());
         pools.retain(|(_, weak)| weak.strong_count() > 0);
+        let wanted = threads.max(1);
         if let Some(pool) = pools
             .iter()
-            .find(|(n, _)| *n == threads.max(1))
+            .find(|(n, _)| *n == wanted)
             .and_then(|(_, weak)| weak.upgrade())
         {
             return pool;
         }
-        let pool = Arc::new(Pool::new(threads));
-        pools.push((pool.threads, Arc::downgrade(&pool)));
+        // Keyed by the count asked for, even if the system granted fewer threads.
+        let pool = Arc::new(Pool::new(wanted));
+        pools.push((wanted, Arc::downgrade(&pool)));
         pool
     }
 
@@ -270,6 +272,15 @@ impl Drop for Pool {
     }
 }
 
+/// Counts a worker out of the current region when dropped.
+struct Done<'a>(&'a AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 fn work(s: &Shared, index: usize) {
     let mut seen = 0usize;
     loop {
@@ -297,13 +308,14 @@ fn work(s: &Shared, index: usize) {
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
             idle_since = Instant::now();
         }
+        // However this region ends for this thread, the caller must hear that it did.
+        let _done = Done(&s.pending);
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(job) = job {
             if catch_unwind(AssertUnwindSafe(|| job(index))).is_err() {
                 s.panicked.store(true, Ordering::Release);
             }
         }
-        s.pending.fetch_sub(1, Ordering::Release);
     }
 }
 

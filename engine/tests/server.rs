@@ -237,6 +237,24 @@ fn completions_native_endpoint_models_and_stop_strings() {
     let text = cut["choices"][0]["text"].as_str().expect("text");
     assert!(!text.contains('.'), "{text:?}");
     assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+
+    // llama.cpp's dialect: a stop string is a "word", and its streams end without [DONE].
+    let (_, word) = post(
+        &server,
+        "/completion",
+        &json!({ "prompt": "The capital of France is", "n_predict": 30, "temperature": 0, "stop": ["."] }),
+    );
+    assert_eq!(word["stop_type"], "word", "{word}");
+    assert_eq!(word["stopping_word"], ".");
+    let body = json!({ "prompt": "Hello", "n_predict": 3, "stream": true }).to_string();
+    let (_, raw) = request(&server, "POST", "/completion", Some(&body), None).expect("stream");
+    let chunks = events(&raw);
+    assert_eq!(
+        chunks.last().map(|c| &c["stop"]),
+        Some(&json!(true)),
+        "{raw}"
+    );
+    assert!(!raw.contains("[DONE]"));
 }
 
 #[test]
@@ -249,6 +267,8 @@ fn bad_requests_get_openai_style_errors() {
         chat("hi", json!({ "max_tokens": 0 })).to_string(),
         chat("hi", json!({ "temperature": -1 })).to_string(),
         chat(&"word ".repeat(800), json!({})).to_string(),
+        chat(&"x".repeat(100_000), json!({})).to_string(),
+        chat("hi", json!({ "stop": vec!["s"; 17] })).to_string(),
     ];
     for body in cases {
         let (status, text) =

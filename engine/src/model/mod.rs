@@ -129,6 +129,15 @@ impl KvCache {
     /// A cache for `context` positions (the configured context, not the model's maximum, which
     /// also bounds it: positions past the training context are not supported).
     pub fn new(hparams: &Hparams, context: usize) -> Result<KvCache, String> {
+        KvCache::on_threads(hparams, context, rayon::current_num_threads())
+    }
+
+    /// [`KvCache::new`] running its passes on `threads` threads.
+    pub fn on_threads(
+        hparams: &Hparams,
+        context: usize,
+        threads: usize,
+    ) -> Result<KvCache, String> {
         if context == 0 || context > hparams.train_context {
             return Err(format!(
                 "a context of {context} tokens is not possible: the model was trained for 1 to {}",
@@ -138,7 +147,7 @@ impl KvCache {
         let width = hparams.n_head_kv * hparams.head_dim;
         Ok(KvCache {
             context,
-            exec: Exec::new(rayon::current_num_threads()),
+            exec: Exec::new(threads),
             keys: vec![vec![0; context * width]; hparams.n_layer],
             values: vec![vec![0; context * width]; hparams.n_layer],
             work: Work::new(),

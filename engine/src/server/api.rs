@@ -187,14 +187,22 @@ pub struct CompletionRequest {
     pub knobs: Knobs,
 }
 
+/// Most stop strings per request.
+pub const MAX_STOPS: usize = 16;
+
+/// Longest stop string.
+pub const MAX_STOP_BYTES: usize = 256;
+
 /// Most tokens one request may ask for.
 pub const MAX_TOKENS_LIMIT: i64 = 1 << 20;
 
 impl Knobs {
-    /// The token limit: `max_tokens`, else `n_predict`, else `default`; a 400 when out of range.
+    /// The token limit: `max_tokens`, else `n_predict` (−1: until the context is full), else
+    /// `default`; a 400 when out of range.
     pub fn limit(&self, default: usize) -> Result<usize, ApiError> {
         match self.max_tokens.or(self.n_predict) {
-            None | Some(-1) => Ok(default),
+            None => Ok(default),
+            Some(-1) => Ok(usize::MAX),
             Some(n) if (1..=MAX_TOKENS_LIMIT).contains(&n) => Ok(n as usize),
             Some(n) => Err(ApiError::bad_request(format!(
                 "max_tokens must be between 1 and {MAX_TOKENS_LIMIT}, not {n}"
@@ -241,19 +249,37 @@ impl Knobs {
             }
             s.repeat_penalty = r;
         }
-        if let Some(seed) = self.seed {
-            s.seed = seed;
-        }
+        // Without a seed every request draws differently (so "regenerate" regenerates).
+        s.seed = match self.seed {
+            Some(seed) => seed,
+            None => {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u128(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos())
+                        .unwrap_or(0),
+                );
+                h.finish()
+            }
+        };
         Ok(s)
     }
 
-    /// The stop strings.
-    pub fn stops(&self) -> Vec<String> {
-        match &self.stop {
+    /// The stop strings (at most [`MAX_STOPS`], each at most [`MAX_STOP_BYTES`]).
+    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
+        let stops = match &self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s.clone()],
             Some(Stop::Many(v)) => v.clone(),
+        };
+        if stops.len() > MAX_STOPS || stops.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::bad_request(format!(
+                "stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_BYTES} bytes"
+            )));
         }
+        Ok(stops)
     }
 }
 

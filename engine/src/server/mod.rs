@@ -60,13 +60,33 @@ const DEFAULT_MAX_TOKENS: usize = 512;
 /// The router of every endpoint.
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .route("/health", get(health))
-        .route("/v1/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/completion", post(native_completion))
+        // The key is checked before a body is read.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_key,
+        ))
+        .route("/health", get(health))
+        .route("/v1/health", get(health))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Largest request body: a full context of text with room to spare.
+const MAX_BODY_BYTES: usize = 1 << 20;
+
+async fn require_key(
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match authorize(&state, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
 }
 
 /// Whether `addr` is loopback (the only place an unauthenticated server may listen).
@@ -116,8 +136,7 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-async fn models(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
+async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(axum::Json(json!({
         "object": "list",
         "data": [{ "id": &*state.model_id, "object": "model", "created": now(), "owned_by": "appliance" }],
@@ -147,10 +166,15 @@ fn start(ready: &Ready, prompt: Vec<u32>, knobs: &Knobs) -> Result<Started, ApiE
             prompt,
             sampling: knobs.sampling()?,
             max_tokens: knobs.limit(DEFAULT_MAX_TOKENS)?,
-            stop: knobs.stops(),
+            stop: knobs.stops()?,
             events,
         })
-        .map_err(|_| ApiError::unavailable("the request queue is full; retry shortly"))?;
+        .map_err(|refused| match refused {
+            worker::Refused::Full => {
+                ApiError::unavailable("the request queue is full; retry shortly")
+            }
+            worker::Refused::Stopped => ApiError::internal("the generation thread has stopped"),
+        })?;
     Ok(Started {
         events: receiver,
         prompt_tokens,
@@ -184,6 +208,37 @@ fn id(prefix: &str) -> String {
     format!("{prefix}-{:x}{n:x}", now())
 }
 
+/// Bytes of prompt text accepted per token of context: text beyond that cannot fit, and is
+/// refused before the tokenizer spends time on it.
+const BYTES_PER_TOKEN_BOUND: usize = 16;
+
+fn check_text_size(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
+    let bound = ready.context.saturating_mul(BYTES_PER_TOKEN_BOUND);
+    if bytes > bound {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is {bytes} bytes; it cannot fit the context of {} tokens (shorten it)",
+            ready.context
+        )));
+    }
+    Ok(())
+}
+
+/// Runs tokenization on a blocking thread, so a long prompt never stalls other connections.
+async fn tokenize_off_thread(
+    state: &AppState,
+    work: impl FnOnce(&Ready) -> Result<Vec<u32>, ApiError> + Send + 'static,
+) -> Result<Vec<u32>, ApiError> {
+    let ready = Arc::clone(&state.ready);
+    tokio::task::spawn_blocking(move || match ready.get() {
+        Some(r) => work(r),
+        None => Err(ApiError::unavailable(
+            "the model is loading; try again shortly",
+        )),
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?
+}
+
 fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
     let mut messages = api::messages(&request.messages)?;
     if let Some(system) = &ready.system_prompt {
@@ -196,17 +251,18 @@ fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, A
 
 async fn chat_completions(
     State(state): State<AppState>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     let request: ChatRequest = api::parse(&body)?;
     let ready = ready(&state)?;
     let messages = chat_messages(ready, &request)?;
-    let prompt = ready
-        .template
-        .prompt_ids(&ready.tokenizer, &messages)
-        .map_err(ApiError::bad_request)?;
+    check_text_size(ready, messages.iter().map(|m| m.content.len()).sum())?;
+    let prompt = tokenize_off_thread(&state, move |r| {
+        r.template
+            .prompt_ids(&r.tokenizer, &messages)
+            .map_err(ApiError::bad_request)
+    })
+    .await?;
     let mut started = start(ready, prompt, &request.knobs)?;
     let (id, created, model) = (id("chatcmpl"), now(), state.model_id.to_string());
     if !request.knobs.stream {
@@ -216,7 +272,7 @@ async fn chat_completions(
             "choices": [{
                 "index": 0,
                 "message": { "role": "assistant", "content": text },
-                "finish_reason": summary.finish,
+                "finish_reason": summary.finish.openai(),
             }],
             "usage": usage(started.prompt_tokens, &summary),
             "timings": summary,
@@ -231,14 +287,14 @@ async fn chat_completions(
     let chunk = move |delta: Value, finish: Option<Finish>| {
         json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
+            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish.map(Finish::openai) }],
         })
     };
     let first = chunk(json!({ "role": "assistant", "content": "" }), None);
     Ok(stream(
         started,
         first,
-        include_usage,
+        Format::OpenAi { include_usage },
         move |event| match event {
             Piece::Text(t) => vec![chunk(json!({ "content": t }), None)],
             Piece::End(finish, usage, summary) => {
@@ -257,25 +313,31 @@ async fn chat_completions(
     ))
 }
 
-async fn completions(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
-    let request: CompletionRequest = api::parse(&body)?;
-    let ready = ready(&state)?;
+/// A raw prompt's tokens (special tokens recognised, BOS added where the model wants it).
+async fn completion_prompt(
+    state: &AppState,
+    ready: &Ready,
+    request: &CompletionRequest,
+) -> Result<Vec<u32>, ApiError> {
     if request.prompt.is_empty() {
         return Err(ApiError::bad_request("prompt must not be empty"));
     }
-    let prompt = ready.tokenizer.encode(&request.prompt, true);
+    check_text_size(ready, request.prompt.len())?;
+    let text = request.prompt.clone();
+    tokenize_off_thread(state, move |r| Ok(r.tokenizer.encode(&text, true))).await
+}
+
+async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let request: CompletionRequest = api::parse(&body)?;
+    let ready = ready(&state)?;
+    let prompt = completion_prompt(&state, ready, &request).await?;
     let mut started = start(ready, prompt, &request.knobs)?;
     let (id, created, model) = (id("cmpl"), now(), state.model_id.to_string());
     if !request.knobs.stream {
         let (text, summary) = collect(&mut started).await?;
         return Ok(axum::Json(json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{ "index": 0, "text": text, "finish_reason": summary.finish, "logprobs": null }],
+            "choices": [{ "index": 0, "text": text, "finish_reason": summary.finish.openai(), "logprobs": null }],
             "usage": usage(started.prompt_tokens, &summary),
             "timings": summary,
         }))
@@ -289,14 +351,14 @@ async fn completions(
     let chunk = move |text: &str, finish: Option<Finish>| {
         json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{ "index": 0, "text": text, "finish_reason": finish, "logprobs": null }],
+            "choices": [{ "index": 0, "text": text, "finish_reason": finish.map(Finish::openai), "logprobs": null }],
         })
     };
     let first = chunk("", None);
     Ok(stream(
         started,
         first,
-        include_usage,
+        Format::OpenAi { include_usage },
         move |event| match event {
             Piece::Text(t) => vec![chunk(&t, None)],
             Piece::End(finish, usage, summary) => {
@@ -314,28 +376,33 @@ async fn completions(
 /// llama.cpp's native endpoint: `content`, `stop`, `timings`, …
 async fn native_completion(
     State(state): State<AppState>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    authorize(&state, &headers)?;
     let request: CompletionRequest = api::parse(&body)?;
     let ready = ready(&state)?;
-    let prompt = ready.tokenizer.encode(&request.prompt, true);
+    let prompt = completion_prompt(&state, ready, &request).await?;
     let mut started = start(ready, prompt, &request.knobs)?;
     if request.knobs.stream {
         let first = json!({ "content": "", "stop": false });
-        return Ok(stream(started, first, false, |event| match event {
-            Piece::Text(t) => vec![json!({ "content": t, "stop": false })],
-            Piece::End(finish, _, summary) => vec![json!({
-                "content": "", "stop": true, "stop_type": stop_type(finish), "timings": summary,
-            })],
-        }));
+        return Ok(stream(
+            started,
+            first,
+            Format::Native,
+            |event| match event {
+                Piece::Text(t) => vec![json!({ "content": t, "stop": false })],
+                Piece::End(finish, _, summary) => vec![json!({
+                    "content": "", "stop": true, "stop_type": stop_type(finish),
+                    "stopping_word": summary.stopping_word, "timings": summary,
+                })],
+            },
+        ));
     }
     let (text, summary) = collect(&mut started).await?;
     Ok(axum::Json(json!({
         "content": text,
         "stop": true,
         "stop_type": stop_type(summary.finish),
+        "stopping_word": summary.stopping_word,
         "tokens_evaluated": started.prompt_tokens,
         "tokens_predicted": summary.predicted_n,
         "model": &*state.model_id,
@@ -347,8 +414,17 @@ async fn native_completion(
 fn stop_type(finish: Finish) -> &'static str {
     match finish {
         Finish::Stop => "eos",
+        Finish::Word => "word",
         Finish::Length => "limit",
     }
+}
+
+/// Which stream dialect: OpenAI's ends with `data: [DONE]` and may add a usage chunk;
+/// llama.cpp's native one ends with its final JSON object.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    OpenAi { include_usage: bool },
+    Native,
 }
 
 /// What a stream's shaper sees.
@@ -362,9 +438,13 @@ enum Piece {
 fn stream(
     started: Started,
     first: Value,
-    include_usage: bool,
+    format: Format,
     shape: impl Fn(Piece) -> Vec<Value> + Send + 'static,
 ) -> Response {
+    let include_usage = format
+        == Format::OpenAi {
+            include_usage: true,
+        };
     let Started {
         events,
         prompt_tokens,
@@ -390,7 +470,9 @@ fn stream(
                         .into_iter()
                         .map(|v| SseEvent::default().data(v.to_string()))
                         .collect();
-                    out.push(SseEvent::default().data("[DONE]"));
+                    if format != Format::Native {
+                        out.push(SseEvent::default().data("[DONE]"));
+                    }
                     return Some((out, (events, None, true, shape)));
                 }
                 Some(Event::Failed(e)) => {
@@ -457,7 +539,7 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
     let state = AppState {
         ready: Arc::new(OnceLock::new()),
         model_id,
-        api_key_sha256: config.api_key.as_deref().map(key_hash),
+        api_key_sha256: config.api_key.as_deref().map(|k| key_hash(k.trim())),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -521,7 +603,7 @@ fn load(config: &ServeConfig) -> Result<Ready, String> {
     let worker = Worker::start(
         model,
         Arc::clone(&tokenizer),
-        Tokenizer::end_ids(file),
+        tokenizer.end_ids(file),
         &worker::Settings {
             context: config.context,
             threads: config.threads,

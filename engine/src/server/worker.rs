@@ -42,13 +42,24 @@ pub enum Event {
 }
 
 /// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    /// An end-of-generation token or a stop string.
+    /// An end-of-generation token.
     Stop,
+    /// A stop string.
+    Word,
     /// `max_tokens` or the end of the context.
     Length,
+}
+
+impl Finish {
+    /// OpenAI's `finish_reason`.
+    pub fn openai(self) -> &'static str {
+        match self {
+            Finish::Stop | Finish::Word => "stop",
+            Finish::Length => "length",
+        }
+    }
 }
 
 /// llama.cpp's `timings` object, plus the finish reason.
@@ -71,11 +82,19 @@ pub struct Summary {
     pub predicted_per_second: f64,
     /// Prompt tokens reused from the prefix cache.
     pub cache_n: usize,
+    /// The stop string that ended generation, if one did.
+    #[serde(skip)]
+    pub stopping_word: String,
 }
 
-/// The queue is full.
-#[derive(Debug)]
-pub struct Busy;
+/// Why a request was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The queue is full: try again shortly.
+    Full,
+    /// The generation thread is gone.
+    Stopped,
+}
 
 /// The handle requests are submitted through.
 #[derive(Clone)]
@@ -131,11 +150,12 @@ impl Worker {
         Worker { queue }
     }
 
-    /// Queues `job`, or says the queue is full.
-    pub fn submit(&self, job: Job) -> Result<(), Busy> {
+    /// Queues `job`, or says why not.
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
         match self.queue.try_send(job) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => Err(Busy),
+            Err(TrySendError::Full(_)) => Err(Refused::Full),
+            Err(TrySendError::Disconnected(_)) => Err(Refused::Stopped),
         }
     }
 }
@@ -174,7 +194,7 @@ impl Caches {
         if self.budget == 0 || tokens.is_empty() || tokens.len() >= context {
             return Ok(());
         }
-        let mut cache = KvCache::new(&model.hparams, context)?.with_threads(threads);
+        let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
         model.forward(tokens, 0, &mut cache, Logits::Last)?;
         self.pinned = Some(Cached {
             cache,
@@ -256,7 +276,11 @@ fn run(
                 c
             }),
         };
-        let result = generate(model, tokenizer, end_ids, context, threads, &job, reused);
+        // A bug in one request must not take the box's only generation thread with it.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            generate(model, tokenizer, end_ids, context, threads, &job, reused)
+        }))
+        .unwrap_or_else(|_| Err("generation failed unexpectedly (see the engine log)".into()));
         match result {
             Ok((summary, kept)) => {
                 caches.keep(kept);
@@ -296,13 +320,20 @@ fn generate(
             let n = common_prefix(&c.tokens, prompt).min(prompt.len() - 1);
             (c.cache, n)
         }
-        None => (
-            KvCache::new(&model.hparams, context)?.with_threads(threads),
-            0,
-        ),
+        None => (KvCache::on_threads(&model.hparams, context, threads)?, 0),
     };
     let started = Instant::now();
-    model.forward(&prompt[cache_n..], cache_n, &mut cache, Logits::Last)?;
+    // In slices, so a client that leaves during a long prompt frees the engine soon.
+    let slice = 4 * crate::model::MAX_BATCH;
+    let mut at = cache_n;
+    while at < prompt.len() {
+        if job.events.is_closed() {
+            return Err("the client went away".into());
+        }
+        let end = (at + slice).min(prompt.len());
+        model.forward(&prompt[at..end], at, &mut cache, Logits::Last)?;
+        at = end;
+    }
     let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
 
     let generating = Instant::now();
@@ -312,7 +343,7 @@ fn generate(
     let mut stream = TextStream::new();
     let mut text = StopFilter::new(&job.stop);
     let mut generated = 0;
-    let mut cut_by_stop_string = false;
+    let mut stopping_word = String::new();
     let finish = loop {
         if generated >= job.max_tokens || history.len() >= context {
             break Finish::Length;
@@ -331,16 +362,16 @@ fn generate(
         if !ready.is_empty() {
             let _ = job.events.send(Event::Text(ready));
         }
-        if stopped {
-            cut_by_stop_string = true;
-            break Finish::Stop;
+        if let Some(word) = stopped {
+            stopping_word = word;
+            break Finish::Word;
         }
         if generated < job.max_tokens && history.len() < context {
             model.step(token, history.len() - 1, &mut cache)?;
             in_cache = history.len();
         }
     };
-    if !cut_by_stop_string {
+    if finish != Finish::Word {
         let (ready, _) = text.push(&stream.finish());
         let rest = ready + &text.flush();
         if !rest.is_empty() {
@@ -361,6 +392,7 @@ fn generate(
             predicted_ms,
             predicted_per_second: per_second(generated, predicted_ms),
             cache_n,
+            stopping_word,
         },
         Cached {
             cache,
@@ -383,19 +415,19 @@ impl<'a> StopFilter<'a> {
         }
     }
 
-    /// Adds `piece`; returns the text now safe to send and whether a stop string was reached.
-    fn push(&mut self, piece: &str) -> (String, bool) {
+    /// Adds `piece`; returns the text now safe to send and the stop string reached, if any.
+    fn push(&mut self, piece: &str) -> (String, Option<String>) {
         self.pending.push_str(piece);
         let first_stop = self
             .stops
             .iter()
             .filter(|s| !s.is_empty())
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first_stop {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, word)) = first_stop {
             let out = self.pending[..at].to_string();
             self.pending.clear();
-            return (out, true);
+            return (out, Some(word.clone()));
         }
         // Keep the longest tail that is a prefix of some stop string.
         let keep = self
@@ -412,7 +444,7 @@ impl<'a> StopFilter<'a> {
         let cut = self.pending.len() - keep;
         let out = self.pending[..cut].to_string();
         self.pending.drain(..cut);
-        (out, false)
+        (out, None)
     }
 
     /// Whatever is held back, at the end.
@@ -429,15 +461,18 @@ mod tests {
     fn stop_strings_cut_the_text_even_across_pieces() {
         let stops = vec!["END".to_string(), "\n\n".to_string()];
         let mut f = StopFilter::new(&stops);
-        assert_eq!(f.push("Hello E"), ("Hello ".to_string(), false));
-        assert_eq!(f.push("N"), (String::new(), false));
-        assert_eq!(f.push("Dx"), (String::new(), true));
+        assert_eq!(f.push("Hello E"), ("Hello ".to_string(), None));
+        assert_eq!(f.push("N"), (String::new(), None));
+        assert_eq!(f.push("Dx"), (String::new(), Some("END".to_string())));
         let mut f = StopFilter::new(&stops);
-        assert_eq!(f.push("a\n"), ("a".to_string(), false));
-        assert_eq!(f.push("b"), ("\nb".to_string(), false));
-        assert_eq!(f.push("\n\nrest"), (String::new(), true));
+        assert_eq!(f.push("a\n"), ("a".to_string(), None));
+        assert_eq!(f.push("b"), ("\nb".to_string(), None));
+        assert_eq!(
+            f.push("\n\nrest"),
+            (String::new(), Some("\n\n".to_string()))
+        );
         let mut f = StopFilter::new(&[]);
-        assert_eq!(f.push("free"), ("free".to_string(), false));
+        assert_eq!(f.push("free"), ("free".to_string(), None));
         assert_eq!(f.flush(), "");
     }
 
@@ -445,7 +480,7 @@ mod tests {
     fn held_back_text_is_released_at_the_end() {
         let stops = vec!["STOP".to_string()];
         let mut f = StopFilter::new(&stops);
-        assert_eq!(f.push("ab ST"), ("ab ".to_string(), false));
+        assert_eq!(f.push("ab ST"), ("ab ".to_string(), None));
         assert_eq!(f.flush(), "ST");
     }
 

@@ -162,13 +162,29 @@ impl Tokenizer {
         }
     }
 
-    /// End-of-generation ids: EOS and EOT when the model names them.
-    pub fn end_ids(file: &ModelFile) -> Vec<u32> {
-        ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+    /// End-of-generation ids: EOS and EOT when the model names them, and (as llama.cpp does)
+    /// the special tokens that end a turn in the common chat formats, for files that do not
+    /// name their end-of-turn token.
+    pub fn end_ids(&self, file: &ModelFile) -> Vec<u32> {
+        const END_OF_TURN: [&str; 6] = [
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<end_of_turn>",
+            "<|end|>",
+            "<|endoftext|>",
+            "<|end_of_text|>",
+        ];
+        let mut ids: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
             .iter()
             .filter_map(|k| file.header().get(k).and_then(gguf::Value::as_u64))
             .map(|v| v as u32)
-            .collect()
+            .collect();
+        for (text, id, control) in &self.specials {
+            if *control && END_OF_TURN.contains(&text.as_str()) && !ids.contains(id) {
+                ids.push(*id);
+            }
+        }
+        ids
     }
 
     /// The text of token ids: their bytes joined, then decoded (an incomplete UTF-8 tail is
