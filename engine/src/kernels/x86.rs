@@ -330,7 +330,68 @@ macro_rules! one_by_one {
     };
 }
 
-one_by_one!(q4_k_rows_avx2, q4_k_avx2, BlockQ8K);
+/// Q4_K over rows × columns: columns go in pairs, so each weight block's nibbles and scales
+/// are unpacked once for two tokens; every (row, column) sums exactly as `q4_k_avx2` does.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_rows_avx2(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[BlockQ8K],
+    columns: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let n_rows = w.len() / row_bytes.max(1);
+        let blocks = x.len() / columns.max(1);
+        let low = _mm256_set1_epi8(0x0f);
+        for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+            let mut c = 0;
+            while c + 2 <= columns {
+                let (x0, x1) = (
+                    &x[c * blocks..(c + 1) * blocks],
+                    &x[(c + 1) * blocks..(c + 2) * blocks],
+                );
+                let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let (mut m0, mut m1) = ([0f32; 4], [0f32; 4]);
+                for ((b, y0), y1) in row.chunks_exact(144).zip(x0).zip(x1) {
+                    let dw = f16c_at(b, 0);
+                    let sc0 = scalar::q4_k_scales_and_mins(b, y0, &mut m0);
+                    let sc1 = scalar::q4_k_scales_and_mins(b, y1, &mut m1);
+                    let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for j in 0..4 {
+                        let bits = load32(&b[16 + 32 * j..]);
+                        let lo = _mm256_and_si256(bits, low);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
+                        for (y, sc, sumi) in [(y0, &sc0, &mut s0), (y1, &sc1, &mut s1)] {
+                            let ql = load32(cast_i8(&y.qs[64 * j..64 * j + 32]));
+                            let qh = load32(cast_i8(&y.qs[64 * j + 32..64 * j + 64]));
+                            let pl = _mm256_madd_epi16(
+                                _mm256_set1_epi16(sc[2 * j]),
+                                _mm256_maddubs_epi16(lo, ql),
+                            );
+                            let ph = _mm256_madd_epi16(
+                                _mm256_set1_epi16(sc[2 * j + 1]),
+                                _mm256_maddubs_epi16(hi, qh),
+                            );
+                            *sumi = _mm256_add_epi32(*sumi, _mm256_add_epi32(pl, ph));
+                        }
+                    }
+                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(y0.d * dw), _mm256_cvtepi32_ps(s0), acc0);
+                    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(y1.d * dw), _mm256_cvtepi32_ps(s1), acc1);
+                }
+                let fold = |m: [f32; 4]| (m[0] + m[2]) + (m[1] + m[3]);
+                out[c * n_rows + r] = hsum8(acc0) + fold(m0);
+                out[(c + 1) * n_rows + r] = hsum8(acc1) + fold(m1);
+                c += 2;
+            }
+            if c < columns {
+                out[c * n_rows + r] = q4_k_avx2(row, &x[c * blocks..(c + 1) * blocks]);
+            }
+        }
+    }
+}
+
 one_by_one!(q6_k_rows_avx2, q6_k_avx2, BlockQ8K);
 
 #[target_feature(enable = "avx2,fma,f16c")]
