@@ -132,18 +132,30 @@ fn k_scaled_min(b: &[u8], y: &BlockQ8K, values: &[i32; 256]) -> f32 {
 /// Q4_K's eight sub-block scales; the mins' share of the dot (−dmin·Σ min·block sums) goes into
 /// the four accumulators `acc_m`, in the lane order both kernels use.
 pub(super) fn q4_k_scales_and_mins(b: &[u8], y: &BlockQ8K, acc_m: &mut [f32; 4]) -> [i16; 8] {
-    let dmin = -y.d * f16_at(b, 2);
+    let (sc, m) = q4_k_scales(b);
+    q4_k_mins(b, &m, y, acc_m);
+    sc
+}
+
+/// A Q4_K block's eight 6-bit scales and mins, unpacked.
+pub(super) fn q4_k_scales(b: &[u8]) -> ([i16; 8], [i32; 8]) {
     let (mut sc, mut m) = ([0i16; 8], [0i32; 8]);
     for j in 0..8 {
         let (s, n) = scale_min(j, &b[4..16]);
         (sc[j], m[j]) = (i16::from(s), i32::from(n));
     }
+    (sc, m)
+}
+
+/// Adds a Q4_K block's min terms against `y` to the four accumulators, as ggml's AVX2 kernel
+/// pairs them.
+pub(super) fn q4_k_mins(b: &[u8], m: &[i32; 8], y: &BlockQ8K, acc_m: &mut [f32; 4]) {
+    let dmin = -y.d * f16_at(b, 2);
     let pair_sum = |i: usize| i32::from(y.bsums[2 * i]) + i32::from(y.bsums[2 * i + 1]);
     for (i, a) in acc_m.iter_mut().enumerate() {
         let prod = m[2 * i] * pair_sum(2 * i) + m[2 * i + 1] * pair_sum(2 * i + 1);
         *a = dmin.mul_add(prod as f32, *a);
     }
-    sc
 }
 
 pub fn q4_k(row: &[u8], x: &[BlockQ8K]) -> f32 {

@@ -356,14 +356,15 @@ unsafe fn q4_k_rows_avx2(
                 let (mut m0, mut m1) = ([0f32; 4], [0f32; 4]);
                 for ((b, y0), y1) in row.chunks_exact(144).zip(x0).zip(x1) {
                     let dw = f16c_at(b, 0);
-                    let sc0 = scalar::q4_k_scales_and_mins(b, y0, &mut m0);
-                    let sc1 = scalar::q4_k_scales_and_mins(b, y1, &mut m1);
+                    let (sc, mins) = scalar::q4_k_scales(b);
+                    scalar::q4_k_mins(b, &mins, y0, &mut m0);
+                    scalar::q4_k_mins(b, &mins, y1, &mut m1);
                     let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                     for j in 0..4 {
                         let bits = load32(&b[16 + 32 * j..]);
                         let lo = _mm256_and_si256(bits, low);
                         let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-                        for (y, sc, sumi) in [(y0, &sc0, &mut s0), (y1, &sc1, &mut s1)] {
+                        for (y, sumi) in [(y0, &mut s0), (y1, &mut s1)] {
                             let ql = load32(cast_i8(&y.qs[64 * j..64 * j + 32]));
                             let qh = load32(cast_i8(&y.qs[64 * j + 32..64 * j + 64]));
                             let pl = _mm256_madd_epi16(
