@@ -43,7 +43,7 @@ import glob, json, os, sys
 from collections import defaultdict
 rows = defaultdict(lambda: {"llama": [], "engine": []})
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
-    name, tool = os.path.basename(path).split(".")[:2]
+    name, tool = os.path.basename(path).rsplit(".", 3)[:2]
     for r in json.load(open(path)):
         test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
         rows[(name, r["n_threads"], test)][tool].append(r["avg_ts"])

@@ -86,9 +86,9 @@ enum Mode {
 const PASS_CONTEXT: usize = 64;
 
 /// Seconds to run `tokens` through the model from position 0 on a fresh cache.
-fn timed_run(model: &Model<'_>, tokens: &[u32], mode: Mode) -> Result<f64, String> {
+fn timed_run(model: &Model<'_>, tokens: &[u32], mode: Mode, threads: usize) -> Result<f64, String> {
     let context = tokens.len() + if mode == Mode::Pass { PASS_CONTEXT } else { 0 };
-    let mut cache = KvCache::new(&model.hparams, context.max(1))?;
+    let mut cache = KvCache::on_threads(&model.hparams, context.max(1), threads)?;
     if mode == Mode::Pass {
         let before = random_tokens(PASS_CONTEXT, model.hparams.vocab, 0xc0de);
         model.forward(&before, 0, &mut cache, Logits::Last)?;
@@ -114,11 +114,12 @@ fn measure(
     model: &Model<'_>,
     tokens: &[u32],
     mode: Mode,
+    threads: usize,
     repetitions: usize,
 ) -> Result<(f64, f64, Vec<f64>), String> {
-    timed_run(model, tokens, mode)?; // warm-up: page in the weights, size the buffers
+    timed_run(model, tokens, mode, threads)?; // warm-up: page in the weights, size the buffers
     let samples = (0..repetitions.max(1))
-        .map(|_| timed_run(model, tokens, mode).map(|s| tokens.len() as f64 / s))
+        .map(|_| timed_run(model, tokens, mode, threads).map(|s| tokens.len() as f64 / s))
         .collect::<Result<Vec<f64>, String>>()?;
     let mean = samples.iter().sum::<f64>() / samples.len() as f64;
     let var = if samples.len() > 1 {
@@ -134,10 +135,6 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
     let vocab = model.hparams.vocab;
     let mut rows = Vec::new();
     for &threads in &plan.threads {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.max(1))
-            .build()
-            .map_err(|e| e.to_string())?;
         for (n_prompt, n_gen, mode) in [
             (plan.prompt, 0, Mode::Prompt),
             (0, plan.generate, Mode::Generation),
@@ -148,7 +145,7 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
             }
             let tokens = random_tokens(n, vocab, 0x5eed + n as u64);
             let (avg_ts, stddev_ts, samples_ts) =
-                pool.install(|| measure(model, &tokens, mode, plan.repetitions))?;
+                measure(model, &tokens, mode, threads, plan.repetitions)?;
             rows.push(Row {
                 n_prompt,
                 n_gen,
@@ -163,7 +160,7 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
         for &width in &plan.batches {
             let tokens = random_tokens(width.max(1), vocab, 0xba7c + width as u64);
             let (avg_ts, stddev_ts, samples_ts) =
-                pool.install(|| measure(model, &tokens, Mode::Pass, plan.repetitions))?;
+                measure(model, &tokens, Mode::Pass, threads, plan.repetitions)?;
             let ms = samples_ts
                 .iter()
                 .map(|ts| tokens.len() as f64 / ts * 1e3)

@@ -16,17 +16,32 @@ pub enum Stop {
     Limit,
 }
 
-/// Generates up to `limit` tokens after `prompt`; `end` holds the end-of-generation ids, and
-/// `on_token` sees each generated token as soon as it is sampled.
+/// How much a generation may produce and where it runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Tokens to generate at most.
+    pub limit: usize,
+    /// Context (prompt plus generated tokens) in tokens.
+    pub context: usize,
+    /// Threads per pass.
+    pub threads: usize,
+}
+
+/// Generates up to `budget.limit` tokens after `prompt`; `end` holds the end-of-generation ids,
+/// and `on_token` sees each generated token as soon as it is sampled.
 pub fn generate(
     model: &Model<'_>,
     prompt: &[u32],
-    limit: usize,
-    context: usize,
+    budget: Budget,
     sampler: &mut Sampler,
     end: &[u32],
     on_token: &mut dyn FnMut(u32),
 ) -> Result<(Vec<u32>, Stop), String> {
+    let Budget {
+        limit,
+        context,
+        threads,
+    } = budget;
     if prompt.is_empty() {
         return Err("the prompt has no tokens".into());
     }
@@ -36,7 +51,7 @@ pub fn generate(
             prompt.len()
         ));
     }
-    let mut cache = KvCache::new(&model.hparams, context)?;
+    let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
     model.forward(prompt, 0, &mut cache, Logits::Last)?;
     let mut history = prompt.to_vec();
     let mut out = Vec::new();

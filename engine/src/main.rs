@@ -215,8 +215,11 @@ fn main() -> ExitCode {
                 let (tokens, stop) = engine::generate::generate(
                     &m,
                     &ids,
-                    n_predict,
-                    ctx_size,
+                    engine::generate::Budget {
+                        limit: n_predict,
+                        context: ctx_size,
+                        threads,
+                    },
                     &mut sampler,
                     &tok.end_ids(&file),
                     &mut show,
@@ -227,14 +230,7 @@ fn main() -> ExitCode {
                 let text = tok.decode(&tokens);
                 Ok((ids, tokens, stop, text))
             };
-            let pool = match rayon::ThreadPoolBuilder::new()
-                .num_threads(threads.max(1))
-                .build()
-            {
-                Ok(p) => p,
-                Err(e) => return fail(e),
-            };
-            match pool.install(run) {
+            match run() {
                 Ok((ids, tokens, stop, text)) => {
                     if json {
                         println!(

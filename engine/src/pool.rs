@@ -236,7 +236,7 @@ impl<T> Share<'_, T> {
     }
 }
 
-/// A raw pointer that may cross threads: `for_each_piece` hands each thread a disjoint range.
+/// A raw pointer that may cross threads: `for_each_share` hands each thread a disjoint range.
 struct SendPtr<T>(*mut T);
 
 impl<T> Clone for SendPtr<T> {

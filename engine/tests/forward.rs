@@ -27,8 +27,12 @@ fn ids(file: &ModelFile, pieces: &[&str]) -> Vec<u32> {
 }
 
 fn next_token(file: &ModelFile, prompt: &[u32]) -> (String, Vec<f32>) {
+    next_token_on(file, prompt, 2)
+}
+
+fn next_token_on(file: &ModelFile, prompt: &[u32], threads: usize) -> (String, Vec<f32>) {
     let model = Model::load(file).expect("load");
-    let mut cache = KvCache::new(&model.hparams, 64).expect("cache");
+    let mut cache = KvCache::on_threads(&model.hparams, 64, threads).expect("cache");
     let mut logits = Vec::new();
     for (pos, &t) in prompt.iter().enumerate() {
         logits = model.step(t, pos, &mut cache).expect("step").to_vec();
@@ -75,13 +79,7 @@ fn gemma3_knows_the_capital_of_france() {
 fn logits_are_bit_identical_across_thread_counts() {
     let file = ModelFile::open(&smollm2()).expect("open");
     let prompt = ids(&file, &["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
-    let run = |threads: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("pool")
-            .install(|| next_token(&file, &prompt).1)
-    };
+    let run = |threads: usize| next_token_on(&file, &prompt, threads).1;
     let one = run(1);
     let two = run(2);
     assert!(

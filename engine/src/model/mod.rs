@@ -127,9 +127,11 @@ pub const MAX_BATCH: usize = 32;
 
 impl KvCache {
     /// A cache for `context` positions (the configured context, not the model's maximum, which
-    /// also bounds it: positions past the training context are not supported).
+    /// also bounds it: positions past the training context are not supported), running its
+    /// passes on as many threads as the machine has cores.
     pub fn new(hparams: &Hparams, context: usize) -> Result<KvCache, String> {
-        KvCache::on_threads(hparams, context, rayon::current_num_threads())
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        KvCache::on_threads(hparams, context, cores)
     }
 
     /// [`KvCache::new`] running its passes on `threads` threads.
@@ -179,7 +181,7 @@ impl KvCache {
         self
     }
 
-    /// Runs on `threads` threads instead of the caller's rayon pool size.
+    /// Runs on `threads` threads instead.
     pub fn with_threads(mut self, threads: usize) -> KvCache {
         self.exec.pool = Pool::shared(threads);
         self
@@ -329,10 +331,10 @@ impl<'a> Model<'a> {
                 h.vocab
             ));
         }
-        if start + tokens.len() > cache.context {
+        let end = start.saturating_add(tokens.len());
+        if end > cache.context {
             return Err(format!(
-                "positions {start}..{} do not fit the context of {}",
-                start + tokens.len(),
+                "positions {start}..{end} do not fit the context of {}",
                 cache.context
             ));
         }
