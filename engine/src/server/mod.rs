@@ -279,11 +279,7 @@ async fn chat_completions(
         }))
         .into_response());
     }
-    let include_usage = request
-        .knobs
-        .stream_options
-        .as_ref()
-        .is_some_and(|o| o.include_usage);
+    let format = Format::openai(&request.knobs);
     let chunk = move |delta: Value, finish: Option<Finish>| {
         json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -291,26 +287,21 @@ async fn chat_completions(
         })
     };
     let first = chunk(json!({ "role": "assistant", "content": "" }), None);
-    Ok(stream(
-        started,
-        first,
-        Format::OpenAi { include_usage },
-        move |event| match event {
-            Piece::Text(t) => vec![chunk(json!({ "content": t }), None)],
-            Piece::End(finish, usage, summary) => {
-                let mut last = chunk(json!({}), Some(finish));
-                last["timings"] = json!(summary);
-                let mut out = vec![last];
-                if let Some(u) = usage {
-                    let mut usage_chunk = chunk(json!({}), None);
-                    usage_chunk["choices"] = json!([]);
-                    usage_chunk["usage"] = u;
-                    out.push(usage_chunk);
-                }
-                out
+    Ok(stream(started, first, format, move |event| match event {
+        Piece::Text(t) => vec![chunk(json!({ "content": t }), None)],
+        Piece::End(finish, usage, summary) => {
+            let mut last = chunk(json!({}), Some(finish));
+            last["timings"] = json!(summary);
+            let mut out = vec![last];
+            if let Some(u) = usage {
+                let mut usage_chunk = chunk(json!({}), None);
+                usage_chunk["choices"] = json!([]);
+                usage_chunk["usage"] = u;
+                out.push(usage_chunk);
             }
-        },
-    ))
+            out
+        }
+    }))
 }
 
 /// A raw prompt's tokens (special tokens recognised, BOS added where the model wants it).
@@ -343,11 +334,7 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Respo
         }))
         .into_response());
     }
-    let include_usage = request
-        .knobs
-        .stream_options
-        .as_ref()
-        .is_some_and(|o| o.include_usage);
+    let format = Format::openai(&request.knobs);
     let chunk = move |text: &str, finish: Option<Finish>| {
         json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
@@ -355,22 +342,17 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Respo
         })
     };
     let first = chunk("", None);
-    Ok(stream(
-        started,
-        first,
-        Format::OpenAi { include_usage },
-        move |event| match event {
-            Piece::Text(t) => vec![chunk(&t, None)],
-            Piece::End(finish, usage, summary) => {
-                let mut last = chunk("", Some(finish));
-                last["timings"] = json!(summary);
-                if let Some(u) = usage {
-                    last["usage"] = u;
-                }
-                vec![last]
+    Ok(stream(started, first, format, move |event| match event {
+        Piece::Text(t) => vec![chunk(&t, None)],
+        Piece::End(finish, usage, summary) => {
+            let mut last = chunk("", Some(finish));
+            last["timings"] = json!(summary);
+            if let Some(u) = usage {
+                last["usage"] = u;
             }
-        },
-    ))
+            vec![last]
+        }
+    }))
 }
 
 /// llama.cpp's native endpoint: `content`, `stop`, `timings`, …
@@ -425,6 +407,18 @@ fn stop_type(finish: Finish) -> &'static str {
 enum Format {
     OpenAi { include_usage: bool },
     Native,
+}
+
+impl Format {
+    /// The OpenAI dialect, with a usage chunk when the request asks for one.
+    fn openai(knobs: &Knobs) -> Format {
+        Format::OpenAi {
+            include_usage: knobs
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+        }
+    }
 }
 
 /// What a stream's shaper sees.
