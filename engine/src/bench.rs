@@ -91,7 +91,7 @@ fn timed_run(model: &Model<'_>, tokens: &[u32], mode: Mode, threads: usize) -> R
     let mut cache = KvCache::on_threads(&model.hparams, context.max(1), threads)?;
     if mode == Mode::Pass {
         let before = random_tokens(PASS_CONTEXT, model.hparams.vocab, 0xc0de);
-        model.forward(&before, 0, &mut cache, Logits::Last)?;
+        model.forward(&before, 0, &mut cache, Logits::None)?;
     }
     let start = Instant::now();
     match mode {

@@ -32,7 +32,7 @@ pub fn score(
     // Positions before `from − 1` predict nothing asked for: one batched prefill, no logits kept.
     let scored_from = from - 1;
     if scored_from > 0 {
-        model.forward(&ids[..scored_from], 0, &mut cache, Logits::Last)?;
+        model.forward(&ids[..scored_from], 0, &mut cache, Logits::None)?;
     }
     let inputs = &ids[scored_from..ids.len() - 1];
     let vocab = model.hparams.vocab;

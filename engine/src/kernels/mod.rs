@@ -180,6 +180,9 @@ pub struct Product<'t, 'o> {
     pub out: &'o mut [f32],
 }
 
+/// Products one region takes at most (query, key and value are three).
+const MAX_PRODUCTS: usize = 4;
+
 /// Kernels pair rows up, so thread boundaries fall on even rows.
 const ROW_ALIGN: usize = 2;
 
@@ -228,9 +231,16 @@ pub fn matmul(
     scratch: &mut Scratch,
 ) -> Result<(), String> {
     let columns = columns.max(1);
-    let mut dots = Vec::with_capacity(products.len());
+    if products.len() > MAX_PRODUCTS {
+        return Err(format!(
+            "{} products in one region; at most {MAX_PRODUCTS}",
+            products.len()
+        ));
+    }
+    // Fixed-size: the token loop does not allocate.
+    let mut dots: [Option<(RowDot, &Tensor<'_>)>; MAX_PRODUCTS] = [None; MAX_PRODUCTS];
     let (mut need_q8_0, mut need_q8_1, mut need_q8k) = (false, false, false);
-    for p in products.iter() {
+    for (slot, p) in dots.iter_mut().zip(products.iter()) {
         let w = p.w;
         if xs.len() != w.row_len() * columns || p.out.len() != w.rows() * columns {
             return Err(format!(
@@ -249,9 +259,9 @@ pub fn matmul(
             RowDot::Q8K(_) => need_q8k = true,
             RowDot::Float(_) => {}
         }
-        dots.push((dot, w));
+        *slot = Some((dot, w));
     }
-    let Some(&(_, first)) = dots.first() else {
+    let Some((_, first)) = dots[0] else {
         return Ok(());
     };
     let width = first.row_len();
@@ -272,10 +282,19 @@ pub fn matmul(
     }
     let (q8_0, q8_1, q8k) = (&*q8_0, &*q8_1, &*q8k);
     let failure = std::sync::Mutex::new(None);
-    let mut outs: Vec<&mut [f32]> = products.iter_mut().map(|p| &mut *p.out).collect();
-    exec.pool
-        .for_each_share(&mut outs, columns, ROW_ALIGN, &|which, mut share| {
-            let (dot, w) = dots[which];
+    let used = products.len();
+    let mut outs: [&mut [f32]; MAX_PRODUCTS] = Default::default();
+    for (slot, p) in outs.iter_mut().zip(products.iter_mut()) {
+        *slot = &mut *p.out;
+    }
+    exec.pool.for_each_share(
+        &mut outs[..used],
+        columns,
+        ROW_ALIGN,
+        &|which, mut share| {
+            let Some((dot, w)) = dots[which] else {
+                return;
+            };
             let rb = w.row_bytes();
             let (start, end) = (share.start, share.end);
             if columns == 1 {
@@ -327,7 +346,8 @@ pub fn matmul(
                     }
                 }
             }
-        });
+        },
+    );
     match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),

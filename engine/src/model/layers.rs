@@ -58,14 +58,14 @@ impl Rope<'_> {
 }
 
 /// GELU (tanh form) as ggml evaluates it: through a table over every f16 input for |x| < 10.
-fn gelu(x: f32) -> f32 {
+fn gelu(x: f32, table: &[u16]) -> f32 {
     if x <= -10.0 {
         return 0.0;
     }
     if x >= 10.0 {
         return x;
     }
-    f16_to_f32(gelu_table()[usize::from(f32_to_f16(x))])
+    f16_to_f32(table[usize::from(f32_to_f16(x))])
 }
 
 /// GELU of every f16 value, rounded to f16 (ggml's `table_gelu_f16`).
@@ -256,8 +256,9 @@ pub(super) fn block(
         &mut w.scratch,
     )?;
     if gemma {
+        let table = gelu_table();
         for (g, u) in w.gate.iter_mut().zip(&w.up) {
-            *g = gelu(*g) * u;
+            *g = gelu(*g, table) * u;
         }
     } else {
         kernels::silu_mul(&mut w.gate, &w.up, isa);

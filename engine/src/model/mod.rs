@@ -115,6 +115,8 @@ impl Work {
 /// Which logits a pass computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Logits {
+    /// None: the pass only fills the cache (a prefix nobody samples from).
+    None,
     /// Only the last token's (prefill, generation).
     Last,
     /// Every token's, one row of `vocab` each (scoring, checking drafted tokens).
@@ -339,6 +341,7 @@ impl<'a> Model<'a> {
             ));
         }
         let rows = match logits {
+            Logits::None => 0,
             Logits::Last => 1,
             Logits::All => tokens.len(),
         };
@@ -349,7 +352,7 @@ impl<'a> Model<'a> {
             let out_rows = match logits {
                 Logits::All => Some(b * MAX_BATCH),
                 Logits::Last if b + 1 == batches => Some(0),
-                Logits::Last => None,
+                Logits::Last | Logits::None => None,
             };
             self.pass(batch, first, cache, logits, out_rows)?;
         }
@@ -388,6 +391,7 @@ impl<'a> Model<'a> {
                 return Ok(());
             };
             let wanted = match logits {
+                Logits::None => return Ok(()),
                 Logits::Last => &mut x[(n - 1) * e..],
                 Logits::All => &mut x[..],
             };

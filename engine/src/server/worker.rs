@@ -195,7 +195,7 @@ impl Caches {
             return Ok(());
         }
         let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
-        model.forward(tokens, 0, &mut cache, Logits::Last)?;
+        model.forward(tokens, 0, &mut cache, Logits::None)?;
         self.pinned = Some(Cached {
             cache,
             tokens: tokens.to_vec(),
@@ -331,7 +331,12 @@ fn generate(
             return Err("the client went away".into());
         }
         let end = (at + slice).min(prompt.len());
-        model.forward(&prompt[at..end], at, &mut cache, Logits::Last)?;
+        let logits = if end == prompt.len() {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        model.forward(&prompt[at..end], at, &mut cache, logits)?;
         at = end;
     }
     let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
