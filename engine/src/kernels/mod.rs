@@ -136,6 +136,33 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
     }
 }
 
+/// `gate ← gelu(gate)·up` with ggml's f16 GELU table, on `isa`.
+pub fn gelu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::gelu_mul(gate, up),
+        _ => scalar::gelu_mul(gate, up),
+    }
+}
+
+/// `dst ← f16(src·scale)` (round to nearest even), on `isa`.
+pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16], isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::to_f16(src, scale, dst),
+        _ => scalar::to_f16(src, scale, dst),
+    }
+}
+
+/// `dst ← src·scale`, `src` in f16, on `isa`.
+pub fn from_f16(src: &[u16], scale: f32, dst: &mut [f32], isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::from_f16(src, scale, dst),
+        _ => scalar::from_f16(src, scale, dst),
+    }
+}
+
 /// `acc ← acc·s` over an f16 vector, on `isa`.
 pub fn scale_f16(acc: &mut [u16], s: f32, isa: Isa) {
     match isa {
@@ -513,11 +540,11 @@ mod tests {
                     let got = run(row_dot(&ty, isa).expect("kernel"), &row, &x);
                     assert_eq!(got.to_bits(), reference.to_bits(), "{name} on {isa:?}");
                 }
-                // Tiles of rows × columns (kernels pair both up; odd counts leave tails).
+                // Tiles of rows × columns (kernels group both; other counts leave tails).
                 let rows: Vec<u8> = (0..5)
                     .flat_map(|_| random_row(name, 768, &mut rng))
                     .collect();
-                for columns in [1, 2, 3] {
+                for columns in 1..=9 {
                     let xs = activations(768 * columns, &mut rng);
                     let scalar = row_dot(&ty, Isa::Scalar).expect("scalar");
                     let reference = run_rows(scalar, &rows, 5, &xs, columns);
@@ -530,6 +557,26 @@ mod tests {
                     );
                 }
             }
+            // Conversions and GELU, including the clamps at ±10 and values that round across them.
+            let mut values: Vec<f32> = (0..1000)
+                .map(|_| (f32::from(rng.next()) - 128.0) / 11.0 * f32::from(rng.next() % 4 + 1))
+                .collect();
+            values.extend([
+                -10.0, 10.0, -9.999, 9.999, -10.001, 1e-7, -0.0, 70000.0, 3e-5,
+            ]);
+            let up: Vec<f32> = values.iter().map(|v| 1.5 - v / 7.0).collect();
+            let (mut got, mut want) = (values.clone(), values.clone());
+            gelu_mul(&mut got, &up, isa);
+            gelu_mul(&mut want, &up, Isa::Scalar);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "gelu_mul on {isa:?}");
+            let (mut h, mut h_want) = (vec![0u16; values.len()], vec![0u16; values.len()]);
+            to_f16(&values, 0.3, &mut h, isa);
+            to_f16(&values, 0.3, &mut h_want, Isa::Scalar);
+            assert_eq!(h, h_want, "to_f16 on {isa:?}");
+            from_f16(&h, 1.7, &mut got, isa);
+            from_f16(&h, 1.7, &mut want, Isa::Scalar);
+            assert_eq!(bits(&got), bits(&want), "from_f16 on {isa:?}");
             for len in [32, 64, 72, 256, 5] {
                 let halves = |rng: &mut Bytes| -> Vec<u16> {
                     (0..len)

@@ -272,6 +272,56 @@ pub fn f16_table() -> &'static [f32] {
     TABLE.get_or_init(|| (0..=u16::MAX).map(f16_to_f32).collect())
 }
 
+/// `dst ← f16(src·scale)` element-wise.
+pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = f32_to_f16(x * scale);
+    }
+}
+
+/// `dst ← src·scale` element-wise, `src` in f16.
+pub fn from_f16(src: &[u16], scale: f32, dst: &mut [f32]) {
+    let table = f16_table();
+    for (d, &h) in dst.iter_mut().zip(src) {
+        *d = table[usize::from(h)] * scale;
+    }
+}
+
+/// GELU (tanh form) of every f16 value, rounded to f16 (ggml's `table_gelu_f16`, built once).
+pub fn gelu_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        const COEF_A: f32 = 0.044_715;
+        (0..=u16::MAX)
+            .map(|h| {
+                let x = f16_to_f32(h);
+                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
+                f32_to_f16(y)
+            })
+            .collect()
+    })
+}
+
+/// GELU as ggml evaluates it: 0 at or below −10, the identity at or above 10, and between
+/// them the table entry of the input rounded to f16.
+pub fn gelu(x: f32) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        f16_to_f32(gelu_table()[usize::from(f32_to_f16(x))])
+    }
+}
+
+/// `gate ← gelu(gate)·up` element-wise.
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = gelu(*g) * u;
+    }
+}
+
 /// `acc ← f16(acc + v·w)` element-wise, with a fused multiply-add (ggml's `ggml_vec_mad_f16`).
 pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32) {
     let table = f16_table();

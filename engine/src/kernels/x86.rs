@@ -204,6 +204,38 @@ macro_rules! legacy_rows {
                         out[(c + 1) * n_rows + r + 1] = hsum8(a11) + s[3];
                     }};
                 }
+                macro_rules! two_by_four {
+                    ($r:expr, $c:expr) => {{
+                        let (r, c) = ($r, $c);
+                        let mut a = [[zero; 4]; 2];
+                        let mut s = [[0f32; 4]; 2];
+                        let rows = row!(r)
+                            .chunks_exact($bytes)
+                            .zip(row!(r + 1).chunks_exact($bytes));
+                        let columns = column!(c)
+                            .iter()
+                            .zip(column!(c + 1))
+                            .zip(column!(c + 2).iter().zip(column!(c + 3)));
+                        for ((b0, b1), ((y0, y1), (y2, y3))) in rows.zip(columns) {
+                            let (p0, p1) = (prepare!(b0), prepare!(b1));
+                            let [[a00, a01, a02, a03], [a10, a11, a12, a13]] = &mut a;
+                            let [[s00, s01, s02, s03], [s10, s11, s12, s13]] = &mut s;
+                            step!(*a00, s00, b0, p0, y0);
+                            step!(*a01, s01, b0, p0, y1);
+                            step!(*a02, s02, b0, p0, y2);
+                            step!(*a03, s03, b0, p0, y3);
+                            step!(*a10, s10, b1, p1, y0);
+                            step!(*a11, s11, b1, p1, y1);
+                            step!(*a12, s12, b1, p1, y2);
+                            step!(*a13, s13, b1, p1, y3);
+                        }
+                        for (i, (acc, sums)) in a.iter().zip(&s).enumerate() {
+                            for (j, (lanes, sum)) in acc.iter().zip(sums).enumerate() {
+                                out[(c + j) * n_rows + r + i] = hsum8(*lanes) + sum;
+                            }
+                        }
+                    }};
+                }
                 macro_rules! two_by_one {
                     ($r:expr, $c:expr) => {{
                         let (r, c) = ($r, $c);
@@ -242,6 +274,10 @@ macro_rules! legacy_rows {
                         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
                     }
                     let mut c = 0;
+                    while c + 4 <= columns {
+                        two_by_four!(r, c);
+                        c += 4;
+                    }
                     while c + 2 <= columns {
                         two_by_two!(r, c);
                         c += 2;
@@ -308,172 +344,156 @@ legacy_rows!(q8_0_avx2, BlockQ8_0, 34,
     offset: |_b, _y, _summs| (),
 );
 
-/// A rows kernel from a one-row kernel (K-quants: a block is long enough to keep the core busy).
-macro_rules! one_by_one {
-    ($rows:ident, $one:ident, $act:ty) => {
+/// A K-quant kernel over rows × columns: columns go in groups of up to four, so each weight
+/// block is unpacked once (values and scales) for every token of the group; every (row,
+/// column) sums exactly as the scalar reference does.
+macro_rules! k_quant_rows {
+    ($rows:ident, $group:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
-            let n_rows = w.len() / row_bytes;
+        unsafe fn $rows(
+            w: &[u8],
+            row_bytes: usize,
+            x: &[BlockQ8K],
+            columns: usize,
+            out: &mut [f32],
+        ) {
+            let n_rows = w.len() / row_bytes.max(1);
             let blocks = x.len() / columns.max(1);
-            for (c, outs) in out
-                .chunks_exact_mut(n_rows.max(1))
-                .take(columns)
-                .enumerate()
-            {
-                let column = &x[c * blocks..(c + 1) * blocks];
-                for (o, row) in outs.iter_mut().zip(w.chunks_exact(row_bytes)) {
+            let tile = Tile { x, blocks, n_rows };
+            for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                let mut c = 0;
+                while c < columns {
+                    let n = (columns - c).min(4);
                     // SAFETY: the caller guarantees the CPU features.
-                    *o = unsafe { $one(row, column) };
+                    unsafe {
+                        match n {
+                            4 => $group::<4>(row, &tile, r, c, out),
+                            3 => $group::<3>(row, &tile, r, c, out),
+                            2 => $group::<2>(row, &tile, r, c, out),
+                            _ => $group::<1>(row, &tile, r, c, out),
+                        }
+                    }
+                    c += n;
                 }
             }
         }
     };
 }
 
-/// Q4_K over rows × columns: columns go in pairs, so each weight block's nibbles and scales
-/// are unpacked once for two tokens; every (row, column) sums exactly as `q4_k_avx2` does.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_rows_avx2(
-    w: &[u8],
-    row_bytes: usize,
-    x: &[BlockQ8K],
-    columns: usize,
-    out: &mut [f32],
-) {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let n_rows = w.len() / row_bytes.max(1);
-        let blocks = x.len() / columns.max(1);
-        let low = _mm256_set1_epi8(0x0f);
-        for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-            let mut c = 0;
-            while c + 2 <= columns {
-                let (x0, x1) = (
-                    &x[c * blocks..(c + 1) * blocks],
-                    &x[(c + 1) * blocks..(c + 2) * blocks],
-                );
-                let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let (mut m0, mut m1) = ([0f32; 4], [0f32; 4]);
-                for ((b, y0), y1) in row.chunks_exact(144).zip(x0).zip(x1) {
-                    let dw = f16c_at(b, 0);
-                    let (sc, mins) = scalar::q4_k_scales(b);
-                    scalar::q4_k_mins(b, &mins, y0, &mut m0);
-                    scalar::q4_k_mins(b, &mins, y1, &mut m1);
-                    let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                    for j in 0..4 {
-                        let bits = load32(&b[16 + 32 * j..]);
-                        let lo = _mm256_and_si256(bits, low);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-                        for (y, sumi) in [(y0, &mut s0), (y1, &mut s1)] {
-                            let ql = load32(cast_i8(&y.qs[64 * j..64 * j + 32]));
-                            let qh = load32(cast_i8(&y.qs[64 * j + 32..64 * j + 64]));
-                            let pl = _mm256_madd_epi16(
-                                _mm256_set1_epi16(sc[2 * j]),
-                                _mm256_maddubs_epi16(lo, ql),
-                            );
-                            let ph = _mm256_madd_epi16(
-                                _mm256_set1_epi16(sc[2 * j + 1]),
-                                _mm256_maddubs_epi16(hi, qh),
-                            );
-                            *sumi = _mm256_add_epi32(*sumi, _mm256_add_epi32(pl, ph));
-                        }
-                    }
-                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(y0.d * dw), _mm256_cvtepi32_ps(s0), acc0);
-                    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(y1.d * dw), _mm256_cvtepi32_ps(s1), acc1);
-                }
-                let fold = |m: [f32; 4]| (m[0] + m[2]) + (m[1] + m[3]);
-                out[c * n_rows + r] = hsum8(acc0) + fold(m0);
-                out[(c + 1) * n_rows + r] = hsum8(acc1) + fold(m1);
-                c += 2;
-            }
-            if c < columns {
-                out[c * n_rows + r] = q4_k_avx2(row, &x[c * blocks..(c + 1) * blocks]);
-            }
-        }
+/// The activations of one K-quant product and where its outputs go.
+struct Tile<'a> {
+    x: &'a [BlockQ8K],
+    blocks: usize,
+    n_rows: usize,
+}
+
+impl<'a> Tile<'a> {
+    fn columns<const N: usize>(&self, c: usize) -> [&'a [BlockQ8K]; N] {
+        std::array::from_fn(|j| &self.x[(c + j) * self.blocks..(c + j + 1) * self.blocks])
     }
 }
 
-one_by_one!(q6_k_rows_avx2, q6_k_avx2, BlockQ8K);
+k_quant_rows!(q4_k_rows_avx2, q4_k_group);
+k_quant_rows!(q6_k_rows_avx2, q6_k_group);
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_avx2(row: &[u8], x: &[BlockQ8K]) -> f32 {
+unsafe fn q4_k_group<const N: usize>(row: &[u8], tile: &Tile, r: usize, c: usize, out: &mut [f32]) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        let mut acc = _mm256_setzero_ps();
-        let mut acc_m = [0f32; 4];
+        let ys = tile.columns::<N>(c);
         let low = _mm256_set1_epi8(0x0f);
-        for (b, y) in row.chunks_exact(144).zip(x) {
-            let d = y.d * f16c_at(b, 0);
-            let sc = scalar::q4_k_scales_and_mins(b, y, &mut acc_m);
-            let mut sumi = _mm256_setzero_si256();
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut acc_m = [_mm_setzero_ps(); N];
+        let ones = _mm256_set1_epi16(1);
+        for (i, b) in row.chunks_exact(144).enumerate() {
+            let (dw, dmin) = (f16c_at(b, 0), f16c_at(b, 2));
+            let (sc, mins) = scalar::q4_k_scales(b);
+            let mins = _mm256_loadu_si256(mins.as_ptr().cast());
+            let mut values = [_mm256_setzero_si256(); 8];
             for j in 0..4 {
                 let bits = load32(&b[16 + 32 * j..]);
-                let lo = _mm256_and_si256(bits, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-                let ql = load32(cast_i8(&y.qs[64 * j..64 * j + 32]));
-                let qh = load32(cast_i8(&y.qs[64 * j + 32..64 * j + 64]));
-                let pl =
-                    _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), _mm256_maddubs_epi16(lo, ql));
-                let ph = _mm256_madd_epi16(
-                    _mm256_set1_epi16(sc[2 * j + 1]),
-                    _mm256_maddubs_epi16(hi, qh),
-                );
-                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+                values[2 * j] = _mm256_and_si256(bits, low);
+                values[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            let scales = sc.map(|s| _mm256_set1_epi16(s));
+            for ((y, acc), acc_m) in ys.iter().map(|y| &y[i]).zip(&mut acc).zip(&mut acc_m) {
+                // The min terms in `scalar::q4_k_mins`'s four sums, each an exact integer.
+                let pair_sums =
+                    _mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr().cast()), ones);
+                let products = _mm256_mullo_epi32(pair_sums, mins);
+                let folded = _mm256_hadd_epi32(products, products);
+                let sums = _mm_unpacklo_epi64(
+                    _mm256_castsi256_si128(folded),
+                    _mm256_extracti128_si256(folded, 1),
+                );
+                *acc_m = _mm_fmadd_ps(_mm_set1_ps(-y.d * dmin), _mm_cvtepi32_ps(sums), *acc_m);
+                let mut sumi = _mm256_setzero_si256();
+                for (k, (v, s)) in values.iter().zip(&scales).enumerate() {
+                    let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
+                    let p = _mm256_madd_epi16(*s, _mm256_maddubs_epi16(*v, q8));
+                    sumi = _mm256_add_epi32(sumi, p);
+                }
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dw), _mm256_cvtepi32_ps(sumi), *acc);
+            }
         }
-        hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+        for (j, (lanes, m)) in acc.iter().zip(&acc_m).enumerate() {
+            let m: [f32; 4] = std::mem::transmute(*m);
+            out[(c + j) * tile.n_rows + r] = hsum8(*lanes) + ((m[0] + m[2]) + (m[1] + m[3]));
+        }
     }
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_avx2(row: &[u8], x: &[BlockQ8K]) -> f32 {
+unsafe fn q6_k_group<const N: usize>(row: &[u8], tile: &Tile, r: usize, c: usize, out: &mut [f32]) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        let mut acc = _mm256_setzero_ps();
+        let ys = tile.columns::<N>(c);
         let low = _mm256_set1_epi8(0x0f);
         let two = _mm256_set1_epi8(3);
-        for (b, y) in row.chunks_exact(210).zip(x) {
-            let d = y.d * f16c_at(b, 208);
-            let sc: [i16; 16] = std::array::from_fn(|g| i16::from(b[192 + g] as i8));
-            let offsets: [i32; 8] = std::array::from_fn(|k| {
-                let term = |g: usize| i32::from(y.bsums[g]) * i32::from(sc[g]);
-                32 * (term(2 * k) + term(2 * k + 1))
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (i, b) in row.chunks_exact(210).enumerate() {
+            let dw = f16c_at(b, 208);
+            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(b[192..208].as_ptr().cast()));
+            let sc16: [i16; 16] = std::mem::transmute(sc);
+            // Chunk k holds groups 2k (its low 16 values) and 2k + 1 (its high 16).
+            let scales: [__m256i; 8] = std::array::from_fn(|k| {
+                _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]))
             });
-            let offsets = _mm256_loadu_si256(offsets.as_ptr().cast());
-            let mut sumi = _mm256_setzero_si256();
+            let mut values = [_mm256_setzero_si256(); 8];
             for half in 0..2 {
                 let ql0 = load32(&b[64 * half..]);
                 let ql1 = load32(&b[64 * half + 32..]);
                 let qh = load32(&b[128 + 32 * half..]);
-                let bits = |v: __m256i| _mm256_slli_epi16(_mm256_and_si256(v, two), 4);
-                let high = [
-                    bits(qh),
-                    bits(_mm256_srli_epi16(qh, 2)),
-                    bits(_mm256_srli_epi16(qh, 4)),
-                    bits(_mm256_srli_epi16(qh, 6)),
-                ];
-                let values = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, low), high[0]),
-                    _mm256_or_si256(_mm256_and_si256(ql1, low), high[1]),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), high[2]),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), high[3]),
-                ];
-                for (t, v) in values.into_iter().enumerate() {
-                    let chunk = 4 * half + t;
-                    let q8 = load32(cast_i8(&y.qs[32 * chunk..32 * chunk + 32]));
-                    let scales = _mm256_set_m128i(
-                        _mm_set1_epi16(sc[2 * chunk + 1]),
-                        _mm_set1_epi16(sc[2 * chunk]),
-                    );
-                    let p = _mm256_madd_epi16(scales, _mm256_maddubs_epi16(v, q8));
-                    sumi = _mm256_add_epi32(sumi, p);
-                }
+                let high = |shift: i32| {
+                    let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift));
+                    _mm256_slli_epi16(_mm256_and_si256(v, two), 4)
+                };
+                values[4 * half] = _mm256_or_si256(_mm256_and_si256(ql0, low), high(0));
+                values[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), high(2));
+                values[4 * half + 2] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), high(4));
+                values[4 * half + 3] =
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), high(6));
             }
-            sumi = _mm256_sub_epi32(sumi, offsets);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+            for (y, acc) in ys.iter().map(|y| &y[i]).zip(&mut acc) {
+                let mut sumi = _mm256_setzero_si256();
+                for (k, (v, s)) in values.iter().zip(&scales).enumerate() {
+                    let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
+                    sumi =
+                        _mm256_add_epi32(sumi, _mm256_madd_epi16(*s, _mm256_maddubs_epi16(*v, q8)));
+                }
+                // The −32 offset of every value, through the activations' sums of 16.
+                let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+                let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc), 5);
+                sumi = _mm256_sub_epi32(sumi, offsets);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dw), _mm256_cvtepi32_ps(sumi), *acc);
+            }
         }
-        hsum8(acc)
+        for (j, lanes) in acc.iter().enumerate() {
+            out[(c + j) * tile.n_rows + r] = hsum8(*lanes);
+        }
     }
 }
 
@@ -568,6 +588,97 @@ unsafe fn scale_f16_avx2(acc: &mut [u16], s: f32) {
 }
 
 /// `gate ← silu(gate)·up` as `scalar::silu_mul` computes it, eight lanes at a time.
+pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16]) {
+    if !supported() {
+        return scalar::to_f16(src, scale, dst);
+    }
+    // SAFETY: the CPU features were checked just above.
+    unsafe { to_f16_avx2(src, scale, dst) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn to_f16_avx2(src: &[f32], scale: f32, dst: &mut [u16]) {
+    let n = src.len().min(dst.len());
+    let whole = n / 8 * 8;
+    let s = _mm256_set1_ps(scale);
+    for (d, x) in dst[..whole]
+        .chunks_exact_mut(8)
+        .zip(src[..whole].chunks_exact(8))
+    {
+        // SAFETY: eight lanes each side; the CPU features are the caller's guarantee.
+        unsafe {
+            let v = _mm256_mul_ps(_mm256_loadu_ps(x.as_ptr()), s);
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            _mm_storeu_si128(d.as_mut_ptr().cast(), h);
+        }
+    }
+    scalar::to_f16(&src[whole..n], scale, &mut dst[whole..n]);
+}
+
+pub fn from_f16(src: &[u16], scale: f32, dst: &mut [f32]) {
+    if !supported() {
+        return scalar::from_f16(src, scale, dst);
+    }
+    // SAFETY: the CPU features were checked just above.
+    unsafe { from_f16_avx2(src, scale, dst) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn from_f16_avx2(src: &[u16], scale: f32, dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let whole = n / 8 * 8;
+    let s = _mm256_set1_ps(scale);
+    for (d, h) in dst[..whole]
+        .chunks_exact_mut(8)
+        .zip(src[..whole].chunks_exact(8))
+    {
+        // SAFETY: eight lanes each side; the CPU features are the caller's guarantee.
+        unsafe {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().cast()));
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_mul_ps(v, s));
+        }
+    }
+    scalar::from_f16(&src[whole..n], scale, &mut dst[whole..n]);
+}
+
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    if !supported() {
+        return scalar::gelu_mul(gate, up);
+    }
+    // SAFETY: the CPU features were checked just above.
+    unsafe { gelu_mul_avx2(gate, up) }
+}
+
+/// The table lookup stays scalar (no 16-bit gather); the conversions around it are F16C's.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gelu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    let table = scalar::gelu_table();
+    let n = gate.len().min(up.len());
+    let whole = n / 8 * 8;
+    for (g, u) in gate[..whole]
+        .chunks_exact_mut(8)
+        .zip(up[..whole].chunks_exact(8))
+    {
+        // SAFETY: eight lanes each side; the CPU features are the caller's guarantee.
+        unsafe {
+            let x = _mm256_loadu_ps(g.as_ptr());
+            let mut index = [0u16; 8];
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x);
+            _mm_storeu_si128(index.as_mut_ptr().cast(), h);
+            let looked = index.map(|i| table[usize::from(i)]);
+            let y = _mm256_cvtph_ps(_mm_loadu_si128(looked.as_ptr().cast()));
+            let high = _mm256_cmp_ps::<_CMP_GE_OQ>(x, _mm256_set1_ps(10.0));
+            let low = _mm256_cmp_ps::<_CMP_LE_OQ>(x, _mm256_set1_ps(-10.0));
+            let y = _mm256_andnot_ps(low, _mm256_blendv_ps(y, x, high));
+            _mm256_storeu_ps(
+                g.as_mut_ptr(),
+                _mm256_mul_ps(y, _mm256_loadu_ps(u.as_ptr())),
+            );
+        }
+    }
+    scalar::gelu_mul(&mut gate[whole..n], &up[whole..n]);
+}
+
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     if supported() {
         // SAFETY: `supported()` checked the features.

@@ -5,7 +5,6 @@
 //! goldens' tolerance.
 
 use crate::kernels::{self, Isa};
-use crate::quant::{f16_to_f32, f32_to_f16};
 
 /// One query head against the cache.
 pub struct Query<'a> {
@@ -32,9 +31,7 @@ pub fn attend<'c>(
     let width = out.len().min(MAX_HEAD_DIM);
     let (mut q_buf, mut acc_buf) = ([0u16; MAX_HEAD_DIM], [0u16; MAX_HEAD_DIM]);
     let (q16, acc16) = (&mut q_buf[..width], &mut acc_buf[..width]);
-    for (h, &v) in q16.iter_mut().zip(query.q) {
-        *h = f32_to_f16(v * query.pre_scale);
-    }
+    kernels::to_f16(query.q, query.pre_scale, q16, isa);
     let mut sum = 0f32;
     let mut max = f32::NEG_INFINITY;
     for (k, v) in rows {
@@ -51,14 +48,13 @@ pub fn attend<'c>(
         sum = sum.mul_add(old_scale, weight);
     }
     let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    for (o, &a) in out.iter_mut().zip(acc16.iter()) {
-        *o = f16_to_f32(a) * inv;
-    }
+    kernels::from_f16(acc16, inv, out, isa);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::{f16_to_f32, f32_to_f16};
 
     /// The f16 accumulation stays close to an exact f64 softmax-weighted sum.
     #[test]

@@ -5,7 +5,6 @@
 use super::attention::{self, Query};
 use super::{Arch, Hparams, KvCache, Layer};
 use crate::kernels::{self, Product};
-use crate::quant::{f16_to_f32, f32_to_f16};
 
 /// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -55,33 +54,6 @@ impl Rope<'_> {
             theta *= theta_scale;
         }
     }
-}
-
-/// GELU (tanh form) as ggml evaluates it: through a table over every f16 input for |x| < 10.
-fn gelu(x: f32, table: &[u16]) -> f32 {
-    if x <= -10.0 {
-        return 0.0;
-    }
-    if x >= 10.0 {
-        return x;
-    }
-    f16_to_f32(table[usize::from(f32_to_f16(x))])
-}
-
-/// GELU of every f16 value, rounded to f16 (ggml's `table_gelu_f16`).
-fn gelu_table() -> &'static [u16] {
-    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-        const COEF_A: f32 = 0.044_715;
-        (0..=u16::MAX)
-            .map(|h| {
-                let x = f16_to_f32(h);
-                let y = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh());
-                f32_to_f16(y)
-            })
-            .collect()
-    })
 }
 
 fn add_bias(x: &mut [f32], bias: Option<&Vec<f32>>) {
@@ -176,12 +148,8 @@ pub(super) fn block(
             rope.apply(head, pos);
         }
         let row = pos * kv_dim..(pos + 1) * kv_dim;
-        for (c, v) in keys[il][row.clone()].iter_mut().zip(k.iter()) {
-            *c = f32_to_f16(*v);
-        }
-        for (c, v) in values[il][row].iter_mut().zip(v.iter()) {
-            *c = f32_to_f16(*v);
-        }
+        kernels::to_f16(k, 1.0, &mut keys[il][row.clone()], isa);
+        kernels::to_f16(v, 1.0, &mut values[il][row], isa);
     }
 
     let (pre_scale, post_scale) = if gemma {
@@ -256,10 +224,7 @@ pub(super) fn block(
         &mut w.scratch,
     )?;
     if gemma {
-        let table = gelu_table();
-        for (g, u) in w.gate.iter_mut().zip(&w.up) {
-            *g = gelu(*g, table) * u;
-        }
+        kernels::gelu_mul(&mut w.gate, &w.up, isa);
     } else {
         kernels::silu_mul(&mut w.gate, &w.up, isa);
     }
