@@ -159,15 +159,19 @@ impl Pool {
     }
 
     /// Splits each slice of `outs` — `columns` columns of equal length, one after another —
-    /// into one contiguous range of rows per thread (boundaries on multiples of `align`), and
-    /// runs `job(slice_index, share)` for every thread's share of every slice in one region.
-    /// So products that read the same input (query, key and value) cost one synchronisation,
-    /// and a thread keeps the same rows of every column (its weights stay in its cache).
+    /// into ranges of rows (boundaries on multiples of `align`), and runs
+    /// `job(slice_index, share)` for every range of every slice in one region. So products
+    /// that read the same input (query, key and value) cost one synchronisation.
+    /// [`Schedule::Even`] gives each thread one contiguous range per slice (the same rows
+    /// every time, so its weights stay in its cache); [`Schedule::Claimed`] lets threads claim
+    /// `align`-row ranges until none are left, so a thread slowed down by anything else on
+    /// its core does not hold the others back.
     pub fn for_each_share<T: Send>(
         &self,
         outs: &mut [&mut [T]],
         columns: usize,
         align: usize,
+        schedule: Schedule,
         job: &(dyn Fn(usize, Share<'_, T>) + Sync),
     ) {
         const MAX: usize = 4;
@@ -181,6 +185,35 @@ impl Pool {
                 *slot = (SendPtr(out.as_mut_ptr()), out.len() / columns);
             }
             let used = chunk.len();
+            if schedule == Schedule::Claimed {
+                let units: [usize; MAX] = std::array::from_fn(|k| bases[k].1.div_ceil(align));
+                let total: usize = units.iter().sum();
+                let next = AtomicUsize::new(0);
+                self.run(&|_| {
+                    loop {
+                        let mut unit = next.fetch_add(1, Ordering::Relaxed);
+                        if unit >= total {
+                            return;
+                        }
+                        let mut k = 0;
+                        while unit >= units[k] {
+                            unit -= units[k];
+                            k += 1;
+                        }
+                        let (base, rows) = bases[k];
+                        let share = Share {
+                            base,
+                            rows,
+                            columns,
+                            start: unit * align,
+                            end: ((unit + 1) * align).min(rows),
+                            _borrow: PhantomData,
+                        };
+                        job(group * MAX + k, share);
+                    }
+                });
+                continue;
+            }
             self.run(&|i| {
                 for (k, &(base, rows)) in bases[..used].iter().enumerate() {
                     let units = rows.div_ceil(align);
@@ -201,6 +234,15 @@ impl Pool {
             });
         }
     }
+}
+
+/// How [`Pool::for_each_share`] divides rows among threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// One contiguous range per thread.
+    Even,
+    /// Ranges of `align` rows, claimed by whichever thread is free.
+    Claimed,
 }
 
 /// One thread's rows `[start, end)` of every column of a slice being filled in parallel.
@@ -224,7 +266,7 @@ impl<T> Share<'_, T> {
     /// This share's rows of column `c`.
     pub fn column(&mut self, c: usize) -> &mut [T] {
         assert!(c < self.columns, "column {c} of {}", self.columns);
-        // SAFETY: `for_each_share` gives each thread a disjoint row range [start, end) inside
+        // SAFETY: `for_each_share` hands out disjoint row ranges [start, end) inside
         // every column of a slice it holds exclusively for the whole region, and `&mut self`
         // allows one column view at a time per share.
         unsafe {
@@ -339,10 +381,15 @@ mod tests {
     fn shares_cover_every_column_once_on_aligned_boundaries() {
         for threads in 1..=4 {
             let pool = Pool::new(threads);
-            for (rows, columns) in [(0, 1), (1, 1), (2, 3), (7, 2), (64, 1), (577, 5)] {
+            let cases = [(0, 1), (1, 1), (2, 3), (7, 2), (64, 1), (577, 5)];
+            for ((rows, columns), schedule) in cases
+                .into_iter()
+                .flat_map(|case| [(case, Schedule::Even), (case, Schedule::Claimed)])
+            {
                 let mut a = vec![0u32; rows * columns];
                 let mut b = vec![0u32; rows * columns];
-                pool.for_each_share(&mut [&mut a, &mut b], columns, 2, &|which, mut share| {
+                let outs: &mut [&mut [u32]] = &mut [&mut a, &mut b];
+                pool.for_each_share(outs, columns, 2, schedule, &|which, mut share| {
                     assert_eq!(share.start % 2, 0);
                     let start = share.start;
                     for c in 0..share.columns() {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 
 use crate::model_file::Tensor;
-use crate::pool::Pool;
+use crate::pool::{Pool, Schedule};
 use crate::quant::{self, QuantError, TensorType};
 
 /// The instruction set the kernels run on.
@@ -314,10 +314,18 @@ pub fn matmul(
     for (slot, p) in outs.iter_mut().zip(products.iter_mut()) {
         *slot = &mut *p.out;
     }
+    // One token reads each thread's weights straight from memory: even shares. A batch is
+    // compute-bound: ranges are claimed, so a thread slowed by its neighbours is not waited for.
+    let (schedule, align) = if columns == 1 {
+        (Schedule::Even, ROW_ALIGN)
+    } else {
+        (Schedule::Claimed, ROWS_PER_CHUNK)
+    };
     exec.pool.for_each_share(
         &mut outs[..used],
         columns,
-        ROW_ALIGN,
+        align,
+        schedule,
         &|which, mut share| {
             let Some((dot, w)) = dots[which] else {
                 return;

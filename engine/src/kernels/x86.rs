@@ -344,11 +344,19 @@ legacy_rows!(q8_0_avx2, BlockQ8_0, 34,
     offset: |_b, _y, _summs| (),
 );
 
-/// A K-quant kernel over rows × columns: columns go in groups of up to four, so each weight
-/// block is unpacked once (values and scales) for every token of the group; every (row,
-/// column) sums exactly as the scalar reference does.
+/// Columns a K-quant kernel keeps accumulators for at once.
+const K_COLUMNS: usize = 32;
+
+/// A K-quant kernel over rows × columns: each weight block is unpacked once (values and
+/// scales) and applied to every column before the next block, the columns' accumulators kept
+/// in an array; every (row, column) sums exactly as the scalar reference does.
 macro_rules! k_quant_rows {
-    ($rows:ident, $group:ident) => {
+    (
+        $rows:ident, $bytes:expr,
+        unpack: |$b:ident| $unpack:expr,
+        column: |$u:ident, $y:ident, $acc:ident, $acc_m:ident| $column:expr,
+        finish: |$lanes:ident, $m:ident| $finish:expr $(,)?
+    ) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $rows(
             w: &[u8],
@@ -357,145 +365,186 @@ macro_rules! k_quant_rows {
             columns: usize,
             out: &mut [f32],
         ) {
-            let n_rows = w.len() / row_bytes.max(1);
-            let blocks = x.len() / columns.max(1);
-            let tile = Tile { x, blocks, n_rows };
-            for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-                let mut c = 0;
-                while c < columns {
-                    let n = (columns - c).min(4);
-                    // SAFETY: the caller guarantees the CPU features.
-                    unsafe {
-                        match n {
-                            4 => $group::<4>(row, &tile, r, c, out),
-                            3 => $group::<3>(row, &tile, r, c, out),
-                            2 => $group::<2>(row, &tile, r, c, out),
-                            _ => $group::<1>(row, &tile, r, c, out),
+            // SAFETY: the caller guarantees the CPU features this function is compiled for.
+            unsafe {
+                let n_rows = w.len() / row_bytes.max(1);
+                let blocks = x.len() / columns.max(1);
+                if blocks == 0 {
+                    return;
+                }
+                for c0 in (0..columns).step_by(K_COLUMNS) {
+                    let n = (columns - c0).min(K_COLUMNS);
+                    let ys = &x[c0 * blocks..(c0 + n) * blocks];
+                    if n == 1 {
+                        // One token (decode): the accumulators stay in registers.
+                        for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                            let (mut lanes, mut m) = (_mm256_setzero_ps(), _mm_setzero_ps());
+                            for ($b, $y) in row.chunks_exact($bytes).zip(ys) {
+                                let $u = $unpack;
+                                let ($acc, $acc_m) = (&mut lanes, &mut m);
+                                $column;
+                            }
+                            let ($lanes, $m) = (&lanes, &m);
+                            out[c0 * n_rows + r] = $finish;
+                        }
+                        continue;
+                    }
+                    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                        let mut acc = [_mm256_setzero_ps(); K_COLUMNS];
+                        let mut acc_m = [_mm_setzero_ps(); K_COLUMNS];
+                        for (i, $b) in row.chunks_exact($bytes).enumerate() {
+                            let $u = $unpack;
+                            let columns = ys.iter().skip(i).step_by(blocks);
+                            for (($y, $acc), $acc_m) in columns.zip(&mut acc).zip(&mut acc_m) {
+                                $column;
+                            }
+                        }
+                        for (j, ($lanes, $m)) in acc.iter().zip(&acc_m).take(n).enumerate() {
+                            out[(c0 + j) * n_rows + r] = $finish;
                         }
                     }
-                    c += n;
                 }
             }
         }
     };
 }
 
-/// The activations of one K-quant product and where its outputs go.
-struct Tile<'a> {
-    x: &'a [BlockQ8K],
-    blocks: usize,
-    n_rows: usize,
+/// A Q4_K block unpacked: its scales, its 4-bit values in eight 32-byte chunks, and the mins.
+struct Q4K {
+    dw: f32,
+    dmin: f32,
+    values: [__m256i; 8],
+    scales: [__m256i; 8],
+    mins: __m256i,
 }
-
-impl<'a> Tile<'a> {
-    fn columns<const N: usize>(&self, c: usize) -> [&'a [BlockQ8K]; N] {
-        std::array::from_fn(|j| &self.x[(c + j) * self.blocks..(c + j + 1) * self.blocks])
-    }
-}
-
-k_quant_rows!(q4_k_rows_avx2, q4_k_group);
-k_quant_rows!(q6_k_rows_avx2, q6_k_group);
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_group<const N: usize>(row: &[u8], tile: &Tile, r: usize, c: usize, out: &mut [f32]) {
+unsafe fn q4_k_unpack(b: &[u8]) -> Q4K {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        let ys = tile.columns::<N>(c);
         let low = _mm256_set1_epi8(0x0f);
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut acc_m = [_mm_setzero_ps(); N];
-        let ones = _mm256_set1_epi16(1);
-        for (i, b) in row.chunks_exact(144).enumerate() {
-            let (dw, dmin) = (f16c_at(b, 0), f16c_at(b, 2));
-            let (sc, mins) = scalar::q4_k_scales(b);
-            let mins = _mm256_loadu_si256(mins.as_ptr().cast());
-            let mut values = [_mm256_setzero_si256(); 8];
-            for j in 0..4 {
-                let bits = load32(&b[16 + 32 * j..]);
-                values[2 * j] = _mm256_and_si256(bits, low);
-                values[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-            }
-            let scales = sc.map(|s| _mm256_set1_epi16(s));
-            for ((y, acc), acc_m) in ys.iter().map(|y| &y[i]).zip(&mut acc).zip(&mut acc_m) {
-                // The min terms in `scalar::q4_k_mins`'s four sums, each an exact integer.
-                let pair_sums =
-                    _mm256_madd_epi16(_mm256_loadu_si256(y.bsums.as_ptr().cast()), ones);
-                let products = _mm256_mullo_epi32(pair_sums, mins);
-                let folded = _mm256_hadd_epi32(products, products);
-                let sums = _mm_unpacklo_epi64(
-                    _mm256_castsi256_si128(folded),
-                    _mm256_extracti128_si256(folded, 1),
-                );
-                *acc_m = _mm_fmadd_ps(_mm_set1_ps(-y.d * dmin), _mm_cvtepi32_ps(sums), *acc_m);
-                let mut sumi = _mm256_setzero_si256();
-                for (k, (v, s)) in values.iter().zip(&scales).enumerate() {
-                    let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
-                    let p = _mm256_madd_epi16(*s, _mm256_maddubs_epi16(*v, q8));
-                    sumi = _mm256_add_epi32(sumi, p);
-                }
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dw), _mm256_cvtepi32_ps(sumi), *acc);
-            }
+        let (sc, mins) = scalar::q4_k_scales(b);
+        let mut values = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            let bits = load32(&b[16 + 32 * j..]);
+            values[2 * j] = _mm256_and_si256(bits, low);
+            values[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
         }
-        for (j, (lanes, m)) in acc.iter().zip(&acc_m).enumerate() {
-            let m: [f32; 4] = std::mem::transmute(*m);
-            out[(c + j) * tile.n_rows + r] = hsum8(*lanes) + ((m[0] + m[2]) + (m[1] + m[3]));
+        Q4K {
+            dw: f16c_at(b, 0),
+            dmin: f16c_at(b, 2),
+            values,
+            scales: sc.map(|s| _mm256_set1_epi16(s)),
+            mins: _mm256_loadu_si256(mins.as_ptr().cast()),
         }
     }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_group<const N: usize>(row: &[u8], tile: &Tile, r: usize, c: usize, out: &mut [f32]) {
+unsafe fn q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut __m256, acc_m: &mut __m128) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        let ys = tile.columns::<N>(c);
+        // The min terms in `scalar::q4_k_mins`'s four sums, each an exact integer.
+        let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        let pair_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+        let folded = _mm256_hadd_epi32(
+            _mm256_mullo_epi32(pair_sums, u.mins),
+            _mm256_mullo_epi32(pair_sums, u.mins),
+        );
+        let sums = _mm_unpacklo_epi64(
+            _mm256_castsi256_si128(folded),
+            _mm256_extracti128_si256(folded, 1),
+        );
+        *acc_m = _mm_fmadd_ps(_mm_set1_ps(-y.d * u.dmin), _mm_cvtepi32_ps(sums), *acc_m);
+        let mut sumi = _mm256_setzero_si256();
+        for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
+            let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(*s, _mm256_maddubs_epi16(*v, q8)));
+        }
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * u.dw), _mm256_cvtepi32_ps(sumi), *acc);
+    }
+}
+
+/// A Q6_K block unpacked: its 6-bit values (unsigned) in eight 32-byte chunks and its scales.
+struct Q6K {
+    dw: f32,
+    values: [__m256i; 8],
+    scales: [__m256i; 8],
+    scales16: __m256i,
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_unpack(b: &[u8]) -> Q6K {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
         let low = _mm256_set1_epi8(0x0f);
         let two = _mm256_set1_epi8(3);
-        let mut acc = [_mm256_setzero_ps(); N];
-        for (i, b) in row.chunks_exact(210).enumerate() {
-            let dw = f16c_at(b, 208);
-            let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(b[192..208].as_ptr().cast()));
-            let sc16: [i16; 16] = std::mem::transmute(sc);
-            // Chunk k holds groups 2k (its low 16 values) and 2k + 1 (its high 16).
-            let scales: [__m256i; 8] = std::array::from_fn(|k| {
-                _mm256_set_m128i(_mm_set1_epi16(sc16[2 * k + 1]), _mm_set1_epi16(sc16[2 * k]))
-            });
-            let mut values = [_mm256_setzero_si256(); 8];
-            for half in 0..2 {
-                let ql0 = load32(&b[64 * half..]);
-                let ql1 = load32(&b[64 * half + 32..]);
-                let qh = load32(&b[128 + 32 * half..]);
-                let high = |shift: i32| {
-                    let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift));
-                    _mm256_slli_epi16(_mm256_and_si256(v, two), 4)
-                };
-                values[4 * half] = _mm256_or_si256(_mm256_and_si256(ql0, low), high(0));
-                values[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), high(2));
-                values[4 * half + 2] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), high(4));
-                values[4 * half + 3] =
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), high(6));
-            }
-            for (y, acc) in ys.iter().map(|y| &y[i]).zip(&mut acc) {
-                let mut sumi = _mm256_setzero_si256();
-                for (k, (v, s)) in values.iter().zip(&scales).enumerate() {
-                    let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
-                    sumi =
-                        _mm256_add_epi32(sumi, _mm256_madd_epi16(*s, _mm256_maddubs_epi16(*v, q8)));
-                }
-                // The −32 offset of every value, through the activations' sums of 16.
-                let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-                let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc), 5);
-                sumi = _mm256_sub_epi32(sumi, offsets);
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dw), _mm256_cvtepi32_ps(sumi), *acc);
-            }
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b[192..208].as_ptr().cast()));
+        let sc: [i16; 16] = std::mem::transmute(scales16);
+        // Chunk k holds groups 2k (its low 16 values) and 2k + 1 (its high 16).
+        let scales = std::array::from_fn(|k| {
+            _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]))
+        });
+        let mut values = [_mm256_setzero_si256(); 8];
+        for half in 0..2 {
+            let ql0 = load32(&b[64 * half..]);
+            let ql1 = load32(&b[64 * half + 32..]);
+            let qh = load32(&b[128 + 32 * half..]);
+            let high = |shift: i32| {
+                let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift));
+                _mm256_slli_epi16(_mm256_and_si256(v, two), 4)
+            };
+            values[4 * half] = _mm256_or_si256(_mm256_and_si256(ql0, low), high(0));
+            values[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), high(2));
+            values[4 * half + 2] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), high(4));
+            values[4 * half + 3] =
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), high(6));
         }
-        for (j, lanes) in acc.iter().enumerate() {
-            out[(c + j) * tile.n_rows + r] = hsum8(*lanes);
+        Q6K {
+            dw: f16c_at(b, 208),
+            values,
+            scales,
+            scales16,
         }
     }
 }
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut __m256) {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let mut sumi = _mm256_setzero_si256();
+        for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
+            let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(*s, _mm256_maddubs_epi16(*v, q8)));
+        }
+        // The −32 offset of every value, through the activations' sums of 16.
+        let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
+        sumi = _mm256_sub_epi32(sumi, offsets);
+        *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * u.dw), _mm256_cvtepi32_ps(sumi), *acc);
+    }
+}
+
+k_quant_rows!(q4_k_rows_avx2, 144,
+    unpack: |b| q4_k_unpack(b),
+    column: |u, y, acc, acc_m| q4_k_column(&u, y, acc, acc_m),
+    finish: |lanes, m| {
+        let m: [f32; 4] = std::mem::transmute(*m);
+        hsum8(*lanes) + ((m[0] + m[2]) + (m[1] + m[3]))
+    },
+);
+
+k_quant_rows!(q6_k_rows_avx2, 210,
+    unpack: |b| q6_k_unpack(b),
+    column: |u, y, acc, _acc_m| q6_k_column(&u, y, acc),
+    finish: |lanes, _m| hsum8(*lanes),
+);
 
 fn cast_i8(v: &[i8]) -> &[u8] {
     // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid.

@@ -5,6 +5,7 @@
 use super::attention::{self, Query};
 use super::{Arch, Hparams, KvCache, Layer};
 use crate::kernels::{self, Product};
+use crate::pool::Schedule;
 
 /// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
@@ -160,9 +161,11 @@ pub(super) fn block(
     let group = h.n_head / h.n_head_kv;
     let (keys, values) = (&keys[il], &values[il]);
     let queries = &w.q;
-    // Every (token, query head) pair is independent: the threads share them out.
+    // Every (token, query head) pair is independent; later tokens see more keys, so the
+    // threads claim pairs rather than split them evenly.
+    let outs: &mut [&mut [f32]] = &mut [&mut w.attn];
     exec.pool
-        .for_each_share(&mut [&mut w.attn], 1, hd, &|_, mut share| {
+        .for_each_share(outs, 1, hd, Schedule::Claimed, &|_, mut share| {
             let start = share.start;
             for (i, out) in share.column(0).chunks_exact_mut(hd).enumerate() {
                 let slot = start / hd + i;
