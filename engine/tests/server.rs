@@ -227,6 +227,27 @@ fn completions_native_endpoint_models_and_stop_strings() {
         "{done}"
     );
     assert_eq!(done["timings"]["predicted_n"], 8);
+    // /health reports speeds only from requests long enough to mean something.
+    let health = |server: &Server| -> Value {
+        let (_, body) = request(server, "GET", "/health", None, None).expect("health");
+        serde_json::from_str(&body).expect("json")
+    };
+    assert!(health(&server)["speeds"]["decode_tokens_per_second"].is_null());
+    let (status, long) = post(
+        &server,
+        "/completion",
+        &json!({ "prompt": "Once upon a time", "n_predict": 20, "temperature": 0 }),
+    );
+    assert_eq!(status, 200, "{long}");
+    let speeds = health(&server)["speeds"].clone();
+    let decode = speeds["decode_tokens_per_second"].as_f64().unwrap_or(0.0);
+    assert!(decode > 0.0, "{speeds}");
+    assert_eq!(
+        decode,
+        long["timings"]["predicted_per_second"]
+            .as_f64()
+            .unwrap_or(-1.0)
+    );
 
     let (status, cut) = post(
         &server,

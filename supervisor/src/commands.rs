@@ -122,6 +122,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         board: board.facts(),
         model,
         steps: tune::status(&board, &tune::steps(&config, backend)),
+        engine: crate::engine::read_status(&board, &config.model.id),
     };
     if json {
         match serde_json::to_string_pretty(&status) {
@@ -138,6 +139,21 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
             m.path.as_deref().unwrap_or("")
         );
         println!("       {}", m.reason);
+        let e = &status.engine;
+        let state = serde_json::to_value(e.state)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        println!(
+            "engine: {state} {} (restarts {}{})",
+            e.url.as_deref().unwrap_or(""),
+            e.restarts,
+            e.last_exit
+                .as_deref()
+                .map(|x| format!(", last exit: {x}"))
+                .unwrap_or_default()
+        );
+        println!("        {}", e.reason);
         println!();
         print!("{}", report::steps_table(&status.steps));
     }

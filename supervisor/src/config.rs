@@ -27,6 +27,54 @@ pub struct Config {
     pub model: Model,
     /// The long-running daemon (`supervisor run`).
     pub daemon: Daemon,
+    /// How the daemon runs the engine.
+    pub engine: Engine,
+}
+
+/// How the daemon launches, watches and restarts the engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Engine {
+    /// The `engine` binary. Default unset: `engine` beside the supervisor's executable, else
+    /// on `PATH`.
+    pub binary: Option<String>,
+    /// Threads; 0 takes the model manifest's value (at most the CPUs available). Default 0.
+    pub threads: usize,
+    /// Context per conversation in tokens; 0 takes the model manifest's value. Default 0.
+    pub context: usize,
+    /// Loopback port the engine listens on (it is never bound beyond loopback). Default 8080.
+    pub port: u16,
+    /// A file (box path) holding the system prompt for chats that bring none. Default unset.
+    pub system_prompt: Option<String>,
+    /// Pause before the first restart; doubled for each further failure in a row, at most a
+    /// minute. Default 1000.
+    pub restart_backoff_ms: u64,
+    /// Failures in a row (crashes, or starts that never became healthy) before the supervisor
+    /// stops restarting and reports "engine failing". Default 5.
+    pub max_restarts: u32,
+    /// Seconds the engine gets to answer `/health` after it starts. Default 120.
+    pub start_timeout_s: u64,
+    /// Seconds between health probes (a one-token completion). Default 30.
+    pub health_interval_s: u64,
+    /// Deadline of one health probe in milliseconds. Default 10000.
+    pub health_timeout_ms: u64,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine {
+            binary: None,
+            threads: 0,
+            context: 0,
+            port: 8080,
+            system_prompt: None,
+            restart_backoff_ms: 1000,
+            max_restarts: 5,
+            start_timeout_s: 120,
+            health_interval_s: 30,
+            health_timeout_ms: 10_000,
+        }
+    }
 }
 
 /// The model the engine runs and how its weights are checked.
@@ -460,6 +508,12 @@ impl Config {
                     max.get()
                 )));
             }
+        }
+        if config.engine.port == 0 {
+            return Err(fail(
+                "engine.port = 0: the engine needs a fixed port the supervisor can probe; use 1-65535"
+                    .into(),
+            ));
         }
         Ok(config)
     }

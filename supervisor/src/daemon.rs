@@ -1,7 +1,10 @@
 //! `supervisor run`: the long-running daemon. It tunes the board, tells systemd it is ready,
-//! keeps systemd's watchdog fed, and re-verifies the tuned state on a schedule, repairing and
-//! logging drift (a governor another service reset, a cgroup limit someone changed).
+//! launches and supervises the engine, feeds systemd's watchdog while the engine is healthy,
+//! and re-verifies the tuned state on a schedule, repairing and logging drift (a governor
+//! another service reset, a cgroup limit someone changed). SIGTERM or SIGINT stop the engine
+//! (SIGTERM, then SIGKILL) before the daemon exits.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
@@ -10,7 +13,11 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::board::Board;
 use crate::commands::applier_for;
 use crate::config::Config;
+use crate::engine::{self, LogRing};
 use crate::tune::{self, Backend, State, StepReport};
+
+/// Engine output lines kept in memory for the dashboard.
+const ENGINE_LOG_LINES: usize = 500;
 
 fn summary(reports: &[StepReport]) -> String {
     let count = |s: State| reports.iter().filter(|r| r.state == s).count();
@@ -64,6 +71,10 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let status = format!("{}; {model}", summary(&reports));
     tracing::info!("{status}");
     notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    // The engine is launched after tuning, so it starts inside its limits; the supervision
+    // task runs the gate again right before every launch.
+    let logs = Arc::new(LogRing::new(ENGINE_LOG_LINES));
+    let engine = engine::supervise(board.clone(), config.clone(), logs);
 
     // systemd expects a ping within WatchdogSec; ping at half of it.
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
@@ -76,19 +87,27 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
         tokio::select! {
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
-            _ = watchdog_tick.tick(), if watchdog.is_some() => notify(&[NotifyState::Watchdog]),
+            _ = watchdog_tick.tick(), if watchdog.is_some() => {
+                if engine.watchdog_ok() {
+                    notify(&[NotifyState::Watchdog]);
+                } else {
+                    tracing::error!("the engine has not passed a health probe for too long; not feeding the watchdog");
+                }
+            }
             _ = reverify_tick.tick(), if reverify > 0 => {
                 let reports = tune::apply(board, &steps, &applier, false).await;
                 for drifted in reports.iter().filter(|r| r.state == State::Applied) {
                     tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
                 }
                 let model = check_model(board, config, crate::model::between_boots(config)).await;
-                let status = format!("{}; {model}", summary(&reports));
+                let e = engine.status();
+                let status = format!("{}; {model}; engine {}", summary(&reports), e.reason);
                 notify(&[NotifyState::Status(&status)]);
             }
         }
     }
     tracing::info!("stopping");
     notify(&[NotifyState::Stopping]);
+    engine.stop().await;
     Ok(())
 }

@@ -4,14 +4,15 @@
 //! SDRAM interleave) and proves it by reading back effective values ([`tune`]); everything it
 //! reads or writes on the machine goes through one root ([`board`]), so a simulated board tree
 //! stands in for a real Pi in tests and local runs. It lets the engine run only weights that
-//! match an approved manifest ([`model`], on the `weights` crate). The `supervisor` binary is a thin CLI over
-//! [`commands`].
+//! match an approved manifest ([`model`], on the `weights` crate), and launches, probes and restarts
+//! the engine on them ([`engine`]). The `supervisor` binary is a thin CLI over [`commands`].
 
 pub mod board;
 pub mod bootloader;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+pub mod engine;
 pub mod logging;
 pub mod model;
 pub mod report;

@@ -2,7 +2,7 @@
 //!
 //! JSON (`status --json`), schema version 1:
 //! `{ "schema_version": 1, "root": str, "simulated": bool, "board": Facts, "model": ModelStatus,
-//! "steps": [StepReport] }`
+//! "steps": [StepReport], "engine": EngineStatus }`
 //! where `StepReport` is `{ name, desired, effective, state, reason }` and `state` is one of
 //! `in-place`, `applied`, `pending-reboot`, `not-applicable`, `failed`, `needs-apply`.
 //! `Facts` is documented field by field on [`crate::board::facts::Facts`]. Keys are only ever added.
@@ -32,6 +32,8 @@ pub struct Status {
     pub model: crate::model::ModelStatus,
     /// Every tuning step.
     pub steps: Vec<StepReport>,
+    /// The engine, as the running daemon last published it.
+    pub engine: crate::engine::EngineStatus,
 }
 
 /// The steps as an aligned table, one line each plus an indented reason.

@@ -124,7 +124,9 @@ fn ready(state: &AppState) -> Result<&Ready, ApiError> {
 
 async fn health(State(state): State<AppState>) -> Response {
     match state.ready.get() {
-        Some(_) => axum::Json(json!({ "status": "ok" })).into_response(),
+        Some(ready) => {
+            axum::Json(json!({ "status": "ok", "speeds": ready.worker.speeds() })).into_response()
+        }
         None => ApiError::unavailable("Loading model").into_response(),
     }
 }

@@ -5,8 +5,8 @@
 //! Prefix cache: the cache of the last conversation is kept with its tokens; a request that
 //! starts with them only prefills the rest (reported as `cache_n`).
 
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -87,6 +87,31 @@ pub struct Summary {
     pub stopping_word: String,
 }
 
+/// The engine's recent speeds, from its own timings: the last request with at least
+/// [`Speeds::MIN_TOKENS`] prompt tokens evaluated (prefill) or generated (decode), so a
+/// health probe's one-token answer does not stand for the box's speed.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Speeds {
+    /// Prompt tokens per second.
+    pub prefill_tokens_per_second: Option<f64>,
+    /// Generated tokens per second.
+    pub decode_tokens_per_second: Option<f64>,
+}
+
+impl Speeds {
+    /// Fewest tokens a request must have evaluated (or generated) to count.
+    pub const MIN_TOKENS: usize = 16;
+
+    fn record(&mut self, summary: &Summary) {
+        if summary.prompt_n >= Self::MIN_TOKENS {
+            self.prefill_tokens_per_second = Some(summary.prompt_per_second);
+        }
+        if summary.predicted_n >= Self::MIN_TOKENS {
+            self.decode_tokens_per_second = Some(summary.predicted_per_second);
+        }
+    }
+}
+
 /// Why a request was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
@@ -100,6 +125,7 @@ pub enum Refused {
 #[derive(Clone)]
 pub struct Worker {
     queue: SyncSender<Job>,
+    speeds: Arc<Mutex<Speeds>>,
 }
 
 /// Settings of the generation thread.
@@ -128,6 +154,8 @@ impl Worker {
         let (queue, jobs) = std::sync::mpsc::sync_channel(settings.queue.max(1));
         let (context, threads) = (settings.context, settings.threads);
         let (cache_bytes, warm) = (settings.cache_bytes, settings.warm.clone());
+        let speeds = Arc::new(Mutex::new(Speeds::default()));
+        let recorded = Arc::clone(&speeds);
         std::thread::Builder::new()
             .name("engine-generation".into())
             .spawn(move || {
@@ -135,19 +163,23 @@ impl Worker {
                 if let Err(e) = caches.warm(&model, &warm, context, threads) {
                     eprintln!("warning: the system prompt was not prefilled: {e}");
                 }
-                run(
-                    &model,
-                    &tokenizer,
-                    &end_ids,
+                let runner = Runner {
+                    model: &model,
+                    tokenizer: &tokenizer,
+                    end_ids: &end_ids,
                     context,
                     threads,
-                    &jobs,
-                    &mut caches,
-                )
+                };
+                runner.run(&jobs, &mut caches, &recorded)
             })
             .map(|_| ())
             .unwrap_or_else(|e| eprintln!("error: cannot start the generation thread: {e}"));
-        Worker { queue }
+        Worker { queue, speeds }
+    }
+
+    /// The recent speeds.
+    pub fn speeds(&self) -> Speeds {
+        *self.speeds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Queues `job`, or says why not.
@@ -255,155 +287,161 @@ impl Caches {
     }
 }
 
-fn run(
-    model: &Model<'static>,
-    tokenizer: &Tokenizer,
-    end_ids: &[u32],
-    context: usize,
-    threads: usize,
-    jobs: &Receiver<Job>,
-    caches: &mut Caches,
-) {
-    while let Ok(job) = jobs.recv() {
-        if job.events.is_closed() {
-            continue;
-        }
-        let reused = match caches.best_for(&job.prompt) {
-            Some(c) => Some(c),
-            // No shared prefix: recycle the oldest cache's memory (its tokens do not matter).
-            None => caches.recycle().map(|mut c| {
-                c.tokens.clear();
-                c
-            }),
-        };
-        // A bug in one request must not take the box's only generation thread with it.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            generate(model, tokenizer, end_ids, context, threads, &job, reused)
-        }))
-        .unwrap_or_else(|_| Err("generation failed unexpectedly (see the engine log)".into()));
-        match result {
-            Ok((summary, kept)) => {
-                caches.keep(kept);
-                let _ = job.events.send(Event::Done(summary));
-            }
-            Err(message) => {
-                let _ = job.events.send(Event::Failed(message));
-            }
-        }
-    }
-}
-
 /// Length of the common prefix of `a` and `b`.
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-fn generate(
-    model: &Model<'static>,
-    tokenizer: &Tokenizer,
-    end_ids: &[u32],
+/// What the generation thread generates with.
+struct Runner<'a> {
+    model: &'a Model<'static>,
+    tokenizer: &'a Tokenizer,
+    end_ids: &'a [u32],
     context: usize,
     threads: usize,
-    job: &Job,
-    reused: Option<Cached>,
-) -> Result<(Summary, Cached), String> {
-    let prompt = &job.prompt;
-    if prompt.is_empty() || prompt.len() >= context {
-        return Err(format!(
-            "the prompt has {} tokens; the context holds {context}",
-            prompt.len()
-        ));
-    }
-    // At least the last prompt token runs, so there are logits to sample from.
-    let (mut cache, cache_n) = match reused {
-        Some(c) => {
-            let n = common_prefix(&c.tokens, prompt).min(prompt.len() - 1);
-            (c.cache, n)
-        }
-        None => (KvCache::on_threads(&model.hparams, context, threads)?, 0),
-    };
-    let started = Instant::now();
-    // In slices, so a client that leaves during a long prompt frees the engine soon.
-    let slice = 4 * crate::model::MAX_BATCH;
-    let mut at = cache_n;
-    while at < prompt.len() {
-        if job.events.is_closed() {
-            return Err("the client went away".into());
-        }
-        let end = (at + slice).min(prompt.len());
-        let logits = if end == prompt.len() {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        model.forward(&prompt[at..end], at, &mut cache, logits)?;
-        at = end;
-    }
-    let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
+}
 
-    let generating = Instant::now();
-    let mut sampler = Sampler::new(job.sampling.clone());
-    let mut history = prompt.clone();
-    let mut in_cache = prompt.len();
-    let mut stream = TextStream::new();
-    let mut text = StopFilter::new(&job.stop);
-    let mut generated = 0;
-    let mut stopping_word = String::new();
-    let finish = loop {
-        if generated >= job.max_tokens || history.len() >= context {
-            break Finish::Length;
-        }
-        if job.events.is_closed() {
-            break Finish::Stop;
-        }
-        let token = sampler.next(cache.logits(), &history);
-        if end_ids.contains(&token) {
-            break Finish::Stop;
-        }
-        generated += 1;
-        history.push(token);
-        let piece = stream.push(&tokenizer.token_bytes(token));
-        let (ready, stopped) = text.push(&piece);
-        if !ready.is_empty() {
-            let _ = job.events.send(Event::Text(ready));
-        }
-        if let Some(word) = stopped {
-            stopping_word = word;
-            break Finish::Word;
-        }
-        if generated < job.max_tokens && history.len() < context {
-            model.step(token, history.len() - 1, &mut cache)?;
-            in_cache = history.len();
-        }
-    };
-    if finish != Finish::Word {
-        let (ready, _) = text.push(&stream.finish());
-        let rest = ready + &text.flush();
-        if !rest.is_empty() {
-            let _ = job.events.send(Event::Text(rest));
+impl Runner<'_> {
+    fn run(&self, jobs: &Receiver<Job>, caches: &mut Caches, speeds: &Mutex<Speeds>) {
+        while let Ok(job) = jobs.recv() {
+            if job.events.is_closed() {
+                continue;
+            }
+            let reused = match caches.best_for(&job.prompt) {
+                Some(c) => Some(c),
+                // No shared prefix: recycle the oldest cache's memory (its tokens do not matter).
+                None => caches.recycle().map(|mut c| {
+                    c.tokens.clear();
+                    c
+                }),
+            };
+            // A bug in one request must not take the box's only generation thread with it.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.generate(&job, reused)
+            }))
+            .unwrap_or_else(|_| Err("generation failed unexpectedly (see the engine log)".into()));
+            match result {
+                Ok((summary, kept)) => {
+                    caches.keep(kept);
+                    speeds
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .record(&summary);
+                    let _ = job.events.send(Event::Done(summary));
+                }
+                Err(message) => {
+                    let _ = job.events.send(Event::Failed(message));
+                }
+            }
         }
     }
-    let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
-    let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
-    let prompt_n = prompt.len() - cache_n;
-    history.truncate(in_cache);
-    Ok((
-        Summary {
-            finish,
-            prompt_n,
-            prompt_ms,
-            prompt_per_second: per_second(prompt_n, prompt_ms),
-            predicted_n: generated,
-            predicted_ms,
-            predicted_per_second: per_second(generated, predicted_ms),
-            cache_n,
-            stopping_word,
-        },
-        Cached {
-            cache,
-            tokens: history,
-        },
-    ))
+
+    fn generate(&self, job: &Job, reused: Option<Cached>) -> Result<(Summary, Cached), String> {
+        let Runner {
+            model,
+            tokenizer,
+            end_ids,
+            context,
+            threads,
+        } = *self;
+        let prompt = &job.prompt;
+        if prompt.is_empty() || prompt.len() >= context {
+            return Err(format!(
+                "the prompt has {} tokens; the context holds {context}",
+                prompt.len()
+            ));
+        }
+        // At least the last prompt token runs, so there are logits to sample from.
+        let (mut cache, cache_n) = match reused {
+            Some(c) => {
+                let n = common_prefix(&c.tokens, prompt).min(prompt.len() - 1);
+                (c.cache, n)
+            }
+            None => (KvCache::on_threads(&model.hparams, context, threads)?, 0),
+        };
+        let started = Instant::now();
+        // In slices, so a client that leaves during a long prompt frees the engine soon.
+        let slice = 4 * crate::model::MAX_BATCH;
+        let mut at = cache_n;
+        while at < prompt.len() {
+            if job.events.is_closed() {
+                return Err("the client went away".into());
+            }
+            let end = (at + slice).min(prompt.len());
+            let logits = if end == prompt.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            model.forward(&prompt[at..end], at, &mut cache, logits)?;
+            at = end;
+        }
+        let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
+
+        let generating = Instant::now();
+        let mut sampler = Sampler::new(job.sampling.clone());
+        let mut history = prompt.clone();
+        let mut in_cache = prompt.len();
+        let mut stream = TextStream::new();
+        let mut text = StopFilter::new(&job.stop);
+        let mut generated = 0;
+        let mut stopping_word = String::new();
+        let finish = loop {
+            if generated >= job.max_tokens || history.len() >= context {
+                break Finish::Length;
+            }
+            if job.events.is_closed() {
+                break Finish::Stop;
+            }
+            let token = sampler.next(cache.logits(), &history);
+            if end_ids.contains(&token) {
+                break Finish::Stop;
+            }
+            generated += 1;
+            history.push(token);
+            let piece = stream.push(&tokenizer.token_bytes(token));
+            let (ready, stopped) = text.push(&piece);
+            if !ready.is_empty() {
+                let _ = job.events.send(Event::Text(ready));
+            }
+            if let Some(word) = stopped {
+                stopping_word = word;
+                break Finish::Word;
+            }
+            if generated < job.max_tokens && history.len() < context {
+                model.step(token, history.len() - 1, &mut cache)?;
+                in_cache = history.len();
+            }
+        };
+        if finish != Finish::Word {
+            let (ready, _) = text.push(&stream.finish());
+            let rest = ready + &text.flush();
+            if !rest.is_empty() {
+                let _ = job.events.send(Event::Text(rest));
+            }
+        }
+        let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
+        let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+        let prompt_n = prompt.len() - cache_n;
+        history.truncate(in_cache);
+        Ok((
+            Summary {
+                finish,
+                prompt_n,
+                prompt_ms,
+                prompt_per_second: per_second(prompt_n, prompt_ms),
+                predicted_n: generated,
+                predicted_ms,
+                predicted_per_second: per_second(generated, predicted_ms),
+                cache_n,
+                stopping_word,
+            },
+            Cached {
+                cache,
+                tokens: history,
+            },
+        ))
+    }
 }
 
 /// Holds back text that might be the start of a stop string, and cuts at the first stop string.

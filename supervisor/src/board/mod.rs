@@ -199,6 +199,11 @@ impl Board {
         durable::replace(&path, contents).map_err(|e| self.err("replacing", box_path, e))
     }
 
+    /// Creates a directory and its missing parents (runtime state under `/run`).
+    pub fn create_dir_all(&self, box_path: &str) -> BoardResult<()> {
+        fs::create_dir_all(self.path(box_path)).map_err(|e| self.err("creating", box_path, e))
+    }
+
     /// Creates a cgroup directory (the kernel fills in its interface files).
     pub fn create_cgroup(&self, box_path: &str) -> BoardResult<()> {
         let path = self.path(box_path);

@@ -401,6 +401,13 @@ pub fn kernel_write(path: &Path, value: &str) -> io::Result<()> {
     let value = value.trim();
     match name.as_str() {
         "cgroup.subtree_control" => write_subtree_control(path, value),
+        // Moving a process in adds it to the list; the file keeps every member.
+        "cgroup.procs" => {
+            let pid: u32 = value.parse().map_err(|_| invalid("not a process id"))?;
+            let mut members = fs::read_to_string(path)?;
+            members.push_str(&format!("{pid}\n"));
+            fs::write(path, members)
+        }
         "cpu.weight" => {
             let weight: u32 = value.parse().map_err(|_| invalid("not a number"))?;
             if !(1..=10_000).contains(&weight) {

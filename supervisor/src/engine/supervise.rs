@@ -1,0 +1,344 @@
+//! The supervision loop: gate → launch → wait for health → probe while running → on failure
+//! back off and relaunch, until the crash-loop limit or shutdown.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::launch::Launch;
+use super::logs::LogRing;
+use super::probe::{self, Health};
+use super::process::{self, Running};
+use super::state::{EngineStatus, Phase};
+use crate::board::{Board, paths};
+use crate::config::Config;
+
+/// How long the engine gets to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How often readiness is polled while the engine starts.
+const READY_POLL: Duration = Duration::from_millis(250);
+/// A run that stayed ready this long was not part of a crash loop: the count starts over.
+const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// Consecutive failed health probes that make the engine count as wedged.
+const PROBE_FAILURES: u32 = 2;
+/// Log lines kept in the published status.
+const STATUS_LOG_LINES: usize = 20;
+
+/// The daemon's handle on the supervision task.
+pub struct Handle {
+    status: watch::Receiver<EngineStatus>,
+    shutdown: watch::Sender<bool>,
+    heartbeat: Arc<Mutex<Instant>>,
+    stale_after: Duration,
+    task: JoinHandle<()>,
+}
+
+impl Handle {
+    /// The engine's current state.
+    pub fn status(&self) -> EngineStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Whether systemd's watchdog should be fed: not while the engine counts as ready but
+    /// has not been probed successfully for several probe intervals (the stack is wedged).
+    pub fn watchdog_ok(&self) -> bool {
+        let beat = *self.heartbeat.lock().unwrap_or_else(|p| p.into_inner());
+        self.status.borrow().state != Phase::Ready || beat.elapsed() < self.stale_after
+    }
+
+    /// Stops the engine (SIGTERM, then SIGKILL) and waits for the task to finish.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        if let Err(e) = self.task.await {
+            tracing::error!("the engine supervision task failed: {e}");
+        }
+    }
+}
+
+/// Starts supervising the configured model's engine.
+pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
+    let initial = EngineStatus::new(&config.model.id);
+    let (status_tx, status) = watch::channel(initial.clone());
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let heartbeat = Arc::new(Mutex::new(Instant::now()));
+    let e = &config.engine;
+    let stale_after = Duration::from_secs(3 * e.health_interval_s.max(1))
+        + 2 * Duration::from_millis(e.health_timeout_ms);
+    let supervisor = Supervisor {
+        board,
+        config,
+        logs,
+        status: initial,
+        publish_to: status_tx,
+        heartbeat: Arc::clone(&heartbeat),
+        shutdown: shutdown_rx,
+    };
+    let task = tokio::spawn(supervisor.run());
+    Handle {
+        status,
+        shutdown,
+        heartbeat,
+        stale_after,
+        task,
+    }
+}
+
+struct Supervisor {
+    board: Board,
+    config: Config,
+    logs: Arc<LogRing>,
+    status: EngineStatus,
+    publish_to: watch::Sender<EngineStatus>,
+    heartbeat: Arc<Mutex<Instant>>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// How one launch ended.
+enum Outcome {
+    Shutdown,
+    Failed { reason: String, stable: bool },
+}
+
+impl Supervisor {
+    async fn run(mut self) {
+        let mut failures = 0u32;
+        loop {
+            let approved = match self.gate().await {
+                Ok(approved) => approved,
+                Err(reason) => {
+                    tracing::error!("the engine is not launched: {reason}");
+                    self.set(Phase::Blocked, format!("not launched: {reason}"));
+                    return self.idle_until_shutdown().await;
+                }
+            };
+            let launch = Launch::plan(&self.board, &self.config, &approved);
+            self.status.model_sha256 = Some(approved.manifest.sha256.clone());
+            self.status.url = Some(format!("http://127.0.0.1:{}", launch.port));
+            match self.run_once(&launch).await {
+                Outcome::Shutdown => {
+                    self.set(Phase::Stopped, "stopped with the supervisor".into());
+                    return;
+                }
+                Outcome::Failed { reason, stable } => {
+                    failures = if stable { 1 } else { failures + 1 };
+                    let e = &self.config.engine;
+                    if failures > e.max_restarts {
+                        tracing::error!(
+                            "engine failing: {reason}; {failures} failures in a row, not restarting"
+                        );
+                        self.set(
+                            Phase::Failing,
+                            format!("engine failing: {reason} ({failures} failures in a row; restart the supervisor to try again)"),
+                        );
+                        return self.idle_until_shutdown().await;
+                    }
+                    // 1×, 2×, 4×, ... the base pause, at most a minute.
+                    let pause = Duration::from_millis(
+                        e.restart_backoff_ms
+                            .saturating_mul(1 << (failures - 1).min(16))
+                            .min(60_000),
+                    );
+                    tracing::warn!("engine {reason}; restarting in {} ms", pause.as_millis());
+                    self.status.restarts += 1;
+                    self.set(
+                        Phase::BackingOff,
+                        format!("{reason}; restarting in {} ms", pause.as_millis()),
+                    );
+                    if self.sleep_or_shutdown(pause).await {
+                        self.set(Phase::Stopped, "stopped with the supervisor".into());
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The launch gate, fresh for every launch: weights changed on disk are never served.
+    async fn gate(&self) -> Result<weights::gate::Approved, String> {
+        let (board, config) = (self.board.clone(), self.config.clone());
+        let how = crate::model::between_boots(&config);
+        tokio::task::spawn_blocking(move || crate::model::check(&board, &config, how))
+            .await
+            .map_err(|e| format!("the model check crashed: {e}"))?
+            .map_err(|e| format!("model {} refused: {e}", self.config.model.id))
+    }
+
+    async fn run_once(&mut self, launch: &Launch) -> Outcome {
+        let mut shutdown = self.shutdown.clone();
+        let mut running = match process::spawn(launch, &self.logs) {
+            Ok(running) => running,
+            Err(reason) => {
+                return Outcome::Failed {
+                    reason,
+                    stable: false,
+                };
+            }
+        };
+        self.status.pid = Some(running.pid);
+        self.status.ready_unix = None;
+        tracing::info!(
+            pid = running.pid,
+            "engine started: {}",
+            launch.program.display()
+        );
+        if let Err(e) = self.place_in_cgroup(running.pid) {
+            let exit = running.stop(STOP_GRACE).await;
+            return self.failed(
+                format!("not started: cannot put it in its cgroup: {e}"),
+                exit,
+                false,
+            );
+        }
+        self.set(Phase::Starting, format!("loading {}", self.config.model.id));
+
+        let started = Instant::now();
+        let start_timeout = Duration::from_secs(self.config.engine.start_timeout_s);
+        let port = launch.port;
+        let health = loop {
+            tokio::select! {
+                exit = running.exited() => {
+                    return self.failed(format!("exited while starting ({exit})"), exit, false);
+                }
+                _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
+                _ = tokio::time::sleep(READY_POLL) => {
+                    match blocking(move || probe::health(port, READY_POLL * 4)).await {
+                        Ok(health) => break health,
+                        Err(e) if started.elapsed() >= start_timeout => {
+                            let exit = running.stop(STOP_GRACE).await;
+                            let reason = format!("not healthy {} s after start ({e})", start_timeout.as_secs());
+                            return self.failed(reason, exit, false);
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+        };
+        let ready = Instant::now();
+        self.status.ready_unix = Some(weights::install::now_unix());
+        self.record(&health);
+        tracing::info!(
+            "engine ready on {}",
+            self.status.url.as_deref().unwrap_or("")
+        );
+        self.set(Phase::Ready, "serving".into());
+
+        let e = &self.config.engine;
+        let (interval, timeout) = (
+            Duration::from_secs(e.health_interval_s.max(1)),
+            Duration::from_millis(e.health_timeout_ms),
+        );
+        let mut probes = tokio::time::interval(interval);
+        probes.tick().await;
+        let mut failed_probes = 0;
+        loop {
+            tokio::select! {
+                exit = running.exited() => {
+                    let stable = ready.elapsed() >= STABLE_AFTER;
+                    return self.failed(format!("exited ({exit})"), exit, stable);
+                }
+                _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
+                _ = probes.tick() => {
+                    let probe = blocking(move || {
+                        probe::complete_one_token(port, timeout)?;
+                        probe::health(port, timeout)
+                    });
+                    match probe.await {
+                        Ok(health) => {
+                            failed_probes = 0;
+                            self.record(&health);
+                            self.set(Phase::Ready, "serving".into());
+                        }
+                        Err(e) => {
+                            failed_probes += 1;
+                            tracing::warn!("engine health probe failed ({failed_probes}): {e}");
+                            if failed_probes >= PROBE_FAILURES {
+                                let exit = running.stop(STOP_GRACE).await;
+                                let stable = ready.elapsed() >= STABLE_AFTER;
+                                return self.failed(format!("stopped answering ({e})"), exit, stable);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn place_in_cgroup(&self, pid: u32) -> Result<(), String> {
+        let slice = self.config.tuning.engine.slice.cgroup_path();
+        let procs = format!("{}/{slice}/cgroup.procs", paths::CGROUP_ROOT);
+        self.board
+            .write_attribute(&procs, &pid.to_string())
+            .map_err(|e| e.to_string())
+    }
+
+    fn record(&mut self, health: &Health) {
+        let speeds = health.speeds;
+        if speeds.prefill_tokens_per_second.is_some() {
+            self.status.prefill_tokens_per_second = speeds.prefill_tokens_per_second;
+        }
+        if speeds.decode_tokens_per_second.is_some() {
+            self.status.decode_tokens_per_second = speeds.decode_tokens_per_second;
+        }
+    }
+
+    fn failed(&mut self, reason: String, exit: String, stable: bool) -> Outcome {
+        self.status.last_exit = Some(exit);
+        self.status.pid = None;
+        self.status.ready_unix = None;
+        Outcome::Failed { reason, stable }
+    }
+
+    async fn shutdown_engine(&mut self, running: Running) -> Outcome {
+        tracing::info!("stopping the engine");
+        let exit = running.stop(STOP_GRACE).await;
+        self.status.last_exit = Some(exit);
+        self.status.pid = None;
+        self.status.ready_unix = None;
+        Outcome::Shutdown
+    }
+
+    /// Publishes a new state: to the daemon, and to the runtime file `status` reads.
+    fn set(&mut self, state: Phase, reason: String) {
+        self.status.state = state;
+        self.status.reason = reason;
+        self.status.recent_log = self.logs.recent(STATUS_LOG_LINES);
+        *self.heartbeat.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        if let Err(e) = self.status.publish(&self.board) {
+            tracing::warn!("cannot publish the engine state: {e}");
+        }
+        self.publish_to.send_replace(self.status.clone());
+    }
+
+    async fn idle_until_shutdown(mut self) {
+        stopped(&mut self.shutdown).await;
+        let reason = self.status.reason.clone();
+        self.set(
+            Phase::Stopped,
+            format!("stopped with the supervisor; {reason}"),
+        );
+    }
+
+    /// Sleeps; true when shutdown came first.
+    async fn sleep_or_shutdown(&mut self, pause: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => false,
+            _ = stopped(&mut self.shutdown) => true,
+        }
+    }
+}
+
+/// Runs a blocking probe off the runtime thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(format!("the probe crashed: {e}")))
+}
+
+/// Resolves once shutdown is asked for (or the daemon's handle is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}

