@@ -169,7 +169,9 @@ macro_rules! legacy_rows {
                         let (dw, $w) = $prepared;
                         let $y: &$act = $yy;
                         let lanes = $dot;
-                        $acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * $y.d), lanes, $acc);
+                        // dw·dy in every lane: a load-port broadcast and one multiply.
+                        let scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(&$y.d));
+                        $acc = _mm256_fmadd_ps(scale, lanes, $acc);
                         let ($ob, $oy, $summs): (&[u8], &$act, &mut f32) = ($bb, $yy, $sum);
                         $offset;
                     }};
@@ -177,7 +179,8 @@ macro_rules! legacy_rows {
                 macro_rules! prepare {
                     ($bb:expr) => {{
                         let $b: &[u8] = $bb;
-                        $prep
+                        let (dw, w) = $prep;
+                        (_mm256_set1_ps(dw), w)
                     }};
                 }
                 let zero = _mm256_setzero_ps();
@@ -207,8 +210,10 @@ macro_rules! legacy_rows {
                 macro_rules! two_by_four {
                     ($r:expr, $c:expr) => {{
                         let (r, c) = ($r, $c);
-                        let mut a = [[zero; 4]; 2];
-                        let mut s = [[0f32; 4]; 2];
+                        // Separate locals, not an array, so the eight chains stay in registers.
+                        let (mut a00, mut a01, mut a02, mut a03) = (zero, zero, zero, zero);
+                        let (mut a10, mut a11, mut a12, mut a13) = (zero, zero, zero, zero);
+                        let mut s = [0f32; 8];
                         let rows = row!(r)
                             .chunks_exact($bytes)
                             .zip(row!(r + 1).chunks_exact($bytes));
@@ -218,18 +223,18 @@ macro_rules! legacy_rows {
                             .zip(column!(c + 2).iter().zip(column!(c + 3)));
                         for ((b0, b1), ((y0, y1), (y2, y3))) in rows.zip(columns) {
                             let (p0, p1) = (prepare!(b0), prepare!(b1));
-                            let [[a00, a01, a02, a03], [a10, a11, a12, a13]] = &mut a;
-                            let [[s00, s01, s02, s03], [s10, s11, s12, s13]] = &mut s;
-                            step!(*a00, s00, b0, p0, y0);
-                            step!(*a01, s01, b0, p0, y1);
-                            step!(*a02, s02, b0, p0, y2);
-                            step!(*a03, s03, b0, p0, y3);
-                            step!(*a10, s10, b1, p1, y0);
-                            step!(*a11, s11, b1, p1, y1);
-                            step!(*a12, s12, b1, p1, y2);
-                            step!(*a13, s13, b1, p1, y3);
+                            let [s00, s01, s02, s03, s10, s11, s12, s13] = &mut s;
+                            step!(a00, s00, b0, p0, y0);
+                            step!(a01, s01, b0, p0, y1);
+                            step!(a02, s02, b0, p0, y2);
+                            step!(a03, s03, b0, p0, y3);
+                            step!(a10, s10, b1, p1, y0);
+                            step!(a11, s11, b1, p1, y1);
+                            step!(a12, s12, b1, p1, y2);
+                            step!(a13, s13, b1, p1, y3);
                         }
-                        for (i, (acc, sums)) in a.iter().zip(&s).enumerate() {
+                        let lanes = [[a00, a01, a02, a03], [a10, a11, a12, a13]];
+                        for (i, (acc, sums)) in lanes.iter().zip(s.chunks_exact(4)).enumerate() {
                             for (j, (lanes, sum)) in acc.iter().zip(sums).enumerate() {
                                 out[(c + j) * n_rows + r + i] = hsum8(*lanes) + sum;
                             }
