@@ -1,0 +1,191 @@
+//! The boot smoke test: the built image on QEMU's `virt` machine (Cortex-A76, its own kernel and
+//! initramfs), a copy grown by 512 MiB so first boot has room to grow the data partition. It
+//! passes when the engine the supervisor launched answers a completion through a port forwarded
+//! to 127.0.0.1, and the data partition filled the disk. Only the QEMU process it started is
+//! ever stopped.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::args;
+use crate::definition::Definition;
+use crate::layout;
+use crate::pipeline::Paths;
+use crate::run::run;
+
+/// What the smoke test saw.
+#[derive(Debug)]
+pub struct Report {
+    /// From QEMU start to the engine's first healthy answer.
+    pub boot_to_engine: Duration,
+    /// The completion's text.
+    pub completion: String,
+    /// Size of the data partition after first boot, in bytes.
+    pub data_bytes: u64,
+}
+
+/// Kills the QEMU child on every path out.
+struct Guest(Child);
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Boots `image` and checks the engine answers; `port` is the host side of the forward.
+pub fn smoke_test(
+    definition: &Definition,
+    paths: &Paths,
+    image: &Path,
+    port: u16,
+    timeout: Duration,
+) -> Result<Report, String> {
+    let dir = paths.out.join("qemu");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let disk = dir.join("disk.img");
+    run("cp", args!["--sparse=always", image, &disk])?;
+    let grown = std::fs::metadata(&disk).map_err(|e| e.to_string())?.len() + (512 << 20);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&disk)
+        .and_then(|f| f.set_len(grown))
+        .map_err(|e| format!("growing {}: {e}", disk.display()))?;
+    let boot = boot_offset(definition);
+    for name in ["vmlinuz", "initrd.img"] {
+        let from = format!("{}@@{boot}", disk.display());
+        run(
+            "mcopy",
+            args!["-n", "-o", "-i", from, format!("::/{name}"), dir.join(name)],
+        )?;
+    }
+    let root = layout::partuuid(definition.layout.disk_id, 2);
+    let append = format!(
+        "console=ttyAMA0 root=PARTUUID={root} rootfstype=ext4 ro rootwait cgroup_enable=memory \
+         systemd.wants=appliance-qemu-test-proxy.socket"
+    );
+    let serial = dir.join("serial.log");
+    let started = Instant::now();
+    let child = Command::new("qemu-system-aarch64")
+        .args([
+            "-M",
+            "virt",
+            "-cpu",
+            "cortex-a76",
+            "-accel",
+            "tcg",
+            "-smp",
+            "2",
+            "-m",
+            "2048",
+        ])
+        .args(["-display", "none", "-monitor", "none", "-no-reboot"])
+        .arg("-serial")
+        .arg(format!("file:{}", serial.display()))
+        .arg("-kernel")
+        .arg(dir.join("vmlinuz"))
+        .arg("-initrd")
+        .arg(dir.join("initrd.img"))
+        .args(["-append", &append])
+        .arg("-drive")
+        .arg(format!("if=none,file={},format=raw,id=hd0", disk.display()))
+        .args(["-device", "virtio-blk-pci,drive=hd0"])
+        .args([
+            "-netdev",
+            &format!("user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:18080"),
+        ])
+        .args(["-device", "virtio-net-pci,netdev=n0,romfile="])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start qemu-system-aarch64: {e}"))?;
+    eprintln!(
+        "QEMU started (pid {}); serial log {}",
+        child.id(),
+        serial.display()
+    );
+    let mut guest = Guest(child);
+    let deadline = started + timeout;
+    let base = format!("http://127.0.0.1:{port}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(120)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let boot_to_engine = loop {
+        if let Ok(Some(status)) = guest.0.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = guest.0.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            return Err(format!(
+                "QEMU exited ({status}): {err}; see {}",
+                serial.display()
+            ));
+        }
+        if let Ok(response) = agent.get(format!("{base}/health")).call() {
+            if response.status().as_u16() == 200 {
+                break started.elapsed();
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the engine did not answer within {} s; see {}",
+                timeout.as_secs(),
+                serial.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let body = r#"{"prompt":"The capital of France is","max_tokens":4,"temperature":0}"#;
+    let mut response = agent
+        .post(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .send(body)
+        .map_err(|e| format!("completion: {e}"))?;
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    if response.status().as_u16() != 200 {
+        return Err(format!("completion answered {}: {text}", response.status()));
+    }
+    let completion = text;
+    // Growing the data partition runs before the supervisor starts, so it is done by now.
+    drop(guest);
+    let data_bytes = data_partition_bytes(&disk)?;
+    Ok(Report {
+        boot_to_engine,
+        completion,
+        data_bytes,
+    })
+}
+
+fn boot_offset(definition: &Definition) -> u64 {
+    layout::partitions(&definition.layout).0[0].start
+}
+
+/// The data partition's size in the disk's partition table.
+fn data_partition_bytes(disk: &PathBuf) -> Result<u64, String> {
+    let output = Command::new("sfdisk")
+        .args(["--dump"])
+        .arg(disk)
+        .output()
+        .map_err(|e| format!("sfdisk --dump: {e}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text
+        .lines()
+        .filter(|l| l.contains(" : start="))
+        .nth(3)
+        .ok_or_else(|| format!("no fourth partition in {}", disk.display()))?;
+    let sectors = line
+        .split(',')
+        .find_map(|f| f.trim().strip_prefix("size="))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .ok_or_else(|| format!("cannot read the data partition size from: {line}"))?;
+    Ok(sectors * layout::SECTOR)
+}
