@@ -1,5 +1,7 @@
 //! The boot smoke test: the built image on QEMU's `virt` machine (Cortex-A76, its own kernel and
-//! initramfs), a copy grown by 512 MiB so first boot has room to grow the data partition. It
+//! initramfs), a copy grown by 512 MiB so first boot has room to grow the data partition. PID 1
+//! logs to the serial console (its status lines stop once a getty owns it): that is how the test
+//! sees multi-user.target (which waits for the supervisor's READY) and that no unit failed. It
 //! passes when the engine the supervisor launched answers a completion through a port forwarded
 //! to 127.0.0.1, and the data partition filled the disk. Only the QEMU process it started is
 //! ever stopped.
@@ -18,6 +20,8 @@ use crate::run::run;
 /// What the smoke test saw.
 #[derive(Debug)]
 pub struct Report {
+    /// From QEMU start to multi-user.target.
+    pub boot_to_multi_user: Duration,
     /// From QEMU start to the engine's first healthy answer.
     pub boot_to_engine: Duration,
     /// The completion's text.
@@ -65,9 +69,14 @@ pub fn smoke_test(
     let root = layout::partuuid(definition.layout.disk_id, 2);
     let append = format!(
         "console=ttyAMA0 root=PARTUUID={root} rootfstype=ext4 ro rootwait cgroup_enable=memory \
-         systemd.wants=appliance-qemu-test-proxy.socket"
+         systemd.wants=appliance-qemu-test-proxy.socket systemd.log_target=console \
+         systemd.log_level=info"
     );
     let serial = dir.join("serial.log");
+    // A previous run's console must not satisfy this one.
+    if serial.exists() {
+        std::fs::remove_file(&serial).map_err(|e| format!("removing {}: {e}", serial.display()))?;
+    }
     let started = Instant::now();
     let child = Command::new("qemu-system-aarch64")
         .args([
@@ -116,17 +125,23 @@ pub fn smoke_test(
         .http_status_as_error(false)
         .build()
         .into();
-    let boot_to_engine = loop {
-        if let Ok(Some(status)) = guest.0.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = guest.0.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
+    let boot_to_multi_user = loop {
+        exited(&mut guest, &serial)?;
+        // PID 1 logs this when the default target (multi-user) is reached.
+        if console_text(&serial).contains("Startup finished in") {
+            break started.elapsed();
+        }
+        if Instant::now() > deadline {
             return Err(format!(
-                "QEMU exited ({status}): {err}; see {}",
+                "multi-user.target not reached within {} s; see {}",
+                timeout.as_secs(),
                 serial.display()
             ));
         }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let boot_to_engine = loop {
+        exited(&mut guest, &serial)?;
         if let Ok(response) = agent.get(format!("{base}/health")).call() {
             if response.status().as_u16() == 200 {
                 break started.elapsed();
@@ -155,10 +170,19 @@ pub fn smoke_test(
         return Err(format!("completion answered {}: {text}", response.status()));
     }
     let completion = text;
+    let log = console_text(&serial);
+    let failed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("[FAILED]") || l.contains("Failed to start "))
+        .collect();
+    if !failed.is_empty() {
+        return Err(format!("units failed during boot:\n{}", failed.join("\n")));
+    }
     // Growing the data partition runs before the supervisor starts, so it is done by now.
     drop(guest);
     let data_bytes = data_partition_bytes(&disk)?;
     Ok(Report {
+        boot_to_multi_user,
         boot_to_engine,
         completion,
         data_bytes,
@@ -188,4 +212,42 @@ fn data_partition_bytes(disk: &PathBuf) -> Result<u64, String> {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .ok_or_else(|| format!("cannot read the data partition size from: {line}"))?;
     Ok(sectors * layout::SECTOR)
+}
+
+/// An error if QEMU has exited, with its stderr.
+fn exited(guest: &mut Guest, serial: &Path) -> Result<(), String> {
+    if let Ok(Some(status)) = guest.0.try_wait() {
+        let mut err = String::new();
+        if let Some(mut e) = guest.0.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        return Err(format!(
+            "QEMU exited ({status}): {err}; see {}",
+            serial.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The serial console so far, terminal escapes removed.
+fn console_text(serial: &Path) -> String {
+    let raw = std::fs::read(serial).unwrap_or_default();
+    let text = String::from_utf8_lossy(&raw);
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        // CSI sequences: ESC [ parameters final byte.
+        if chars.next() == Some('[') {
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        }
+    }
+    out
 }
