@@ -513,37 +513,31 @@ fn data_files(paths: &Paths, data: &Path, options: &Options) -> Result<PathBuf, 
     // The host's supervisor installs through the manifest into a stand-in board whose data
     // directory becomes the partition's root.
     let board = paths.work().join("model-board");
-    status(
-        Command::new("cargo")
-            .args([
-                "run",
-                "--quiet",
-                "--locked",
-                "-p",
-                "supervisor",
-                "--manifest-path",
-            ])
-            .arg(paths.repo.join("Cargo.toml"))
-            .args(["--", "sim", "init"])
-            .arg(&board),
-    )?;
-    status(
-        Command::new("cargo")
-            .args([
-                "run",
-                "--quiet",
-                "--locked",
-                "-p",
-                "supervisor",
-                "--manifest-path",
-            ])
-            .arg(paths.repo.join("Cargo.toml"))
-            .arg("--")
-            .arg("--root")
-            .arg(&board)
-            .args(["weights", "fetch-default", "--cache"])
-            .arg(cache),
-    )?;
+    let supervisor = |args: Vec<OsString>| {
+        status(
+            Command::new("cargo")
+                .args([
+                    "run",
+                    "--quiet",
+                    "--locked",
+                    "-p",
+                    "supervisor",
+                    "--manifest-path",
+                ])
+                .arg(paths.repo.join("Cargo.toml"))
+                .arg("--")
+                .args(args),
+        )
+    };
+    supervisor(args!["sim", "init", &board])?;
+    supervisor(args![
+        "--root",
+        &board,
+        "weights",
+        "fetch-default",
+        "--cache",
+        cache
+    ])?;
     copy_tree(&board.join("var/lib/appliance"), data)?;
     Ok(data.to_path_buf())
 }

@@ -50,26 +50,35 @@ struct Board {
 }
 
 fn board_with_model() -> Board {
+    let board = board_without_model();
+    board.install_model();
+    board
+}
+
+fn board_without_model() -> Board {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("board");
     supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
-    let out = Command::new(BIN)
-        .arg("--root")
-        .arg(&root)
-        .args(["weights", "fetch-default", "--cache"])
-        .arg(&cache)
-        .output()
-        .expect("fetch-default");
-    assert!(
-        out.status.success(),
-        "fetch-default: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     Board { dir, root }
 }
 
 impl Board {
+    fn install_model(&self) {
+        let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
+        let out = Command::new(BIN)
+            .arg("--root")
+            .arg(&self.root)
+            .args(["weights", "fetch-default", "--cache"])
+            .arg(&cache)
+            .output()
+            .expect("fetch-default");
+        assert!(
+            out.status.success(),
+            "fetch-default: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     fn configure(&self, engine: &str) {
         let config = format!("[daemon]\nreverify_interval_s = 0\n\n[engine]\n{engine}");
         std::fs::write(self.root.join("etc/appliance/appliance.toml"), config).expect("config");
@@ -307,4 +316,31 @@ fn an_engine_that_never_becomes_healthy_ends_in_the_crash_loop_state() {
     );
     signal(&supervisor, Signal::SIGTERM);
     assert!(supervisor.wait().expect("wait").success());
+}
+
+#[test]
+fn a_model_installed_while_the_supervisor_runs_is_picked_up() {
+    let board = board_without_model();
+    let port = free_port();
+    board.configure(&format!(
+        "binary = \"{}\"\nport = {port}\n",
+        engine_binary().display()
+    ));
+    let mut supervisor = board.run();
+    let blocked = board.wait_for("blocked", Duration::from_secs(60), |e| {
+        e["state"] == "blocked"
+    });
+    assert!(
+        blocked["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not launched"),
+        "{blocked}"
+    );
+    board.install_model();
+    let ready = board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready");
+    assert_eq!(ready["url"], format!("http://127.0.0.1:{port}"));
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
 }

@@ -23,6 +23,8 @@ const READY_POLL: Duration = Duration::from_millis(250);
 const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// Consecutive failed health probes that make the engine count as wedged.
 const PROBE_FAILURES: u32 = 2;
+/// How often a refused model is checked again.
+const GATE_RETRY: Duration = Duration::from_secs(30);
 /// Log lines kept in the published status.
 const STATUS_LOG_LINES: usize = 20;
 
@@ -108,9 +110,17 @@ impl Supervisor {
             let approved = match self.gate().await {
                 Ok(approved) => approved,
                 Err(reason) => {
-                    tracing::error!("the engine is not launched: {reason}");
-                    self.set(Phase::Blocked, format!("not launched: {reason}"));
-                    return self.idle_until_shutdown().await;
+                    let reason = format!("not launched: {reason}");
+                    if self.status.state != Phase::Blocked || self.status.reason != reason {
+                        tracing::error!("the engine is {reason}");
+                        self.set(Phase::Blocked, reason);
+                    }
+                    // A model installed or repaired later is picked up without a restart.
+                    if self.sleep_or_shutdown(GATE_RETRY).await {
+                        self.set(Phase::Stopped, "stopped with the supervisor".into());
+                        return;
+                    }
+                    continue;
                 }
             };
             let launch = Launch::plan(&self.board, &self.config, &approved);
