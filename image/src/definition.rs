@@ -152,9 +152,6 @@ impl Definition {
                 ));
             }
         }
-        if l.boot_mib < 64 {
-            return Err("layout.boot_mib: FAT32 needs at least 64 MiB".into());
-        }
         for dir in self.overlays.rootfs.iter().chain([
             &self.overlays.units,
             &self.overlays.config_txt,

@@ -128,7 +128,7 @@ fn host_tools(tools: &[(&str, &str)]) -> Result<(), String> {
     if missing.is_empty() {
         return Ok(());
     }
-    if !nix_is_root() {
+    if !is_root() {
         return Err(format!(
             "missing host tools; install them with: apt-get install --no-install-recommends {}",
             missing.join(" ")
@@ -144,7 +144,7 @@ fn host_tools(tools: &[(&str, &str)]) -> Result<(), String> {
     )
 }
 
-fn nix_is_root() -> bool {
+fn is_root() -> bool {
     // The owner of /proc/self is the effective user.
     use std::os::unix::fs::MetadataExt;
     fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)

@@ -7,7 +7,7 @@
 //! ever stopped.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -194,7 +194,7 @@ fn boot_offset(definition: &Definition) -> u64 {
 }
 
 /// The data partition's size in the disk's partition table.
-fn data_partition_bytes(disk: &PathBuf) -> Result<u64, String> {
+fn data_partition_bytes(disk: &Path) -> Result<u64, String> {
     let output = Command::new("sfdisk")
         .args(["--dump"])
         .arg(disk)

@@ -454,10 +454,8 @@ unsafe fn q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut __m256, acc_m: &mut __m12
         // The min terms in `scalar::q4_k_mins`'s four sums, each an exact integer.
         let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
         let pair_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-        let folded = _mm256_hadd_epi32(
-            _mm256_mullo_epi32(pair_sums, u.mins),
-            _mm256_mullo_epi32(pair_sums, u.mins),
-        );
+        let products = _mm256_mullo_epi32(pair_sums, u.mins);
+        let folded = _mm256_hadd_epi32(products, products);
         let sums = _mm_unpacklo_epi64(
             _mm256_castsi256_si128(folded),
             _mm256_extracti128_si256(folded, 1),

@@ -294,19 +294,21 @@ impl Supervisor {
     }
 
     fn failed(&mut self, reason: String, exit: String, stable: bool) -> Outcome {
-        self.status.last_exit = Some(exit);
-        self.status.pid = None;
-        self.status.ready_unix = None;
+        self.ended(exit);
         Outcome::Failed { reason, stable }
     }
 
     async fn shutdown_engine(&mut self, running: Running) -> Outcome {
         tracing::info!("stopping the engine");
-        let exit = running.stop(STOP_GRACE).await;
+        self.ended(running.stop(STOP_GRACE).await);
+        Outcome::Shutdown
+    }
+
+    /// The process is gone: how it ended, and no pid or uptime any more.
+    fn ended(&mut self, exit: String) {
         self.status.last_exit = Some(exit);
         self.status.pid = None;
         self.status.ready_unix = None;
-        Outcome::Shutdown
     }
 
     /// Publishes a new state: to the daemon, and to the runtime file `status` reads.
