@@ -66,7 +66,9 @@ fn run(cli: Cli) -> Result<(), String> {
             println!();
             print!(
                 "{}",
-                appliance_image::config_txt::assemble(&repo.join(&definition.overlays.config_txt))?
+                appliance_image::pipeline::assembled_config_txt(
+                    &repo.join(&definition.overlays.config_txt)
+                )?
             );
             Ok(())
         }

@@ -443,12 +443,26 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
     fs::write(path, text).map_err(|e| io("writing", path, e))
 }
 
-/// The boot partition's files: config.txt, cmdline.txt, autoboot.txt, kernel, initramfs and
-/// the Pi 5 device trees.
+/// `config.txt` as assembled from the fragments in `dir`.
+pub fn assembled_config_txt(dir: &Path) -> Result<String, String> {
+    config_txt::assemble(&config_txt::read_dir(dir)?, &dir.display().to_string())
+}
+
+/// The boot partition's files: config.txt and the fragments it is assembled from (the
+/// supervisor regenerates it from them on the box), cmdline.txt, autoboot.txt, kernel,
+/// initramfs and the Pi 5 device trees.
 fn boot_files(d: &Definition, paths: &Paths, root: &Path, boot: &Path) -> Result<PathBuf, String> {
     fs::create_dir_all(boot).map_err(|e| io("creating", boot, e))?;
-    let config = crate::config_txt::assemble(&paths.repo.join(&d.overlays.config_txt))?;
+    let fragment_src = paths.repo.join(&d.overlays.config_txt);
+    let fragments = config_txt::read_dir(&fragment_src)?;
+    let config = config_txt::assemble(&fragments, &fragment_src.display().to_string())?;
     write(&boot.join("config.txt"), &config)?;
+    for fragment in &fragments {
+        write(
+            &boot.join(config_txt::FRAGMENT_DIR).join(&fragment.name),
+            &fragment.text,
+        )?;
+    }
     let boot_src = paths.repo.join(&d.overlays.boot);
     let cmdline = fs::read_to_string(boot_src.join("cmdline.txt"))
         .map_err(|e| io("reading", &boot_src.join("cmdline.txt"), e))?

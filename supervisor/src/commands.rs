@@ -70,6 +70,98 @@ pub fn sim_init(dir: &Path, variant: &str) -> ExitCode {
     }
 }
 
+/// `supervisor sim boot DIR`.
+pub fn sim_boot(dir: &Path) -> ExitCode {
+    if !dir.join(sim::MARKER).is_file() {
+        return bad_input(format!("{} is not a simulated board", dir.display()));
+    }
+    match crate::board::sim_firmware::boot(dir) {
+        Ok(story) => {
+            println!("{story}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: booting {}: {e}", dir.display());
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+/// `supervisor overclock status [--json]`.
+pub fn overclock_status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let status = crate::overclock::status(&board, &config);
+    if json {
+        return match serde_json::to_string_pretty(&status) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => bad_input(format!("cannot encode status: {e}")),
+        };
+    }
+    print!("{}", report::overclock_text(&status));
+    if status.error.is_some() {
+        ExitCode::from(EXIT_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn overclock_outcome(result: Result<crate::overclock::Outcome, String>) -> ExitCode {
+    match result {
+        Ok(crate::overclock::Outcome::Continue(message)) => {
+            println!("{message}");
+            ExitCode::SUCCESS
+        }
+        Ok(crate::overclock::Outcome::Rebooting(message)) => {
+            println!("{message}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+/// `supervisor overclock start`.
+pub fn overclock_start(root: &Path, config: Option<&Path>) -> ExitCode {
+    match load(root, config) {
+        Ok((board, config)) => overclock_outcome(crate::overclock::start(&board, &config)),
+        Err(code) => code,
+    }
+}
+
+/// `supervisor overclock boot`.
+pub fn overclock_boot(root: &Path, config: Option<&Path>) -> ExitCode {
+    match load(root, config) {
+        Ok((board, config)) => overclock_outcome(crate::overclock::on_boot(&board, &config)),
+        Err(code) => code,
+    }
+}
+
+/// `supervisor overclock abort`.
+pub fn overclock_abort(root: &Path, config: Option<&Path>) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    match crate::overclock::abort(&board, &config) {
+        Ok(message) => {
+            println!("{message}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
 /// `supervisor config check FILE`.
 pub fn config_check(file: &Path) -> ExitCode {
     match Config::from_file(file) {
@@ -123,6 +215,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         model,
         steps: tune::status(&board, &tune::steps(&config, backend)),
         engine: crate::engine::read_status(&board, &config.model.id),
+        overclock: crate::overclock::status(&board, &config),
     };
     if json {
         match serde_json::to_string_pretty(&status) {

@@ -29,6 +29,8 @@ pub struct Config {
     pub daemon: Daemon,
     /// How the daemon runs the engine.
     pub engine: Engine,
+    /// Safe overclock trials.
+    pub overclock: crate::overclock::config::Overclock,
 }
 
 /// How the daemon launches, watches and restarts the engine.
@@ -509,6 +511,7 @@ impl Config {
                 )));
             }
         }
+        config.overclock.check().map_err(fail)?;
         if config.engine.port == 0 {
             return Err(fail(
                 "engine.port = 0: the engine needs a fixed port the supervisor can probe; use 1-65535"

@@ -66,6 +66,36 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let mut interrupt =
         signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
 
+    // Before anything else: this boot may be an overclock trial to check, or the fallback
+    // after one that hung. A check takes minutes, so systemd's start timeout is extended.
+    let overclock = {
+        let (board, config) = (board.clone(), config.clone());
+        tokio::task::spawn_blocking(move || crate::overclock::on_boot(&board, &config))
+    };
+    tokio::pin!(overclock);
+    let mut extend = tokio::time::interval(Duration::from_secs(10));
+    let outcome = loop {
+        tokio::select! {
+            _ = terminate.recv() => return Ok(()),
+            _ = interrupt.recv() => return Ok(()),
+            _ = extend.tick() => notify(&[NotifyState::ExtendTimeoutUsec(30_000_000)]),
+            done = &mut overclock => break done.map_err(|e| format!("overclock boot check crashed: {e}"))?,
+        }
+    };
+    match outcome {
+        Ok(crate::overclock::Outcome::Continue(message)) => tracing::info!("overclock: {message}"),
+        Ok(crate::overclock::Outcome::Rebooting(message)) => {
+            // systemd stops this service as part of the reboot.
+            notify(&[NotifyState::Ready, NotifyState::Status(&message)]);
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            return Ok(());
+        }
+        Err(e) => tracing::error!("overclock: {e}"),
+    }
+
     let reports = tune::apply(board, &steps, &applier, false).await;
     let model = check_model(board, config, crate::model::reverify(config)).await;
     let status = format!("{}; {model}", summary(&reports));

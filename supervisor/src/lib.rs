@@ -5,7 +5,8 @@
 //! reads or writes on the machine goes through one root ([`board`]), so a simulated board tree
 //! stands in for a real Pi in tests and local runs. It lets the engine run only weights that
 //! match an approved manifest ([`model`], on the `weights` crate), and launches, probes and restarts
-//! the engine on them ([`engine`]). The `supervisor` binary is a thin CLI over [`commands`].
+//! the engine on them ([`engine`]). It finds the highest clock the board computes right at, one
+//! tryboot trial at a time under the hardware watchdog ([`overclock`]). The `supervisor` binary is a thin CLI over [`commands`].
 
 pub mod board;
 pub mod bootloader;
@@ -15,6 +16,7 @@ pub mod daemon;
 pub mod engine;
 pub mod logging;
 pub mod model;
+pub mod overclock;
 pub mod report;
 pub mod systemd;
 pub mod tune;

@@ -52,6 +52,28 @@ enum Command {
         #[command(subcommand)]
         command: WeightsCommand,
     },
+    /// Safe overclock trials through tryboot and the watchdog.
+    Overclock {
+        #[command(subcommand)]
+        command: OverclockCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OverclockCommand {
+    /// The ladder: phase, every trial with its checks, the clock kept.
+    Status {
+        /// Machine-readable output (the `overclock` section of `status --json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start climbing (needs `[overclock] enabled = true`): a check at stock, then one
+    /// tryboot reboot per candidate.
+    Start,
+    /// Stop climbing; stock clocks from the next boot.
+    Abort,
+    /// What the daemon does first at every boot: check, fail or continue the trial.
+    Boot,
 }
 
 #[derive(Subcommand)]
@@ -143,6 +165,12 @@ enum SimCommand {
         #[arg(long, default_value = "pi5-8gb")]
         variant: String,
     },
+    /// Play the firmware for the next boot of the simulated board in DIR (after a reboot the
+    /// supervisor asked for, or a power cut): /run cleared, tryboot, clock, injected faults.
+    Boot {
+        /// The simulated board.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -179,6 +207,17 @@ fn main() -> ExitCode {
             command: ConfigCommand::Check { file },
         } => commands::config_check(&file),
         Command::Weights { command } => weights(&cli.root, config, command),
+        Command::Overclock { command } => match command {
+            OverclockCommand::Status { json } => {
+                commands::overclock_status(&cli.root, config, json)
+            }
+            OverclockCommand::Start => commands::overclock_start(&cli.root, config),
+            OverclockCommand::Abort => commands::overclock_abort(&cli.root, config),
+            OverclockCommand::Boot => commands::overclock_boot(&cli.root, config),
+        },
+        Command::Sim {
+            command: SimCommand::Boot { dir },
+        } => commands::sim_boot(&dir),
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! JSON (`status --json`), schema version 1:
 //! `{ "schema_version": 1, "root": str, "simulated": bool, "board": Facts, "model": ModelStatus,
-//! "steps": [StepReport], "engine": EngineStatus }`
+//! "steps": [StepReport], "engine": EngineStatus, "overclock": OverclockStatus }`
 //! where `StepReport` is `{ name, desired, effective, state, reason }` and `state` is one of
 //! `in-place`, `applied`, `pending-reboot`, `not-applicable`, `failed`, `needs-apply`.
 //! `Facts` is documented field by field on [`crate::board::facts::Facts`]. Keys are only ever added.
@@ -34,6 +34,51 @@ pub struct Status {
     pub steps: Vec<StepReport>,
     /// The engine, as the running daemon last published it.
     pub engine: crate::engine::EngineStatus,
+    /// The overclock ladder: phase, every trial with its checks, the clock kept.
+    pub overclock: crate::overclock::OverclockStatus,
+}
+
+/// The overclock ladder in words: where it stands, then one line per trial.
+pub fn overclock_text(s: &crate::overclock::OverclockStatus) -> String {
+    let mut out = String::new();
+    let r = &s.record;
+    if let Some(e) = &s.error {
+        let _ = writeln!(out, "overclock: unreadable record: {e}");
+        return out;
+    }
+    let phase = serde_json::to_value(r.phase)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "overclock: {phase}{} (run {}): {}",
+        if s.enabled {
+            ""
+        } else {
+            ", disabled in config"
+        },
+        r.run,
+        r.message
+    );
+    let kept = r
+        .result
+        .map_or_else(|| "stock".to_string(), |c| c.to_string());
+    let _ = writeln!(out, "kept: {kept}");
+    for t in &r.trials {
+        let status = serde_json::to_value(t.status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  run {} {:>16}  {status:8}  {}",
+            t.run,
+            t.candidate.to_string(),
+            t.reason
+        );
+    }
+    out
 }
 
 /// The steps as an aligned table, one line each plus an indented reason.

@@ -344,3 +344,69 @@ fn a_model_installed_while_the_supervisor_runs_is_picked_up() {
     assert!(supervisor.wait().expect("wait").success());
     board.wait_no_processes(Duration::from_secs(5));
 }
+
+#[test]
+fn an_overclock_trial_compares_the_engine_output_with_the_one_taken_at_stock() {
+    let board = board_with_model();
+    let binary = engine_binary();
+    board.configure(&format!(
+        "binary = \"{}\"\n\n[overclock]\nenabled = true\ncheck_seconds = 1\nengine_tokens = 16\nsteps = [{{ arm_freq = 2600 }}]\n",
+        binary.display()
+    ));
+    let supervisor = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("--root")
+            .arg(&board.root)
+            .args(args)
+            .output()
+            .expect("supervisor");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    supervisor(&["overclock", "start"]);
+    supervisor(&["sim", "boot", board.root.to_str().expect("utf8")]);
+    supervisor(&["overclock", "boot"]);
+    let overclock = board.status()["overclock"].clone();
+    let reference = overclock["reference"]["engine_sha256"]
+        .as_str()
+        .expect("reference taken at stock");
+    assert_eq!(reference.len(), 64, "{overclock:#}");
+    let trial = &overclock["trials"][0];
+    assert_eq!(trial["status"], "passed", "{overclock:#}");
+    assert_eq!(trial["checks"]["engine_sha256"], reference);
+    assert!(
+        trial["reason"]
+            .as_str()
+            .expect("reason")
+            .contains("engine output identical")
+    );
+
+    // The box rebooted onto the kept clock (2600 minus the margin).
+    assert_eq!(overclock["result"]["arm_freq"], 2500);
+    supervisor(&["sim", "boot", board.root.to_str().expect("utf8")]);
+
+    // Weights that no longer verify cannot vouch for a clock: the next start refuses.
+    let model = board.status()["model"]["path"]
+        .as_str()
+        .expect("model path")
+        .to_string();
+    let mut bytes = std::fs::read(&model).expect("model");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&model, bytes).expect("tamper");
+    let out = Command::new(BIN)
+        .arg("--root")
+        .arg(&board.root)
+        .args(["overclock", "start"])
+        .output()
+        .expect("start");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("engine check needs the verified model"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

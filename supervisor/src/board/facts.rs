@@ -210,17 +210,42 @@ impl Board {
         })
     }
 
-    /// The firmware's throttle bits, wherever this kernel exposes `get_throttled`.
+    /// The firmware's throttle report, decoded.
     pub fn throttle(&self) -> BoardResult<Throttle> {
+        self.throttle_bits().map(Throttle::decode)
+    }
+
+    /// The SoC temperature in °C.
+    pub fn temperature_c(&self) -> BoardResult<f64> {
+        let text = self.read_value(paths::THERMAL_ZONE0_TEMP)?;
+        let milli: f64 = text.parse().map_err(|_| {
+            parse_failure(paths::THERMAL_ZONE0_TEMP, "expected millidegrees Celsius")
+        })?;
+        Ok(milli / 1000.0)
+    }
+
+    /// Whether the hardware watchdog is armed (someone, normally systemd, holds it open), and
+    /// its timeout in seconds.
+    pub fn watchdog(&self) -> BoardResult<(bool, u64)> {
+        let state = self.read_value(&format!("{}/state", paths::WATCHDOG0))?;
+        let timeout = format!("{}/timeout", paths::WATCHDOG0);
+        let seconds = self
+            .read_value(&timeout)?
+            .parse()
+            .map_err(|_| parse_failure(&timeout, "expected seconds"))?;
+        Ok((state == "active", seconds))
+    }
+
+    /// The firmware's throttle bits, wherever this kernel exposes `get_throttled`.
+    pub fn throttle_bits(&self) -> BoardResult<u32> {
         let path = self.find_get_throttled()?.ok_or_else(|| BoardError {
             op: "finding",
             path: format!("{}/**/{}", paths::PLATFORM_DIR, paths::GET_THROTTLED),
             source: io::Error::from(io::ErrorKind::NotFound),
         })?;
         let text = self.read_value(&path)?;
-        let bits = u32::from_str_radix(text.trim_start_matches("0x"), 16)
-            .map_err(|_| parse_failure(&path, "expected a hexadecimal bit field"))?;
-        Ok(Throttle::decode(bits))
+        u32::from_str_radix(text.trim_start_matches("0x"), 16)
+            .map_err(|_| parse_failure(&path, "expected a hexadecimal bit field"))
     }
 
     fn find_get_throttled(&self) -> BoardResult<Option<String>> {
@@ -257,11 +282,7 @@ impl Board {
         let first = policies.first().cloned();
         Facts {
             model: self.read_value(paths::DT_MODEL).ok(),
-            temperature_c: self
-                .read_value(paths::THERMAL_ZONE0_TEMP)
-                .ok()
-                .and_then(|t| t.parse::<f64>().ok())
-                .map(|milli| (milli / 100.0).round() / 10.0),
+            temperature_c: self.temperature_c().ok().map(|c| (c * 10.0).round() / 10.0),
             throttle: self.throttle().ok(),
             cpu_mhz: first
                 .as_ref()

@@ -10,6 +10,7 @@ pub mod eeprom;
 pub mod facts;
 pub mod paths;
 pub mod sim;
+pub mod sim_firmware;
 
 use std::fmt;
 use std::fs;
@@ -196,7 +197,71 @@ impl Board {
                 io::Error::new(io::ErrorKind::PermissionDenied, "file is read-only"),
             ));
         }
-        durable::replace(&path, contents).map_err(|e| self.err("replacing", box_path, e))
+        durable::replace(&path, contents).map_err(|e| self.err("replacing", box_path, e))?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// Removes a regular file durably (the removal is on disk when this returns); an absent
+    /// file is already removed.
+    pub fn remove_file(&self, box_path: &str) -> BoardResult<()> {
+        let path = self.path(box_path);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(self.err("removing", box_path, e)),
+        }
+        if let Some(dir) = path.parent() {
+            durable::sync_dir(dir).map_err(|e| self.err("removing", box_path, e))?;
+        }
+        self.wrote();
+        Ok(())
+    }
+
+    /// A simulated board may lose power after any durable write (tests inject that).
+    fn wrote(&self) {
+        if self.simulated {
+            sim_firmware::after_durable_write(&self.root);
+        }
+    }
+
+    /// Reboots the board; with `tryboot` the firmware boots `tryboot.txt` once. Returns when
+    /// the reboot is under way (the caller should do nothing more of consequence).
+    pub fn reboot(&self, tryboot: bool) -> BoardResult<()> {
+        if tryboot {
+            self.create_dir_all("/run/systemd")?;
+            self.replace_file(paths::REBOOT_PARAM, b"0 tryboot")?;
+        } else {
+            self.remove_file(paths::REBOOT_PARAM)?;
+        }
+        if self.simulated {
+            return sim_firmware::request_reboot(&self.root)
+                .map_err(|e| self.err("rebooting", "/", e));
+        }
+        // systemctl hands PID 1 the reboot job; systemd-shutdown passes reboot-param on.
+        let status = Command::new("systemctl")
+            .arg("reboot")
+            .status()
+            .map_err(|e| self.err("running systemctl reboot for", "/", e))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(self.err(
+                "rebooting",
+                "/",
+                io::Error::other(format!("systemctl reboot exited with {status}")),
+            ))
+        }
+    }
+
+    /// Bits a simulated CPU flips in computed results (always 0 on a real board, whose faults
+    /// are real): lets tests show that a wrong computation fails a stability check.
+    pub fn compute_corruption(&self) -> u64 {
+        if self.simulated {
+            sim_firmware::compute_corruption(&self.root)
+        } else {
+            0
+        }
     }
 
     /// Creates a directory and its missing parents (runtime state under `/run`).

@@ -22,6 +22,12 @@ pub const PLATFORM_DIR: &str = "/sys/devices/platform";
 /// Name of the firmware's throttle-status attribute.
 pub const GET_THROTTLED: &str = "get_throttled";
 
+/// The hardware watchdog as the kernel's watchdog core reports it (`state`, `timeout`).
+pub const WATCHDOG0: &str = "/sys/class/watchdog/watchdog0";
+/// The argument systemd passes to the reboot syscall (`0 tryboot` asks the firmware for one
+/// tryboot boot); on tmpfs, so a power cut forgets it.
+pub const REBOOT_PARAM: &str = "/run/systemd/reboot-param";
+
 /// The cgroup v2 root.
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 

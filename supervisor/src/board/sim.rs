@@ -220,6 +220,17 @@ fn write_thermal(tree: &Tree, variant: Variant) -> io::Result<()> {
     } else {
         ("48250", "0")
     };
+    // systemd's RuntimeWatchdogSec has the hardware watchdog open and armed.
+    for (name, value) in [
+        ("identity", "bcm2835-wdt"),
+        ("state", "active"),
+        ("timeout", "30"),
+    ] {
+        tree.file(
+            &format!("sys/class/watchdog/watchdog0/{name}"),
+            &format!("{value}\n"),
+        )?;
+    }
     tree.file("sys/class/thermal/thermal_zone0/type", "cpu-thermal\n")?;
     tree.file("sys/class/thermal/thermal_zone0/temp", &format!("{temp}\n"))?;
     tree.file(
@@ -311,10 +322,23 @@ fn write_device_tree(tree: &Tree, variant: Variant) -> io::Result<()> {
 }
 
 fn write_boot_partition(tree: &Tree, variant: Variant) -> io::Result<()> {
-    tree.file(
-        "boot/firmware/config.txt",
-        "# Written by the image build from config.txt.d/; do not edit by hand.\n[all]\narm_64bit=1\nkernel=vmlinuz\ninitramfs initrd.img followkernel\n",
-    )?;
+    // As the image lays it out: the fragments, and config.txt assembled from them.
+    let fragments = [config_txt::Fragment {
+        name: "10-boot.txt".into(),
+        text: "[all]\narm_64bit=1\nkernel=vmlinuz\ninitramfs initrd.img followkernel\n".into(),
+    }];
+    for fragment in &fragments {
+        tree.file(
+            &format!(
+                "boot/firmware/{}/{}",
+                config_txt::FRAGMENT_DIR,
+                fragment.name
+            ),
+            &fragment.text,
+        )?;
+    }
+    let config = config_txt::assemble(&fragments, "config.txt.d").map_err(invalid)?;
+    tree.file("boot/firmware/config.txt", &config)?;
     let cmdline = if variant == Variant::NoMemcg {
         CMDLINE_TXT.to_string()
     } else {

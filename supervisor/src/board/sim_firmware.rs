@@ -1,0 +1,177 @@
+//! A simulated board's firmware and power supply: what happens between one boot and the next.
+//!
+//! On a box, `systemctl reboot` ends the running system and the firmware starts the next boot
+//! from `config.txt`, or once from `tryboot.txt` when the reboot asked for `0 tryboot`. Here a
+//! reboot request only leaves a marker (the process that asked is expected to end, as it would
+//! when systemd stops it), and `supervisor sim boot` plays the firmware: it clears `/run` (tmpfs),
+//! chooses the config file, sets `chosen/bootloader/tryboot`, and gives the board the clock the
+//! chosen file asks for, with the faults a test injected:
+//!
+//! - `.appliance-sim-faults.toml` at the board root: `hang_from_mhz` (a boot at that clock or
+//!   above hangs and the watchdog resets the board, which then boots `config.txt`),
+//!   `miscompute_from_mhz` (the CPU silently computes wrong results), `hot_from_mhz` (the SoC
+//!   runs at 86 °C), `throttle_from_mhz` (the firmware caps the Arm clock);
+//! - `.appliance-sim-power-cut` holding N: the power fails right after the Nth durable write
+//!   from now (the process dies; `/run` and any reboot request are lost).
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::paths;
+
+/// Left by a reboot request: the next `sim boot` is an orderly reboot, not a power cycle.
+const REBOOT_REQUESTED: &str = ".appliance-sim-reboot";
+/// Faults the test injected.
+pub const FAULTS: &str = ".appliance-sim-faults.toml";
+/// Durable writes left before the power fails.
+pub const POWER_CUT: &str = ".appliance-sim-power-cut";
+/// Present while the CPU miscomputes; holds the bits it flips.
+const CPU_FAULT: &str = ".appliance-sim-cpu-fault";
+/// One line per boot.
+pub const BOOT_LOG: &str = ".appliance-sim-boots.log";
+/// Exit status of a process the simulated power cut ended (as if killed by SIGKILL).
+pub const POWER_CUT_EXIT: i32 = 137;
+
+const STOCK_MHZ: u32 = 2400;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Faults {
+    hang_from_mhz: Option<u32>,
+    miscompute_from_mhz: Option<u32>,
+    hot_from_mhz: Option<u32>,
+    throttle_from_mhz: Option<u32>,
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+fn rel(box_path: &str) -> &str {
+    box_path.trim_start_matches('/')
+}
+
+fn faults(root: &Path) -> io::Result<Faults> {
+    match fs::read_to_string(root.join(FAULTS)) {
+        Ok(text) => toml::from_str(&text).map_err(|e| invalid(format!("{FAULTS}: {e}"))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Faults::default()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Counts one durable write against an injected power cut; the process ends when it is due.
+pub fn after_durable_write(root: &Path) {
+    let path = root.join(POWER_CUT);
+    let Ok(text) = fs::read_to_string(&path) else {
+        return;
+    };
+    let left: u64 = text.trim().parse().unwrap_or(0);
+    if left <= 1 {
+        let _ = fs::remove_file(&path);
+        eprintln!("simulated power cut");
+        std::process::exit(POWER_CUT_EXIT);
+    }
+    let _ = fs::write(&path, format!("{}\n", left - 1));
+}
+
+/// The machine goes down for a reboot (systemd would now stop every service).
+pub fn request_reboot(root: &Path) -> io::Result<()> {
+    fs::write(root.join(REBOOT_REQUESTED), "")
+}
+
+/// Bits the simulated CPU flips in computed results (0: it computes correctly).
+pub fn compute_corruption(root: &Path) -> u64 {
+    fs::read_to_string(root.join(CPU_FAULT))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// What one simulated boot did, in words (also appended to [`BOOT_LOG`]).
+pub fn boot(root: &Path) -> io::Result<String> {
+    let orderly = root.join(REBOOT_REQUESTED).exists();
+    let param = fs::read_to_string(root.join(rel(paths::REBOOT_PARAM))).unwrap_or_default();
+    let mut tryboot = orderly && param.split_whitespace().any(|w| w == "tryboot");
+    // /run is a tmpfs: nothing in it survives.
+    let run = root.join("run");
+    if run.exists() {
+        fs::remove_dir_all(&run)?;
+    }
+    fs::create_dir_all(&run)?;
+    let _ = fs::remove_file(root.join(REBOOT_REQUESTED));
+    let faults = faults(root)?;
+    let boot_dir = root.join("boot/firmware");
+    let mut story = if orderly { "reboot" } else { "power on" }.to_string();
+    let (file, mhz) = loop {
+        // The firmware clears the flag before it starts; without tryboot.txt it reads config.txt.
+        let file = if tryboot && boot_dir.join("tryboot.txt").is_file() {
+            "tryboot.txt"
+        } else {
+            "config.txt"
+        };
+        let text = fs::read_to_string(boot_dir.join(file))?;
+        let mhz = match config_txt::setting(&text, "arm_freq") {
+            None => STOCK_MHZ,
+            Some(v) => v
+                .parse()
+                .map_err(|_| invalid(format!("{file}: arm_freq={v} is not a number")))?,
+        };
+        if faults.hang_from_mhz.is_some_and(|h| mhz >= h) {
+            if !tryboot {
+                return Err(invalid(format!(
+                    "bricked: {file} asks for {mhz} MHz, which hangs, and there is no tryboot to fall back from"
+                )));
+            }
+            story.push_str(&format!(
+                "; {file} at {mhz} MHz hung, the watchdog reset the board"
+            ));
+            tryboot = false;
+            continue;
+        }
+        break (file, mhz);
+    };
+    let base = rel(paths::DT_BOOTLOADER);
+    fs::write(
+        root.join(base).join("tryboot"),
+        u32::from(tryboot).to_be_bytes(),
+    )?;
+    let policy = root.join(rel(paths::CPUFREQ_DIR)).join("policy0");
+    let khz = format!("{}\n", u64::from(mhz) * 1000);
+    for name in ["cpuinfo_max_freq", "scaling_max_freq", "scaling_cur_freq"] {
+        fs::write(policy.join(name), &khz)?;
+    }
+    let hot = faults.hot_from_mhz.is_some_and(|h| mhz >= h);
+    let capped = faults.throttle_from_mhz.is_some_and(|h| mhz >= h);
+    let temp = if hot { "86000" } else { "48250" };
+    fs::write(
+        root.join(rel(paths::THERMAL_ZONE0_TEMP)),
+        format!("{temp}\n"),
+    )?;
+    // Arm frequency capped, now and since boot.
+    let throttled = if capped { "20002" } else { "0" };
+    fs::write(
+        root.join("sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled"),
+        format!("{throttled}\n"),
+    )?;
+    let miscompute = faults.miscompute_from_mhz.is_some_and(|h| mhz >= h);
+    if miscompute {
+        fs::write(root.join(CPU_FAULT), "4096\n")?;
+    } else {
+        let _ = fs::remove_file(root.join(CPU_FAULT));
+    }
+    story.push_str(&format!(
+        "; booted {file}{} at {mhz} MHz{}{}{}",
+        if tryboot { " (tryboot)" } else { "" },
+        if hot { ", 86 °C" } else { "" },
+        if capped { ", clock capped" } else { "" },
+        if miscompute { ", miscomputing" } else { "" },
+    ));
+    let mut log = fs::read_to_string(root.join(BOOT_LOG)).unwrap_or_default();
+    log.push_str(&story);
+    log.push('\n');
+    fs::write(root.join(BOOT_LOG), log)?;
+    Ok(story)
+}

@@ -1,0 +1,250 @@
+//! The stability check a candidate clock must pass: the verified all-core load for the
+//! configured time while the temperature and the firmware's throttle bits are sampled, then the
+//! engine's greedy output for a fixed prompt, hashed and compared with the one taken at stock.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::load::{ANSWERS, unit_answer};
+use crate::board::Board;
+use crate::config::Config;
+
+/// Live and sticky under-voltage, frequency cap, throttling and soft temperature limit.
+const THROTTLE_MASK: u32 = 0x000f_000f;
+/// How often temperature and throttling are read.
+const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+/// The prompt whose greedy continuation must not change with the clock.
+pub const ENGINE_PROMPT: &str = "The three primary colours of light are";
+/// How long the engine may take for that continuation.
+const ENGINE_DEADLINE: Duration = Duration::from_secs(600);
+
+/// What one check measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// Whether every part passed.
+    pub passed: bool,
+    /// The first thing that failed, or a summary of the pass.
+    pub reason: String,
+    /// The clock the kernel reported during the check, MHz.
+    pub clock_mhz: Option<u64>,
+    /// Seconds the load ran.
+    pub seconds: f64,
+    /// Threads that ran it.
+    pub threads: usize,
+    /// Units of work checked.
+    pub units: u64,
+    /// Units whose result was wrong.
+    pub wrong_units: u64,
+    /// The highest temperature sampled, °C.
+    pub max_temperature_c: Option<f64>,
+    /// The throttle bits seen (all samples ORed), as `get_throttled` prints them.
+    pub throttle: Option<String>,
+    /// SHA-256 of the engine's output; `None` when the engine check is off.
+    pub engine_sha256: Option<String>,
+}
+
+/// Runs the check. `reference` is the engine hash taken at stock (`None` while taking it);
+/// `stop` is asked between samples and ends the check early (an abort).
+pub fn run(
+    board: &Board,
+    config: &Config,
+    reference: Option<&str>,
+    stop: &dyn Fn() -> bool,
+) -> CheckReport {
+    let oc = &config.overclock;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let corruption = board.compute_corruption();
+    let done = AtomicBool::new(false);
+    let units = AtomicU64::new(0);
+    let wrong = AtomicU64::new(0);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(oc.check_seconds);
+    let mut max_temperature: Option<f64> = None;
+    let mut throttle_seen = 0u32;
+    let mut failure: Option<String> = None;
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (done, units, wrong) = (&done, &units, &wrong);
+            scope.spawn(move || {
+                let mut k = t % ANSWERS.len();
+                while !done.load(Ordering::Relaxed) {
+                    if unit_answer(k, corruption) != ANSWERS[k] {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                    units.fetch_add(1, Ordering::Relaxed);
+                    k = (k + 1) % ANSWERS.len();
+                }
+            });
+        }
+        loop {
+            match board.temperature_c() {
+                Ok(c) => {
+                    max_temperature = Some(max_temperature.map_or(c, |m: f64| m.max(c)));
+                    if c > f64::from(oc.temperature_limit_c) {
+                        failure = Some(format!(
+                            "{c:.1} °C after {:.0} s, over the {} °C limit",
+                            started.elapsed().as_secs_f64(),
+                            oc.temperature_limit_c
+                        ));
+                    }
+                }
+                Err(e) => failure = Some(format!("cannot read the temperature: {e}")),
+            }
+            match board.throttle_bits() {
+                Ok(bits) => {
+                    throttle_seen |= bits;
+                    if bits & THROTTLE_MASK != 0 && failure.is_none() {
+                        let words = crate::board::facts::Throttle::decode(bits & THROTTLE_MASK);
+                        failure = Some(format!(
+                            "the firmware reports throttling ({bits:#x}): now [{}], since boot [{}]",
+                            words.now.join(", "),
+                            words.since_boot.join(", ")
+                        ));
+                    }
+                }
+                Err(e) => failure = Some(format!("cannot read the throttle bits: {e}")),
+            }
+            if wrong.load(Ordering::Relaxed) > 0 && failure.is_none() {
+                failure = Some("the compute load got a wrong answer".into());
+            }
+            if failure.is_none() && stop() {
+                failure = Some("stopped by overclock abort".into());
+            }
+            if failure.is_some() || Instant::now() >= deadline {
+                done.store(true, Ordering::Relaxed);
+                break;
+            }
+            std::thread::sleep(
+                SAMPLE_EVERY.min(deadline.saturating_duration_since(Instant::now())),
+            );
+        }
+    });
+    let units = units.load(Ordering::Relaxed);
+    let wrong = wrong.load(Ordering::Relaxed);
+    if wrong > 0 && failure.as_deref() != Some("stopped by overclock abort") {
+        failure = Some(format!(
+            "{wrong} of {units} units of the compute load gave a wrong answer"
+        ));
+    }
+    let mut report = CheckReport {
+        passed: false,
+        reason: String::new(),
+        clock_mhz: board.facts().cpu_max_mhz,
+        seconds: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+        threads,
+        units,
+        wrong_units: wrong,
+        max_temperature_c: max_temperature.map(|c| (c * 10.0).round() / 10.0),
+        throttle: Some(format!("{throttle_seen:#x}")),
+        engine_sha256: None,
+    };
+    if let Some(reason) = failure {
+        report.reason = reason;
+        return report;
+    }
+    if oc.engine_check {
+        match engine_output_sha256(board, config) {
+            Ok(hash) => {
+                if let Some(expected) = reference {
+                    if hash != expected {
+                        report.reason = format!(
+                            "the engine's greedy output changed: sha256 {hash}, at stock {expected}"
+                        );
+                        report.engine_sha256 = Some(hash);
+                        return report;
+                    }
+                }
+                report.engine_sha256 = Some(hash);
+            }
+            Err(e) => {
+                report.reason = format!("the engine check could not run: {e}");
+                return report;
+            }
+        }
+    }
+    report.passed = true;
+    report.reason = format!(
+        "{units} units right in {:.0} s on {threads} threads, at most {}{}",
+        report.seconds,
+        report
+            .max_temperature_c
+            .map_or("unknown".into(), |c| format!("{c:.1} °C")),
+        if oc.engine_check {
+            ", engine output identical"
+        } else {
+            ""
+        }
+    );
+    report
+}
+
+/// SHA-256 of `engine generate`'s greedy output for [`ENGINE_PROMPT`] on the verified model.
+fn engine_output_sha256(board: &Board, config: &Config) -> Result<String, String> {
+    let approved = crate::model::check(board, config, crate::model::reverify(config))
+        .map_err(|e| format!("model {} not usable: {e}", config.model.id))?;
+    let program = config
+        .engine
+        .binary
+        .clone()
+        .map_or_else(crate::engine::default_binary, std::path::PathBuf::from);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut child = Command::new(&program)
+        .arg("generate")
+        .arg("--model")
+        .arg(&approved.path)
+        .args(["--prompt", ENGINE_PROMPT, "--temp", "0", "--json"])
+        .args(["--n-predict", &config.overclock.engine_tokens.to_string()])
+        .args(["--threads", &threads.to_string(), "--ctx-size", "512"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+    // Both pipes are drained while the engine runs, so a chatty engine cannot block on them.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + ENGINE_DEADLINE;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer in {} s", ENGINE_DEADLINE.as_secs()));
+            }
+            Err(e) => return Err(format!("waiting for the engine: {e}")),
+        }
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    if !status.success() {
+        let stderr = String::from_utf8_lossy(&stderr);
+        let last = stderr.lines().last().unwrap_or("").trim();
+        return Err(format!("engine generate failed ({status}): {last}"));
+    }
+    Ok(weights::hash::to_hex(&weights::hash::sha256(&stdout)))
+}

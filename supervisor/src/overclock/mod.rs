@@ -1,0 +1,353 @@
+//! Safe overclock trials: the ladder of candidate clocks, each tried once through the
+//! firmware's tryboot under the hardware watchdog, kept only if a verified compute load, the
+//! temperature, the throttle bits and the engine's output all pass.
+//!
+//! The record on the data partition ([`store`]) is written before every step that could end
+//! the boot, so at each boot [`on_boot`] knows what was happening: a trial still `running` in a
+//! tryboot boot is checked now; one still `running` in a normal boot hung or reset (the firmware
+//! fell back to `config.txt`) and fails for good. `config.txt` only ever changes by atomic
+//! replacement with the assembly of `config.txt.d/` ([`bootfiles`]), and every boot converges
+//! the boot files on what the record says, so a power cut between any two writes leaves a
+//! known-good, complete config and a record that says what happened.
+
+mod bootfiles;
+mod check;
+pub mod config;
+mod load;
+mod record;
+mod store;
+
+use serde::Serialize;
+
+use crate::board::Board;
+use crate::config::Config;
+use config::STOCK_ARM_FREQ;
+pub use record::{Phase, Record, Trial, TrialStatus};
+
+/// What a call left the board doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The boot goes on; the message says where the ladder stands.
+    Continue(String),
+    /// A reboot is under way; nothing more of consequence should run.
+    Rebooting(String),
+}
+
+/// The `overclock` section of `status --json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OverclockStatus {
+    /// Whether `[overclock] enabled` allows starting a ladder.
+    pub enabled: bool,
+    /// Why the record could not be read, if it could not.
+    pub error: Option<String>,
+    /// The record (a fresh one when no ladder was ever started).
+    #[serde(flatten)]
+    pub record: Record,
+}
+
+/// The ladder's state for `status`.
+pub fn status(board: &Board, config: &Config) -> OverclockStatus {
+    let (record, error) = match store::load(board, config) {
+        Ok(record) => (record.unwrap_or_default(), None),
+        Err(e) => (Record::default(), Some(e)),
+    };
+    OverclockStatus {
+        enabled: config.overclock.enabled,
+        error,
+        record,
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn watchdog_armed(board: &Board) -> Result<(), String> {
+    match board.watchdog() {
+        Ok((true, timeout)) => {
+            tracing::info!("hardware watchdog armed, {timeout} s timeout");
+            Ok(())
+        }
+        Ok((false, _)) => Err(
+            "the hardware watchdog is not armed (nothing holds /dev/watchdog open): set RuntimeWatchdogSec in systemd's system.conf"
+                .into(),
+        ),
+        Err(e) => Err(format!("cannot tell whether the hardware watchdog is armed: {e}")),
+    }
+}
+
+/// `supervisor overclock start`: opens a new run. The reference is taken at stock clock, so a
+/// box running an earlier result reboots to stock first; the first trial follows.
+pub fn start(board: &Board, config: &Config) -> Result<Outcome, String> {
+    let oc = &config.overclock;
+    if !oc.enabled {
+        return Err(
+            "overclocking is off: set `enabled = true` under [overclock] in /etc/appliance/appliance.toml (or the boot partition's appliance.toml) first"
+                .into(),
+        );
+    }
+    let mut record = store::load(board, config)?.unwrap_or_default();
+    if record.phase == Phase::Climbing {
+        return Err(format!(
+            "a ladder is already being climbed ({}); `supervisor overclock abort` stops it",
+            record.message
+        ));
+    }
+    if board.boot_info().is_ok_and(|b| b.tryboot) {
+        return Err("this is a tryboot boot; start after a normal reboot".into());
+    }
+    bootfiles::fragments(board)?;
+    watchdog_armed(board)?;
+    if oc.engine_check {
+        crate::model::check(board, config, crate::model::reverify(config)).map_err(|e| {
+            format!(
+                "the engine check needs the verified model {}: {e} (or set engine_check = false under [overclock])",
+                config.model.id
+            )
+        })?;
+    }
+    record.run += 1;
+    record.phase = Phase::Climbing;
+    record.reference = None;
+    record.result = None;
+    record.message = format!("run {} started", record.run);
+    store::save(board, config, &record)?;
+    let changed = bootfiles::promote(board, None)?;
+    bootfiles::remove_tryboot(board)?;
+    climb(board, config, record, changed)
+}
+
+/// `supervisor overclock abort`: stops the ladder (a running trial is marked aborted) and
+/// returns `config.txt` to stock clocks, which take effect at the next boot.
+pub fn abort(board: &Board, config: &Config) -> Result<String, String> {
+    let Some(mut record) = store::load(board, config)? else {
+        return Err("no overclock ladder was ever started; nothing to abort".into());
+    };
+    if record.phase == Phase::Idle || record.phase == Phase::Aborted {
+        return Err(format!("nothing to abort: {}", record.message));
+    }
+    if let Some(trial) = record.running_mut() {
+        trial.status = TrialStatus::Aborted;
+        trial.reason = "stopped by overclock abort".into();
+        trial.ended_unix = Some(now_unix());
+    }
+    record.phase = Phase::Aborted;
+    record.result = None;
+    record.message = "aborted: stock clocks from the next boot".into();
+    store::save(board, config, &record)?;
+    bootfiles::promote(board, None)?;
+    bootfiles::remove_tryboot(board)?;
+    Ok(record.message)
+}
+
+/// What the daemon does first at every boot: finish or fail the trial this boot was for,
+/// converge the boot files on the record, and go on climbing.
+pub fn on_boot(board: &Board, config: &Config) -> Result<Outcome, String> {
+    let Some(mut record) = store::load(board, config)? else {
+        return Ok(Outcome::Continue(
+            "no overclock ladder was ever started".into(),
+        ));
+    };
+    let tryboot = board.boot_info().is_ok_and(|b| b.tryboot);
+    let margin = config.overclock.margin_mhz;
+    if let Some(trial) = record.running_mut() {
+        let candidate = trial.candidate;
+        let interrupted = trial.checking_since_unix.is_some();
+        if tryboot && !interrupted {
+            trial.checking_since_unix = Some(now_unix());
+            record.message = format!("checking {candidate} in its tryboot boot");
+            store::save(board, config, &record)?;
+            return check_trial(board, config, record);
+        }
+        let reason = match (tryboot, interrupted) {
+            (true, _) => "the supervisor restarted during the check (it crashed or was killed)",
+            (false, true) => {
+                "the board reset during the check (a hang, crash or power loss); the firmware fell back to config.txt"
+            }
+            (false, false) => {
+                "the board came back on config.txt before the check began: it hung or reset booting the candidate, or lost power"
+            }
+        };
+        fail(trial, reason);
+        record.finish(margin);
+        record.message = format!("{candidate} failed: {reason}; {}", record.message);
+        store::save(board, config, &record)?;
+        return settle(board, &record, tryboot);
+    }
+    let changed = bootfiles::promote(board, record.promoted())?;
+    bootfiles::remove_tryboot(board)?;
+    match record.phase {
+        Phase::Climbing => climb(board, config, record, tryboot || changed),
+        Phase::Done => settle(board, &record, changed),
+        Phase::Idle | Phase::Aborted => Ok(Outcome::Continue(record.message)),
+    }
+}
+
+fn fail(trial: &mut Trial, reason: &str) {
+    trial.status = TrialStatus::Failed;
+    trial.reason = reason.to_string();
+    trial.ended_unix = Some(now_unix());
+}
+
+/// Converges the boot files on a finished (or aborted) record and reboots when the running
+/// clock is not the one kept.
+fn settle(board: &Board, record: &Record, stale_boot: bool) -> Result<Outcome, String> {
+    let changed = bootfiles::promote(board, record.promoted())?;
+    bootfiles::remove_tryboot(board)?;
+    if stale_boot || changed {
+        let message = format!("{}; rebooting into it", record.message);
+        tracing::warn!("overclock: {message}");
+        board.reboot(false).map_err(|e| e.to_string())?;
+        return Ok(Outcome::Rebooting(message));
+    }
+    Ok(Outcome::Continue(record.message.clone()))
+}
+
+fn aborted(board: &Board, config: &Config) -> bool {
+    store::load(board, config).is_ok_and(|r| r.is_none_or(|r| r.phase != Phase::Climbing))
+}
+
+/// The checks of the trial this tryboot boot is for, then the verdict.
+fn check_trial(board: &Board, config: &Config, record: Record) -> Result<Outcome, String> {
+    let reference = record
+        .reference
+        .as_ref()
+        .and_then(|r| r.engine_sha256.clone());
+    let report = match watchdog_armed(board) {
+        Ok(()) => Some(check::run(board, config, reference.as_deref(), &|| {
+            aborted(board, config)
+        })),
+        Err(e) => {
+            tracing::error!("overclock: {e}");
+            None
+        }
+    };
+    // `overclock abort` may have rewritten the record meanwhile; it wins.
+    let mut record = store::load(board, config)?.unwrap_or(record);
+    let Some(trial) = record.running_mut() else {
+        return settle(board, &record, true);
+    };
+    let candidate = trial.candidate;
+    trial.ended_unix = Some(now_unix());
+    let passed = report.as_ref().is_some_and(|r| r.passed);
+    match &report {
+        Some(r) => trial.reason = r.reason.clone(),
+        None => {
+            trial.reason = "the hardware watchdog was not armed, so the trial was not run".into()
+        }
+    }
+    trial.checks = report;
+    if passed {
+        trial.status = TrialStatus::Passed;
+        record.message = format!("{candidate} passed; promoted into config.txt");
+        tracing::info!("overclock: {}", record.message);
+        store::save(board, config, &record)?;
+        bootfiles::promote(board, record.promoted())?;
+        bootfiles::remove_tryboot(board)?;
+        return climb(board, config, record, true);
+    }
+    trial.status = TrialStatus::Failed;
+    let reason = trial.reason.clone();
+    record.finish(config.overclock.margin_mhz);
+    record.message = format!("{candidate} failed: {reason}; {}", record.message);
+    tracing::warn!("overclock: {}", record.message);
+    store::save(board, config, &record)?;
+    settle(board, &record, true)
+}
+
+/// Takes the stock reference if the run has none, then arms the next trial or finishes.
+/// `stale_boot`: the running clock is not what `config.txt` now says.
+fn climb(
+    board: &Board,
+    config: &Config,
+    mut record: Record,
+    stale_boot: bool,
+) -> Result<Outcome, String> {
+    let oc = &config.overclock;
+    if record.reference.is_none() {
+        if let Some(reason) = not_at_stock(board, stale_boot)? {
+            record.message = format!("{reason}: rebooting to stock clocks to take the reference");
+            store::save(board, config, &record)?;
+            board.reboot(false).map_err(|e| e.to_string())?;
+            return Ok(Outcome::Rebooting(record.message));
+        }
+        tracing::info!(
+            "overclock: taking the reference at stock clock ({} s of verified load)",
+            oc.check_seconds
+        );
+        let report = check::run(board, config, None, &|| aborted(board, config));
+        let Some(mut now) = store::load(board, config)? else {
+            return Err("the overclock record disappeared during the reference check".into());
+        };
+        if now.phase != Phase::Climbing {
+            return Ok(Outcome::Continue(now.message));
+        }
+        if !report.passed {
+            now.phase = Phase::Aborted;
+            now.message = format!(
+                "the stability check fails at stock clock ({}); fix cooling or power before overclocking",
+                report.reason
+            );
+            now.reference = Some(report);
+            store::save(board, config, &now)?;
+            return Ok(Outcome::Continue(now.message));
+        }
+        now.reference = Some(report);
+        record = now;
+    }
+    let Some(candidate) = record.next_candidate(&oc.steps) else {
+        record.finish(oc.margin_mhz);
+        tracing::info!("overclock: {}", record.message);
+        store::save(board, config, &record)?;
+        return settle(board, &record, stale_boot);
+    };
+    if let Err(e) = watchdog_armed(board) {
+        record.phase = Phase::Aborted;
+        record.message = format!("stopped before trying {candidate}: {e}");
+        store::save(board, config, &record)?;
+        bootfiles::promote(board, None)?;
+        return Ok(Outcome::Continue(record.message));
+    }
+    bootfiles::write_tryboot(board, candidate)?;
+    record.trials.push(Trial {
+        run: record.run,
+        candidate,
+        status: TrialStatus::Running,
+        reason: "rebooting into it once with tryboot".into(),
+        started_unix: now_unix(),
+        checking_since_unix: None,
+        ended_unix: None,
+        checks: None,
+    });
+    record.message = format!("trying {candidate}: rebooting into it once with tryboot");
+    tracing::info!("overclock: {}", record.message);
+    store::save(board, config, &record)?;
+    board.reboot(true).map_err(|e| e.to_string())?;
+    Ok(Outcome::Rebooting(record.message))
+}
+
+/// Why the running clock is not stock (`None` when it is). A `config.txt` that itself asks for
+/// more than stock outside the ladder's fragment is an error: rebooting would not help.
+fn not_at_stock(board: &Board, stale_boot: bool) -> Result<Option<String>, String> {
+    let boot = board.boot_dir().map_err(|e| e.to_string())?;
+    let config_txt = board
+        .read(&format!("{boot}/config.txt"))
+        .map_err(|e| e.to_string())?;
+    if let Some(v) = config_txt::setting(&config_txt, "arm_freq") {
+        if v.parse::<u32>().map_or(true, |mhz| mhz > STOCK_ARM_FREQ) {
+            return Err(format!(
+                "{boot}/config.txt sets arm_freq={v} outside the ladder's fragment; remove it from config.txt.d to let the ladder find the clock"
+            ));
+        }
+    }
+    if stale_boot {
+        return Ok(Some("this boot's config.txt changed".into()));
+    }
+    Ok(board
+        .facts()
+        .cpu_max_mhz
+        .filter(|mhz| *mhz > u64::from(STOCK_ARM_FREQ))
+        .map(|mhz| format!("the board runs at {mhz} MHz")))
+}
