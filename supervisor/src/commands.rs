@@ -247,6 +247,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
                 .unwrap_or_default()
         );
         println!("        {}", e.reason);
+        print!("{}", report::overclock_text(&status.overclock));
         println!();
         print!("{}", report::steps_table(&status.steps));
     }

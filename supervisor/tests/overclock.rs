@@ -559,3 +559,51 @@ fn the_daemon_checks_a_trial_before_anything_else() {
         .expect("governor");
     assert_eq!(governor.trim(), "ondemand");
 }
+
+#[test]
+fn an_abort_during_a_trial_check_stops_it_and_reboots_onto_stock() {
+    let sim = Sim::new(&[2600, 2700], "");
+    sim.start();
+    sim.boot();
+    let config = std::fs::read_to_string(&sim.config).expect("config");
+    std::fs::write(
+        &sim.config,
+        config.replace("check_seconds = 1", "check_seconds = 600"),
+    )
+    .expect("config");
+    let mut daemon = Command::new(BIN)
+        .arg("--root")
+        .arg(&sim.root)
+        .arg("--config")
+        .arg(&sim.config)
+        .arg("run")
+        .spawn()
+        .expect("daemon");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while sim.record()["trials"][0]["checking_since_unix"].is_null() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the check never began"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = sim.run(&["overclock", "abort"]);
+    assert!(out.status.success(), "abort: {}", text(&out.stderr));
+    // The check notices within a sample and the board leaves the trial clock.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !sim.reboot_requested() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reboot after the abort"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let record = sim.record();
+    assert_eq!(record["phase"], "aborted");
+    assert_eq!(statuses(&record), pairs(&[(2600, "aborted")]));
+    assert_eq!(sim.arm_freq(), None);
+    let story = sim.boot();
+    assert!(story.contains("booted config.txt at 2400 MHz"), "{story}");
+}
