@@ -121,6 +121,10 @@ fn overclock_outcome(result: Result<crate::overclock::Outcome, String>) -> ExitC
             println!("{message}");
             ExitCode::SUCCESS
         }
+        Ok(crate::overclock::Outcome::Stopped(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(EXIT_FAILED)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_FAILED)

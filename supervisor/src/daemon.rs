@@ -93,6 +93,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
             }
             return Ok(());
         }
+        Ok(crate::overclock::Outcome::Stopped(message)) => tracing::error!("overclock: {message}"),
         Err(e) => tracing::error!("overclock: {e}"),
     }
 

@@ -481,6 +481,27 @@ fn unsafe_or_unclear_states_are_refused_and_left_alone() {
     );
     assert!(!sim.reboot_requested());
 
+    // A board that throttles at stock cannot vouch for any clock: the ladder stops at once.
+    let sim = Sim::new(&[2600], "");
+    std::fs::write(
+        sim.root
+            .join("sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled"),
+        "50005\n",
+    )
+    .expect("throttled");
+    let out = sim.run(&["overclock", "start"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("fails at stock clock"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!sim.reboot_requested());
+    let record = sim.record();
+    assert_eq!(record["phase"], "aborted");
+    assert_eq!(record["reference"]["passed"], false);
+    assert_eq!(sim.arm_freq(), None);
+
     // A broken record is reported, never overwritten.
     let sim = Sim::new(&[2600], "");
     let record = sim.root.join("var/lib/appliance/overclock.json");

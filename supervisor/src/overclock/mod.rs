@@ -31,6 +31,8 @@ pub enum Outcome {
     Continue(String),
     /// A reboot is under way; nothing more of consequence should run.
     Rebooting(String),
+    /// The ladder stopped on a problem with the board (recorded, stock clocks kept).
+    Stopped(String),
 }
 
 /// The `overclock` section of `status --json`.
@@ -100,6 +102,12 @@ pub fn start(board: &Board, config: &Config) -> Result<Outcome, String> {
     }
     bootfiles::fragments(board)?;
     watchdog_armed(board)?;
+    board
+        .temperature_c()
+        .map_err(|e| format!("a trial must watch the temperature, which cannot be read: {e}"))?;
+    board.throttle_bits().map_err(|e| {
+        format!("a trial must watch the firmware's throttle bits, which cannot be read: {e}")
+    })?;
     if oc.engine_check {
         crate::model::check(board, config, crate::model::reverify(config)).map_err(|e| {
             format!(
@@ -292,7 +300,7 @@ fn climb(
             );
             now.reference = Some(report);
             store::save(board, config, &now)?;
-            return Ok(Outcome::Continue(now.message));
+            return Ok(Outcome::Stopped(now.message));
         }
         now.reference = Some(report);
         record = now;
@@ -308,7 +316,7 @@ fn climb(
         record.message = format!("stopped before trying {candidate}: {e}");
         store::save(board, config, &record)?;
         bootfiles::promote(board, None)?;
-        return Ok(Outcome::Continue(record.message));
+        return Ok(Outcome::Stopped(record.message));
     }
     bootfiles::write_tryboot(board, candidate)?;
     record.trials.push(Trial {
