@@ -11,7 +11,10 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::board::Board;
 use crate::board::facts::Facts;
+use crate::engine::EngineStatus;
+use crate::model::ModelStatus;
 use crate::tune::StepReport;
 
 /// Version of the JSON layout; bumped only if a key changes meaning or disappears.
@@ -34,6 +37,26 @@ pub struct Status {
     pub steps: Vec<StepReport>,
     /// The engine, as the running daemon last published it.
     pub engine: crate::engine::EngineStatus,
+}
+
+/// The status document from what the caller knows about model, steps and engine, with the
+/// board's facts read now. `status --json` and the dashboard's `/api/status` both come from here,
+/// so they are the same document.
+pub fn collect(
+    board: &Board,
+    model: ModelStatus,
+    steps: Vec<StepReport>,
+    engine: EngineStatus,
+) -> Status {
+    Status {
+        schema_version: SCHEMA_VERSION,
+        root: board.root().display().to_string(),
+        simulated: board.is_simulated(),
+        board: board.facts(),
+        model,
+        steps,
+        engine,
+    }
 }
 
 /// The steps as an aligned table, one line each plus an indented reason.
@@ -138,7 +161,7 @@ fn words_or_none(words: &[&str]) -> String {
 }
 
 /// `YYYY-MM-DD` (UTC) of a Unix time.
-fn civil_date(unix: u64) -> String {
+pub fn civil_date(unix: u64) -> String {
     // Howard Hinnant's days-to-civil algorithm.
     let days = (unix / 86_400) as i64 + 719_468;
     let era = days.div_euclid(146_097);
