@@ -22,9 +22,18 @@ pub struct Series<'a> {
     pub points: Vec<(u64, Option<f64>)>,
 }
 
-/// An SVG polyline chart of the last `window_ms` before `now_ms`; gaps break the line.
+/// An SVG polyline chart of the last `window_ms` before `now_ms`, or of the time since the
+/// first point when that is shorter (a freshly started box fills the chart, not a sliver at its
+/// right edge); gaps break the line.
 pub fn render(series: &Series, now_ms: u64, window_ms: u64) -> String {
-    let start = now_ms.saturating_sub(window_ms);
+    let earliest = series
+        .points
+        .iter()
+        .map(|(t, _)| *t)
+        .min()
+        .unwrap_or(now_ms);
+    let start = now_ms.saturating_sub(window_ms).max(earliest.min(now_ms));
+    let window_ms = now_ms - start;
     let values: Vec<f64> = series
         .points
         .iter()
@@ -56,8 +65,12 @@ pub fn render(series: &Series, now_ms: u64, window_ms: u64) -> String {
         (lo, hi)
     };
     let x = |t: u64| {
-        let t = t.clamp(start, now_ms.max(start + 1));
-        LEFT + (t - start) as f64 / window_ms.max(1) as f64 * (WIDTH - LEFT)
+        let t = t.clamp(start, now_ms);
+        if window_ms == 0 {
+            // One point so far: draw it at "now".
+            return WIDTH;
+        }
+        LEFT + (t - start) as f64 / window_ms as f64 * (WIDTH - LEFT)
     };
     let y = |v: f64| TOP + (hi - v) / (hi - lo) * (HEIGHT - TOP - BOTTOM);
     let _ = write!(
@@ -160,5 +173,17 @@ mod tests {
             polyline_points(&svg),
             vec![vec![(WIDTH, (HEIGHT - BOTTOM + TOP) / 2.0)]]
         );
+    }
+
+    #[test]
+    fn a_young_history_fills_the_chart() {
+        let series = Series {
+            title: "Clock",
+            unit: "MHz",
+            points: vec![(1_000_000, Some(1500.0)), (1_010_000, Some(2400.0))],
+        };
+        let svg = render(&series, 1_010_000, 3_600_000);
+        let line = &polyline_points(&svg)[0];
+        assert_eq!((line[0].0, line[1].0), (LEFT, WIDTH));
     }
 }
