@@ -100,6 +100,15 @@ impl App {
         )
     }
 
+    /// [`App::status`] off the runtime thread: reading the board walks sysfs, and the daemon
+    /// supervises the engine on the same (single) runtime thread.
+    async fn status_off_thread(self: &Arc<Self>) -> Result<Status, DashError> {
+        let app = Arc::clone(self);
+        tokio::task::spawn_blocking(move || app.status())
+            .await
+            .map_err(|e| DashError::Internal(format!("reading the status crashed: {e}")))
+    }
+
     fn engine_log(&self) -> Vec<String> {
         self.sources.logs.recent(live::LOG_LINES)
     }
@@ -154,15 +163,16 @@ pub fn start(sources: Sources) -> Handle {
         limiter: auth::LoginLimiter::default(),
         updates: watch::channel(Arc::new(String::new())).0,
     });
-    app.sample();
     let sampler = {
         let app = Arc::clone(&app);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
-            tick.tick().await;
             loop {
                 tick.tick().await;
-                app.sample();
+                let app = Arc::clone(&app);
+                if let Err(e) = tokio::task::spawn_blocking(move || app.sample()).await {
+                    tracing::error!("dashboard: taking a sample crashed: {e}");
+                }
             }
         })
     };

@@ -128,7 +128,8 @@ async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Res
         }
         None => return Err(DashError::LoginRequired),
     };
-    let status = app.status_value();
+    let status = serde_json::to_value(app.status_off_thread().await?)
+        .map_err(|e| DashError::Internal(format!("cannot encode the status: {e}")))?;
     let fields = pages::fields(&status, &app.engine_log());
     let (charts, seq) = {
         let history = app.history.lock().unwrap_or_else(|p| p.into_inner());
@@ -236,7 +237,7 @@ async fn api_status(
     if !allowed {
         return Err(DashError::Unauthorized);
     }
-    Ok(Json(app.status()).into_response())
+    Ok(Json(app.status_off_thread().await?).into_response())
 }
 
 async fn api_chat(
