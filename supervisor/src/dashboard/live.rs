@@ -18,6 +18,9 @@ use super::pages::{self, Field};
 
 /// The charts' time span.
 pub const WINDOW_MS: u64 = 3_600_000;
+/// Points drawn per chart at most: more than the chart has pixels only makes every update
+/// bigger (an hour at one sample a second would be 3600).
+pub const CHART_POINTS: usize = 300;
 /// Engine log lines the overview shows.
 pub const LOG_LINES: usize = 40;
 
@@ -79,8 +82,16 @@ impl History {
 
     /// The three charts: (element name, title, SVG).
     pub fn charts(&self, now_ms: u64) -> Vec<(&'static str, &'static str, String)> {
+        let stride = self.samples.len().div_ceil(CHART_POINTS).max(1);
+        let last = self.samples.len().saturating_sub(1);
         let series = |pick: fn(&Sample) -> Option<f64>| -> Vec<(u64, Option<f64>)> {
-            self.samples.iter().map(|s| (s.unix_ms, pick(s))).collect()
+            self.samples
+                .iter()
+                .enumerate()
+                // Counted from the newest, so the latest sample is always drawn.
+                .filter(|(i, _)| (last - i) % stride == 0)
+                .map(|(_, s)| (s.unix_ms, pick(s)))
+                .collect()
         };
         let draw = |title, unit, points| {
             charts::render(
@@ -190,6 +201,25 @@ mod tests {
             update["fields"]
                 .as_array()
                 .is_some_and(|f| f.iter().any(|f| f["id"] == "v-temp"))
+        );
+    }
+
+    #[test]
+    fn charts_draw_at_most_chart_points_and_always_the_newest() {
+        let mut history = History::new(1);
+        for i in 0..3600u64 {
+            let status = json!({ "board": { "temperature_c": i as f64 } });
+            history.record(&status, i * 1000);
+        }
+        let charts = history.charts(3_599_000);
+        let points = charts[0].2.matches(',').count();
+        assert!(
+            (CHART_POINTS / 2..=CHART_POINTS).contains(&points),
+            "{points}"
+        );
+        assert!(
+            charts[0].2.contains("3599.0 °C"),
+            "the newest reading is drawn"
         );
     }
 }
