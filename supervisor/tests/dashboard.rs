@@ -215,6 +215,25 @@ fn keys(v: &Value) -> Vec<String> {
     k
 }
 
+/// An open event stream.
+fn open_events(base: &str, cookie: &str) -> BufReader<ureq::BodyReader<'static>> {
+    let response = agent()
+        .get(&format!("{base}/events"))
+        .header("cookie", cookie)
+        .call()
+        .expect("GET /events");
+    assert_eq!(response.status().as_u16(), 200);
+    BufReader::new(response.into_body().into_reader())
+}
+
+/// Reads a stream to its end.
+fn drain(mut reader: BufReader<ureq::BodyReader<'static>>) {
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        line.clear();
+    }
+}
+
 /// Reads server-sent events until `count` `update` events have arrived; their data as JSON.
 fn read_events(base: &str, cookie: &str, count: usize) -> Vec<Value> {
     let response = agent()
@@ -404,6 +423,8 @@ fn login_sessions_tokens_csrf_live_events_and_the_rate_limit() {
     );
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.body.contains("not ready"), "{}", r.body);
+    // A stream opened before logging out ends with the session.
+    let stream = open_events(&base, &cookie);
     let logout = format!("{base}/logout");
     let form = "application/x-www-form-urlencoded";
     assert_eq!(post(&logout, &[("cookie", &cookie)], form, "").status, 403);
@@ -434,6 +455,15 @@ fn login_sessions_tokens_csrf_live_events_and_the_rate_limit() {
         303,
         "logged out"
     );
+    let ended = std::thread::spawn(move || drain(stream));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ended.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the event stream outlived its session"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(
         get(&format!("{base}/api/status"), &[("cookie", &cookie)]).status,
         401

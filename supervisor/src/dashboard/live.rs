@@ -161,16 +161,25 @@ pub fn update(
     .unwrap_or_else(|e| format!("{{\"error\":\"cannot encode the update: {e}\"}}"))
 }
 
-/// The event stream for one browser: the latest update at once, then each new one.
+/// The event stream for one browser: the latest update at once, then each new one, for as
+/// long as `allowed` holds (the session that opened it has not logged out or expired).
 pub fn stream(
     updates: watch::Receiver<Arc<String>>,
+    allowed: impl Fn() -> bool + Send + Sync + 'static,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let mut updates = updates;
     updates.mark_changed();
-    let events = futures_util::stream::unfold(updates, |mut rx| async move {
-        rx.changed().await.ok()?;
-        let data = rx.borrow_and_update().clone();
-        Some((Ok(Event::default().event("update").data(data.as_str())), rx))
+    let allowed = Arc::new(allowed);
+    let events = futures_util::stream::unfold(updates, move |mut rx| {
+        let allowed = Arc::clone(&allowed);
+        async move {
+            rx.changed().await.ok()?;
+            if !allowed() {
+                return None;
+            }
+            let data = rx.borrow_and_update().clone();
+            Some((Ok(Event::default().event("update").data(data.as_str())), rx))
+        }
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }

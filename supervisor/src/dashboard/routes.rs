@@ -215,9 +215,12 @@ async fn logout(
 }
 
 async fn events(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, DashError> {
-    app.require_session(&headers)
+    let (id, _) = app
+        .require_session(&headers)
         .map_err(|_| DashError::Unauthorized)?;
-    Ok(live::stream(app.updates.subscribe()).into_response())
+    let updates = app.updates.subscribe();
+    let allowed = move || app.sessions.get(&id).is_some();
+    Ok(live::stream(updates, allowed).into_response())
 }
 
 async fn api_status(
