@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::charts::{self, Series};
-use super::pages::{self, Field};
+use super::fields::{self, Field};
 
 /// The charts' time span.
 pub const WINDOW_MS: u64 = 3_600_000;
@@ -147,7 +147,7 @@ pub fn update(
     unix_ms: u64,
 ) -> String {
     let sample = history.record(status, unix_ms);
-    let fields = pages::fields(status, engine_log);
+    let fields = fields::fields(status, engine_log);
     let charts = history
         .charts(unix_ms)
         .into_iter()

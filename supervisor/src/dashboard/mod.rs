@@ -12,6 +12,7 @@ pub mod charts;
 mod chat;
 pub mod cli;
 mod error;
+pub mod fields;
 pub mod live;
 pub mod pages;
 mod routes;

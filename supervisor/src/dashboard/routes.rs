@@ -130,7 +130,7 @@ async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Res
     };
     let status = serde_json::to_value(app.status_off_thread().await?)
         .map_err(|e| DashError::Internal(format!("cannot encode the status: {e}")))?;
-    let fields = pages::fields(&status, &app.engine_log());
+    let fields = super::fields::fields(&status, &app.engine_log());
     let (charts, seq) = {
         let history = app.history.lock().unwrap_or_else(|p| p.into_inner());
         (history.charts(super::unix_ms()), history.seq())
