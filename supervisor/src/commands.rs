@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use crate::board::{Board, sim};
 use crate::config::Config;
-use crate::report::{self, Status};
+use crate::report;
 use crate::systemd::Systemd;
 use crate::tune::{self, Applier, Backend};
 
@@ -211,16 +211,9 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
     // The gate as configured: `full` hashes every chunk, `fast` trusts an unchanged file.
     let gate = crate::model::check(&board, &config, crate::model::reverify(&config));
     let model = crate::model::ModelStatus::from_gate(&config.model.id, &gate);
-    let status = Status {
-        schema_version: report::SCHEMA_VERSION,
-        root: board.root().display().to_string(),
-        simulated: board.is_simulated(),
-        board: board.facts(),
-        model,
-        steps: tune::status(&board, &tune::steps(&config, backend)),
-        engine: crate::engine::read_status(&board, &config.model.id),
-        overclock: crate::overclock::status(&board, &config),
-    };
+    let steps = tune::status(&board, &tune::steps(&config, backend));
+    let engine = crate::engine::read_status(&board, &config.model.id);
+    let status = report::collect(&board, &config, model, steps, engine);
     if json {
         match serde_json::to_string_pretty(&status) {
             Ok(text) => println!("{text}"),

@@ -31,6 +31,8 @@ pub struct Config {
     pub engine: Engine,
     /// Safe overclock trials.
     pub overclock: crate::overclock::config::Overclock,
+    /// The web dashboard the daemon serves.
+    pub dashboard: Dashboard,
 }
 
 /// How the daemon launches, watches and restarts the engine.
@@ -438,6 +440,169 @@ impl Default for Daemon {
     }
 }
 
+/// The web dashboard (`supervisor run` serves it once the board is tuned).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Dashboard {
+    /// Address and port to listen on. Without a password only 127.0.0.1 on the same port is
+    /// bound. Default `"0.0.0.0:8000"`.
+    pub listen: ListenAddr,
+    /// Argon2 PHC string of the login password (`supervisor dashboard hash-password`); empty:
+    /// no login, loopback only. Default empty.
+    pub password_hash: PasswordHash,
+    /// SHA-256 (64 hex digits) of each API token accepted as `Authorization: Bearer` for
+    /// `/api/status` (`supervisor dashboard new-token`). Default none.
+    pub api_token_sha256: Vec<TokenDigest>,
+    /// Seconds between samples of temperature, clock and speed for the live view and the
+    /// one-hour charts, 1-60. Default 5.
+    pub sample_interval_s: SampleInterval,
+}
+
+impl Default for Dashboard {
+    fn default() -> Self {
+        Dashboard {
+            listen: ListenAddr(std::net::SocketAddr::from(([0, 0, 0, 0], 8000))),
+            password_hash: PasswordHash(String::new()),
+            api_token_sha256: Vec::new(),
+            sample_interval_s: SampleInterval(5),
+        }
+    }
+}
+
+/// A socket address such as `0.0.0.0:8000`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ListenAddr(std::net::SocketAddr);
+
+impl ListenAddr {
+    /// The address.
+    pub fn get(self) -> std::net::SocketAddr {
+        self.0
+    }
+}
+
+impl TryFrom<String> for ListenAddr {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse().map(ListenAddr).map_err(|_| {
+            format!(
+                "invalid listen \"{text}\": use an IP address and port such as \"0.0.0.0:8000\""
+            )
+        })
+    }
+}
+
+impl From<ListenAddr> for String {
+    fn from(a: ListenAddr) -> String {
+        a.0.to_string()
+    }
+}
+
+/// An Argon2 password hash in PHC format, or empty for none; checked at load so a typo is found
+/// at provisioning, not at the first login.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PasswordHash(String);
+
+impl PasswordHash {
+    /// The PHC string; empty when no password is set.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether a password is set.
+    pub fn is_set(&self) -> bool {
+        !self.0.is_empty()
+    }
+}
+
+impl TryFrom<String> for PasswordHash {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        if text.is_empty() {
+            return Ok(PasswordHash(text));
+        }
+        match argon2::password_hash::PasswordHash::new(&text) {
+            Ok(h) if h.algorithm.as_str().starts_with("argon2") && h.hash.is_some() => {
+                Ok(PasswordHash(text))
+            }
+            _ => Err(
+                "invalid password_hash: expected an Argon2 PHC string ($argon2id$v=19$...) as \
+                 `supervisor dashboard hash-password` prints it, or \"\" for no password"
+                    .into(),
+            ),
+        }
+    }
+}
+
+impl From<PasswordHash> for String {
+    fn from(h: PasswordHash) -> String {
+        h.0
+    }
+}
+
+/// The SHA-256 of an API token, 64 hex digits (lowercase once loaded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TokenDigest(String);
+
+impl TokenDigest {
+    /// The digest in lowercase hex.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for TokenDigest {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(TokenDigest(text.to_ascii_lowercase()))
+        } else {
+            Err(
+                "invalid api_token_sha256 entry: expected the 64 hex digits `supervisor dashboard new-token` prints (the digest, never the token)"
+                    .into(),
+            )
+        }
+    }
+}
+
+impl From<TokenDigest> for String {
+    fn from(d: TokenDigest) -> String {
+        d.0
+    }
+}
+
+/// Seconds between live samples, 1-60.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "u64")]
+pub struct SampleInterval(u64);
+
+impl SampleInterval {
+    /// The interval in seconds.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl TryFrom<i64> for SampleInterval {
+    type Error = String;
+    fn try_from(n: i64) -> Result<Self, Self::Error> {
+        match u64::try_from(n) {
+            Ok(s @ 1..=60) => Ok(SampleInterval(s)),
+            _ => Err(format!(
+                "invalid sample_interval_s {n}: allowed is an integer 1-60"
+            )),
+        }
+    }
+}
+
+impl From<SampleInterval> for u64 {
+    fn from(s: SampleInterval) -> u64 {
+        s.0
+    }
+}
+
 /// A configuration file that cannot be used, with what is wrong and where.
 #[derive(Debug)]
 pub struct ConfigError {
@@ -577,6 +742,7 @@ mod tests {
         all.tuning.engine.memory_max_mib = Some(MemoryMib(64));
         all.model.trusted_keys = vec![PublicKey("0".repeat(64))];
         all.tuning.engine.memory_low_mib = Some(1);
+        all.dashboard.api_token_sha256 = vec![TokenDigest("0".repeat(64))];
         let table = toml::Table::try_from(&all).expect("serialize");
         let mut names = Vec::new();
         keys("", &table, &mut names);
@@ -616,6 +782,27 @@ mod tests {
         assert!(err.contains("performance"), "{err}");
         let err = parse("[tuning.engine]\nslice = \"../etc\"\n").expect_err("refused");
         assert!(err.contains("slice"), "{err}");
+    }
+
+    #[test]
+    fn dashboard_values_are_checked_at_load() {
+        let err = parse("[dashboard]\npassword_hash = \"hunter2\"\n").expect_err("refused");
+        assert!(
+            err.contains("password_hash")
+                && err.contains("line 2")
+                && err.contains("hash-password"),
+            "{err}"
+        );
+        let err = parse("[dashboard]\napi_token_sha256 = [\"abc\"]\n").expect_err("refused");
+        assert!(err.contains("new-token"), "{err}");
+        let err = parse("[dashboard]\nlisten = \"8000\"\n").expect_err("refused");
+        assert!(err.contains("0.0.0.0:8000"), "{err}");
+        let err = parse("[dashboard]\nsample_interval_s = 0\n").expect_err("refused");
+        assert!(err.contains("1-60"), "{err}");
+        let hash = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$\
+                    5Aa1ZpR6mxeyPO6o2yv2qXc+HG4kXGszP/Nd+kSwEk0";
+        let ok = parse(&format!("[dashboard]\npassword_hash = \"{hash}\"\n")).expect("valid");
+        assert!(ok.dashboard.password_hash.is_set());
     }
 
     #[test]

@@ -9,10 +9,12 @@ use std::time::Duration;
 
 use sd_notify::NotifyState;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
 
 use crate::board::Board;
 use crate::commands::applier_for;
 use crate::config::Config;
+use crate::dashboard;
 use crate::engine::{self, LogRing};
 use crate::tune::{self, Backend, State, StepReport};
 
@@ -37,13 +39,27 @@ fn notify(states: &[NotifyState]) {
     }
 }
 
-/// The launch gate for the configured model, off the runtime thread (hashing takes a while).
-async fn check_model(board: &Board, config: &Config, how: weights::gate::Reverify) -> String {
+/// The launch gate for the configured model, off the runtime thread (hashing takes a while):
+/// the status line, and the verdict as `status` reports it.
+async fn check_model(
+    board: &Board,
+    config: &Config,
+    how: weights::gate::Reverify,
+) -> (String, crate::model::ModelStatus) {
     let (board, config) = (board.clone(), config.clone());
     let id = config.model.id.clone();
     let result =
         tokio::task::spawn_blocking(move || crate::model::check(&board, &config, how)).await;
-    match result {
+    let model = match &result {
+        Ok(gate) => crate::model::ModelStatus::from_gate(&id, gate),
+        Err(e) => crate::model::ModelStatus {
+            id: id.clone(),
+            state: "failed",
+            path: None,
+            reason: format!("model check crashed: {e}"),
+        },
+    };
+    let line = match result {
         Ok(Ok(approved)) => {
             tracing::info!(model = %id, path = %approved.path.display(), "model verified ({})", approved.checked);
             format!("model {id} verified")
@@ -53,7 +69,8 @@ async fn check_model(board: &Board, config: &Config, how: weights::gate::Reverif
             format!("model {id} refused: {e}")
         }
         Err(e) => format!("model check crashed: {e}"),
-    }
+    };
+    (line, model)
 }
 
 /// Runs until SIGTERM or SIGINT.
@@ -98,14 +115,25 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     }
 
     let reports = tune::apply(board, &steps, &applier, false).await;
-    let model = check_model(board, config, crate::model::reverify(config)).await;
+    let (model, verdict) = check_model(board, config, crate::model::reverify(config)).await;
     let status = format!("{}; {model}", summary(&reports));
     tracing::info!("{status}");
     notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
     // The engine is launched after tuning, so it starts inside its limits; the supervision
     // task runs the gate again right before every launch.
     let logs = Arc::new(LogRing::new(ENGINE_LOG_LINES));
-    let engine = engine::supervise(board.clone(), config.clone(), logs);
+    let engine = engine::supervise(board.clone(), config.clone(), Arc::clone(&logs));
+    let (tuned, tuned_rx) = watch::channel(dashboard::Tuned {
+        steps: reports,
+        model: verdict,
+    });
+    let dashboard = dashboard::start(dashboard::Sources {
+        board: board.clone(),
+        config: config.clone(),
+        tuned: tuned_rx,
+        engine: engine.subscribe(),
+        logs,
+    });
 
     // systemd expects a ping within WatchdogSec; ping at half of it.
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
@@ -130,15 +158,17 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                 for drifted in reports.iter().filter(|r| r.state == State::Applied) {
                     tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
                 }
-                let model = check_model(board, config, crate::model::between_boots(config)).await;
+                let (model, verdict) = check_model(board, config, crate::model::between_boots(config)).await;
                 let e = engine.status();
                 let status = format!("{}; {model}; engine {}", summary(&reports), e.reason);
                 notify(&[NotifyState::Status(&status)]);
+                tuned.send_replace(dashboard::Tuned { steps: reports, model: verdict });
             }
         }
     }
     tracing::info!("stopping");
     notify(&[NotifyState::Stopping]);
+    dashboard.stop();
     engine.stop().await;
     Ok(())
 }

@@ -13,6 +13,7 @@ pub mod bootloader;
 pub mod commands;
 pub mod config;
 pub mod daemon;
+pub mod dashboard;
 pub mod engine;
 pub mod logging;
 pub mod model;

@@ -47,6 +47,11 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// The web dashboard's password hash and API tokens.
+    Dashboard {
+        #[command(subcommand)]
+        command: DashboardCommand,
+    },
     /// Model weights: verify, install, make and sign manifests, fetch the default model.
     Weights {
         #[command(subcommand)]
@@ -155,6 +160,14 @@ enum WeightsCommand {
 }
 
 #[derive(Subcommand)]
+enum DashboardCommand {
+    /// Read a password from stdin and print its Argon2id hash for [dashboard] password_hash.
+    HashPassword,
+    /// Print a fresh API token and its SHA-256 for [dashboard] api_token_sha256.
+    NewToken,
+}
+
+#[derive(Subcommand)]
 enum SimCommand {
     /// Write a simulated Raspberry Pi 5 tree into DIR.
     Init {
@@ -218,6 +231,10 @@ fn main() -> ExitCode {
         Command::Sim {
             command: SimCommand::Boot { dir },
         } => commands::sim_boot(&dir),
+        Command::Dashboard { command } => match command {
+            DashboardCommand::HashPassword => supervisor::dashboard::cli::hash_password(),
+            DashboardCommand::NewToken => supervisor::dashboard::cli::new_token(),
+        },
     }
 }
 

@@ -11,7 +11,10 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::board::Board;
 use crate::board::facts::Facts;
+use crate::engine::EngineStatus;
+use crate::model::ModelStatus;
 use crate::tune::StepReport;
 
 /// Version of the JSON layout; bumped only if a key changes meaning or disappears.
@@ -79,6 +82,28 @@ pub fn overclock_text(s: &crate::overclock::OverclockStatus) -> String {
         );
     }
     out
+}
+
+/// The status document from what the caller knows about model, steps and engine, with the
+/// board's facts read now. `status --json` and the dashboard's `/api/status` both come from here,
+/// so they are the same document.
+pub fn collect(
+    board: &Board,
+    config: &crate::config::Config,
+    model: ModelStatus,
+    steps: Vec<StepReport>,
+    engine: EngineStatus,
+) -> Status {
+    Status {
+        schema_version: SCHEMA_VERSION,
+        root: board.root().display().to_string(),
+        simulated: board.is_simulated(),
+        board: board.facts(),
+        model,
+        steps,
+        engine,
+        overclock: crate::overclock::status(board, config),
+    }
 }
 
 /// The steps as an aligned table, one line each plus an indented reason.
@@ -183,7 +208,7 @@ fn words_or_none(words: &[&str]) -> String {
 }
 
 /// `YYYY-MM-DD` (UTC) of a Unix time.
-fn civil_date(unix: u64) -> String {
+pub fn civil_date(unix: u64) -> String {
     // Howard Hinnant's days-to-civil algorithm.
     let days = (unix / 86_400) as i64 + 719_468;
     let era = days.div_euclid(146_097);

@@ -94,6 +94,10 @@ pub struct Facts {
     pub numa_nodes: Option<usize>,
     /// How this boot happened.
     pub boot: Option<BootInfo>,
+    /// Seconds since the kernel booted.
+    pub uptime_s: Option<u64>,
+    /// The operating system's `PRETTY_NAME` from `/etc/os-release`.
+    pub os: Option<String>,
 }
 
 fn parse_failure(path: &str, what: &str) -> BoardError {
@@ -269,6 +273,27 @@ impl Board {
         Ok(None)
     }
 
+    /// Whole seconds since boot, from `/proc/uptime`.
+    pub fn uptime_s(&self) -> BoardResult<u64> {
+        let text = self.read(paths::PROC_UPTIME)?;
+        text.split_whitespace()
+            .next()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(|s| s as u64)
+            .ok_or_else(|| parse_failure(paths::PROC_UPTIME, "expected seconds since boot"))
+    }
+
+    /// The OS's `PRETTY_NAME` (quotes removed) from `/etc/os-release`.
+    pub fn os_pretty_name(&self) -> BoardResult<String> {
+        let text = self.read(paths::OS_RELEASE)?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("PRETTY_NAME="))
+            .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\'').to_string())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| parse_failure(paths::OS_RELEASE, "no PRETTY_NAME line"))
+    }
+
     /// Everything `status` reports about the board itself.
     pub fn facts(&self) -> Facts {
         let khz_to_mhz = |path: String| -> Option<u64> {
@@ -303,6 +328,8 @@ impl Board {
             swap: self.active_swaps().ok(),
             numa_nodes: self.numa_nodes().ok(),
             boot: self.boot_info().ok(),
+            uptime_s: self.uptime_s().ok(),
+            os: self.os_pretty_name().ok(),
         }
     }
 }

@@ -7,6 +7,10 @@ pub const PROC_CMDLINE: &str = "/proc/cmdline";
 pub const PROC_SWAPS: &str = "/proc/swaps";
 /// Memory totals.
 pub const PROC_MEMINFO: &str = "/proc/meminfo";
+/// Seconds since boot (first field).
+pub const PROC_UPTIME: &str = "/proc/uptime";
+/// The operating system's identification (`PRETTY_NAME`, `VERSION_ID`, ...).
+pub const OS_RELEASE: &str = "/etc/os-release";
 /// Running kernel's release, to find its build config.
 pub const PROC_OSRELEASE: &str = "/proc/sys/kernel/osrelease";
 

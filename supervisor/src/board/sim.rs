@@ -181,6 +181,12 @@ fn write_proc(tree: &Tree, variant: Variant) -> io::Result<()> {
         tree.file("sys/block/zram0/comp_algorithm", "lzo lzo-rle lz4 [zstd]\n")?;
     }
     tree.file("proc/swaps", &swaps)?;
+    // Seconds since boot, and idle seconds summed over the cores.
+    tree.file("proc/uptime", "412.37 1530.02\n")?;
+    tree.file(
+        "etc/os-release",
+        "PRETTY_NAME=\"Debian GNU/Linux 13 (trixie)\"\nNAME=\"Debian GNU/Linux\"\nVERSION_ID=\"13\"\nID=debian\n",
+    )?;
     tree.file("proc/sys/kernel/osrelease", &format!("{KERNEL_RELEASE}\n"))?;
     tree.link("proc/device-tree", "../sys/firmware/devicetree/base")
 }

@@ -43,6 +43,11 @@ impl Handle {
         self.status.borrow().clone()
     }
 
+    /// A receiver of every state change (for the dashboard).
+    pub fn subscribe(&self) -> watch::Receiver<EngineStatus> {
+        self.status.clone()
+    }
+
     /// Whether systemd's watchdog should be fed: not while the engine counts as ready but
     /// has not been probed successfully for several probe intervals (the stack is wedged).
     pub fn watchdog_ok(&self) -> bool {

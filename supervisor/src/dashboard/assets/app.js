@@ -1,0 +1,61 @@
+// The overview's live part: every value and chart from the server-sent events, and the chat box.
+// Text goes in with textContent; only the server-rendered (escaped) chart SVG uses innerHTML.
+"use strict";
+
+(function () {
+  const csrf = document.querySelector('meta[name="csrf-token"]').content;
+  const state = document.getElementById("live-state");
+  const seq = document.getElementById("live-seq");
+
+  function apply(update) {
+    for (const field of update.fields) {
+      const el = document.getElementById(field.id);
+      if (!el) continue;
+      el.textContent = field.text;
+      if (field.level) el.className = "lvl-" + field.level;
+    }
+    for (const [name, svg] of update.charts) {
+      const el = document.getElementById("chart-" + name);
+      if (el) el.innerHTML = svg;
+    }
+    seq.textContent = String(update.sample.seq);
+    state.textContent = "at " + new Date(update.sample.unix_ms).toLocaleTimeString();
+    document.body.dataset.liveSeq = String(update.sample.seq);
+  }
+
+  const events = new EventSource("/events");
+  events.addEventListener("update", (e) => apply(JSON.parse(e.data)));
+  events.addEventListener("error", () => { state.textContent = "reconnecting…"; });
+
+  const form = document.getElementById("chat-form");
+  const input = document.getElementById("chat-input");
+  const reply = document.getElementById("chat-reply");
+  const send = document.getElementById("chat-send");
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const message = input.value.trim();
+    if (!message) return;
+    send.disabled = true;
+    reply.textContent = "…";
+    try {
+      const response = await fetch("/api/chat", {
+        method: "POST",
+        headers: { "content-type": "application/json", "x-csrf-token": csrf },
+        body: JSON.stringify({ message }),
+      });
+      if (response.ok) {
+        const answer = await response.json();
+        reply.textContent = answer.reply;
+        reply.dataset.done = "ok";
+      } else {
+        reply.textContent = "Error " + response.status + ": " + (await response.text());
+        reply.dataset.done = "error";
+      }
+    } catch (err) {
+      reply.textContent = "Error: " + err;
+      reply.dataset.done = "error";
+    } finally {
+      send.disabled = false;
+    }
+  });
+})();

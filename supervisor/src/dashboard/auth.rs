@@ -1,0 +1,273 @@
+//! Who may see and change the dashboard: the password (Argon2), in-memory sessions, CSRF tokens,
+//! API tokens, and the login rate limit.
+//!
+//! Session ids are 256 random bits; only their SHA-256 is kept, so a memory dump does not hand
+//! out live sessions. Every session carries its own CSRF token, checked on every POST.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use argon2::password_hash::{PasswordHasher, PasswordVerifier, SaltString};
+use sha2::{Digest, Sha256};
+
+use crate::config::TokenDigest;
+
+/// How long a session lives after login, renewed by nothing: a clinic logs in again each day.
+pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+/// Sessions kept at most; the oldest goes first, so a flood of logins cannot fill memory.
+const MAX_SESSIONS: usize = 64;
+/// Failed logins allowed per client address in [`WINDOW`] before 429.
+pub const FAILURES_PER_CLIENT: usize = 5;
+/// Failed logins allowed from all clients together in [`WINDOW`] before 429, so guessing from
+/// many addresses is slowed as well.
+pub const FAILURES_GLOBAL: usize = 30;
+/// The rate limit's sliding window.
+pub const WINDOW: Duration = Duration::from_secs(60);
+
+/// 32 random bytes from the OS.
+pub fn random_256() -> Result<[u8; 32], String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| format!("the OS random source failed: {e}"))?;
+    Ok(bytes)
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Lowercase hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Equality whose time does not depend on where the inputs differ (only on their lengths,
+/// which are public: hex digests and tokens of fixed size).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// An Argon2id PHC string for `password` with a fresh random salt (the crate's default cost).
+pub fn hash_password(password: &str) -> Result<String, String> {
+    let salt_bytes = random_256()?;
+    let salt = SaltString::encode_b64(&salt_bytes[..16]).map_err(|e| e.to_string())?;
+    argon2::Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| format!("cannot hash the password: {e}"))
+}
+
+/// Whether `password` matches the PHC string (which config loading already checked).
+pub fn verify_password(phc: &str, password: &str) -> bool {
+    match argon2::password_hash::PasswordHash::new(phc) {
+        Ok(hash) => argon2::Argon2::default()
+            .verify_password(password.as_bytes(), &hash)
+            .is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Whether a presented bearer token's SHA-256 is one of the configured digests. Every digest is
+/// compared, so the time does not say which one nearly matched.
+pub fn token_allowed(token: &str, allowed: &[TokenDigest]) -> bool {
+    let digest = sha256_hex(token.as_bytes());
+    allowed.iter().fold(false, |found, d| {
+        found | constant_time_eq(digest.as_bytes(), d.as_str().as_bytes())
+    })
+}
+
+/// What the server knows about one logged-in browser.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The token its forms and scripts must send with every POST.
+    pub csrf: String,
+    created: Instant,
+}
+
+/// Logged-in sessions, by the SHA-256 of their id.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    by_digest: Mutex<HashMap<String, Session>>,
+}
+
+impl Sessions {
+    /// Starts a session; returns the id for the cookie (never stored) and the session.
+    pub fn create(&self) -> Result<(String, Session), String> {
+        let id = hex(&random_256()?);
+        let session = Session {
+            csrf: hex(&random_256()?),
+            created: Instant::now(),
+        };
+        let mut map = self.by_digest.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, s| s.created.elapsed() < SESSION_LIFETIME);
+        while map.len() >= MAX_SESSIONS {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, s)| s.created)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => map.remove(&k),
+                None => break,
+            };
+        }
+        map.insert(sha256_hex(id.as_bytes()), session.clone());
+        Ok((id, session))
+    }
+
+    /// The live session for a cookie value.
+    pub fn get(&self, id: &str) -> Option<Session> {
+        let digest = sha256_hex(id.as_bytes());
+        let mut map = self.by_digest.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&digest) {
+            Some(s) if s.created.elapsed() < SESSION_LIFETIME => Some(s.clone()),
+            Some(_) => {
+                map.remove(&digest);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Ends a session.
+    pub fn remove(&self, id: &str) {
+        let digest = sha256_hex(id.as_bytes());
+        self.by_digest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&digest);
+    }
+}
+
+/// Failed login attempts in the last [`WINDOW`], per client and overall.
+#[derive(Debug, Default)]
+pub struct LoginLimiter {
+    failures: Mutex<Vec<(IpAddr, Instant)>>,
+}
+
+impl LoginLimiter {
+    /// `Some(seconds to wait)` when `client` may not try now.
+    pub fn check(&self, client: IpAddr) -> Option<u64> {
+        self.check_at(client, Instant::now())
+    }
+
+    fn check_at(&self, client: IpAddr, now: Instant) -> Option<u64> {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        failures.retain(|(_, t)| now.duration_since(*t) < WINDOW);
+        let wait_for = |times: Vec<Instant>, limit: usize| -> Option<u64> {
+            if times.len() < limit {
+                return None;
+            }
+            // Allowed again once the oldest failure counted against the limit leaves the window.
+            let oldest = times[times.len() - limit];
+            let left = WINDOW.saturating_sub(now.duration_since(oldest));
+            Some(left.as_secs().max(1))
+        };
+        let mine: Vec<Instant> = failures
+            .iter()
+            .filter(|(ip, _)| *ip == client)
+            .map(|(_, t)| *t)
+            .collect();
+        let all: Vec<Instant> = failures.iter().map(|(_, t)| *t).collect();
+        match (
+            wait_for(mine, FAILURES_PER_CLIENT),
+            wait_for(all, FAILURES_GLOBAL),
+        ) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Counts a failed attempt.
+    pub fn failed(&self, client: IpAddr) {
+        self.failed_at(client, Instant::now());
+    }
+
+    fn failed_at(&self, client: IpAddr, now: Instant) {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        failures.retain(|(_, t)| now.duration_since(*t) < WINDOW);
+        // The global limit bounds this list.
+        if failures.len() < FAILURES_GLOBAL * 2 {
+            failures.push((client, now));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashed_passwords_verify_and_wrong_ones_do_not() {
+        let phc = hash_password("correct horse").expect("hash");
+        assert!(phc.starts_with("$argon2id$v=19$"), "{phc}");
+        assert!(verify_password(&phc, "correct horse"));
+        assert!(!verify_password(&phc, "correct hors"));
+        assert!(!verify_password("not a hash", "correct horse"));
+        assert_ne!(phc, hash_password("correct horse").expect("hash"), "salted");
+    }
+
+    #[test]
+    fn tokens_match_only_their_digest() {
+        let digest = TokenDigest::try_from(sha256_hex(b"secret-token")).expect("digest");
+        let other = TokenDigest::try_from("0".repeat(64)).expect("digest");
+        assert!(token_allowed(
+            "secret-token",
+            &[other.clone(), digest.clone()]
+        ));
+        assert!(!token_allowed("secret-tokeN", &[other, digest]));
+        assert!(!token_allowed("secret-token", &[]));
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn sessions_are_found_by_id_only_and_end_on_logout() {
+        let sessions = Sessions::default();
+        let (id, session) = sessions.create().expect("session");
+        assert_eq!(id.len(), 64);
+        assert_eq!(sessions.get(&id).expect("live").csrf, session.csrf);
+        assert!(sessions.get(&session.csrf).is_none());
+        let map = sessions.by_digest.lock().expect("lock");
+        assert!(!map.contains_key(&id), "the id itself is never stored");
+        drop(map);
+        sessions.remove(&id);
+        assert!(sessions.get(&id).is_none());
+        for _ in 0..MAX_SESSIONS + 5 {
+            sessions.create().expect("session");
+        }
+        assert!(sessions.by_digest.lock().expect("lock").len() <= MAX_SESSIONS);
+    }
+
+    #[test]
+    fn logins_are_limited_per_client_and_overall_and_recover() {
+        let limiter = LoginLimiter::default();
+        let a: IpAddr = [192, 168, 1, 10].into();
+        let b: IpAddr = [192, 168, 1, 11].into();
+        let t0 = Instant::now();
+        for _ in 0..FAILURES_PER_CLIENT {
+            assert_eq!(limiter.check_at(a, t0), None);
+            limiter.failed_at(a, t0);
+        }
+        let wait = limiter.check_at(a, t0).expect("limited");
+        assert!((1..=60).contains(&wait), "{wait}");
+        assert_eq!(
+            limiter.check_at(b, t0),
+            None,
+            "another client is not blocked"
+        );
+        assert_eq!(limiter.check_at(a, t0 + WINDOW), None, "the window passes");
+
+        let limiter = LoginLimiter::default();
+        for i in 0..FAILURES_GLOBAL {
+            let ip: IpAddr = [10, 0, (i / 200) as u8, (i % 200) as u8].into();
+            limiter.failed_at(ip, t0);
+        }
+        assert!(limiter.check_at(b, t0).is_some(), "many addresses together");
+    }
+}

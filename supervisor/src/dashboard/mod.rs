@@ -1,0 +1,233 @@
+//! The web dashboard `supervisor run` serves: the box's health at a glance, live, behind a
+//! login. Server-rendered HTML, a little JS for the live updates and the chat box, assets
+//! compiled into the binary. It reads what the daemon already knows (tuning reports, the
+//! engine's state, the engine's log ring) and never blocks the daemon's own work.
+//!
+//! Routes: `GET /` (overview, or a redirect to `/login`), `GET /login`, `POST /login`,
+//! `POST /logout`, `GET /events` (server-sent events), `POST /api/chat`, `GET /api/status`
+//! (session or `Authorization: Bearer TOKEN`), `GET /assets/*`.
+
+pub mod auth;
+pub mod charts;
+mod chat;
+pub mod cli;
+mod error;
+pub mod fields;
+pub mod live;
+pub mod pages;
+mod routes;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::board::Board;
+use crate::config::{Config, Dashboard};
+use crate::engine::{EngineStatus, LogRing};
+use crate::model::ModelStatus;
+use crate::report::Status;
+use crate::tune::StepReport;
+
+pub use error::DashError;
+
+/// What the daemon last found when it tuned the board and checked the model.
+#[derive(Debug, Clone)]
+pub struct Tuned {
+    /// The tuning steps' reports.
+    pub steps: Vec<StepReport>,
+    /// The launch gate's verdict on the model.
+    pub model: ModelStatus,
+}
+
+/// What the dashboard reads from the daemon.
+pub struct Sources {
+    /// The board.
+    pub board: Board,
+    /// The configuration the daemon runs with.
+    pub config: Config,
+    /// The last tuning and model check.
+    pub tuned: watch::Receiver<Tuned>,
+    /// The engine's state.
+    pub engine: watch::Receiver<EngineStatus>,
+    /// The engine's output lines.
+    pub logs: Arc<LogRing>,
+}
+
+/// Where to listen: the configured address with a password; without one, loopback on the same
+/// port, with the reason to log when that differs from the configuration.
+pub fn bind_address(config: &Dashboard) -> (SocketAddr, Option<String>) {
+    let wanted = config.listen.get();
+    if config.password_hash.is_set() || wanted.ip().is_loopback() {
+        return (wanted, None);
+    }
+    let loopback = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), wanted.port());
+    let why = format!(
+        "dashboard: no [dashboard] password_hash is set, so it listens on {loopback} only instead of {wanted}; \
+         set one (supervisor dashboard hash-password) to serve the network"
+    );
+    (loopback, Some(why))
+}
+
+/// Shared by every request.
+pub struct App {
+    sources: Sources,
+    /// No password: loopback only, and the pages need no login.
+    open: bool,
+    bound: SocketAddr,
+    sessions: auth::Sessions,
+    limiter: auth::LoginLimiter,
+    history: Mutex<live::History>,
+    updates: watch::Sender<Arc<String>>,
+}
+
+impl App {
+    /// The status document as `supervisor status --json` prints it, from the daemon's state.
+    pub fn status(&self) -> Status {
+        let tuned = self.sources.tuned.borrow().clone();
+        let mut engine = self.sources.engine.borrow().clone();
+        // `status` computes the uptime when it reads the published file; so does this.
+        engine.uptime_s = engine
+            .ready_unix
+            .map(|t| weights::install::now_unix().saturating_sub(t));
+        crate::report::collect(
+            &self.sources.board,
+            &self.sources.config,
+            tuned.model,
+            tuned.steps,
+            engine,
+        )
+    }
+
+    fn status_value(&self) -> serde_json::Value {
+        serde_json::to_value(self.status()).unwrap_or_else(
+            |e| serde_json::json!({ "error": format!("cannot encode the status: {e}") }),
+        )
+    }
+
+    /// [`App::status`] off the runtime thread: reading the board walks sysfs, and the daemon
+    /// supervises the engine on the same (single) runtime thread.
+    async fn status_off_thread(self: &Arc<Self>) -> Result<Status, DashError> {
+        let app = Arc::clone(self);
+        tokio::task::spawn_blocking(move || app.status())
+            .await
+            .map_err(|e| DashError::Internal(format!("reading the status crashed: {e}")))
+    }
+
+    fn engine_log(&self) -> Vec<String> {
+        self.sources.logs.recent(live::LOG_LINES)
+    }
+
+    /// Takes one sample and hands the rendered update to every listening browser.
+    fn sample(&self) {
+        let status = self.status_value();
+        let now_ms = unix_ms();
+        let update = {
+            let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            live::update(&mut history, &status, &self.engine_log(), now_ms)
+        };
+        self.updates.send_replace(Arc::new(update));
+    }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The running dashboard.
+pub struct Handle {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Handle {
+    /// Stops serving.
+    pub fn stop(self) {
+        for task in self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Starts the sampler and the server in the background; a port that cannot be bound is logged
+/// and leaves the daemon running without a dashboard.
+pub fn start(sources: Sources) -> Handle {
+    let (bound, downgraded) = bind_address(&sources.config.dashboard);
+    if let Some(why) = downgraded {
+        tracing::warn!("{why}");
+    }
+    let interval = Duration::from_secs(sources.config.dashboard.sample_interval_s.get());
+    let app = Arc::new(App {
+        open: !sources.config.dashboard.password_hash.is_set(),
+        history: Mutex::new(live::History::new(interval.as_secs())),
+        sources,
+        bound,
+        sessions: auth::Sessions::default(),
+        limiter: auth::LoginLimiter::default(),
+        updates: watch::channel(Arc::new(String::new())).0,
+    });
+    let sampler = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                let app = Arc::clone(&app);
+                if let Err(e) = tokio::task::spawn_blocking(move || app.sample()).await {
+                    tracing::error!("dashboard: taking a sample crashed: {e}");
+                }
+            }
+        })
+    };
+    let server = tokio::spawn(async move {
+        let listener = match tokio::net::TcpListener::bind(bound).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(
+                    "dashboard: cannot listen on {bound}: {e}; change [dashboard] listen"
+                );
+                return;
+            }
+        };
+        tracing::info!("dashboard on http://{bound}/");
+        let service = routes::router(app).into_make_service_with_connect_info::<SocketAddr>();
+        if let Err(e) = axum::serve(listener, service).await {
+            tracing::error!("dashboard: the server stopped: {e}");
+        }
+    });
+    Handle {
+        tasks: vec![sampler, server],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_password_only_loopback_is_bound() {
+        let mut config = Dashboard::default();
+        let (addr, why) = bind_address(&config);
+        assert_eq!(addr, "127.0.0.1:8000".parse().expect("addr"));
+        assert!(why.is_some_and(|w| w.contains("0.0.0.0:8000") && w.contains("password_hash")));
+        config.listen =
+            crate::config::ListenAddr::try_from("[::1]:9000".to_string()).expect("addr");
+        assert_eq!(
+            bind_address(&config),
+            ("[::1]:9000".parse().expect("addr"), None)
+        );
+        config.listen =
+            crate::config::ListenAddr::try_from("0.0.0.0:80".to_string()).expect("addr");
+        config.password_hash =
+            crate::config::PasswordHash::try_from(auth::hash_password("pw").expect("hash"))
+                .expect("valid");
+        assert_eq!(
+            bind_address(&config),
+            ("0.0.0.0:80".parse().expect("addr"), None)
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! The HTML pages, rendered on the server; every text in them is escaped.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use super::fields::{Field, Level, text_of};
+
+/// `&`, `<`, `>`, `"` and `'` as entities: safe in text and in quoted attributes.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The overclock history table from the status document's `overclock` part: its `trials`
+/// (each a `candidate` clock with its status and reason), or a flat `steps` list.
+pub(super) fn overclock_history(oc: &Value) -> String {
+    if oc.is_null() {
+        return "<p>No overclock trials in this build.</p>".into();
+    }
+    let empty = Vec::new();
+    let trials = oc["trials"]
+        .as_array()
+        .or_else(|| oc["steps"].as_array())
+        .unwrap_or(&empty);
+    if trials.is_empty() {
+        return "<p>No overclock trials have run.</p>".into();
+    }
+    let mut html = String::from(
+        "<table id=\"overclock-history\"><thead><tr><th>run</th><th>Arm clock</th>\
+         <th>voltage offset</th><th>result</th><th>why</th></tr></thead><tbody>",
+    );
+    for t in trials {
+        let candidate = if t["candidate"].is_object() {
+            &t["candidate"]
+        } else {
+            t
+        };
+        let cell = |v: &Value| escape(&text_of(v));
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{} MHz</td><td>{} µV</td><td>{}</td><td>{}</td></tr>",
+            cell(&t["run"]),
+            cell(&candidate["arm_freq"]),
+            cell(&candidate["over_voltage_delta"]),
+            cell(&t["status"]),
+            cell(&t["reason"])
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+fn head(title: &str) -> String {
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{}</title><link rel=\"stylesheet\" href=\"/assets/style.css\">",
+        escape(title)
+    )
+}
+
+/// Why the dashboard is on loopback only, when it is.
+pub fn loopback_notice(open: bool, bound: std::net::SocketAddr) -> String {
+    if open {
+        format!(
+            "<p class=\"notice\" id=\"loopback-notice\">No password is set, so this dashboard \
+             answers on this box only ({}). Set <code>[dashboard] password_hash</code> \
+             (<code>supervisor dashboard hash-password</code>) to reach it from the network.</p>",
+            escape(&bound.to_string())
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// The login page, with an error when the last attempt failed.
+pub fn login(error: Option<&str>) -> String {
+    let error = error
+        .map(|e| format!("<p class=\"error\" id=\"login-error\">{}</p>", escape(e)))
+        .unwrap_or_default();
+    format!(
+        "{}</head><body class=\"login\"><main><h1>Appliance</h1>{error}\
+         <form method=\"post\" action=\"/login\">\
+         <label for=\"password\">Password</label>\
+         <input type=\"password\" id=\"password\" name=\"password\" autocomplete=\"current-password\" autofocus required>\
+         <button type=\"submit\" id=\"login-button\">Log in</button></form></main></body></html>",
+        head("Appliance — log in")
+    )
+}
+
+/// What the overview page is made of.
+pub struct Overview<'a> {
+    /// The status document.
+    pub status: &'a Value,
+    /// Its values (see [`fields`]).
+    pub fields: &'a [Field],
+    /// Rendered charts by name.
+    pub charts: &'a [(&'static str, &'static str, String)],
+    /// This session's CSRF token.
+    pub csrf: &'a str,
+    /// The loopback notice, if any (already HTML).
+    pub notice: String,
+    /// Live-sample number the page was rendered at.
+    pub seq: u64,
+}
+
+/// The overview page.
+pub fn overview(o: &Overview) -> String {
+    let mut html = head("Appliance — status");
+    let _ = write!(
+        html,
+        "<meta name=\"csrf-token\" content=\"{}\"><script src=\"/assets/app.js\" defer></script></head><body>",
+        escape(o.csrf)
+    );
+    let model = o.status["board"]["model"]
+        .as_str()
+        .unwrap_or("unknown board");
+    let simulated = if o.status["simulated"] == Value::Bool(true) {
+        " (simulated)"
+    } else {
+        ""
+    };
+    let _ = write!(
+        html,
+        "<header><h1>Appliance</h1><span class=\"board\">{}{simulated}</span>\
+         <span class=\"live\">live update <span id=\"live-seq\">{}</span> \
+         <span id=\"live-state\">connecting…</span></span>\
+         <form method=\"post\" action=\"/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         <button type=\"submit\" id=\"logout\">Log out</button></form></header><main>{}",
+        escape(model),
+        o.seq,
+        escape(o.csrf),
+        o.notice
+    );
+    html.push_str("<section><h2>Health</h2><ul class=\"health\">");
+    for f in o.fields.iter().filter(|f| f.level.is_some()) {
+        let level = f.level.map(|l| match l {
+            Level::Ok => "ok",
+            Level::Warn => "warn",
+            Level::Bad => "bad",
+        });
+        let _ = write!(
+            html,
+            "<li id=\"{}\" class=\"lvl-{}\">{}</li>",
+            escape(&f.id),
+            level.unwrap_or("ok"),
+            escape(&f.text)
+        );
+    }
+    html.push_str("</ul></section><section><h2>Now</h2><dl class=\"values\">");
+    for f in o
+        .fields
+        .iter()
+        .filter(|f| f.level.is_none() && f.id != "v-engine-log")
+    {
+        let _ = write!(
+            html,
+            "<dt>{}</dt><dd id=\"{}\">{}</dd>",
+            escape(&f.label),
+            escape(&f.id),
+            escape(&f.text)
+        );
+    }
+    html.push_str("</dl></section><section><h2>Last hour</h2><div class=\"charts\">");
+    for (name, title, svg) in o.charts {
+        let _ = write!(
+            html,
+            "<figure><figcaption>{}</figcaption><div id=\"chart-{name}\">{svg}</div></figure>",
+            escape(title)
+        );
+    }
+    html.push_str(
+        "</div></section><section><h2>Try it</h2>\
+         <form id=\"chat-form\"><textarea id=\"chat-input\" maxlength=\"2000\" rows=\"2\" \
+         placeholder=\"Ask the model something\"></textarea>\
+         <button type=\"submit\" id=\"chat-send\">Send</button></form>\
+         <pre id=\"chat-reply\" class=\"reply\"></pre></section>",
+    );
+    let log = o
+        .fields
+        .iter()
+        .find(|f| f.id == "v-engine-log")
+        .map(|f| escape(&f.text))
+        .unwrap_or_default();
+    let _ = write!(
+        html,
+        "<section><h2>Engine log</h2><pre id=\"v-engine-log\" class=\"log\">{log}</pre></section>\
+         <section><h2>Overclock history</h2>{}</section></main></body></html>",
+        overclock_history(&o.status["overclock"])
+    );
+    html
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn everything_from_the_document_is_escaped() {
+        assert_eq!(
+            escape("<a href='x'>&\"</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
+        );
+        let status = json!({
+            "board": { "model": "<script>alert(1)</script>" },
+            "steps": [{ "name": "gov<", "desired": "a", "effective": "b", "state": "failed", "reason": "<img>" }],
+            "engine": { "state": "ready", "reason": "serving", "restarts": 0 }
+        });
+        let fields = super::super::fields::fields(&status, &["<b>log</b>".to_string()]);
+        let page = overview(&Overview {
+            status: &status,
+            fields: &fields,
+            charts: &[],
+            csrf: "\"><x",
+            notice: String::new(),
+            seq: 1,
+        });
+        for raw in ["<script>alert", "<img>", "<b>log", "\"><x", "gov<"] {
+            assert!(!page.contains(raw), "{raw} unescaped");
+        }
+        assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    }
+
+    #[test]
+    fn the_overclock_history_lists_every_trial_in_either_shape() {
+        let nested = json!({ "phase": "done", "trials": [
+            { "run": 1, "candidate": { "arm_freq": 2600, "over_voltage_delta": 0 }, "status": "passed", "reason": "" },
+            { "run": 1, "candidate": { "arm_freq": 2800, "over_voltage_delta": 20000 }, "status": "failed", "reason": "<throttled>" }
+        ]});
+        let html = overclock_history(&nested);
+        assert!(
+            html.contains("<td>1</td><td>2600 MHz</td><td>0 µV</td><td>passed</td>"),
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "<td>2800 MHz</td><td>20000 µV</td><td>failed</td><td>&lt;throttled&gt;</td>"
+            ),
+            "{html}"
+        );
+        let flat = json!({ "steps": [{ "arm_freq": 2700, "over_voltage_delta": 2, "status": "running", "reason": "" }] });
+        assert!(
+            overclock_history(&flat).contains("<td>2700 MHz</td><td>2 µV</td><td>running</td>")
+        );
+        assert!(overclock_history(&json!({ "phase": "idle", "trials": [] })).contains("have run"));
+        assert!(overclock_history(&Value::Null).contains("in this build"));
+    }
+}

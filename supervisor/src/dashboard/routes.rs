@@ -1,0 +1,306 @@
+//! The router and its handlers: who is asking (session cookie, bearer token, CSRF token) and
+//! what each route answers.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Form, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+use super::auth::{self, Session};
+use super::error::DashError;
+use super::{App, chat, live, pages};
+
+/// The session cookie's name.
+pub const COOKIE: &str = "appliance_session";
+/// Largest request body: a login form or a chat question.
+const BODY_LIMIT: usize = 16 * 1024;
+/// No inline scripts or styles; everything from this origin only.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+const APP_JS: &str = include_str!("assets/app.js");
+const STYLE_CSS: &str = include_str!("assets/style.css");
+
+/// Every route, with the security headers and the body limit.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(overview))
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/events", get(events))
+        .route("/api/status", get(api_status))
+        .route("/api/chat", post(api_chat))
+        .route("/assets/app.js", get(app_js))
+        .route("/assets/style.css", get(style_css))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::map_response(security_headers))
+        .with_state(app)
+}
+
+async fn security_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The session cookie's value, if the request has one.
+fn cookie_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name == COOKIE).then(|| value.to_string())
+        })
+}
+
+impl App {
+    fn session(&self, headers: &HeaderMap) -> Option<(String, Session)> {
+        let id = cookie_id(headers)?;
+        let session = self.sessions.get(&id)?;
+        Some((id, session))
+    }
+
+    /// A session, or an error saying how to get one.
+    fn require_session(&self, headers: &HeaderMap) -> Result<(String, Session), DashError> {
+        self.session(headers).ok_or(DashError::LoginRequired)
+    }
+
+    /// A session whose CSRF token the request presents (form field or `X-CSRF-Token` header).
+    fn require_csrf(
+        &self,
+        headers: &HeaderMap,
+        presented: Option<&str>,
+    ) -> Result<(String, Session), DashError> {
+        let (id, session) = self.session(headers).ok_or(DashError::Csrf)?;
+        let presented = presented
+            .or_else(|| headers.get("x-csrf-token").and_then(|v| v.to_str().ok()))
+            .unwrap_or("");
+        if auth::constant_time_eq(presented.as_bytes(), session.csrf.as_bytes()) {
+            Ok((id, session))
+        } else {
+            Err(DashError::Csrf)
+        }
+    }
+
+    /// A fresh session and its `Set-Cookie` value. No `Secure`: the box serves plain HTTP on
+    /// the clinic's network, where a Secure cookie would never be sent back.
+    fn new_session(&self) -> Result<(Session, HeaderValue), DashError> {
+        let (id, session) = self.sessions.create().map_err(DashError::Internal)?;
+        let cookie = format!(
+            "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+            auth::SESSION_LIFETIME.as_secs()
+        );
+        let value =
+            HeaderValue::from_str(&cookie).map_err(|e| DashError::Internal(e.to_string()))?;
+        Ok((session, value))
+    }
+}
+
+async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, DashError> {
+    let (session, cookie) = match app.session(&headers) {
+        Some((_, session)) => (session, None),
+        // Without a password the box's own loopback is the only way in: no login to ask for.
+        None if app.open => {
+            let (session, cookie) = app.new_session()?;
+            (session, Some(cookie))
+        }
+        None => return Err(DashError::LoginRequired),
+    };
+    let status = serde_json::to_value(app.status_off_thread().await?)
+        .map_err(|e| DashError::Internal(format!("cannot encode the status: {e}")))?;
+    let fields = super::fields::fields(&status, &app.engine_log());
+    let (charts, seq) = {
+        let history = app.history.lock().unwrap_or_else(|p| p.into_inner());
+        (history.charts(super::unix_ms()), history.seq())
+    };
+    let page = pages::overview(&pages::Overview {
+        status: &status,
+        fields: &fields,
+        charts: &charts,
+        csrf: &session.csrf,
+        notice: pages::loopback_notice(app.open, app.bound),
+        seq,
+    });
+    let mut response = Html(page).into_response();
+    if let Some(cookie) = cookie {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    Ok(response)
+}
+
+async fn login_page(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if app.open || app.session(&headers).is_some() {
+        return Redirect::to("/").into_response();
+    }
+    Html(pages::login(None)).into_response()
+}
+
+async fn login(
+    State(app): State<Arc<App>>,
+    ConnectInfo(client): ConnectInfo<SocketAddr>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Result<Response, DashError> {
+    if app.open {
+        return Ok(Redirect::to("/").into_response());
+    }
+    if let Some(wait) = app.limiter.check(client.ip()) {
+        tracing::warn!(client = %client.ip(), "dashboard: login refused, too many failed attempts");
+        return Err(DashError::TooManyAttempts(wait));
+    }
+    let password = form.get("password").cloned().unwrap_or_default();
+    let phc = app
+        .sources
+        .config
+        .dashboard
+        .password_hash
+        .as_str()
+        .to_string();
+    // Argon2 is deliberately slow: off the runtime thread the daemon also supervises from.
+    let ok = tokio::task::spawn_blocking(move || auth::verify_password(&phc, &password))
+        .await
+        .map_err(|e| DashError::Internal(format!("password check crashed: {e}")))?;
+    if !ok {
+        app.limiter.failed(client.ip());
+        tracing::warn!(client = %client.ip(), "dashboard: wrong password");
+        return Ok((
+            StatusCode::UNAUTHORIZED,
+            Html(pages::login(Some("Wrong password."))),
+        )
+            .into_response());
+    }
+    tracing::info!(client = %client.ip(), "dashboard: logged in");
+    let (_, cookie) = app.new_session()?;
+    let mut response = Redirect::to("/").into_response();
+    response.headers_mut().insert(header::SET_COOKIE, cookie);
+    Ok(response)
+}
+
+async fn logout(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Form(form): Form<HashMap<String, String>>,
+) -> Result<Response, DashError> {
+    let (id, _) = app.require_csrf(&headers, form.get("csrf").map(String::as_str))?;
+    app.sessions.remove(&id);
+    let mut response = Redirect::to("/login").into_response();
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static(
+            "appliance_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+        ),
+    );
+    Ok(response)
+}
+
+async fn events(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, DashError> {
+    let (id, _) = app
+        .require_session(&headers)
+        .map_err(|_| DashError::Unauthorized)?;
+    let updates = app.updates.subscribe();
+    let allowed = move || app.sessions.get(&id).is_some();
+    Ok(live::stream(updates, allowed).into_response())
+}
+
+async fn api_status(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> Result<Response, DashError> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let allowed = match bearer {
+        Some(token) => {
+            auth::token_allowed(token.trim(), &app.sources.config.dashboard.api_token_sha256)
+        }
+        None => app.session(&headers).is_some(),
+    };
+    if !allowed {
+        return Err(DashError::Unauthorized);
+    }
+    Ok(Json(app.status_off_thread().await?).into_response())
+}
+
+async fn api_chat(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, DashError> {
+    app.require_csrf(&headers, None)?;
+    let question: chat::Question = serde_json::from_slice(&body)
+        .map_err(|e| DashError::BadRequest(format!("expected {{\"message\": \"...\"}}: {e}")))?;
+    let engine = app.sources.engine.borrow().clone();
+    let url = match (engine.state, engine.url) {
+        (crate::engine::Phase::Ready, Some(url)) => url,
+        (state, _) => {
+            return Err(DashError::EngineUnavailable(format!(
+                "the engine is not ready ({}); try again shortly",
+                serde_json::to_value(state)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            )));
+        }
+    };
+    let answer = tokio::task::spawn_blocking(move || chat::ask(&url, &question))
+        .await
+        .map_err(|e| DashError::Internal(format!("the chat request crashed: {e}")))??;
+    Ok(Json(answer).into_response())
+}
+
+async fn app_js() -> Response {
+    asset("text/javascript; charset=utf-8", APP_JS)
+}
+
+async fn style_css() -> Response {
+    asset("text/css; charset=utf-8", STYLE_CSS)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_cookie_is_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("theme=dark; appliance_session=abc123; other=1"),
+        );
+        assert_eq!(cookie_id(&headers).as_deref(), Some("abc123"));
+        assert_eq!(cookie_id(&HeaderMap::new()), None);
+    }
+}

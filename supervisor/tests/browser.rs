@@ -1,0 +1,399 @@
+//! The dashboard in a real browser: headless Chromium driven through chromedriver (W3C
+//! WebDriver, spoken here over plain HTTP), against `supervisor run` with the real engine and
+//! model on a simulated board. It logs in through the form, sees the overview, watches a value
+//! the board changes arrive over the live events, asks the chat box, and saves a screenshot to
+//! `<target>/ci-artifacts/dashboard.png`; a wrong password, a missing session and a forged
+//! CSRF token are refused in the browser too.
+//!
+//! Needs `chromium` and `chromedriver` (Debian `chromium`, `chromium-driver`; `.ci/run`
+//! installs them). Without them the test fails: it never skips.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
+const PASSWORD: &str = "reception 42";
+/// The W3C name of an element reference in WebDriver answers.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// The cargo target directory of this build (`<target>/<profile>/deps/<test>`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    exe.ancestors().nth(3).expect("target dir").to_path_buf()
+}
+
+/// The `engine` binary of this build, built when only the supervisor's tests were.
+fn engine_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let profile_dir = exe.ancestors().nth(2).expect("target/<profile>");
+    let engine = profile_dir.join("engine");
+    if !engine.is_file() {
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "--locked", "-p", "engine"]);
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        assert!(
+            build.status().expect("cargo").success(),
+            "building the engine"
+        );
+    }
+    engine
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One WebDriver session.
+struct Browser {
+    base: String,
+    session: String,
+    agent: ureq::Agent,
+    _driver: Killed,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let driver = which("chromedriver").expect(
+            "chromedriver is not installed: apt-get install chromium chromium-driver (.ci/run does)",
+        );
+        let chromium = ["chromium", "chromium-browser", "google-chrome"]
+            .iter()
+            .find_map(|name| which(name))
+            .expect("chromium is not installed: apt-get install chromium chromium-driver");
+        let port = free_port();
+        let child = Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver");
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while agent.get(&format!("{base}/status")).call().is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut browser = Browser {
+            base,
+            session: String::new(),
+            agent,
+            _driver: Killed(child),
+        };
+        let caps = json!({ "capabilities": { "alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                // Root in a container has no user namespace for Chromium's sandbox.
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1280,2000"]
+            }
+        }}});
+        let answer = browser.call("POST", "/session", Some(caps));
+        browser.session = answer["value"]["sessionId"]
+            .as_str()
+            .expect("session id")
+            .to_string();
+        browser
+    }
+
+    /// A WebDriver command; panics with the driver's message when it fails.
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let url = if path == "/session" {
+            format!("{}{path}", self.base)
+        } else {
+            format!("{}/session/{}{path}", self.base, self.session)
+        };
+        let response = match method {
+            "GET" => self.agent.get(&url).call(),
+            "DELETE" => self.agent.delete(&url).call(),
+            _ => self
+                .agent
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(body.unwrap_or(json!({})).to_string()),
+        };
+        let mut response = response.expect("webdriver request");
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .expect("webdriver body");
+        let value: Value = serde_json::from_str(&text).expect("webdriver json");
+        assert_eq!(status, 200, "{method} {path}: {text}");
+        value
+    }
+
+    fn value(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        self.call(method, path, body)["value"].clone()
+    }
+
+    fn go(&self, url: &str) {
+        self.value("POST", "/url", Some(json!({ "url": url })));
+    }
+
+    fn url(&self) -> String {
+        self.value("GET", "/url", None)
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    fn find(&self, css: &str) -> String {
+        let found = self.value(
+            "POST",
+            "/element",
+            Some(json!({ "using": "css selector", "value": css })),
+        );
+        found[ELEMENT].as_str().expect(css).to_string()
+    }
+
+    fn text(&self, css: &str) -> String {
+        let id = self.find(css);
+        self.value("GET", &format!("/element/{id}/text"), None)
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    fn attribute(&self, css: &str, name: &str) -> Option<String> {
+        let id = self.find(css);
+        self.value("GET", &format!("/element/{id}/attribute/{name}"), None)
+            .as_str()
+            .map(str::to_string)
+    }
+
+    fn type_into(&self, css: &str, text: &str) {
+        let id = self.find(css);
+        self.value("POST", &format!("/element/{id}/clear"), None);
+        self.value(
+            "POST",
+            &format!("/element/{id}/value"),
+            Some(json!({ "text": text })),
+        );
+    }
+
+    fn click(&self, css: &str) {
+        let id = self.find(css);
+        self.value("POST", &format!("/element/{id}/click"), None);
+    }
+
+    /// Runs an async script in the page; it calls its last argument with the result.
+    fn run_async(&self, script: &str) -> Value {
+        self.value(
+            "POST",
+            "/execute/async",
+            Some(json!({ "script": script, "args": [] })),
+        )
+    }
+
+    fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(&Browser) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !done(self) {
+            assert!(Instant::now() < deadline, "not {what} within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn screenshot(&self, to: &Path) {
+        let png = self.value("GET", "/screenshot", None);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().expect("base64"))
+            .expect("png");
+        assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
+        std::fs::create_dir_all(to.parent().expect("dir")).expect("artifact dir");
+        std::fs::write(to, bytes).expect("screenshot");
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let url = format!("{}/session/{}", self.base, self.session);
+            let _ = self.agent.delete(&url).call();
+        }
+    }
+}
+
+fn hash_password(password: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(["dashboard", "hash-password"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("hash-password");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(password.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .expect("utf8")
+        .trim()
+        .to_string()
+}
+
+/// A simulated board with the default model, and `supervisor run` serving the dashboard.
+fn start_supervisor(dir: &Path, port: u16) -> Killed {
+    let root = dir.join("board");
+    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
+    let out = Command::new(BIN)
+        .arg("--root")
+        .arg(&root)
+        .args(["weights", "fetch-default", "--cache"])
+        .arg(&cache)
+        .output()
+        .expect("fetch-default");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config = format!(
+        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {}\nhealth_interval_s = 2\n\n\
+         [dashboard]\nlisten = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\nsample_interval_s = 1\n",
+        engine_binary().display(),
+        free_port(),
+        hash_password(PASSWORD)
+    );
+    std::fs::write(root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let child = Command::new(BIN)
+        .arg("--root")
+        .arg(&root)
+        .arg("run")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("supervisor run");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the dashboard did not listen");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Killed(child)
+}
+
+#[test]
+fn log_in_watch_live_values_chat_and_save_a_screenshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let _supervisor = start_supervisor(dir.path(), port);
+    let base = format!("http://127.0.0.1:{port}");
+    let browser = Browser::start();
+
+    // A missing session: the overview sends the browser to the login form.
+    browser.go(&format!("{base}/"));
+    assert_eq!(browser.url(), format!("{base}/login"));
+
+    // A wrong password: the form again, with the error, and no way in.
+    browser.type_into("#password", "reception 24");
+    browser.click("#login-button");
+    assert_eq!(browser.text("#login-error"), "Wrong password.");
+    browser.go(&format!("{base}/"));
+    assert_eq!(browser.url(), format!("{base}/login"));
+
+    // The right password: the overview.
+    browser.type_into("#password", PASSWORD);
+    browser.click("#login-button");
+    assert_eq!(browser.url(), format!("{base}/"));
+    assert!(
+        browser
+            .text("#v-model")
+            .contains("smollm2-135m-instruct-q4_1")
+    );
+    assert!(browser.text("#h-model").contains("verified"));
+
+    // Live: the events keep coming, and a new reading on the board reaches the page.
+    let seq = |b: &Browser| b.text("#live-seq").parse::<u64>().unwrap_or(0);
+    let first = seq(&browser);
+    browser.wait_for("updated live", Duration::from_secs(20), |b| {
+        seq(b) >= first + 2
+    });
+    std::fs::write(
+        dir.path()
+            .join("board/sys/class/thermal/thermal_zone0/temp"),
+        "71234\n",
+    )
+    .expect("temperature");
+    browser.wait_for(
+        "showing the new temperature",
+        Duration::from_secs(20),
+        |b| b.text("#v-temp") == "71.2 °C",
+    );
+
+    // The chat box, through the supervisor to the engine on loopback.
+    browser.wait_for("engine ready", Duration::from_secs(180), |b| {
+        b.text("#h-engine").starts_with("engine: ready")
+    });
+    assert!(
+        browser.text("#h-summary").starts_with("Healthy"),
+        "{}",
+        browser.text("#h-summary")
+    );
+    browser.type_into("#chat-input", "Name a colour.");
+    browser.click("#chat-send");
+    browser.wait_for("answered", Duration::from_secs(120), |b| {
+        b.attribute("#chat-reply", "data-done").is_some()
+    });
+    assert_eq!(
+        browser.attribute("#chat-reply", "data-done").as_deref(),
+        Some("ok"),
+        "{}",
+        browser.text("#chat-reply")
+    );
+    assert!(!browser.text("#chat-reply").trim().is_empty());
+
+    // A forged CSRF token from the logged-in page itself is refused.
+    let status = browser.run_async(
+        "const done = arguments[arguments.length - 1];
+         fetch('/api/chat', { method: 'POST',
+           headers: { 'content-type': 'application/json', 'x-csrf-token': 'forged' },
+           body: JSON.stringify({ message: 'hi' }) }).then(r => done(r.status), e => done(String(e)));",
+    );
+    assert_eq!(status, json!(403));
+
+    let shot = target_dir().join("ci-artifacts/dashboard.png");
+    browser.screenshot(&shot);
+    println!("dashboard screenshot: {}", shot.display());
+
+    // Logging out ends the session: the overview asks for the password again.
+    browser.click("#logout");
+    assert_eq!(browser.url(), format!("{base}/login"));
+    browser.go(&format!("{base}/"));
+    assert_eq!(browser.url(), format!("{base}/login"));
+}

@@ -1,0 +1,517 @@
+//! The dashboard served by `supervisor run` on a simulated board, over real HTTP: login, the
+//! cookie's attributes, wrong passwords and the rate limit, `/api/status` (session, bearer token,
+//! the same document as `status --json`), CSRF on every POST, the live event stream, and
+//! loopback-only service without a password.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
+const PASSWORD: &str = "clinic front desk 7";
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// Runs a `supervisor` subcommand with `stdin`, returning stdout.
+fn supervisor(args: &[&str], stdin: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("supervisor");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8")
+}
+
+/// A token and its digest from `supervisor dashboard new-token`.
+fn new_token() -> (String, String) {
+    let out = supervisor(&["dashboard", "new-token"], "");
+    let field = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .expect(name)
+            .trim()
+            .to_string()
+    };
+    (field("token "), field("sha256 "))
+}
+
+/// `supervisor run` on a fresh simulated board with a `[dashboard]` section.
+struct Daemon {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    child: Child,
+    base: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dashboard: &str, port: u16) -> Daemon {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("board");
+    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    std::fs::write(root.join("proc/uptime"), "93784.52 180000.10\n").expect("uptime");
+    std::fs::write(
+        root.join("etc/os-release"),
+        "NAME=\"Debian GNU/Linux\"\nPRETTY_NAME=\"Debian GNU/Linux 13 (trixie)\"\n",
+    )
+    .expect("os-release");
+    let config = format!(
+        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nport = {}\n\n[dashboard]\nsample_interval_s = 1\n{dashboard}",
+        free_port()
+    );
+    std::fs::write(root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let child = Command::new(BIN)
+        .args(["--root", root.to_str().expect("utf8"), "run"])
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("supervisor run");
+    let daemon = Daemon {
+        _dir: dir,
+        root,
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    daemon
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn reply(mut response: ureq::http::Response<ureq::Body>) -> Reply {
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    Reply {
+        status: response.status().as_u16(),
+        headers,
+        body: response.body_mut().read_to_string().unwrap_or_default(),
+    }
+}
+
+fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut request = agent().get(url);
+    for (n, v) in headers {
+        request = request.header(*n, *v);
+    }
+    reply(request.call().expect("GET"))
+}
+
+fn post(url: &str, headers: &[(&str, &str)], content_type: &str, body: &str) -> Reply {
+    let mut request = agent().post(url).header("content-type", content_type);
+    for (n, v) in headers {
+        request = request.header(*n, *v);
+    }
+    reply(request.send(body).expect("POST"))
+}
+
+fn login(base: &str, password: &str) -> Reply {
+    let mut body = String::from("password=");
+    for b in password.bytes() {
+        if b.is_ascii_alphanumeric() {
+            body.push(b as char);
+        } else {
+            body.push_str(&format!("%{b:02X}"));
+        }
+    }
+    post(
+        &format!("{base}/login"),
+        &[],
+        "application/x-www-form-urlencoded",
+        &body,
+    )
+}
+
+/// The `name=value` part of a Set-Cookie header.
+fn cookie_pair(set_cookie: &str) -> String {
+    set_cookie.split(';').next().expect("pair").to_string()
+}
+
+fn csrf_of(page: &str) -> String {
+    let start = page
+        .find("name=\"csrf-token\" content=\"")
+        .expect("csrf meta")
+        + 27;
+    page[start..]
+        .split('"')
+        .next()
+        .expect("csrf token")
+        .to_string()
+}
+
+fn status_json(root: &std::path::Path) -> Value {
+    let out = Command::new(BIN)
+        .args(["--root", root.to_str().expect("utf8"), "status", "--json"])
+        .output()
+        .expect("status");
+    assert!(out.status.success());
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    k.sort();
+    k
+}
+
+/// An open event stream.
+fn open_events(base: &str, cookie: &str) -> BufReader<ureq::BodyReader<'static>> {
+    let response = agent()
+        .get(&format!("{base}/events"))
+        .header("cookie", cookie)
+        .call()
+        .expect("GET /events");
+    assert_eq!(response.status().as_u16(), 200);
+    BufReader::new(response.into_body().into_reader())
+}
+
+/// Reads a stream to its end.
+fn drain(mut reader: BufReader<ureq::BodyReader<'static>>) {
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        line.clear();
+    }
+}
+
+/// Reads server-sent events until `count` `update` events have arrived; their data as JSON.
+fn read_events(base: &str, cookie: &str, count: usize) -> Vec<Value> {
+    let response = agent()
+        .get(&format!("{base}/events"))
+        .header("cookie", cookie)
+        .call()
+        .expect("GET /events");
+    assert_eq!(response.status().as_u16(), 200);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let mut reader = BufReader::new(response.into_body().into_reader());
+    let mut events = Vec::new();
+    let mut line = String::new();
+    while events.len() < count {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).expect("read") > 0,
+            "stream ended"
+        );
+        if let Some(data) = line.strip_prefix("data: ") {
+            events.push(serde_json::from_str(data.trim_end()).expect("event json"));
+        }
+    }
+    events
+}
+
+#[test]
+fn login_sessions_tokens_csrf_live_events_and_the_rate_limit() {
+    let port = free_port();
+    let hash = supervisor(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
+    let hash = hash.trim();
+    assert!(hash.starts_with("$argon2id$"), "{hash}");
+    let (token, digest) = new_token();
+    assert_eq!(token.len(), 64);
+    let d = start(
+        &format!(
+            "listen = \"0.0.0.0:{port}\"\npassword_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n"
+        ),
+        port,
+    );
+    let base = d.base.clone();
+
+    // No session: pages redirect to the login, the API says 401, the events too.
+    let r = get(&format!("{base}/"), &[]);
+    assert_eq!((r.status, r.header("location")), (303, Some("/login")));
+    assert!(
+        r.header("content-security-policy")
+            .is_some_and(|c| c.contains("script-src 'self'"))
+    );
+    let r = get(&format!("{base}/login"), &[]);
+    assert!(
+        r.status == 200 && r.body.contains("name=\"password\""),
+        "{}",
+        r.body
+    );
+    assert_eq!(get(&format!("{base}/api/status"), &[]).status, 401);
+    assert_eq!(get(&format!("{base}/events"), &[]).status, 401);
+    let forged = "appliance_session=".to_string() + &"ab".repeat(32);
+    assert_eq!(get(&format!("{base}/"), &[("cookie", &forged)]).status, 303);
+
+    // A wrong password: no cookie, an error on the page.
+    let r = login(&base, "clinic front desk 8");
+    assert_eq!(r.status, 401);
+    assert!(r.header("set-cookie").is_none());
+    assert!(r.body.contains("Wrong password"), "{}", r.body);
+
+    // The right one: a session cookie that scripts cannot read and other sites cannot send.
+    let r = login(&base, PASSWORD);
+    assert_eq!((r.status, r.header("location")), (303, Some("/")));
+    let set_cookie = r.header("set-cookie").expect("cookie").to_string();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set_cookie.contains(attribute), "{set_cookie}");
+    }
+    let cookie = cookie_pair(&set_cookie);
+    let id = cookie.strip_prefix("appliance_session=").expect("name");
+    assert!(
+        id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+
+    let page = get(&format!("{base}/"), &[("cookie", &cookie)]);
+    assert_eq!(page.status, 200);
+    for shown in [
+        "Not healthy",
+        "Model in use",
+        "smollm2-135m-instruct-q4_1",
+        "Decode (answer) speed",
+        "Temperature",
+        "Debian GNU/Linux 13 (trixie)",
+        "1 d 2 h 3 min",
+        "built 20",
+        "governor: ",
+        "engine: blocked",
+        "overclock: ",
+        "chart-temperature",
+        "<svg",
+    ] {
+        assert!(page.body.contains(shown), "{shown} not on the page");
+    }
+    assert!(!page.body.contains("<script>"), "no inline scripts");
+    let csrf = csrf_of(&page.body);
+
+    // /api/status: with the session, with the bearer token, not with a wrong token.
+    let by_session = get(&format!("{base}/api/status"), &[("cookie", &cookie)]);
+    assert_eq!(by_session.status, 200);
+    let auth = format!("Bearer {token}");
+    let by_token = get(&format!("{base}/api/status"), &[("authorization", &auth)]);
+    assert_eq!(by_token.status, 200);
+    let wrong = format!("Bearer {}", "0".repeat(64));
+    assert_eq!(
+        get(&format!("{base}/api/status"), &[("authorization", &wrong)]).status,
+        401
+    );
+    let api: Value = serde_json::from_str(&by_token.body).expect("json");
+    let cli = status_json(&d.root);
+    assert_eq!(keys(&api), keys(&cli));
+    for part in ["board", "model", "engine"] {
+        assert_eq!(keys(&api[part]), keys(&cli[part]), "{part}");
+    }
+    for stable in ["schema_version", "root", "simulated"] {
+        assert_eq!(api[stable], cli[stable], "{stable}");
+    }
+    assert_eq!(api["model"], cli["model"]);
+    assert_eq!(api["engine"]["state"], cli["engine"]["state"]);
+    assert_eq!(api["engine"]["model_id"], cli["engine"]["model_id"]);
+    assert_eq!(api["board"]["model"], cli["board"]["model"]);
+    assert_eq!(api["board"]["os"], cli["board"]["os"]);
+    let steps = |v: &Value| -> Vec<(Value, Value)> {
+        v["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|s| (s["name"].clone(), s["desired"].clone()))
+            .collect()
+    };
+    assert_eq!(steps(&api), steps(&cli));
+
+    // Live events: two updates with increasing sample numbers and times.
+    let events = read_events(&base, &cookie, 2);
+    let (a, b) = (&events[0]["sample"], &events[1]["sample"]);
+    assert!(b["seq"].as_u64() > a["seq"].as_u64(), "{a} {b}");
+    assert!(b["unix_ms"].as_u64() > a["unix_ms"].as_u64(), "{a} {b}");
+    assert!(
+        events[1]["fields"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["id"] == "v-temp"))
+    );
+
+    // CSRF: every POST without the session's token is refused, and changes nothing.
+    let chat = format!("{base}/api/chat");
+    let json = "application/json";
+    let question = r#"{"message":"hello"}"#;
+    assert_eq!(
+        post(&chat, &[("cookie", &cookie)], json, question).status,
+        403
+    );
+    let wrong_csrf = "f".repeat(64);
+    assert_eq!(
+        post(
+            &chat,
+            &[("cookie", &cookie), ("x-csrf-token", &wrong_csrf)],
+            json,
+            question
+        )
+        .status,
+        403
+    );
+    assert_eq!(
+        post(&chat, &[("x-csrf-token", &csrf)], json, question).status,
+        403
+    );
+    // With the token, the request gets through to the engine check (the engine is blocked here:
+    // no model installed).
+    let r = post(
+        &chat,
+        &[("cookie", &cookie), ("x-csrf-token", &csrf)],
+        json,
+        question,
+    );
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("not ready"), "{}", r.body);
+    // A stream opened before logging out ends with the session.
+    let stream = open_events(&base, &cookie);
+    let logout = format!("{base}/logout");
+    let form = "application/x-www-form-urlencoded";
+    assert_eq!(post(&logout, &[("cookie", &cookie)], form, "").status, 403);
+    assert_eq!(
+        post(
+            &logout,
+            &[("cookie", &cookie)],
+            form,
+            &format!("csrf={wrong_csrf}")
+        )
+        .status,
+        403
+    );
+    assert_eq!(
+        get(&format!("{base}/"), &[("cookie", &cookie)]).status,
+        200,
+        "still logged in"
+    );
+    let r = post(
+        &logout,
+        &[("cookie", &cookie)],
+        form,
+        &format!("csrf={csrf}"),
+    );
+    assert_eq!((r.status, r.header("location")), (303, Some("/login")));
+    assert_eq!(
+        get(&format!("{base}/"), &[("cookie", &cookie)]).status,
+        303,
+        "logged out"
+    );
+    let ended = std::thread::spawn(move || drain(stream));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ended.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the event stream outlived its session"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        get(&format!("{base}/api/status"), &[("cookie", &cookie)]).status,
+        401
+    );
+
+    // Too large a body is refused before any handler reads it.
+    let big = format!("{{\"message\":\"{}\"}}", "x".repeat(20_000));
+    assert_eq!(post(&chat, &[("cookie", &cookie)], json, &big).status, 413);
+
+    // The rate limit: one failure so far; four more, then even the right password waits.
+    for _ in 0..4 {
+        assert_eq!(login(&base, "guess").status, 401);
+    }
+    let r = login(&base, PASSWORD);
+    assert_eq!(r.status, 429, "{}", r.body);
+    let retry: u64 = r
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert!(r.header("set-cookie").is_none());
+}
+
+#[test]
+fn without_a_password_the_dashboard_is_loopback_only_and_says_so() {
+    let port = free_port();
+    let d = start(&format!("listen = \"0.0.0.0:{port}\"\n"), port);
+    // Bound to 127.0.0.1 itself, not the wildcard: another loopback address finds nobody.
+    assert!(std::net::TcpStream::connect(("127.0.0.2", port)).is_err());
+    let r = get(&format!("{}/", d.base), &[]);
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("No password is set"), "{}", r.body);
+    assert!(r.body.contains(&format!("127.0.0.1:{port}")), "{}", r.body);
+    let cookie = cookie_pair(
+        r.header("set-cookie")
+            .expect("a session for the CSRF token"),
+    );
+    assert_eq!(
+        get(&format!("{}/api/status", d.base), &[("cookie", &cookie)]).status,
+        200
+    );
+    assert_eq!(get(&format!("{}/api/status", d.base), &[]).status, 401);
+    let r = post(
+        &format!("{}/api/chat", d.base),
+        &[("cookie", &cookie)],
+        "application/json",
+        r#"{"message":"hi"}"#,
+    );
+    assert_eq!(r.status, 403, "CSRF holds without a password too");
+}
