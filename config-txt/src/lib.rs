@@ -100,6 +100,15 @@ pub fn setting<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     found
 }
 
+/// Every value `key` is given anywhere in `text`, whatever conditional section it is in.
+pub fn values<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|line| line.trim().split_once('='))
+        .filter(|(name, _)| name.trim() == key)
+        .map(|(_, value)| value.trim())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +156,6 @@ mod tests {
         let text = "[all]\narm_freq=2600\n[pi4]\narm_freq=2000\n[all]\n# c\narm_freq = 2800\n[tryboot]\narm_freq=9\n";
         assert_eq!(setting(text, "arm_freq"), Some("2800"));
         assert_eq!(setting(text, "over_voltage_delta"), None);
+        assert_eq!(values(text, "arm_freq"), ["2600", "2000", "2800", "9"]);
     }
 }

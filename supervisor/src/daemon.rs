@@ -93,8 +93,14 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let mut extend = tokio::time::interval(Duration::from_secs(10));
     let outcome = loop {
         tokio::select! {
-            _ = terminate.recv() => return Ok(()),
-            _ = interrupt.recv() => return Ok(()),
+            _ = terminate.recv() => {
+                crate::overclock::request_shutdown();
+                return Ok(());
+            }
+            _ = interrupt.recv() => {
+                crate::overclock::request_shutdown();
+                return Ok(());
+            }
             _ = extend.tick() => notify(&[NotifyState::ExtendTimeoutUsec(30_000_000)]),
             done = &mut overclock => break done.map_err(|e| format!("overclock boot check crashed: {e}"))?,
         }

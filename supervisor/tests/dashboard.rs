@@ -3,7 +3,7 @@
 //! the same document as `status --json`), CSRF on every POST, the live event stream, and
 //! loopback-only service without a password.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -523,4 +523,51 @@ fn without_a_password_the_dashboard_is_loopback_only_and_says_so() {
         r#"{"message":"hi"}"#,
     );
     assert_eq!(r.status, 403, "CSRF holds without a password too");
+
+    // A page whose DNS name was rebound to 127.0.0.1 is refused: only loopback names count.
+    let raw = |host: &str| -> String {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        write!(
+            stream,
+            "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer.lines().next().unwrap_or("").to_string()
+    };
+    assert!(
+        raw("evil.example").contains(" 403 "),
+        "{}",
+        raw("evil.example")
+    );
+    assert!(raw(&format!("localhost:{port}")).contains(" 200 "));
+
+    // Idle connections cannot exhaust the supervisor: past the cap, a client waits.
+    let idle: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("idle"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut waiting = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(800)))
+        .expect("timeout");
+    write!(
+        waiting,
+        "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut first = [0u8; 12];
+    assert!(
+        waiting.read_exact(&mut first).is_err(),
+        "served past the connection cap"
+    );
+    drop(idle);
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    waiting
+        .read_exact(&mut first)
+        .expect("served once a slot is free");
+    assert!(String::from_utf8_lossy(&first).starts_with("HTTP/1.1 200"));
 }

@@ -231,7 +231,11 @@ fn a_clean_climb_keeps_the_best_step_minus_the_margin() {
         "{log}"
     );
     assert_eq!(sim.arm_freq().as_deref(), Some("2700"));
-    assert!(sim.read(&format!("{BOOT}/tryboot.txt")).is_none());
+    assert_eq!(
+        sim.read(&format!("{BOOT}/tryboot.txt")),
+        Some(sim.config_txt()),
+        "a stray tryboot boots the kept config"
+    );
     // The status document carries the history too.
     let out = sim.run(&["status", "--json"]);
     let status: Value = serde_json::from_slice(&out.stdout).expect("status");
@@ -436,13 +440,17 @@ fn abort_returns_to_stock_and_the_pending_tryboot_boots_stock() {
 
     let out = sim.run(&["overclock", "abort"]);
     assert!(out.status.success(), "abort: {}", text(&out.stderr));
-    assert!(sim.read(&format!("{BOOT}/tryboot.txt")).is_none());
-    // The reboot that was already asked for happens with the tryboot flag but no tryboot.txt.
-    let story = sim.boot();
-    assert!(
-        story.contains("booted config.txt (tryboot) at 2400 MHz"),
-        "{story}"
+    assert_eq!(
+        sim.read(&format!("{BOOT}/tryboot.txt")),
+        Some(sim.config_txt())
     );
+    assert!(
+        sim.read("run/systemd/reboot-param").is_none(),
+        "the tryboot request is withdrawn"
+    );
+    // The reboot that was already under way boots the normal config.
+    let story = sim.boot();
+    assert!(story.contains("booted config.txt at 2400 MHz"), "{story}");
     let out = sim.run(&["overclock", "boot"]);
     assert!(out.status.success());
     assert!(!sim.reboot_requested());
@@ -627,4 +635,52 @@ fn an_abort_during_a_trial_check_stops_it_and_reboots_onto_stock() {
     assert_eq!(sim.arm_freq(), None);
     let story = sim.boot();
     assert!(story.contains("booted config.txt at 2400 MHz"), "{story}");
+}
+
+#[test]
+fn a_trial_boot_that_cannot_be_confirmed_is_not_passed() {
+    // The firmware clamped the clock: the check ran, but not at the candidate's clock.
+    let sim = Sim::new(&[2600, 2700], "");
+    sim.start();
+    sim.boot();
+    std::fs::write(
+        sim.root
+            .join("sys/devices/system/cpu/cpufreq/policy0/cpuinfo_max_freq"),
+        "2400000\n",
+    )
+    .expect("clamp");
+    let out = sim.run(&["overclock", "boot"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let record = sim.record();
+    assert_eq!(statuses(&record), pairs(&[(2600, "failed")]));
+    assert!(
+        trials(&record)[0].3.contains("ran at 2400 MHz"),
+        "{record:#}"
+    );
+    assert!(sim.reboot_requested(), "off the trial's boot at once");
+
+    // The tryboot flag cannot be read: which config booted is unknown, so the trial fails
+    // and the board reboots onto config.txt.
+    let sim = Sim::new(&[2600, 2700], "");
+    sim.start();
+    sim.boot();
+    std::fs::remove_file(
+        sim.root
+            .join("sys/firmware/devicetree/base/chosen/bootloader/tryboot"),
+    )
+    .expect("flag");
+    let out = sim.run(&["overclock", "boot"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let record = sim.record();
+    assert_eq!(statuses(&record), pairs(&[(2600, "failed")]));
+    assert!(
+        trials(&record)[0].3.contains("cannot be read"),
+        "{record:#}"
+    );
+    assert!(sim.reboot_requested());
+    assert_eq!(sim.arm_freq(), None);
+    // And no new run starts while the flag stays unreadable.
+    let out = sim.run(&["overclock", "start"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("cannot tell how this boot started"));
 }

@@ -264,6 +264,19 @@ impl Board {
         }
     }
 
+    /// Takes an exclusive advisory lock on a file (created if absent), held until the returned
+    /// guard is dropped; blocks while another process holds it.
+    pub fn lock(&self, box_path: &str) -> BoardResult<nix::fcntl::Flock<fs::File>> {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.path(box_path))
+            .map_err(|e| self.err("opening lock", box_path, e))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, errno)| self.err("locking", box_path, io::Error::from(errno)))
+    }
+
     /// Creates a directory and its missing parents (runtime state under `/run`).
     pub fn create_dir_all(&self, box_path: &str) -> BoardResult<()> {
         fs::create_dir_all(self.path(box_path)).map_err(|e| self.err("creating", box_path, e))

@@ -13,6 +13,7 @@ mod chat;
 pub mod cli;
 mod error;
 pub mod fields;
+mod listener;
 pub mod live;
 pub mod pages;
 mod routes;
@@ -79,6 +80,9 @@ pub struct App {
     bound: SocketAddr,
     sessions: auth::Sessions,
     limiter: auth::LoginLimiter,
+    /// Password checks running at once: Argon2 takes ~19 MiB and a core each, so a burst of
+    /// logins must not run them all in parallel.
+    verifying: tokio::sync::Semaphore,
     history: Mutex<live::History>,
     updates: watch::Sender<Arc<String>>,
 }
@@ -168,6 +172,7 @@ pub fn start(sources: Sources) -> Handle {
         bound,
         sessions: auth::Sessions::default(),
         limiter: auth::LoginLimiter::default(),
+        verifying: tokio::sync::Semaphore::new(2),
         updates: watch::channel(Arc::new(String::new())).0,
     });
     let sampler = {
@@ -194,8 +199,9 @@ pub fn start(sources: Sources) -> Handle {
             }
         };
         tracing::info!("dashboard on http://{bound}/");
-        let service = routes::router(app).into_make_service_with_connect_info::<SocketAddr>();
-        if let Err(e) = axum::serve(listener, service).await {
+        let service =
+            routes::router(app).into_make_service_with_connect_info::<listener::ClientAddr>();
+        if let Err(e) = axum::serve(listener::CappedListener::new(listener), service).await {
             tracing::error!("dashboard: the server stopped: {e}");
         }
     });

@@ -2,7 +2,6 @@
 //! what each route answers.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Form, State};
@@ -13,6 +12,7 @@ use axum::{Json, Router};
 
 use super::auth::{self, Session};
 use super::error::DashError;
+use super::listener::ClientAddr;
 use super::{App, chat, live, pages};
 
 /// The session cookie's name.
@@ -37,8 +37,44 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/assets/app.js", get(app_js))
         .route("/assets/style.css", get(style_css))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            loopback_host,
+        ))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(app)
+}
+
+/// Without a password the dashboard trusts its loopback address, so it answers only requests
+/// addressed to it by a loopback name: a web page that rebinds its own DNS name to 127.0.0.1
+/// must not get in through the visitor's browser.
+async fn loopback_host(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if app.open && !addressed_to_loopback(request.headers()) {
+        return (
+            StatusCode::FORBIDDEN,
+            "without a password this dashboard answers only at http://127.0.0.1 or http://localhost\n",
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+fn addressed_to_loopback(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    matches!(
+        name.to_ascii_lowercase().as_str(),
+        "127.0.0.1" | "localhost" | "[::1]"
+    )
 }
 
 async fn security_headers(mut response: Response) -> Response {
@@ -159,7 +195,7 @@ async fn login_page(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
 
 async fn login(
     State(app): State<Arc<App>>,
-    ConnectInfo(client): ConnectInfo<SocketAddr>,
+    ConnectInfo(ClientAddr(client)): ConnectInfo<ClientAddr>,
     Form(form): Form<HashMap<String, String>>,
 ) -> Result<Response, DashError> {
     if app.open {
@@ -169,6 +205,10 @@ async fn login(
         tracing::warn!(client = %client.ip(), "dashboard: login refused, too many failed attempts");
         return Err(DashError::TooManyAttempts(wait));
     }
+    // Refused rather than queued: a burst must not get more guesses than the limiter allows.
+    let Ok(_verifying) = app.verifying.try_acquire() else {
+        return Err(DashError::TooManyAttempts(1));
+    };
     let password = form.get("password").cloned().unwrap_or_default();
     let phc = app
         .sources
@@ -303,5 +343,31 @@ mod tests {
         );
         assert_eq!(cookie_id(&headers).as_deref(), Some("abc123"));
         assert_eq!(cookie_id(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn only_loopback_names_count_as_loopback() {
+        let host = |h: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_str(h).expect("header"));
+            addressed_to_loopback(&headers)
+        };
+        for ok in [
+            "127.0.0.1:8000",
+            "localhost:8000",
+            "LOCALHOST",
+            "[::1]:8000",
+        ] {
+            assert!(host(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:8000",
+            "127.0.0.1.evil.example",
+            "10.0.0.5:8000",
+            "[::1]x",
+        ] {
+            assert!(!host(bad), "{bad}");
+        }
+        assert!(!addressed_to_loopback(&HeaderMap::new()));
     }
 }

@@ -94,10 +94,21 @@ pub fn write_tryboot(board: &Board, candidate: Candidate) -> Result<(), String> 
     replace_if_changed(board, &format!("{boot}/tryboot.txt"), &text).map(|_| ())
 }
 
-/// Removes `tryboot.txt`, so a stray tryboot reboot boots the normal config.
-pub fn remove_tryboot(board: &Board) -> Result<(), String> {
+/// Makes an existing `tryboot.txt` equal to `config.txt`, so a tryboot reboot nobody armed
+/// boots the normal config. (It is rewritten rather than removed: the firmware's behaviour
+/// when the tryboot flag is set and the file is missing is not documented.)
+pub fn neutralize_tryboot(board: &Board) -> Result<(), String> {
     let boot = boot_dir(board)?;
-    board
-        .remove_file(&format!("{boot}/tryboot.txt"))
-        .map_err(|e| e.to_string())
+    let tryboot = format!("{boot}/tryboot.txt");
+    if board
+        .read_optional(&tryboot)
+        .map_err(|e| e.to_string())?
+        .is_none()
+    {
+        return Ok(());
+    }
+    let config = board
+        .read(&format!("{boot}/config.txt"))
+        .map_err(|e| e.to_string())?;
+    replace_if_changed(board, &tryboot, &config).map(|_| ())
 }

@@ -27,6 +27,10 @@ const ENGINE_DEADLINE: Duration = Duration::from_secs(600);
 pub struct CheckReport {
     /// Whether every part passed.
     pub passed: bool,
+    /// The check could not judge the clock (a reading failed, the engine could not run, it was
+    /// stopped): the candidate is neither passed nor failed.
+    #[serde(default)]
+    pub inconclusive: bool,
     /// The first thing that failed, or a summary of the pass.
     pub reason: String,
     /// The clock the kernel reported during the check, MHz.
@@ -66,6 +70,7 @@ pub fn run(
     let mut max_temperature: Option<f64> = None;
     let mut throttle_seen = 0u32;
     let mut failure: Option<String> = None;
+    let mut inconclusive = false;
     std::thread::scope(|scope| {
         for t in 0..threads {
             let (done, units, wrong) = (&done, &units, &wrong);
@@ -92,7 +97,10 @@ pub fn run(
                         ));
                     }
                 }
-                Err(e) => failure = Some(format!("cannot read the temperature: {e}")),
+                Err(e) => {
+                    failure = Some(format!("cannot read the temperature: {e}"));
+                    inconclusive = true;
+                }
             }
             match board.throttle_bits() {
                 Ok(bits) => {
@@ -106,13 +114,17 @@ pub fn run(
                         ));
                     }
                 }
-                Err(e) => failure = Some(format!("cannot read the throttle bits: {e}")),
+                Err(e) => {
+                    failure = Some(format!("cannot read the throttle bits: {e}"));
+                    inconclusive = true;
+                }
             }
             if wrong.load(Ordering::Relaxed) > 0 && failure.is_none() {
                 failure = Some("the compute load got a wrong answer".into());
             }
             if failure.is_none() && stop() {
-                failure = Some("stopped by overclock abort".into());
+                failure = Some("stopped before the end (abort or shutdown)".into());
+                inconclusive = true;
             }
             if failure.is_some() || Instant::now() >= deadline {
                 done.store(true, Ordering::Relaxed);
@@ -125,13 +137,15 @@ pub fn run(
     });
     let units = units.load(Ordering::Relaxed);
     let wrong = wrong.load(Ordering::Relaxed);
-    if wrong > 0 && failure.as_deref() != Some("stopped by overclock abort") {
+    if wrong > 0 {
+        inconclusive = false;
         failure = Some(format!(
             "{wrong} of {units} units of the compute load gave a wrong answer"
         ));
     }
     let mut report = CheckReport {
         passed: false,
+        inconclusive,
         reason: String::new(),
         clock_mhz: board.facts().cpu_max_mhz,
         seconds: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
@@ -147,7 +161,7 @@ pub fn run(
         return report;
     }
     if oc.engine_check {
-        match engine_output_sha256(board, config) {
+        match engine_output_sha256(board, config, stop) {
             Ok(hash) => {
                 if let Some(expected) = reference {
                     if hash != expected {
@@ -162,6 +176,7 @@ pub fn run(
             }
             Err(e) => {
                 report.reason = format!("the engine check could not run: {e}");
+                report.inconclusive = true;
                 return report;
             }
         }
@@ -183,7 +198,11 @@ pub fn run(
 }
 
 /// SHA-256 of `engine generate`'s greedy output for [`ENGINE_PROMPT`] on the verified model.
-fn engine_output_sha256(board: &Board, config: &Config) -> Result<String, String> {
+fn engine_output_sha256(
+    board: &Board,
+    config: &Config,
+    stop: &dyn Fn() -> bool,
+) -> Result<String, String> {
     let approved = crate::model::check(board, config, crate::model::reverify(config))
         .map_err(|e| format!("model {} not usable: {e}", config.model.id))?;
     let program = config
@@ -230,11 +249,17 @@ fn engine_output_sha256(board: &Board, config: &Config) -> Result<String, String
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) if Instant::now() < deadline && !stop() => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("no answer in {} s", ENGINE_DEADLINE.as_secs()));
+                return Err(if stop() {
+                    "stopped (abort or shutdown)".to_string()
+                } else {
+                    format!("no answer in {} s", ENGINE_DEADLINE.as_secs())
+                });
             }
             Err(e) => return Err(format!("waiting for the engine: {e}")),
         }

@@ -17,9 +17,11 @@ mod load;
 mod record;
 mod store;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde::Serialize;
 
-use crate::board::Board;
+use crate::board::{Board, paths};
 use crate::config::Config;
 use config::STOCK_ARM_FREQ;
 pub use record::{Phase, Record, Trial, TrialStatus};
@@ -60,6 +62,19 @@ pub fn status(board: &Board, config: &Config) -> OverclockStatus {
     }
 }
 
+/// Set when the daemon is asked to stop: a running check ends within a sample and records
+/// nothing (the next boot then sees the trial interrupted).
+static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+
+/// Asks a running check to stop because the system is going down.
+pub fn request_shutdown() {
+    SHUTDOWN.store(true, Ordering::Relaxed);
+}
+
+fn shutting_down() -> bool {
+    SHUTDOWN.load(Ordering::Relaxed)
+}
+
 fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -80,6 +95,32 @@ fn watchdog_armed(board: &Board) -> Result<(), String> {
     }
 }
 
+/// The record's lock, released around stability checks (which take minutes) so an abort is
+/// never kept waiting.
+struct Guard<'a> {
+    board: &'a Board,
+    config: &'a Config,
+    held: Option<nix::fcntl::Flock<std::fs::File>>,
+}
+
+impl<'a> Guard<'a> {
+    fn take(board: &'a Board, config: &'a Config) -> Result<Guard<'a>, String> {
+        Ok(Guard {
+            board,
+            config,
+            held: Some(store::lock(board, config)?),
+        })
+    }
+
+    /// Runs `f` without the lock, then takes it again and returns the record as it is now.
+    fn unlocked<T>(&mut self, f: impl FnOnce() -> T) -> Result<(T, Option<Record>), String> {
+        self.held = None;
+        let value = f();
+        self.held = Some(store::lock(self.board, self.config)?);
+        Ok((value, store::load(self.board, self.config)?))
+    }
+}
+
 /// `supervisor overclock start`: opens a new run. The reference is taken at stock clock, so a
 /// box running an earlier result reboots to stock first; the first trial follows.
 pub fn start(board: &Board, config: &Config) -> Result<Outcome, String> {
@@ -90,6 +131,7 @@ pub fn start(board: &Board, config: &Config) -> Result<Outcome, String> {
                 .into(),
         );
     }
+    let mut guard = Guard::take(board, config)?;
     let mut record = store::load(board, config)?.unwrap_or_default();
     if record.phase == Phase::Climbing {
         return Err(format!(
@@ -97,8 +139,16 @@ pub fn start(board: &Board, config: &Config) -> Result<Outcome, String> {
             record.message
         ));
     }
-    if board.boot_info().is_ok_and(|b| b.tryboot) {
-        return Err("this is a tryboot boot; start after a normal reboot".into());
+    match board.boot_info() {
+        Ok(b) if b.tryboot => {
+            return Err("this is a tryboot boot; start after a normal reboot".into());
+        }
+        Ok(_) => {}
+        Err(e) => {
+            return Err(format!(
+                "cannot tell how this boot started, so a trial's boot could not be recognised: {e}"
+            ));
+        }
     }
     bootfiles::fragments(board)?;
     watchdog_armed(board)?;
@@ -120,16 +170,18 @@ pub fn start(board: &Board, config: &Config) -> Result<Outcome, String> {
     record.phase = Phase::Climbing;
     record.reference = None;
     record.result = None;
+    record.stock_reboot_tried = false;
     record.message = format!("run {} started", record.run);
     store::save(board, config, &record)?;
     let changed = bootfiles::promote(board, None)?;
-    bootfiles::remove_tryboot(board)?;
-    climb(board, config, record, changed)
+    bootfiles::neutralize_tryboot(board)?;
+    climb(&mut guard, record, changed)
 }
 
 /// `supervisor overclock abort`: stops the ladder (a running trial is marked aborted) and
 /// returns `config.txt` to stock clocks, which take effect at the next boot.
 pub fn abort(board: &Board, config: &Config) -> Result<String, String> {
+    let _guard = Guard::take(board, config)?;
     let Some(mut record) = store::load(board, config)? else {
         return Err("no overclock ladder was ever started; nothing to abort".into());
     };
@@ -145,36 +197,64 @@ pub fn abort(board: &Board, config: &Config) -> Result<String, String> {
     record.result = None;
     record.message = "aborted: stock clocks from the next boot".into();
     store::save(board, config, &record)?;
+    // A tryboot reboot already asked for must not happen any more.
+    board
+        .remove_file(paths::REBOOT_PARAM)
+        .map_err(|e| e.to_string())?;
     bootfiles::promote(board, None)?;
-    bootfiles::remove_tryboot(board)?;
+    bootfiles::neutralize_tryboot(board)?;
     Ok(record.message)
 }
 
 /// What the daemon does first at every boot: finish or fail the trial this boot was for,
-/// converge the boot files on the record, and go on climbing.
+/// converge the boot files on the record, and go on climbing. A tryboot boot that is not
+/// checked to the end is always left by a reboot onto `config.txt`, even when this fails.
 pub fn on_boot(board: &Board, config: &Config) -> Result<Outcome, String> {
+    // An unreadable flag is treated as a tryboot boot: the safe side is config.txt.
+    let tryboot = board.boot_info().map_or(true, |b| b.tryboot);
+    match boot(board, config, tryboot) {
+        Err(e) if tryboot && !shutting_down() => {
+            tracing::error!("overclock: {e}; leaving this tryboot boot");
+            board
+                .reboot(false)
+                .map_err(|r| format!("{e}; and the reboot failed: {r}"))?;
+            Ok(Outcome::Rebooting(format!(
+                "{e}; rebooting onto config.txt"
+            )))
+        }
+        other => other,
+    }
+}
+
+fn boot(board: &Board, config: &Config, tryboot: bool) -> Result<Outcome, String> {
+    let mut guard = Guard::take(board, config)?;
     let Some(mut record) = store::load(board, config)? else {
         return Ok(Outcome::Continue(
             "no overclock ladder was ever started".into(),
         ));
     };
-    let tryboot = board.boot_info().is_ok_and(|b| b.tryboot);
     let margin = config.overclock.margin_mhz;
+    let flag_known = board.boot_info().is_ok();
     if let Some(trial) = record.running_mut() {
         let candidate = trial.candidate;
         let interrupted = trial.checking_since_unix.is_some();
-        if tryboot && !interrupted {
+        if tryboot && flag_known && !interrupted {
             trial.checking_since_unix = Some(now_unix());
             record.message = format!("checking {candidate} in its tryboot boot");
             store::save(board, config, &record)?;
-            return check_trial(board, config, record);
+            return check_trial(&mut guard, record);
         }
-        let reason = match (tryboot, interrupted) {
-            (true, _) => "the supervisor restarted during the check (it crashed or was killed)",
-            (false, true) => {
+        let reason = match (flag_known, tryboot, interrupted) {
+            (false, _, _) => {
+                "the boot's tryboot flag cannot be read, so the trial cannot be told apart from a fallback"
+            }
+            (true, true, _) => {
+                "the supervisor restarted during the check (it crashed or was killed)"
+            }
+            (true, false, true) => {
                 "the board reset during the check (a hang, crash or power loss); the firmware fell back to config.txt"
             }
-            (false, false) => {
+            (true, false, false) => {
                 "the board came back on config.txt before the check began: it hung or reset booting the candidate, or lost power"
             }
         };
@@ -185,11 +265,11 @@ pub fn on_boot(board: &Board, config: &Config) -> Result<Outcome, String> {
         return settle(board, &record, tryboot);
     }
     let changed = bootfiles::promote(board, record.promoted())?;
-    bootfiles::remove_tryboot(board)?;
+    bootfiles::neutralize_tryboot(board)?;
     match record.phase {
-        Phase::Climbing => climb(board, config, record, tryboot || changed),
-        Phase::Done => settle(board, &record, changed),
-        Phase::Idle | Phase::Aborted => Ok(Outcome::Continue(record.message)),
+        Phase::Climbing => climb(&mut guard, record, tryboot || changed),
+        Phase::Done => settle(board, &record, tryboot || changed),
+        Phase::Idle | Phase::Aborted => settle(board, &record, tryboot),
     }
 }
 
@@ -200,10 +280,10 @@ fn fail(trial: &mut Trial, reason: &str) {
 }
 
 /// Converges the boot files on a finished (or aborted) record and reboots when the running
-/// clock is not the one kept.
+/// clock may not be the one kept.
 fn settle(board: &Board, record: &Record, stale_boot: bool) -> Result<Outcome, String> {
     let changed = bootfiles::promote(board, record.promoted())?;
-    bootfiles::remove_tryboot(board)?;
+    bootfiles::neutralize_tryboot(board)?;
     if stale_boot || changed {
         let message = format!("{}; rebooting into it", record.message);
         tracing::warn!("overclock: {message}");
@@ -213,69 +293,113 @@ fn settle(board: &Board, record: &Record, stale_boot: bool) -> Result<Outcome, S
     Ok(Outcome::Continue(record.message.clone()))
 }
 
-fn aborted(board: &Board, config: &Config) -> bool {
-    store::load(board, config).is_ok_and(|r| r.is_none_or(|r| r.phase != Phase::Climbing))
+/// Whether a check should stop: the system is going down, or the ladder is no longer climbing.
+fn should_stop(board: &Board, config: &Config) -> bool {
+    shutting_down()
+        || store::load(board, config).is_ok_and(|r| r.is_none_or(|r| r.phase != Phase::Climbing))
 }
 
 /// The checks of the trial this tryboot boot is for, then the verdict.
-fn check_trial(board: &Board, config: &Config, record: Record) -> Result<Outcome, String> {
+fn check_trial(guard: &mut Guard, record: Record) -> Result<Outcome, String> {
+    let (board, config) = (guard.board, guard.config);
     let reference = record
         .reference
         .as_ref()
         .and_then(|r| r.engine_sha256.clone());
-    let report = match watchdog_armed(board) {
-        Ok(()) => Some(check::run(board, config, reference.as_deref(), &|| {
-            aborted(board, config)
-        })),
-        Err(e) => {
-            tracing::error!("overclock: {e}");
-            None
-        }
-    };
-    // `overclock abort` may have rewritten the record meanwhile; it wins.
-    let mut record = store::load(board, config)?.unwrap_or(record);
+    let armed = watchdog_armed(board);
+    let (report, now) = guard.unlocked(|| {
+        armed.as_ref().ok().map(|()| {
+            check::run(board, config, reference.as_deref(), &|| {
+                should_stop(board, config)
+            })
+        })
+    })?;
+    if shutting_down() {
+        return Ok(Outcome::Continue(
+            "shutting down during the check; the next boot records the trial as interrupted".into(),
+        ));
+    }
+    // `overclock abort` may have changed the record meanwhile; it wins.
+    let mut record = now.unwrap_or(record);
     let Some(trial) = record.running_mut() else {
         return settle(board, &record, true);
     };
     let candidate = trial.candidate;
     trial.ended_unix = Some(now_unix());
-    let passed = report.as_ref().is_some_and(|r| r.passed);
-    match &report {
-        Some(r) => trial.reason = r.reason.clone(),
-        None => {
-            trial.reason = "the hardware watchdog was not armed, so the trial was not run".into()
+    let Some(mut report) = report else {
+        let e = armed
+            .err()
+            .unwrap_or_else(|| "the check did not run".into());
+        {
+            trial.status = TrialStatus::Aborted;
+            trial.reason = format!("not run: {e}");
+            record.finish(config.overclock.margin_mhz);
+            record.message = format!(
+                "stopped before checking {candidate}: {e}; {}",
+                record.message
+            );
+            tracing::error!("overclock: {}", record.message);
+            store::save(board, config, &record)?;
+            return settle(board, &record, true);
         }
+    };
+    // A pass means nothing unless the board really ran the candidate's clock.
+    if report.passed && report.clock_mhz != Some(u64::from(candidate.arm_freq)) {
+        report.passed = false;
+        report.reason = format!(
+            "the board ran at {} MHz, not the candidate's {} (the firmware clamped it or another setting overrode it)",
+            report
+                .clock_mhz
+                .map_or("an unknown".into(), |m| m.to_string()),
+            candidate.arm_freq
+        );
     }
-    trial.checks = report;
+    let (passed, inconclusive) = (report.passed, report.inconclusive);
+    trial.reason = report.reason.clone();
+    trial.checks = Some(report);
     if passed {
         trial.status = TrialStatus::Passed;
         record.message = format!("{candidate} passed; promoted into config.txt");
         tracing::info!("overclock: {}", record.message);
         store::save(board, config, &record)?;
         bootfiles::promote(board, record.promoted())?;
-        bootfiles::remove_tryboot(board)?;
-        return climb(board, config, record, true);
+        bootfiles::neutralize_tryboot(board)?;
+        return climb(guard, record, true);
     }
-    trial.status = TrialStatus::Failed;
+    // A check that could not judge the clock rules nothing out; it ends the run all the same.
+    trial.status = if inconclusive {
+        TrialStatus::Aborted
+    } else {
+        TrialStatus::Failed
+    };
     let reason = trial.reason.clone();
     record.finish(config.overclock.margin_mhz);
-    record.message = format!("{candidate} failed: {reason}; {}", record.message);
+    record.message = format!(
+        "{candidate} {}: {reason}; {}",
+        if inconclusive { "not judged" } else { "failed" },
+        record.message
+    );
     tracing::warn!("overclock: {}", record.message);
     store::save(board, config, &record)?;
     settle(board, &record, true)
 }
 
 /// Takes the stock reference if the run has none, then arms the next trial or finishes.
-/// `stale_boot`: the running clock is not what `config.txt` now says.
-fn climb(
-    board: &Board,
-    config: &Config,
-    mut record: Record,
-    stale_boot: bool,
-) -> Result<Outcome, String> {
+/// `stale_boot`: the running clock may not be what `config.txt` now says.
+fn climb(guard: &mut Guard, mut record: Record, stale_boot: bool) -> Result<Outcome, String> {
+    let (board, config) = (guard.board, guard.config);
     let oc = &config.overclock;
     if record.reference.is_none() {
         if let Some(reason) = not_at_stock(board, stale_boot)? {
+            if record.stock_reboot_tried {
+                record.phase = Phase::Aborted;
+                record.message = format!(
+                    "{reason} even after a reboot to stock clocks; the reference cannot be taken at stock"
+                );
+                store::save(board, config, &record)?;
+                return Ok(Outcome::Stopped(record.message));
+            }
+            record.stock_reboot_tried = true;
             record.message = format!("{reason}: rebooting to stock clocks to take the reference");
             store::save(board, config, &record)?;
             board.reboot(false).map_err(|e| e.to_string())?;
@@ -285,11 +409,12 @@ fn climb(
             "overclock: taking the reference at stock clock ({} s of verified load)",
             oc.check_seconds
         );
-        let report = check::run(board, config, None, &|| aborted(board, config));
-        let Some(mut now) = store::load(board, config)? else {
+        let (report, now) =
+            guard.unlocked(|| check::run(board, config, None, &|| should_stop(board, config)))?;
+        let Some(mut now) = now else {
             return Err("the overclock record disappeared during the reference check".into());
         };
-        if now.phase != Phase::Climbing {
+        if shutting_down() || now.phase != Phase::Climbing {
             return Ok(Outcome::Continue(now.message));
         }
         if !report.passed {
@@ -312,11 +437,13 @@ fn climb(
         return settle(board, &record, stale_boot);
     };
     if let Err(e) = watchdog_armed(board) {
-        record.phase = Phase::Aborted;
-        record.message = format!("stopped before trying {candidate}: {e}");
+        record.finish(oc.margin_mhz);
+        record.message = format!("stopped before trying {candidate}: {e}; {}", record.message);
         store::save(board, config, &record)?;
-        bootfiles::promote(board, None)?;
-        return Ok(Outcome::Stopped(record.message));
+        return match settle(board, &record, stale_boot)? {
+            Outcome::Continue(message) => Ok(Outcome::Stopped(message)),
+            other => Ok(other),
+        };
     }
     bootfiles::write_tryboot(board, candidate)?;
     record.trials.push(Trial {
@@ -332,18 +459,27 @@ fn climb(
     record.message = format!("trying {candidate}: rebooting into it once with tryboot");
     tracing::info!("overclock: {}", record.message);
     store::save(board, config, &record)?;
-    board.reboot(true).map_err(|e| e.to_string())?;
+    if let Err(e) = board.reboot(true) {
+        // Nothing was tried: take the trial back rather than count it as a failure.
+        record.trials.pop();
+        record.finish(oc.margin_mhz);
+        record.message = format!("could not reboot into {candidate}: {e}; {}", record.message);
+        store::save(board, config, &record)?;
+        bootfiles::neutralize_tryboot(board)?;
+        return Err(record.message);
+    }
     Ok(Outcome::Rebooting(record.message))
 }
 
-/// Why the running clock is not stock (`None` when it is). A `config.txt` that itself asks for
-/// more than stock outside the ladder's fragment is an error: rebooting would not help.
+/// Why the running clock is not stock (`None` when it is). A `config.txt` that asks for more
+/// than stock outside the ladder's fragment (in any section) is an error: rebooting would not
+/// help.
 fn not_at_stock(board: &Board, stale_boot: bool) -> Result<Option<String>, String> {
     let boot = board.boot_dir().map_err(|e| e.to_string())?;
     let config_txt = board
         .read(&format!("{boot}/config.txt"))
         .map_err(|e| e.to_string())?;
-    if let Some(v) = config_txt::setting(&config_txt, "arm_freq") {
+    for v in config_txt::values(&config_txt, "arm_freq") {
         if v.parse::<u32>().map_or(true, |mhz| mhz > STOCK_ARM_FREQ) {
             return Err(format!(
                 "{boot}/config.txt sets arm_freq={v} outside the ladder's fragment; remove it from config.txt.d to let the ladder find the clock"

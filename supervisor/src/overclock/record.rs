@@ -76,6 +76,9 @@ pub struct Record {
     pub result: Option<Candidate>,
     /// The last thing that happened, in words.
     pub message: String,
+    /// This run already rebooted to stock clocks to take its reference (never twice).
+    #[serde(default)]
+    pub stock_reboot_tried: bool,
 }
 
 impl Default for Record {
@@ -88,6 +91,7 @@ impl Default for Record {
             trials: Vec::new(),
             result: None,
             message: "never started".into(),
+            stock_reboot_tried: false,
         }
     }
 }
@@ -120,16 +124,17 @@ impl Record {
         })
     }
 
-    /// The next candidate to try in the current run: the first step above the highest that
-    /// passed; none when the ladder is climbed or the next step is ruled out.
+    /// The next candidate to try in the current run: the first step faster than the highest
+    /// that passed and not ruled out by an earlier failure (so a later run can retry a clock
+    /// that failed with a step giving it more voltage); none when the ladder is climbed.
     pub fn next_candidate(&self, ladder: &Ladder) -> Option<Candidate> {
         let floor = self.highest_passed();
-        let next = ladder
+        ladder
             .steps()
             .iter()
             .copied()
-            .find(|c| floor.is_none_or(|f| *c > f))?;
-        (!self.ruled_out(next)).then_some(next)
+            .filter(|c| floor.is_none_or(|f| c.arm_freq > f.arm_freq))
+            .find(|c| !self.ruled_out(*c))
     }
 
     /// The clock `config.txt` should carry now: the highest passing step while climbing, the
@@ -230,38 +235,35 @@ mod tests {
     }
 
     #[test]
-    fn more_voltage_may_retry_a_failed_clock() {
-        let ladder: Ladder = vec![
-            mhz(2800),
-            Candidate {
-                arm_freq: 2800,
-                over_voltage_delta: 25_000,
-            },
-        ]
-        .try_into()
-        .expect("ladder");
-        let r = climbing(vec![trial(1, mhz(2800), TrialStatus::Failed)]);
-        assert_eq!(
-            r.next_candidate(&ladder),
-            None,
-            "the first step is ruled out"
-        );
-        let r = climbing(vec![
-            trial(2, mhz(2800), TrialStatus::Passed),
-            trial(
-                1,
-                Candidate {
-                    arm_freq: 2700,
-                    over_voltage_delta: 30_000,
-                },
-                TrialStatus::Failed,
-            ),
+    fn more_voltage_may_retry_a_failed_clock_in_a_later_run() {
+        let boosted = |arm_freq| Candidate {
+            arm_freq,
+            over_voltage_delta: 25_000,
+        };
+        let ladder: Ladder = vec![mhz(2600), mhz(2800), boosted(2800), boosted(2900)]
+            .try_into()
+            .expect("ladder");
+        // Run 1 failed 2800 at stock voltage; run 2 skips it and tries 2800 with more.
+        let mut r = climbing(vec![
+            trial(1, mhz(2600), TrialStatus::Passed),
+            trial(1, mhz(2800), TrialStatus::Failed),
+            trial(2, mhz(2600), TrialStatus::Passed),
         ]);
-        assert_eq!(
-            r.next_candidate(&ladder),
-            None,
-            "less voltage than a failure at a lower clock"
-        );
+        assert_eq!(r.next_candidate(&ladder), Some(boosted(2800)));
+        // Once 2800 passed with more voltage, the same clock is not tried again.
+        r.trials.push(trial(2, boosted(2800), TrialStatus::Passed));
+        assert_eq!(r.next_candidate(&ladder), Some(boosted(2900)));
+        // A faster clock with no more voltage than a failure is ruled out.
+        let r = climbing(vec![trial(1, boosted(2700), TrialStatus::Failed)]);
+        assert_eq!(r.next_candidate(&ladder), Some(mhz(2600)));
+        let r = climbing(vec![
+            trial(1, boosted(2700), TrialStatus::Failed),
+            trial(2, mhz(2600), TrialStatus::Passed),
+        ]);
+        assert_eq!(r.next_candidate(&ladder), None);
+        // An aborted trial rules nothing out.
+        let r = climbing(vec![trial(1, mhz(2600), TrialStatus::Aborted)]);
+        assert_eq!(r.next_candidate(&ladder), Some(mhz(2600)));
     }
 
     #[test]

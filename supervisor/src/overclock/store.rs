@@ -35,6 +35,20 @@ pub fn load(board: &Board, config: &Config) -> Result<Option<Record>, String> {
     Ok(Some(record))
 }
 
+/// Held while the record is read, changed and written, so `overclock abort` and the daemon
+/// never overwrite each other's changes. Never held across a stability check.
+pub fn lock(board: &Board, config: &Config) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    board
+        .create_dir_all(&config.model.data_dir)
+        .map_err(|e| e.to_string())?;
+    board
+        .lock(&format!(
+            "{}/overclock.lock",
+            config.model.data_dir.trim_end_matches('/')
+        ))
+        .map_err(|e| e.to_string())
+}
+
 /// Writes the record atomically.
 pub fn save(board: &Board, config: &Config, record: &Record) -> Result<(), String> {
     board
