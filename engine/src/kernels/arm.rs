@@ -4,8 +4,8 @@
 //! eight f32 lanes live in two registers and accumulate with fused multiply-adds, and they fold
 //! in the reference's order, so every result is bit-identical to `scalar`.
 //!
-//! Covered: Q4_0, Q4_1, Q5_0 and Q8_0 rows (SmolLM2's and most of Gemma 3's weights). Other
-//! types, the f16 attention helpers and SiLU run the scalar reference here.
+//! Covered: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K rows (all of SmolLM2's and Gemma 3's
+//! weights). Other types, the f16 attention helpers and SiLU run the scalar reference here.
 // Intrinsics are safe inside `#[target_feature]` functions on newer compilers; the explicit
 // `unsafe` blocks keep the code building with our minimum supported Rust.
 #![allow(unused_unsafe)]
@@ -14,7 +14,8 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::RowDot;
-use super::activations::{BlockQ8_0, BlockQ8_1};
+use super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use super::scalar;
 use crate::quant::{TensorType, f16_at};
 
 /// Whether this CPU has NEON and the dot-product instructions.
@@ -33,6 +34,8 @@ pub fn row_dot(ty: &TensorType) -> Option<RowDot> {
         "Q4_1" => RowDot::Q8_1(q4_1),
         "Q5_0" => RowDot::Q8_0(q5_0),
         "Q8_0" => RowDot::Q8_0(q8_0),
+        "Q4_K" => RowDot::Q8K(q4_k),
+        "Q6_K" => RowDot::Q8K(q6_k),
         _ => return None,
     })
 }
@@ -203,3 +206,161 @@ legacy!(
     },
     None
 );
+
+/// Every (column, row) of a K-quant kernel: `$block` turns one weight block and its activation
+/// block into eight integer lanes and the f32 scale they are multiplied by, exactly as the
+/// scalar reference computes them; `$finish` folds the eight f32 accumulators (plus whatever
+/// `$block` collected in `$extra`).
+macro_rules! k_quant {
+    (
+        $name:ident, $inner:ident, $bytes:expr, $extra:ty,
+        block: |$b:ident, $y:ident, $e:ident| $block:expr,
+        finish: |$lo:ident, $hi:ident, $fe:ident| $finish:expr $(,)?
+    ) => {
+        fn $name(w: &[u8], row_bytes: usize, x: &[BlockQ8K], columns: usize, out: &mut [f32]) {
+            // SAFETY: only reachable through `row_dot`, which checks `supported()` first.
+            unsafe { $inner(w, row_bytes, x, columns, out) }
+        }
+
+        #[target_feature(enable = "neon,dotprod")]
+        unsafe fn $inner(
+            w: &[u8],
+            row_bytes: usize,
+            x: &[BlockQ8K],
+            columns: usize,
+            out: &mut [f32],
+        ) {
+            let n_rows = w.len() / row_bytes.max(1);
+            let blocks = x.len() / columns.max(1);
+            for (c, outs) in out
+                .chunks_exact_mut(n_rows.max(1))
+                .take(columns)
+                .enumerate()
+            {
+                let column = &x[c * blocks..(c + 1) * blocks];
+                for (o, row) in outs.iter_mut().zip(w.chunks_exact(row_bytes)) {
+                    // SAFETY: the caller guarantees the CPU features; loads are bounds-checked.
+                    unsafe {
+                        let (mut $lo, mut $hi) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+                        let mut $e = <$extra>::default();
+                        for ($b, $y) in row.chunks_exact($bytes).zip(column) {
+                            let (lanes_lo, lanes_hi, d): (int32x4_t, int32x4_t, f32) = $block;
+                            let d = vdupq_n_f32(d);
+                            $lo = vfmaq_f32($lo, d, vcvtq_f32_s32(lanes_lo));
+                            $hi = vfmaq_f32($hi, d, vcvtq_f32_s32(lanes_hi));
+                        }
+                        let $fe = $e;
+                        *o = $finish;
+                    }
+                }
+            }
+        }
+    };
+}
+
+/// 16 bytes of `bytes` from `at`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn load16(bytes: &[u8], at: usize) -> uint8x16_t {
+    assert!(bytes.len() >= at + 16);
+    // SAFETY: the assertion keeps the load in bounds.
+    unsafe { vld1q_u8(bytes.as_ptr().add(at)) }
+}
+
+/// 16 activations from `at`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn load_y(qs: &[i8; 256], at: usize) -> int8x16_t {
+    assert!(at + 16 <= qs.len());
+    // SAFETY: the assertion keeps the load in bounds.
+    unsafe { vld1q_s8(qs.as_ptr().add(at)) }
+}
+
+k_quant!(q4_k, q4_k_neon, 144, [f32; 4],
+    block: |b, y, acc_m| {
+        let sc = scalar::q4_k_scales_and_mins(b, y, &mut acc_m);
+        let zero = vdupq_n_s32(0);
+        let (mut lanes_lo, mut lanes_hi) = (zero, zero);
+        let mask = vdupq_n_u8(0x0f);
+        for j in 0..4 {
+            let (qa, qb) = (load16(b, 16 + 32 * j), load16(b, 32 + 32 * j));
+            let lo_a = vreinterpretq_s8_u8(vandq_u8(qa, mask));
+            let lo_b = vreinterpretq_s8_u8(vandq_u8(qb, mask));
+            let hi_a = vreinterpretq_s8_u8(vshrq_n_u8::<4>(qa));
+            let hi_b = vreinterpretq_s8_u8(vshrq_n_u8::<4>(qb));
+            let (s_lo, s_hi) = (i32::from(sc[2 * j]), i32::from(sc[2 * j + 1]));
+            let at = 64 * j;
+            lanes_lo = vmlaq_n_s32(lanes_lo, sdot(zero, lo_a, load_y(&y.qs, at)), s_lo);
+            lanes_hi = vmlaq_n_s32(lanes_hi, sdot(zero, lo_b, load_y(&y.qs, at + 16)), s_lo);
+            lanes_lo = vmlaq_n_s32(lanes_lo, sdot(zero, hi_a, load_y(&y.qs, at + 32)), s_hi);
+            lanes_hi = vmlaq_n_s32(lanes_hi, sdot(zero, hi_b, load_y(&y.qs, at + 48)), s_hi);
+        }
+        (lanes_lo, lanes_hi, y.d * f16_at(b, 0))
+    },
+    finish: |lo, hi, acc_m| hsum8(lo, hi) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3])),
+);
+
+k_quant!(q6_k, q6_k_neon, 210, (),
+    block: |b, y, _none| {
+        let sc: [i32; 16] = std::array::from_fn(|g| i32::from(b[192 + g] as i8));
+        let zero = vdupq_n_s32(0);
+        let (mut lanes_lo, mut lanes_hi) = (zero, zero);
+        let (low4, two) = (vdupq_n_u8(0x0f), vdupq_n_u8(0x03));
+        // The 6-bit value: four bits from ql, two from qh shifted into bits 4–5.
+        let value = |ql: uint8x16_t, qh: uint8x16_t| {
+            vreinterpretq_s8_u8(vorrq_u8(ql, vshlq_n_u8::<4>(vandq_u8(qh, two))))
+        };
+        for half in 0..2 {
+            let (ql, qh) = (64 * half, 128 + 32 * half);
+            let ql_ = [load16(b, ql), load16(b, ql + 16), load16(b, ql + 32), load16(b, ql + 48)];
+            let qh_ = [load16(b, qh), load16(b, qh + 16)];
+            for sub in 0..4 {
+                // Chunk 4·half + sub: ql's low or high nibbles (of the first or second 32
+                // bytes) with qh's bit pair 2·sub.
+                let nibble = |v: uint8x16_t| {
+                    if sub < 2 { vandq_u8(v, low4) } else { vshrq_n_u8::<4>(v) }
+                };
+                let base = if sub % 2 == 0 { 0 } else { 2 };
+                let shifted = |v: uint8x16_t| match sub {
+                    0 => v,
+                    1 => vshrq_n_u8::<2>(v),
+                    2 => vshrq_n_u8::<4>(v),
+                    _ => vshrq_n_u8::<6>(v),
+                };
+                let v0 = value(nibble(ql_[base]), shifted(qh_[0]));
+                let v1 = value(nibble(ql_[base + 1]), shifted(qh_[1]));
+                let chunk = 4 * half + sub;
+                let at = 32 * chunk;
+                let (y0, y1) = (load_y(&y.qs, at), load_y(&y.qs, at + 16));
+                lanes_lo = vmlaq_n_s32(lanes_lo, sdot(zero, v0, y0), sc[2 * chunk]);
+                lanes_hi = vmlaq_n_s32(lanes_hi, sdot(zero, v1, y1), sc[2 * chunk + 1]);
+            }
+        }
+        // The −32 offset of every value, through the activation block sums.
+        let offset: [i32; 8] = std::array::from_fn(|k| {
+            let bsum = |g: usize| i32::from(y.bsums[g]) * sc[g];
+            32 * (bsum(2 * k) + bsum(2 * k + 1))
+        });
+        let lanes_lo = vsubq_s32(lanes_lo, vld1q_s32(offset.as_ptr()));
+        let lanes_hi = vsubq_s32(lanes_hi, vld1q_s32(offset.as_ptr().add(4)));
+        (lanes_lo, lanes_hi, y.d * f16_at(b, 208))
+    },
+    finish: |lo, hi, _none| hsum8(lo, hi),
+);
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_listed_type_has_a_neon_kernel_on_this_cpu() {
+        if !super::supported() {
+            return;
+        }
+        for name in ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"] {
+            let ty = (0..64)
+                .filter_map(gguf::TensorType::from_id)
+                .find(|t| t.name == name)
+                .expect("known type");
+            assert!(super::row_dot(&ty).is_some(), "{name}");
+        }
+    }
+}
