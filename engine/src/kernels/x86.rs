@@ -241,6 +241,32 @@ macro_rules! legacy_rows {
                         }
                     }};
                 }
+                macro_rules! one_by_eight {
+                    ($r:expr, $c:expr) => {{
+                        let (r, c) = ($r, $c);
+                        // One row's block unpacked once for eight columns: the unpacking is
+                        // what costs most in Q5_0, so it is spread over more columns.
+                        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+                        let (mut a4, mut a5, mut a6, mut a7) = (zero, zero, zero, zero);
+                        let mut s = [0f32; 8];
+                        for (i, b0) in row!(r).chunks_exact($bytes).enumerate() {
+                            let p0 = prepare!(b0);
+                            let [s0, s1, s2, s3, s4, s5, s6, s7] = &mut s;
+                            step!(a0, s0, b0, p0, &x[c * blocks + i]);
+                            step!(a1, s1, b0, p0, &x[(c + 1) * blocks + i]);
+                            step!(a2, s2, b0, p0, &x[(c + 2) * blocks + i]);
+                            step!(a3, s3, b0, p0, &x[(c + 3) * blocks + i]);
+                            step!(a4, s4, b0, p0, &x[(c + 4) * blocks + i]);
+                            step!(a5, s5, b0, p0, &x[(c + 5) * blocks + i]);
+                            step!(a6, s6, b0, p0, &x[(c + 6) * blocks + i]);
+                            step!(a7, s7, b0, p0, &x[(c + 7) * blocks + i]);
+                        }
+                        let lanes = [a0, a1, a2, a3, a4, a5, a6, a7];
+                        for (j, (acc, sum)) in lanes.iter().zip(s).enumerate() {
+                            out[(c + j) * n_rows + r] = hsum8(*acc) + sum;
+                        }
+                    }};
+                }
                 macro_rules! two_by_one {
                     ($r:expr, $c:expr) => {{
                         let (r, c) = ($r, $c);
@@ -279,6 +305,11 @@ macro_rules! legacy_rows {
                         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
                     }
                     let mut c = 0;
+                    while c + 8 <= columns {
+                        one_by_eight!(r, c);
+                        one_by_eight!(r + 1, c);
+                        c += 8;
+                    }
                     while c + 4 <= columns {
                         two_by_four!(r, c);
                         c += 4;
