@@ -102,8 +102,8 @@ unsafe fn fifth_bits(qh: u32) -> (uint8x16_t, uint8x16_t) {
 }
 
 /// A legacy-quant kernel: `$values` gives a block's 32 signed values as two `int8x16_t`;
-/// `$offset` adds Q4_1's `m·s` term. Every (row, column) is one accumulation in the
-/// reference's order.
+/// `$offset` adds Q4_1's `m·s` term. A row's block is unpacked once for up to eight columns
+/// (a batch's tokens); every (row, column) is one accumulation in the reference's order.
 macro_rules! legacy {
     ($name:ident, $inner:ident, $act:ty, $bytes:expr, |$b:ident| $values:expr, $offset:expr) => {
         fn $name(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
@@ -113,34 +113,72 @@ macro_rules! legacy {
 
         #[target_feature(enable = "neon,dotprod")]
         unsafe fn $inner(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
-            let n_rows = w.len() / row_bytes.max(1);
-            let blocks = x.len() / columns.max(1);
-            for (c, outs) in out
-                .chunks_exact_mut(n_rows.max(1))
-                .take(columns)
-                .enumerate()
-            {
-                let column = &x[c * blocks..(c + 1) * blocks];
-                for (o, row) in outs.iter_mut().zip(w.chunks_exact(row_bytes)) {
-                    // SAFETY: the caller guarantees the CPU features; loads are bounds-checked.
-                    unsafe {
-                        let (mut lo, mut hi) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-                        let mut summs = 0f32;
-                        for ($b, y) in row.chunks_exact($bytes).zip(column) {
-                            let (vlo, vhi): (int8x16_t, int8x16_t) = $values;
+            /// Columns `c..c + N` of one row.
+            #[inline]
+            #[target_feature(enable = "neon,dotprod")]
+            unsafe fn tile<const N: usize>(
+                row: &[u8],
+                x: &[$act],
+                blocks: usize,
+                c: usize,
+            ) -> [f32; N] {
+                // SAFETY: the caller guarantees the CPU features; loads are bounds-checked.
+                unsafe {
+                    let mut lo = [vdupq_n_f32(0.0); N];
+                    let mut hi = [vdupq_n_f32(0.0); N];
+                    let mut summs = [0f32; N];
+                    for (i, $b) in row.chunks_exact($bytes).enumerate() {
+                        let (vlo, vhi): (int8x16_t, int8x16_t) = $values;
+                        let dw = f16_at($b, 0);
+                        for j in 0..N {
+                            let y = &x[(c + j) * blocks + i];
                             let zero = vdupq_n_s32(0);
                             let ylo = vld1q_s8(y.qs.as_ptr());
                             let yhi = vld1q_s8(y.qs.as_ptr().add(16));
-                            let d = vdupq_n_f32(f16_at($b, 0) * y.d);
-                            lo = vfmaq_f32(lo, d, vcvtq_f32_s32(sdot(zero, vlo, ylo)));
-                            hi = vfmaq_f32(hi, d, vcvtq_f32_s32(sdot(zero, vhi, yhi)));
+                            let d = vdupq_n_f32(dw * y.d);
+                            lo[j] = vfmaq_f32(lo[j], d, vcvtq_f32_s32(sdot(zero, vlo, ylo)));
+                            hi[j] = vfmaq_f32(hi[j], d, vcvtq_f32_s32(sdot(zero, vhi, yhi)));
                             let offset: Option<fn(&[u8], &$act) -> f32> = $offset;
                             if let Some(term) = offset {
-                                summs = f16_at($b, 2).mul_add(term($b, y), summs);
+                                summs[j] = f16_at($b, 2).mul_add(term($b, y), summs[j]);
                             }
                         }
-                        *o = hsum8(lo, hi) + summs;
                     }
+                    std::array::from_fn(|j| hsum8(lo[j], hi[j]) + summs[j])
+                }
+            }
+
+            let n_rows = w.len() / row_bytes.max(1);
+            let blocks = x.len() / columns.max(1);
+            if n_rows == 0 || x.len() < columns * blocks || out.len() < columns * n_rows {
+                return;
+            }
+            let mut c = 0;
+            // SAFETY: the caller guarantees the CPU features.
+            unsafe {
+                while c + 8 <= columns {
+                    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                        let sums = tile::<8>(row, x, blocks, c);
+                        for (j, sum) in sums.into_iter().enumerate() {
+                            out[(c + j) * n_rows + r] = sum;
+                        }
+                    }
+                    c += 8;
+                }
+                while c + 4 <= columns {
+                    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                        let sums = tile::<4>(row, x, blocks, c);
+                        for (j, sum) in sums.into_iter().enumerate() {
+                            out[(c + j) * n_rows + r] = sum;
+                        }
+                    }
+                    c += 4;
+                }
+                while c < columns {
+                    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                        out[c * n_rows + r] = tile::<1>(row, x, blocks, c)[0];
+                    }
+                    c += 1;
                 }
             }
         }
