@@ -21,7 +21,15 @@ pub struct Launch {
 
 /// The `engine` binary: the configured one, else `engine` beside the supervisor's own
 /// executable (how the image and `cargo build` lay them out), else `engine` on `PATH`.
-pub fn default_binary() -> PathBuf {
+pub fn binary(config: &Config) -> PathBuf {
+    config
+        .engine
+        .binary
+        .clone()
+        .map_or_else(default_binary, PathBuf::from)
+}
+
+fn default_binary() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("engine")))
@@ -60,7 +68,7 @@ impl Launch {
             args.push(board.path(prompt).into_os_string());
         }
         Launch {
-            program: e.binary.clone().map_or_else(default_binary, PathBuf::from),
+            program: binary(config),
             args,
             port: e.port,
         }

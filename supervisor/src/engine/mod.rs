@@ -12,7 +12,7 @@ mod process;
 mod state;
 mod supervise;
 
-pub use launch::{Launch, default_binary};
+pub use launch::{Launch, binary};
 pub use logs::LogRing;
 pub use state::{EngineStatus, Phase, STATE_FILE, read_status};
 pub use supervise::{Handle, supervise};

@@ -205,11 +205,7 @@ fn engine_output_sha256(
 ) -> Result<String, String> {
     let approved = crate::model::check(board, config, crate::model::reverify(config))
         .map_err(|e| format!("model {} not usable: {e}", config.model.id))?;
-    let program = config
-        .engine
-        .binary
-        .clone()
-        .map_or_else(crate::engine::default_binary, std::path::PathBuf::from);
+    let program = crate::engine::binary(config);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut child = Command::new(&program)
         .arg("generate")
