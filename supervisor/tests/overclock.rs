@@ -536,20 +536,23 @@ fn unsafe_or_unclear_states_are_refused_and_left_alone() {
         "{ not json"
     );
 
-    // An arm_freq set outside the ladder's fragment is not the ladder's to take over.
+    // An arm_freq set outside the ladder's fragment (in any section) is not the ladder's to
+    // take over: refused before anything is recorded.
     let sim = Sim::new(&[2600], "");
     std::fs::write(
         sim.root.join(BOOT).join("config.txt.d/30-custom.txt"),
-        "[all]\narm_freq=2800\n",
+        "[pi5]\narm_freq=2800\n",
     )
     .expect("fragment");
     let out = sim.run(&["overclock", "start"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("30-custom") || text(&out.stderr).contains("outside the ladder"),
+        text(&out.stderr).contains("config.txt.d/30-custom.txt sets arm_freq=2800"),
         "{}",
         text(&out.stderr)
     );
+    assert_eq!(sim.record()["phase"], "idle", "nothing recorded");
+    assert!(!sim.reboot_requested());
 }
 
 #[test]

@@ -36,6 +36,18 @@ pub fn fragments(board: &Board) -> Result<Vec<Fragment>, String> {
     Ok(fragments)
 }
 
+/// A fragment other than the ladder's that sets `arm_freq` (in any section): the ladder must
+/// not fight it, so it is named as `(file name, value)`.
+pub fn foreign_arm_freq(board: &Board) -> Result<Option<(String, String)>, String> {
+    Ok(fragments(board)?
+        .into_iter()
+        .filter(|f| f.name != FRAGMENT_NAME)
+        .find_map(|f| {
+            let value = config_txt::values(&f.text, "arm_freq").first()?.to_string();
+            Some((f.name, value))
+        }))
+}
+
 /// `fragments` with the ladder's fragment set to `candidate` (removed for `None`).
 fn with_candidate(mut fragments: Vec<Fragment>, candidate: Option<Candidate>) -> Vec<Fragment> {
     fragments.retain(|f| f.name != FRAGMENT_NAME);

@@ -150,7 +150,11 @@ pub fn start(board: &Board, config: &Config) -> Result<Outcome, String> {
             ));
         }
     }
-    bootfiles::fragments(board)?;
+    if let Some((name, value)) = bootfiles::foreign_arm_freq(board)? {
+        return Err(format!(
+            "config.txt.d/{name} sets arm_freq={value}; remove it so the ladder can find the clock"
+        ));
+    }
     watchdog_armed(board)?;
     board
         .temperature_c()
