@@ -5,7 +5,8 @@
 //! in the reference's order, so every result is bit-identical to `scalar`.
 //!
 //! Covered: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K rows (all of SmolLM2's and Gemma 3's
-//! weights). Other types, the f16 attention helpers and SiLU run the scalar reference here.
+//! weights), and the f16 helpers of attention and the KV cache (conversions through `fcvtl` /
+//! `fcvtn`, also through `asm!`). Other types, SiLU and GELU run the scalar reference here.
 // Intrinsics are safe inside `#[target_feature]` functions on newer compilers; the explicit
 // `unsafe` blocks keep the code building with our minimum supported Rust.
 #![allow(unused_unsafe)]
@@ -385,6 +386,175 @@ k_quant!(q6_k, q6_k_neon, 210, (),
     },
     finish: |lo, hi, _none| hsum8(lo, hi),
 );
+
+/// Four f16 (as bits) widened to f32, exactly (`fcvtl`; the f16 vector types are not stable
+/// in Rust, the instruction is base NEON).
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn widen(h: uint16x4_t) -> float32x4_t {
+    let out: float32x4_t;
+    // SAFETY: register-only conversion; the caller guarantees NEON.
+    unsafe {
+        asm!(
+            "fcvtl {out:v}.4s, {h:v}.4h",
+            out = lateout(vreg) out,
+            h = in(vreg) h,
+            options(pure, nomem, nostack),
+        );
+    }
+    out
+}
+
+/// Four f32 narrowed to f16 bits, rounding to nearest even (`fcvtn` under the default FPCR).
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn narrow(x: float32x4_t) -> uint16x4_t {
+    let out: uint16x4_t;
+    // SAFETY: register-only conversion; the caller guarantees NEON.
+    unsafe {
+        asm!(
+            "fcvtn {out:v}.4h, {x:v}.4s",
+            out = lateout(vreg) out,
+            x = in(vreg) x,
+            options(pure, nomem, nostack),
+        );
+    }
+    out
+}
+
+/// Eight f16 from `at` as two f32 vectors.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn load_f16x8(h: &[u16], at: usize) -> (float32x4_t, float32x4_t) {
+    assert!(at + 8 <= h.len());
+    // SAFETY: the assertion keeps the load in bounds.
+    unsafe {
+        let v = vld1q_u16(h.as_ptr().add(at));
+        (widen(vget_low_u16(v)), widen(vget_high_u16(v)))
+    }
+}
+
+/// Stores eight f32 as f16 at `at`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn store_f16x8(h: &mut [u16], at: usize, lo: float32x4_t, hi: float32x4_t) {
+    assert!(at + 8 <= h.len());
+    // SAFETY: the assertion keeps the store in bounds.
+    unsafe { vst1q_u16(h.as_mut_ptr().add(at), vcombine_u16(narrow(lo), narrow(hi))) }
+}
+
+/// f16 · f16 as `scalar::dot_f16` computes it: four 8-lane accumulators over 32-element steps,
+/// folded in its order, the tail in f64 by the same code.
+pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    unsafe { dot_f16_neon(a, b) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn dot_f16_neon(a: &[u16], b: &[u16]) -> f32 {
+    let whole = a.len().min(b.len()) / 32 * 32;
+    // SAFETY: loads are bounds-checked; the caller guarantees NEON.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 8];
+        for step in (0..whole).step_by(32) {
+            for j in 0..4 {
+                let (alo, ahi) = load_f16x8(a, step + 8 * j);
+                let (blo, bhi) = load_f16x8(b, step + 8 * j);
+                acc[2 * j] = vfmaq_f32(acc[2 * j], alo, blo);
+                acc[2 * j + 1] = vfmaq_f32(acc[2 * j + 1], ahi, bhi);
+            }
+        }
+        let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
+        let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
+        let r = vaddq_f32(lo, hi);
+        let folded = (vgetq_lane_f32::<0>(r) + vgetq_lane_f32::<1>(r))
+            + (vgetq_lane_f32::<2>(r) + vgetq_lane_f32::<3>(r));
+        scalar::with_f16_tail(folded, &a[whole..], &b[whole..])
+    }
+}
+
+/// `acc ← f16(acc + v·w)` as `scalar::mad_f16` computes it.
+pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    unsafe { mad_f16_neon(acc, v, w) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn mad_f16_neon(acc: &mut [u16], v: &[u16], w: f32) {
+    let n = acc.len().min(v.len());
+    let whole = n / 8 * 8;
+    // SAFETY: loads and stores are bounds-checked; the caller guarantees NEON.
+    unsafe {
+        let w = vdupq_n_f32(w);
+        for at in (0..whole).step_by(8) {
+            let (alo, ahi) = load_f16x8(acc, at);
+            let (vlo, vhi) = load_f16x8(v, at);
+            store_f16x8(acc, at, vfmaq_f32(alo, vlo, w), vfmaq_f32(ahi, vhi, w));
+        }
+    }
+    scalar::mad_f16(&mut acc[whole..n], &v[whole..n], w);
+}
+
+/// `acc ← f16(acc·s)`.
+pub fn scale_f16(acc: &mut [u16], s: f32) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    unsafe { scale_f16_neon(acc, s) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn scale_f16_neon(acc: &mut [u16], s: f32) {
+    let whole = acc.len() / 8 * 8;
+    // SAFETY: loads and stores are bounds-checked; the caller guarantees NEON.
+    unsafe {
+        for at in (0..whole).step_by(8) {
+            let (lo, hi) = load_f16x8(acc, at);
+            store_f16x8(acc, at, vmulq_n_f32(lo, s), vmulq_n_f32(hi, s));
+        }
+    }
+    scalar::scale_f16(&mut acc[whole..], s);
+}
+
+/// `dst ← f16(src·scale)`.
+pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16]) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    unsafe { to_f16_neon(src, scale, dst) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn to_f16_neon(src: &[f32], scale: f32, dst: &mut [u16]) {
+    let n = src.len().min(dst.len());
+    let whole = n / 8 * 8;
+    // SAFETY: loads and stores are bounds-checked; the caller guarantees NEON.
+    unsafe {
+        for at in (0..whole).step_by(8) {
+            let lo = vmulq_n_f32(vld1q_f32(src[at..at + 4].as_ptr()), scale);
+            let hi = vmulq_n_f32(vld1q_f32(src[at + 4..at + 8].as_ptr()), scale);
+            store_f16x8(dst, at, lo, hi);
+        }
+    }
+    scalar::to_f16(&src[whole..n], scale, &mut dst[whole..n]);
+}
+
+/// `dst ← src·scale`, `src` in f16.
+pub fn from_f16(src: &[u16], scale: f32, dst: &mut [f32]) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    unsafe { from_f16_neon(src, scale, dst) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn from_f16_neon(src: &[u16], scale: f32, dst: &mut [f32]) {
+    let n = src.len().min(dst.len());
+    let whole = n / 8 * 8;
+    // SAFETY: loads and stores are bounds-checked; the caller guarantees NEON.
+    unsafe {
+        for at in (0..whole).step_by(8) {
+            let (lo, hi) = load_f16x8(src, at);
+            vst1q_f32(dst[at..at + 4].as_mut_ptr(), vmulq_n_f32(lo, scale));
+            vst1q_f32(dst[at + 4..at + 8].as_mut_ptr(), vmulq_n_f32(hi, scale));
+        }
+    }
+    scalar::from_f16(&src[whole..n], scale, &mut dst[whole..n]);
+}
 
 #[cfg(test)]
 mod tests {
