@@ -15,39 +15,17 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
+mod common;
+
+use common::{BIN, engine_binary, free_port};
 const PASSWORD: &str = "reception 42";
 /// The W3C name of an element reference in WebDriver answers.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
 
 /// The cargo target directory of this build (`<target>/<profile>/deps/<test>`).
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
     exe.ancestors().nth(3).expect("target dir").to_path_buf()
-}
-
-/// The `engine` binary of this build, built when only the supervisor's tests were.
-fn engine_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe.ancestors().nth(2).expect("target/<profile>");
-    let engine = profile_dir.join("engine");
-    if !engine.is_file() {
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--locked", "-p", "engine"]);
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        assert!(
-            build.status().expect("cargo").success(),
-            "building the engine"
-        );
-    }
-    engine
 }
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -270,19 +248,7 @@ fn hash_password(password: &str) -> String {
 fn start_supervisor(dir: &Path, port: u16) -> Killed {
     let root = dir.join("board");
     supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
-    let out = Command::new(BIN)
-        .arg("--root")
-        .arg(&root)
-        .args(["weights", "fetch-default", "--cache"])
-        .arg(&cache)
-        .output()
-        .expect("fetch-default");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::install_default_model(&root);
     let config = format!(
         "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {}\nhealth_interval_s = 2\n\n\
          [dashboard]\nlisten = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\nsample_interval_s = 1\n",

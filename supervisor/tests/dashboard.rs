@@ -10,13 +10,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
-const PASSWORD: &str = "clinic front desk 7";
+mod common;
 
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
+use common::{BIN, free_port};
+const PASSWORD: &str = "clinic front desk 7";
 
 /// Runs a `supervisor` subcommand with `stdin`, returning stdout.
 fn supervisor(args: &[&str], stdin: &str) -> String {

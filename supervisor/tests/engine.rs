@@ -5,7 +5,7 @@
 
 use std::fs::Permissions;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,35 +13,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
+mod common;
 
-/// The `engine` binary of this build (cargo builds it for the workspace's tests; built here
-/// when only the supervisor's tests run).
-fn engine_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let engine = profile_dir.join("engine");
-    if !engine.is_file() {
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--locked", "-p", "engine"]);
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        assert!(
-            build.status().expect("cargo").success(),
-            "building the engine"
-        );
-    }
-    engine
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
+use common::{BIN, engine_binary, free_port};
 
 /// A simulated board with the default model installed through its manifest.
 struct Board {
@@ -64,19 +38,7 @@ fn board_without_model() -> Board {
 
 impl Board {
     fn install_model(&self) {
-        let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
-        let out = Command::new(BIN)
-            .arg("--root")
-            .arg(&self.root)
-            .args(["weights", "fetch-default", "--cache"])
-            .arg(&cache)
-            .output()
-            .expect("fetch-default");
-        assert!(
-            out.status.success(),
-            "fetch-default: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::install_default_model(&self.root);
     }
 
     fn configure(&self, engine: &str) {

@@ -153,6 +153,17 @@ impl Sim {
         config_txt::setting(&self.config_txt(), "arm_freq").map(str::to_string)
     }
 
+    /// Runs `overclock COMMAND`, which must fail with exit status 1 and say `needle`.
+    fn refused(&self, command: &str, needle: &str) {
+        let out = self.run(&["overclock", command]);
+        assert_eq!(out.status.code(), Some(1), "{command}");
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{command}: {}",
+            text(&out.stderr)
+        );
+    }
+
     fn start(&self) {
         let out = self.run(&["overclock", "start"]);
         assert!(
@@ -465,13 +476,7 @@ fn unsafe_or_unclear_states_are_refused_and_left_alone() {
     let sim = Sim::new(&[2600], "");
     // Off unless enabled.
     std::fs::write(&sim.config, "[overclock]\nengine_check = false\n").expect("config");
-    let out = sim.run(&["overclock", "start"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("enabled = true"),
-        "{}",
-        text(&out.stderr)
-    );
+    sim.refused("start", "enabled = true");
 
     // No armed watchdog: no trial.
     let sim = Sim::new(&[2600], "");
@@ -480,13 +485,7 @@ fn unsafe_or_unclear_states_are_refused_and_left_alone() {
         "inactive\n",
     )
     .expect("watchdog");
-    let out = sim.run(&["overclock", "start"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("watchdog is not armed"),
-        "{}",
-        text(&out.stderr)
-    );
+    sim.refused("start", "watchdog is not armed");
     assert!(!sim.reboot_requested());
 
     // A board that throttles at stock cannot vouch for any clock: the ladder stops at once.
@@ -497,13 +496,7 @@ fn unsafe_or_unclear_states_are_refused_and_left_alone() {
         "50005\n",
     )
     .expect("throttled");
-    let out = sim.run(&["overclock", "start"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("fails at stock clock"),
-        "{}",
-        text(&out.stderr)
-    );
+    sim.refused("start", "fails at stock clock");
     assert!(!sim.reboot_requested());
     let record = sim.record();
     assert_eq!(record["phase"], "aborted");
@@ -544,13 +537,7 @@ fn unsafe_or_unclear_states_are_refused_and_left_alone() {
         "[pi5]\narm_freq=2800\n",
     )
     .expect("fragment");
-    let out = sim.run(&["overclock", "start"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("config.txt.d/30-custom.txt sets arm_freq=2800"),
-        "{}",
-        text(&out.stderr)
-    );
+    sim.refused("start", "config.txt.d/30-custom.txt sets arm_freq=2800");
     assert_eq!(sim.record()["phase"], "idle", "nothing recorded");
     assert!(!sim.reboot_requested());
 }
