@@ -153,6 +153,18 @@ impl Sim {
         config_txt::setting(&self.config_txt(), "arm_freq").map(str::to_string)
     }
 
+    /// `supervisor run` on this board, as systemd starts it at every boot.
+    fn daemon(&self) -> std::process::Child {
+        Command::new(BIN)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--config")
+            .arg(&self.config)
+            .arg("run")
+            .spawn()
+            .expect("daemon")
+    }
+
     /// Runs `overclock COMMAND`, which must fail with exit status 1 and say `needle`.
     fn refused(&self, command: &str, needle: &str) {
         let out = self.run(&["overclock", command]);
@@ -548,14 +560,7 @@ fn the_daemon_checks_a_trial_before_anything_else() {
     sim.start();
     sim.boot();
     // `supervisor run` on the trial boot: checks 2600, promotes it and reboots into 2700.
-    let mut daemon = Command::new(BIN)
-        .arg("--root")
-        .arg(&sim.root)
-        .arg("--config")
-        .arg(&sim.config)
-        .arg("run")
-        .spawn()
-        .expect("daemon");
+    let mut daemon = sim.daemon();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !sim.reboot_requested() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -590,14 +595,7 @@ fn an_abort_during_a_trial_check_stops_it_and_reboots_onto_stock() {
         config.replace("check_seconds = 1", "check_seconds = 600"),
     )
     .expect("config");
-    let mut daemon = Command::new(BIN)
-        .arg("--root")
-        .arg(&sim.root)
-        .arg("--config")
-        .arg(&sim.config)
-        .arg("run")
-        .spawn()
-        .expect("daemon");
+    let mut daemon = sim.daemon();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while sim.record()["trials"][0]["checking_since_unix"].is_null() {
         assert!(
