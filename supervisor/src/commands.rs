@@ -230,10 +230,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         );
         println!("       {}", m.reason);
         let e = &status.engine;
-        let state = serde_json::to_value(e.state)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let state = report::word(e.state);
         println!(
             "engine: {state} {} (restarts {}{})",
             e.url.as_deref().unwrap_or(""),

@@ -49,10 +49,7 @@ pub fn overclock_text(s: &crate::overclock::OverclockStatus) -> String {
         let _ = writeln!(out, "overclock: unreadable record: {e}");
         return out;
     }
-    let phase = serde_json::to_value(r.phase)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
+    let phase = word(r.phase);
     let _ = writeln!(
         out,
         "overclock: {phase}{} (run {}): {}",
@@ -69,10 +66,7 @@ pub fn overclock_text(s: &crate::overclock::OverclockStatus) -> String {
         .map_or_else(|| "stock".to_string(), |c| c.to_string());
     let _ = writeln!(out, "kept: {kept}");
     for t in &r.trials {
-        let status = serde_json::to_value(t.status)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let status = word(t.status);
         let _ = writeln!(
             out,
             "  run {} {:>16}  {status:8}  {}",
@@ -106,15 +100,20 @@ pub fn collect(
     }
 }
 
+/// The word a state enum is written as in the JSON (`in-place`, `ready`, `climbing`, ...).
+pub fn word(value: impl Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 /// The steps as an aligned table, one line each plus an indented reason.
 pub fn steps_table(steps: &[StepReport]) -> String {
     let mut out = String::new();
     let width = steps.iter().map(|s| s.name.len()).max().unwrap_or(0);
     for s in steps {
-        let state = serde_json::to_value(s.state)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let state = word(s.state);
         let _ = writeln!(
             out,
             "{:width$}  {:14}  desired: {}  effective: {}",

@@ -212,27 +212,8 @@ fn keys(v: &Value) -> Vec<String> {
     k
 }
 
-/// An open event stream.
+/// An open event stream (checked to be one).
 fn open_events(base: &str, cookie: &str) -> BufReader<ureq::BodyReader<'static>> {
-    let response = agent()
-        .get(&format!("{base}/events"))
-        .header("cookie", cookie)
-        .call()
-        .expect("GET /events");
-    assert_eq!(response.status().as_u16(), 200);
-    BufReader::new(response.into_body().into_reader())
-}
-
-/// Reads a stream to its end.
-fn drain(mut reader: BufReader<ureq::BodyReader<'static>>) {
-    let mut line = String::new();
-    while reader.read_line(&mut line).unwrap_or(0) > 0 {
-        line.clear();
-    }
-}
-
-/// Reads server-sent events until `count` `update` events have arrived; their data as JSON.
-fn read_events(base: &str, cookie: &str, count: usize) -> Vec<Value> {
     let response = agent()
         .get(&format!("{base}/events"))
         .header("cookie", cookie)
@@ -249,7 +230,20 @@ fn read_events(base: &str, cookie: &str, count: usize) -> Vec<Value> {
         content_type.starts_with("text/event-stream"),
         "{content_type}"
     );
-    let mut reader = BufReader::new(response.into_body().into_reader());
+    BufReader::new(response.into_body().into_reader())
+}
+
+/// Reads a stream to its end.
+fn drain(mut reader: BufReader<ureq::BodyReader<'static>>) {
+    let mut line = String::new();
+    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        line.clear();
+    }
+}
+
+/// Reads server-sent events until `count` `update` events have arrived; their data as JSON.
+fn read_events(base: &str, cookie: &str, count: usize) -> Vec<Value> {
+    let mut reader = open_events(base, cookie);
     let mut events = Vec::new();
     let mut line = String::new();
     while events.len() < count {

@@ -627,46 +627,39 @@ fn an_abort_during_a_trial_check_stops_it_and_reboots_onto_stock() {
 
 #[test]
 fn a_trial_boot_that_cannot_be_confirmed_is_not_passed() {
+    // The first trial's boot, changed by `tamper` before the daemon's first act: the trial
+    // must fail for `why` and the board leave that boot at once.
+    let trial_boot_fails = |tamper: &dyn Fn(&Sim), why: &str| -> Sim {
+        let sim = Sim::new(&[2600, 2700], "");
+        sim.start();
+        sim.boot();
+        tamper(&sim);
+        let out = sim.run(&["overclock", "boot"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let record = sim.record();
+        assert_eq!(statuses(&record), pairs(&[(2600, "failed")]));
+        assert!(trials(&record)[0].3.contains(why), "{record:#}");
+        assert!(sim.reboot_requested(), "off the trial's boot at once");
+        assert_eq!(sim.arm_freq(), None);
+        sim
+    };
     // The firmware clamped the clock: the check ran, but not at the candidate's clock.
-    let sim = Sim::new(&[2600, 2700], "");
-    sim.start();
-    sim.boot();
-    std::fs::write(
-        sim.root
-            .join("sys/devices/system/cpu/cpufreq/policy0/cpuinfo_max_freq"),
-        "2400000\n",
-    )
-    .expect("clamp");
-    let out = sim.run(&["overclock", "boot"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let record = sim.record();
-    assert_eq!(statuses(&record), pairs(&[(2600, "failed")]));
-    assert!(
-        trials(&record)[0].3.contains("ran at 2400 MHz"),
-        "{record:#}"
+    trial_boot_fails(
+        &|sim| {
+            let max = "sys/devices/system/cpu/cpufreq/policy0/cpuinfo_max_freq";
+            std::fs::write(sim.root.join(max), "2400000\n").expect("clamp");
+        },
+        "ran at 2400 MHz",
     );
-    assert!(sim.reboot_requested(), "off the trial's boot at once");
-
     // The tryboot flag cannot be read: which config booted is unknown, so the trial fails
     // and the board reboots onto config.txt.
-    let sim = Sim::new(&[2600, 2700], "");
-    sim.start();
-    sim.boot();
-    std::fs::remove_file(
-        sim.root
-            .join("sys/firmware/devicetree/base/chosen/bootloader/tryboot"),
-    )
-    .expect("flag");
-    let out = sim.run(&["overclock", "boot"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let record = sim.record();
-    assert_eq!(statuses(&record), pairs(&[(2600, "failed")]));
-    assert!(
-        trials(&record)[0].3.contains("cannot be read"),
-        "{record:#}"
+    let sim = trial_boot_fails(
+        &|sim| {
+            let flag = "sys/firmware/devicetree/base/chosen/bootloader/tryboot";
+            std::fs::remove_file(sim.root.join(flag)).expect("flag");
+        },
+        "cannot be read",
     );
-    assert!(sim.reboot_requested());
-    assert_eq!(sim.arm_freq(), None);
     // And no new run starts while the flag stays unreadable.
     let out = sim.run(&["overclock", "start"]);
     assert_eq!(out.status.code(), Some(1));

@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 
 use crate::bootloader::image::Image;
 
+/// Where a Pi 5 kernel puts the firmware's `get_throttled` (relative to the board root).
+pub const GET_THROTTLED_FILE: &str =
+    "sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled";
+
 /// Marker file at the root of a simulated board; its contents name the variant.
 pub const MARKER: &str = ".appliance-sim";
 
@@ -239,10 +243,7 @@ fn write_thermal(tree: &Tree, variant: Variant) -> io::Result<()> {
     }
     tree.file("sys/class/thermal/thermal_zone0/type", "cpu-thermal\n")?;
     tree.file("sys/class/thermal/thermal_zone0/temp", &format!("{temp}\n"))?;
-    tree.file(
-        "sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled",
-        &format!("{throttled}\n"),
-    )
+    tree.file(GET_THROTTLED_FILE, &format!("{throttled}\n"))
 }
 
 fn write_numa(tree: &Tree, variant: Variant) -> io::Result<()> {

@@ -153,7 +153,7 @@ pub fn boot(root: &Path) -> io::Result<String> {
     // Arm frequency capped, now and since boot.
     let throttled = if capped { "20002" } else { "0" };
     fs::write(
-        root.join("sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled"),
+        root.join(super::sim::GET_THROTTLED_FILE),
         format!("{throttled}\n"),
     )?;
     let miscompute = faults.miscompute_from_mhz.is_some_and(|h| mhz >= h);

@@ -298,10 +298,7 @@ async fn api_chat(
         (state, _) => {
             return Err(DashError::EngineUnavailable(format!(
                 "the engine is not ready ({}); try again shortly",
-                serde_json::to_value(state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default()
+                crate::report::word(state)
             )));
         }
     };
