@@ -10,6 +10,7 @@ pub mod activations;
 #[cfg(target_arch = "aarch64")]
 #[allow(unsafe_code)]
 mod arm;
+mod matrix;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
@@ -18,8 +19,8 @@ mod x86;
 use std::sync::Arc;
 
 use activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+pub use matrix::{Matrix, WIDEN_BUDGET};
 
-use crate::model_file::Tensor;
 use crate::pool::{Pool, Schedule};
 use crate::quant::{self, QuantError, TensorType};
 
@@ -212,7 +213,7 @@ impl Exec {
 /// One product of a fused region: `out = W · x` for each of the input columns.
 pub struct Product<'t, 'o> {
     /// The weights.
-    pub w: &'t Tensor<'t>,
+    pub w: &'t Matrix<'t>,
     /// One output per row of `w` for each input column, column after column.
     pub out: &'o mut [f32],
 }
@@ -246,7 +247,7 @@ fn float_rows(
 
 /// `out = W · x` for every row of `w`, rows split across the pool's threads.
 pub fn matvec(
-    w: &Tensor<'_>,
+    w: &Matrix<'_>,
     x: &[f32],
     out: &mut [f32],
     exec: &Exec,
@@ -275,10 +276,11 @@ pub fn matmul(
         ));
     }
     // Fixed-size: the token loop does not allocate.
-    let mut dots: [Option<(RowDot, &Tensor<'_>)>; MAX_PRODUCTS] = [None; MAX_PRODUCTS];
+    let mut dots: [Option<(RowDot, &[u8], usize)>; MAX_PRODUCTS] = [None; MAX_PRODUCTS];
     let (mut need_q8_0, mut need_q8_1, mut need_q8k) = (false, false, false);
+    let mut width = 0;
     for (slot, p) in dots.iter_mut().zip(products.iter()) {
-        let w = p.w;
+        let w = &p.w.tensor;
         if xs.len() != w.row_len() * columns || p.out.len() != w.rows() * columns {
             return Err(format!(
                 "{}: a [{}, {}] matrix cannot take {} inputs into {} outputs over {columns} columns",
@@ -289,19 +291,24 @@ pub fn matmul(
                 p.out.len()
             ));
         }
-        let dot = row_dot(&w.info.tensor_type, exec.isa).map_err(|e| e.to_string())?;
+        let (ty, bytes, rb) = if columns == 1 {
+            (w.info.tensor_type, w.bytes, w.row_bytes())
+        } else {
+            p.w.batch_rows()
+        };
+        let dot = row_dot(&ty, exec.isa).map_err(|e| e.to_string())?;
         match dot {
             RowDot::Q8_0(_) => need_q8_0 = true,
             RowDot::Q8_1(_) => need_q8_1 = true,
             RowDot::Q8K(_) => need_q8k = true,
             RowDot::Float(_) => {}
         }
-        *slot = Some((dot, w));
+        *slot = Some((dot, bytes, rb));
+        width = w.row_len();
     }
-    let Some((_, first)) = dots[0] else {
+    if width == 0 {
         return Ok(());
-    };
-    let width = first.row_len();
+    }
     let Scratch { q8_0, q8_1, q8k } = scratch;
     q8_0.clear();
     q8_1.clear();
@@ -337,14 +344,13 @@ pub fn matmul(
         align,
         schedule,
         &|which, mut share| {
-            let Some((dot, w)) = dots[which] else {
+            let Some((dot, bytes, rb)) = dots[which] else {
                 return;
             };
-            let rb = w.row_bytes();
             let (start, end) = (share.start, share.end);
             if columns == 1 {
                 // One token: the whole share in one call, rows streaming from memory.
-                let rows = &w.bytes[start * rb..end * rb];
+                let rows = &bytes[start * rb..end * rb];
                 let out = share.column(0);
                 match dot {
                     RowDot::Q8_0(f) => f(rows, rb, q8_0, 1, out),
@@ -363,7 +369,7 @@ pub fn matmul(
             for chunk in (start..end).step_by(ROWS_PER_CHUNK) {
                 let chunk_end = (chunk + ROWS_PER_CHUNK).min(end);
                 let n = chunk_end - chunk;
-                let rows = &w.bytes[chunk * rb..chunk_end * rb];
+                let rows = &bytes[chunk * rb..chunk_end * rb];
                 for c0 in (0..columns).step_by(MAX_TILE_COLUMNS) {
                     let nc = (columns - c0).min(MAX_TILE_COLUMNS);
                     let tile = &mut tile[..n * nc];
@@ -402,6 +408,7 @@ pub fn matmul(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model_file::Tensor;
     use crate::quant::f32_to_f16;
 
     /// Deterministic bytes (xorshift), so failures reproduce.
@@ -643,6 +650,66 @@ mod tests {
         }
     }
 
+    /// Batches read Q5_0 weights widened to Q8_0; every result stays what the stored rows give.
+    #[test]
+    fn widened_q5_0_batches_equal_the_stored_rows_bit_for_bit() {
+        let mut rng = Bytes(0x5851_f42d_4c95_7f2d);
+        let (width, rows) = (640, 6);
+        let bytes: Vec<u8> = (0..rows)
+            .flat_map(|_| random_row("Q5_0", width, &mut rng))
+            .collect();
+        let info = gguf::TensorInfo {
+            name: "w".into(),
+            dims: vec![width as u64, rows as u64],
+            tensor_type: tensor_type("Q5_0"),
+            offset: 0,
+            size: bytes.len() as u64,
+            span: 0..0,
+        };
+        let tensor = Tensor {
+            info: &info,
+            bytes: &bytes,
+        };
+        let mut budget = WIDEN_BUDGET;
+        let wide = Matrix::widened(tensor, &mut budget);
+        assert_eq!(wide.widened_bytes(), bytes.len() / 22 * 34);
+        assert_eq!(budget, WIDEN_BUDGET - wide.widened_bytes());
+        let mut none_left = 100;
+        assert_eq!(Matrix::widened(tensor, &mut none_left).widened_bytes(), 0);
+        let stored = Matrix::stored(tensor);
+        let mut scratch = Scratch::default();
+        for isa in Isa::available() {
+            let exec = Exec {
+                isa,
+                pool: Pool::shared(2),
+            };
+            for columns in [1, 2, 5, 8, 13] {
+                let xs = activations(width * columns, &mut rng);
+                let mut results = [vec![0f32; rows * columns], vec![0f32; rows * columns]];
+                for (m, out) in [&wide, &stored].into_iter().zip(&mut results) {
+                    matmul(
+                        &mut [Product { w: m, out }],
+                        &xs,
+                        columns,
+                        &exec,
+                        &mut scratch,
+                    )
+                    .expect("product");
+                }
+                let reference = run_rows(
+                    row_dot(&info.tensor_type, Isa::Scalar).expect("scalar"),
+                    &bytes,
+                    rows,
+                    &xs,
+                    columns,
+                );
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&results[0]), bits(&reference), "{columns} on {isa:?}");
+                assert_eq!(bits(&results[1]), bits(&reference), "{columns} on {isa:?}");
+            }
+        }
+    }
+
     #[test]
     fn matvec_refuses_mismatched_shapes() {
         let mut rng = Bytes(7);
@@ -656,10 +723,10 @@ mod tests {
             size: bytes.len() as u64,
             span: 0..0,
         };
-        let w = Tensor {
+        let w = Matrix::stored(Tensor {
             info: &info,
             bytes: &bytes,
-        };
+        });
         let mut out = [0f32; 2];
         let mut scratch = Scratch::default();
         let exec = Exec {

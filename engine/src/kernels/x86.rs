@@ -249,17 +249,22 @@ macro_rules! legacy_rows {
                         let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
                         let (mut a4, mut a5, mut a6, mut a7) = (zero, zero, zero, zero);
                         let mut s = [0f32; 8];
+                        // Checked once here, so the loop keeps its registers for the math
+                        // rather than for eight bounds checks.
+                        assert!((c + 8) * blocks <= x.len());
+                        let y = x.as_ptr().add(c * blocks);
                         for (i, b0) in row!(r).chunks_exact($bytes).enumerate() {
                             let p0 = prepare!(b0);
                             let [s0, s1, s2, s3, s4, s5, s6, s7] = &mut s;
-                            step!(a0, s0, b0, p0, &x[c * blocks + i]);
-                            step!(a1, s1, b0, p0, &x[(c + 1) * blocks + i]);
-                            step!(a2, s2, b0, p0, &x[(c + 2) * blocks + i]);
-                            step!(a3, s3, b0, p0, &x[(c + 3) * blocks + i]);
-                            step!(a4, s4, b0, p0, &x[(c + 4) * blocks + i]);
-                            step!(a5, s5, b0, p0, &x[(c + 5) * blocks + i]);
-                            step!(a6, s6, b0, p0, &x[(c + 6) * blocks + i]);
-                            step!(a7, s7, b0, p0, &x[(c + 7) * blocks + i]);
+                            let y = y.add(i);
+                            step!(a0, s0, b0, p0, &*y);
+                            step!(a1, s1, b0, p0, &*y.add(blocks));
+                            step!(a2, s2, b0, p0, &*y.add(2 * blocks));
+                            step!(a3, s3, b0, p0, &*y.add(3 * blocks));
+                            step!(a4, s4, b0, p0, &*y.add(4 * blocks));
+                            step!(a5, s5, b0, p0, &*y.add(5 * blocks));
+                            step!(a6, s6, b0, p0, &*y.add(6 * blocks));
+                            step!(a7, s7, b0, p0, &*y.add(7 * blocks));
                         }
                         let lanes = [a0, a1, a2, a3, a4, a5, a6, a7];
                         for (j, (acc, sum)) in lanes.iter().zip(s).enumerate() {

@@ -9,17 +9,17 @@ mod layers;
 
 pub use hparams::{Arch, Hparams};
 
-use crate::kernels::{self, Exec, Isa};
+use crate::kernels::{self, Exec, Isa, Matrix};
 use crate::model_file::{LoadError, ModelFile, Tensor};
 use crate::pool::Pool;
 use crate::quant;
 
 struct Layer<'a> {
     attn_norm: Vec<f32>,
-    wq: Tensor<'a>,
-    wk: Tensor<'a>,
-    wv: Tensor<'a>,
-    wo: Tensor<'a>,
+    wq: Matrix<'a>,
+    wk: Matrix<'a>,
+    wv: Matrix<'a>,
+    wo: Matrix<'a>,
     /// Qwen 2 adds biases to the query, key and value projections.
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
@@ -31,9 +31,9 @@ struct Layer<'a> {
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     post_ffn_norm: Option<Vec<f32>>,
-    gate: Tensor<'a>,
-    up: Tensor<'a>,
-    down: Tensor<'a>,
+    gate: Matrix<'a>,
+    up: Matrix<'a>,
+    down: Matrix<'a>,
 }
 
 /// A model ready to run, borrowing its weights from the mapped file.
@@ -41,7 +41,7 @@ pub struct Model<'a> {
     /// Hyperparameters.
     pub hparams: Hparams,
     embeddings: Tensor<'a>,
-    output: Tensor<'a>,
+    output: Matrix<'a>,
     output_norm: Vec<f32>,
     /// Llama 3's rope frequency divisors.
     rope_freqs: Option<Vec<f32>>,
@@ -258,6 +258,12 @@ impl<'a> Model<'a> {
         } else {
             embeddings
         };
+        let output = Matrix::stored(output);
+        // Batches read Q5_0 weights widened to Q8_0 (see `kernels::Matrix`), up to a budget.
+        let mut budget = kernels::WIDEN_BUDGET;
+        let mut weights = |name: &str, cols: usize, rows: usize| {
+            matrix(file, name, cols, rows).map(|t| Matrix::widened(t, &mut budget))
+        };
         let gemma = h.arch == Arch::Gemma3;
         let mut layers = Vec::with_capacity(h.n_layer);
         for i in 0..h.n_layer {
@@ -267,10 +273,10 @@ impl<'a> Model<'a> {
                 |n: &str, len: usize| optional_vector(file, &format!("blk.{i}.{n}.bias"), len);
             layers.push(Layer {
                 attn_norm: vector(file, &name("attn_norm"), e)?,
-                wq: matrix(file, &name("attn_q"), e, q_dim)?,
-                wk: matrix(file, &name("attn_k"), e, kv_dim)?,
-                wv: matrix(file, &name("attn_v"), e, kv_dim)?,
-                wo: matrix(file, &name("attn_output"), q_dim, e)?,
+                wq: weights(&name("attn_q"), e, q_dim)?,
+                wk: weights(&name("attn_k"), e, kv_dim)?,
+                wv: weights(&name("attn_v"), e, kv_dim)?,
+                wo: weights(&name("attn_output"), q_dim, e)?,
                 bq: optional_bias("attn_q", q_dim)?,
                 bk: optional_bias("attn_k", kv_dim)?,
                 bv: optional_bias("attn_v", kv_dim)?,
@@ -287,9 +293,9 @@ impl<'a> Model<'a> {
                 } else {
                     None
                 },
-                gate: matrix(file, &name("ffn_gate"), e, h.n_ff)?,
-                up: matrix(file, &name("ffn_up"), e, h.n_ff)?,
-                down: matrix(file, &name("ffn_down"), h.n_ff, e)?,
+                gate: weights(&name("ffn_gate"), e, h.n_ff)?,
+                up: weights(&name("ffn_up"), e, h.n_ff)?,
+                down: weights(&name("ffn_down"), h.n_ff, e)?,
             });
         }
         Ok(Model {
@@ -300,6 +306,17 @@ impl<'a> Model<'a> {
             layers,
             hparams: h,
         })
+    }
+
+    /// Memory held beside the mapped file by weights widened for batches.
+    pub fn widened_bytes(&self) -> usize {
+        let layer = |l: &Layer<'_>| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                .iter()
+                .map(|m| m.widened_bytes())
+                .sum::<usize>()
+        };
+        self.layers.iter().map(layer).sum()
     }
 
     /// Runs token `token` at position `pos` (all earlier positions must be in `cache`) and

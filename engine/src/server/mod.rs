@@ -587,6 +587,13 @@ fn load(config: &ServeConfig) -> Result<Ready, String> {
     // The server runs for the life of the process: its mapping can be too.
     let file: &'static crate::model_file::ModelFile = Box::leak(Box::new(file));
     let model = Arc::new(crate::model::Model::load(file).map_err(|e| e.to_string())?);
+    let widened = model.widened_bytes();
+    if widened > 0 {
+        eprintln!(
+            "engine: {:.1} MiB of Q5_0 weights widened to Q8_0 for batched passes",
+            widened as f64 / f64::from(1 << 20)
+        );
+    }
     let tokenizer =
         Arc::new(Tokenizer::load(file).map_err(|e| format!("{}: {e}", config.model.display()))?);
     let template = ChatTemplate::from_model(file, &tokenizer)?;
