@@ -74,27 +74,31 @@ fn q8_block(x: &[f32]) -> (f32, [i8; 32], i32) {
     (d, qs, sum)
 }
 
+/// The Q8_0 block of max-abs scale `d` and quants `qs` (the scale stored at f16 precision).
+pub(super) fn q8_0_block((d, qs, _): (f32, [i8; 32], i32)) -> BlockQ8_0 {
+    BlockQ8_0 {
+        d: round_f16(d),
+        qs,
+    }
+}
+
+/// The Q8_1 block of max-abs scale `d`, quants `qs` and their sum.
+pub(super) fn q8_1_block((d, qs, sum): (f32, [i8; 32], i32)) -> BlockQ8_1 {
+    BlockQ8_1 {
+        d: round_f16(d),
+        s: round_f16(d * sum as f32),
+        qs,
+    }
+}
+
 /// Quantizes `x` (a multiple of 32 long), appending to `out`.
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) {
-    out.extend(x.chunks_exact(32).map(|c| {
-        let (d, qs, _) = q8_block(c);
-        BlockQ8_0 {
-            d: round_f16(d),
-            qs,
-        }
-    }));
+    out.extend(x.chunks_exact(32).map(|c| q8_0_block(q8_block(c))));
 }
 
 /// Quantizes `x` (a multiple of 32 long), appending to `out`.
 pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) {
-    out.extend(x.chunks_exact(32).map(|c| {
-        let (d, qs, sum) = q8_block(c);
-        BlockQ8_1 {
-            d: round_f16(d),
-            s: round_f16(d * sum as f32),
-            qs,
-        }
-    }));
+    out.extend(x.chunks_exact(32).map(|c| q8_1_block(q8_block(c))));
 }
 
 /// Quantizes `x` (a multiple of 256 long), appending to `out`: the value of largest magnitude maps to

@@ -183,6 +183,33 @@ pub fn scale_f16(acc: &mut [u16], s: f32, isa: Isa) {
     }
 }
 
+/// `x` quantized to Q8_0 blocks appended to `out`, on `isa` (as `activations::quantize_q8_0`).
+pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>, isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::quantize_q8_0(x, out),
+        _ => activations::quantize_q8_0(x, out),
+    }
+}
+
+/// `x` quantized to Q8_1 blocks appended to `out`, on `isa`.
+pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>, isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::quantize_q8_1(x, out),
+        _ => activations::quantize_q8_1(x, out),
+    }
+}
+
+/// `x` quantized to Q8_K blocks appended to `out`, on `isa`.
+pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>, isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::quantize_q8_k(x, out),
+        _ => activations::quantize_q8_k(x, out),
+    }
+}
+
 /// Reusable buffers for quantized activations, so the token loop does not allocate.
 #[derive(Default, Clone)]
 pub struct Scratch {
@@ -315,13 +342,13 @@ pub fn matmul(
     q8k.clear();
     for x in xs.chunks_exact(width) {
         if need_q8_0 {
-            activations::quantize_q8_0(x, q8_0);
+            quantize_q8_0(x, q8_0, exec.isa);
         }
         if need_q8_1 {
-            activations::quantize_q8_1(x, q8_1);
+            quantize_q8_1(x, q8_1, exec.isa);
         }
         if need_q8k {
-            activations::quantize_q8_k(x, q8k);
+            quantize_q8_k(x, q8k, exec.isa);
         }
     }
     let (q8_0, q8_1, q8k) = (&*q8_0, &*q8_1, &*q8k);
@@ -582,6 +609,27 @@ mod tests {
                     );
                 }
             }
+            // Activation quantization: ordinary values, a block of zeros, ties, and the largest
+            // magnitude reached twice with opposite signs (Q8_K keeps the first).
+            let mut xs = activations(4096, &mut rng);
+            xs[256..512].fill(0.0);
+            xs[512..544].copy_from_slice(&[0.5; 32]);
+            xs[544] = 127.0;
+            (xs[800], xs[900]) = (-30.0, 30.0);
+            (xs[1100], xs[1030]) = (25.0, -25.0);
+            (xs[1290], xs[1293]) = (40.0, -40.0);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            quantize_q8_0(&xs, &mut a, isa);
+            activations::quantize_q8_0(&xs, &mut b);
+            assert!(a == b, "quantize_q8_0 on {isa:?}");
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            quantize_q8_1(&xs, &mut a, isa);
+            activations::quantize_q8_1(&xs, &mut b);
+            assert!(a == b, "quantize_q8_1 on {isa:?}");
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            quantize_q8_k(&xs, &mut a, isa);
+            activations::quantize_q8_k(&xs, &mut b);
+            assert!(a == b, "quantize_q8_k on {isa:?}");
             // Conversions and GELU, including the clamps at ±10 and values that round across them.
             let mut values: Vec<f32> = (0..1000)
                 .map(|_| (f32::from(rng.next()) - 128.0) / 11.0 * f32::from(rng.next() % 4 + 1))

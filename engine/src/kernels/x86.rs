@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::RowDot;
-use super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use super::activations::{self, BlockQ8_0, BlockQ8_1, BlockQ8K};
 use super::scalar;
 use crate::quant::TensorType;
 
@@ -672,6 +672,167 @@ unsafe fn scale_f16_avx2(acc: &mut [u16], s: f32) {
             _mm_storeu_si128(a.as_mut_ptr().cast(), packed);
         }
         scalar::scale_f16(&mut acc[n..], s);
+    }
+}
+
+/// Activations quantized as `activations::quantize_q8_0` does (finite inputs), 32 lanes at once.
+pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) {
+    if !supported() {
+        return activations::quantize_q8_0(x, out);
+    }
+    // SAFETY: the CPU features were checked just above.
+    out.extend(
+        x.chunks_exact(32)
+            .map(|c| activations::q8_0_block(unsafe { q8_block_avx2(c) })),
+    );
+}
+
+/// Activations quantized as `activations::quantize_q8_1` does (finite inputs).
+pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) {
+    if !supported() {
+        return activations::quantize_q8_1(x, out);
+    }
+    // SAFETY: the CPU features were checked just above.
+    out.extend(
+        x.chunks_exact(32)
+            .map(|c| activations::q8_1_block(unsafe { q8_block_avx2(c) })),
+    );
+}
+
+/// Activations quantized as `activations::quantize_q8_k` does (finite inputs).
+pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) {
+    if !supported() {
+        return activations::quantize_q8_k(x, out);
+    }
+    // SAFETY: the CPU features were checked just above.
+    out.extend(x.chunks_exact(256).map(|c| unsafe { q8_k_block_avx2(c) }));
+}
+
+/// `|v|` of eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn abs_ps(v: __m256) -> __m256 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { _mm256_andnot_ps(_mm256_set1_ps(-0.0), v) }
+}
+
+/// The largest of eight lanes (exact, so the folding order does not matter).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hmax(v: __m256) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let r = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let r = _mm_max_ps(r, _mm_movehl_ps(r, r));
+        _mm_cvtss_f32(_mm_max_ss(r, _mm_movehdup_ps(r)))
+    }
+}
+
+/// `v·scale` rounded to the nearest integer, ties to even (what `round_small` gives for the
+/// values quantization produces, |v·scale| ≤ 127).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rounded(v: __m256, scale: __m256) -> __m256i {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(v, scale),
+        );
+        _mm256_cvtps_epi32(r)
+    }
+}
+
+/// Four vectors of eight i32 as 32 bytes in order, saturated to i8 (the scalar clamp).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn packed_i8(i: [__m256i; 4]) -> __m256i {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let bytes = _mm256_packs_epi16(
+            _mm256_packs_epi32(i[0], i[1]),
+            _mm256_packs_epi32(i[2], i[3]),
+        );
+        // The packs interleave 128-bit halves; put the 4-byte groups back in order.
+        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+}
+
+/// Sum of eight i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let r = _mm_add_epi32(r, _mm_shuffle_epi32::<0b01_00_11_10>(r));
+        _mm_cvtsi128_si32(_mm_add_epi32(r, _mm_shuffle_epi32::<0b10_11_00_01>(r)))
+    }
+}
+
+/// `activations::q8_block` on 32 values: the scale, the quants and their sum.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_block_avx2(x: &[f32]) -> (f32, [i8; 32], i32) {
+    assert!(x.len() >= 32);
+    // SAFETY: the assertion keeps the four 8-lane loads in bounds; the caller guarantees the
+    // CPU features.
+    unsafe {
+        let v: [__m256; 4] = std::array::from_fn(|k| _mm256_loadu_ps(x.as_ptr().add(8 * k)));
+        let m = _mm256_max_ps(
+            _mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])),
+            _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3])),
+        );
+        let amax = hmax(m);
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let ints = v.map(|v| rounded(v, id));
+        let mut qs = [0i8; 32];
+        _mm256_storeu_si256(qs.as_mut_ptr().cast(), packed_i8(ints));
+        let total = _mm256_add_epi32(
+            _mm256_add_epi32(ints[0], ints[1]),
+            _mm256_add_epi32(ints[2], ints[3]),
+        );
+        (amax / 127.0, qs, hsum_i32(total))
+    }
+}
+
+/// `activations::quantize_q8_k` on one block of 256 values.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q8_k_block_avx2(x: &[f32]) -> BlockQ8K {
+    assert!(x.len() >= 256);
+    // SAFETY: the assertion keeps every 8-lane load in bounds; the caller guarantees the CPU
+    // features.
+    unsafe {
+        let load = |k: usize| _mm256_loadu_ps(x.as_ptr().add(8 * k));
+        let mut m = _mm256_setzero_ps();
+        for k in 0..32 {
+            m = _mm256_max_ps(abs_ps(load(k)), m);
+        }
+        let amax = hmax(m);
+        let mut block = BlockQ8K::default();
+        if amax == 0.0 {
+            return block;
+        }
+        // The scalar scan keeps the first value of largest magnitude, with its sign.
+        let target = _mm256_set1_ps(amax);
+        let first = (0..32).find_map(|k| {
+            let hits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(abs_ps(load(k)), target));
+            (hits != 0).then(|| 8 * k + hits.trailing_zeros() as usize)
+        });
+        let max = x[first.unwrap_or(0)];
+        let iscale = -127.0 / max;
+        let scale = _mm256_set1_ps(iscale);
+        for (group, (qs, sums)) in block
+            .qs
+            .chunks_exact_mut(32)
+            .zip(block.bsums.chunks_exact_mut(2))
+            .enumerate()
+        {
+            let ints: [__m256i; 4] = std::array::from_fn(|k| rounded(load(4 * group + k), scale));
+            _mm256_storeu_si256(qs.as_mut_ptr().cast(), packed_i8(ints));
+            sums[0] = hsum_i32(_mm256_add_epi32(ints[0], ints[1])) as i16;
+            sums[1] = hsum_i32(_mm256_add_epi32(ints[2], ints[3])) as i16;
+        }
+        block.d = 1.0 / iscale;
+        block
     }
 }
 

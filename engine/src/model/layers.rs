@@ -2,19 +2,31 @@
 //! and the gated feed-forward network. Element-wise steps follow ggml's arithmetic (f64 norm
 //! sums, iterated rope angles, GELU through f16) so results track llama.cpp's closely.
 
-use super::attention::{self, Query};
+use super::attention::{self, MAX_HEAD_DIM, Query};
 use super::{Arch, Hparams, KvCache, Layer};
 use crate::kernels::{self, Product};
 use crate::pool::Schedule;
 
 /// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
-    let sum: f64 = x.iter().map(|v| f64::from(v * v)).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for (v, g) in x.iter_mut().zip(w) {
         *v = *v * scale * g;
     }
+}
+
+/// `out ← rms_norm(x)`, leaving `x` as it is (the residual stream).
+fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let scale = rms_scale(x, eps);
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = *v * scale * g;
+    }
+}
+
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|v| f64::from(v * v)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 /// Rotary position embedding of one head.
@@ -27,17 +39,36 @@ pub(super) struct Rope<'a> {
     pub freq_factors: Option<&'a [f32]>,
 }
 
+/// The (sine, cosine) pairs of one position's rotation, shared by all its heads.
+pub(super) struct Angles {
+    pairs: [(f32, f32); MAX_HEAD_DIM / 2],
+    len: usize,
+}
+
 impl Rope<'_> {
-    /// Rotates the first `n_rot` dimensions of `head` for position `pos`; the angle of pair i
-    /// is pos·base^(−2i/n_rot), built by repeated multiplication as ggml does.
-    pub fn apply(&self, head: &mut [f32], pos: usize) {
-        let half = self.n_rot / 2;
+    /// The angle of pair i at position `pos` is pos·base^(−2i/n_rot), built by repeated
+    /// multiplication as ggml does.
+    pub fn angles(&self, pos: usize) -> Angles {
+        let half = (self.n_rot / 2).min(MAX_HEAD_DIM / 2);
         let theta_scale = self.base.powf(-2.0 / self.n_rot as f32);
         let mut theta = pos as f32;
-        for i in 0..half {
+        let mut angles = Angles {
+            pairs: [(0.0, 0.0); MAX_HEAD_DIM / 2],
+            len: half,
+        };
+        for (i, pair) in angles.pairs[..half].iter_mut().enumerate() {
             let factor = self.freq_factors.and_then(|f| f.get(i)).copied();
             let angle = theta / factor.unwrap_or(1.0);
-            let (sin, cos) = (angle.sin(), angle.cos());
+            *pair = (angle.sin(), angle.cos());
+            theta *= theta_scale;
+        }
+        angles
+    }
+
+    /// Rotates the first `n_rot` dimensions of `head` by `angles`.
+    pub fn apply(&self, head: &mut [f32], angles: &Angles) {
+        let half = angles.len;
+        for (i, &(sin, cos)) in angles.pairs[..half].iter().enumerate() {
             let (a, b) = if self.neox {
                 (i, i + half)
             } else {
@@ -52,7 +83,6 @@ impl Rope<'_> {
             } else {
                 x1.mul_add(cos, x0 * sin)
             };
-            theta *= theta_scale;
         }
     }
 }
@@ -101,9 +131,8 @@ pub(super) fn block(
     let isa = exec.isa;
     let e = h.n_embd;
 
-    w.cur.copy_from_slice(x);
-    for row in w.cur.chunks_exact_mut(e) {
-        rms_norm(row, &layer.attn_norm, h.rms_eps);
+    for (row, out) in x.chunks_exact(e).zip(w.cur.chunks_exact_mut(e)) {
+        rms_norm_into(row, &layer.attn_norm, h.rms_eps, out);
     }
     kernels::matmul(
         &mut [
@@ -136,17 +165,18 @@ pub(super) fn block(
         add_bias(q, layer.bq.as_ref());
         add_bias(k, layer.bk.as_ref());
         add_bias(v, layer.bv.as_ref());
+        let angles = rope.angles(pos);
         for head in q.chunks_exact_mut(hd) {
             if let Some(norm) = &layer.q_norm {
                 rms_norm(head, norm, h.rms_eps);
             }
-            rope.apply(head, pos);
+            rope.apply(head, &angles);
         }
         for head in k.chunks_exact_mut(hd) {
             if let Some(norm) = &layer.k_norm {
                 rms_norm(head, norm, h.rms_eps);
             }
-            rope.apply(head, pos);
+            rope.apply(head, &angles);
         }
         let row = pos * kv_dim..(pos + 1) * kv_dim;
         kernels::to_f16(k, 1.0, &mut keys[il][row.clone()], isa);
@@ -206,9 +236,8 @@ pub(super) fn block(
         xr.iter_mut().zip(pr.iter()).for_each(|(xi, a)| *xi += a);
     }
 
-    w.cur.copy_from_slice(x);
-    for row in w.cur.chunks_exact_mut(e) {
-        rms_norm(row, &layer.ffn_norm, h.rms_eps);
+    for (row, out) in x.chunks_exact(e).zip(w.cur.chunks_exact_mut(e)) {
+        rms_norm_into(row, &layer.ffn_norm, h.rms_eps, out);
     }
     kernels::matmul(
         &mut [
