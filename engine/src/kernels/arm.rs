@@ -5,8 +5,9 @@
 //! in the reference's order, so every result is bit-identical to `scalar`.
 //!
 //! Covered: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K rows (all of SmolLM2's and Gemma 3's
-//! weights), and the f16 helpers of attention and the KV cache (conversions through `fcvtl` /
-//! `fcvtn`, also through `asm!`). Other types, SiLU and GELU run the scalar reference here.
+//! weights), the f16 helpers of attention and the KV cache (conversions through `fcvtl` /
+//! `fcvtn`, also through `asm!`), activation quantization, SiLU and GELU. Other types run the
+//! scalar reference here.
 // Intrinsics are safe inside `#[target_feature]` functions on newer compilers; the explicit
 // `unsafe` blocks keep the code building with our minimum supported Rust.
 #![allow(unused_unsafe)]
@@ -15,7 +16,7 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use super::RowDot;
-use super::activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
+use super::activations::{self, BlockQ8_0, BlockQ8_1, BlockQ8K};
 use super::scalar;
 use crate::quant::{TensorType, f16_at};
 
@@ -554,6 +555,192 @@ unsafe fn from_f16_neon(src: &[u16], scale: f32, dst: &mut [f32]) {
         }
     }
     scalar::from_f16(&src[whole..n], scale, &mut dst[whole..n]);
+}
+
+/// Activations quantized as `activations::quantize_q8_0` does, 32 values at a time.
+pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    out.extend(
+        x.chunks_exact(32)
+            .map(|c| activations::q8_0_block(unsafe { q8_block_neon(c) })),
+    );
+}
+
+/// Activations quantized as `activations::quantize_q8_1` does.
+pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    out.extend(
+        x.chunks_exact(32)
+            .map(|c| activations::q8_1_block(unsafe { q8_block_neon(c) })),
+    );
+}
+
+/// Activations quantized as `activations::quantize_q8_k` does.
+pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    out.extend(x.chunks_exact(256).map(|c| unsafe { q8_k_block_neon(c) }));
+}
+
+/// Sixteen i32 (four vectors) saturated to i8 in order (the scalar clamp).
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn narrowed_i8(i: &[int32x4_t]) -> int8x16_t {
+    // SAFETY: plain register arithmetic; the caller guarantees NEON.
+    unsafe {
+        let lo = vcombine_s16(vqmovn_s32(i[0]), vqmovn_s32(i[1]));
+        let hi = vcombine_s16(vqmovn_s32(i[2]), vqmovn_s32(i[3]));
+        vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi))
+    }
+}
+
+/// `activations::q8_block` on 32 values: the scale, the quants (`fcvtns`: nearest, ties to
+/// even, NaN to 0 as the scalar cast does) and their sum.
+#[target_feature(enable = "neon")]
+unsafe fn q8_block_neon(x: &[f32]) -> (f32, [i8; 32], i32) {
+    assert!(x.len() >= 32);
+    // SAFETY: the assertion keeps the eight 4-lane loads in bounds; the caller guarantees NEON.
+    unsafe {
+        let v: [float32x4_t; 8] = std::array::from_fn(|k| vld1q_f32(x.as_ptr().add(4 * k)));
+        // `fmaxnm` ignores a NaN as `f32::max` does.
+        let m = v
+            .iter()
+            .fold(vdupq_n_f32(0.0), |m, &lane| vmaxnmq_f32(m, vabsq_f32(lane)));
+        let amax = vmaxnmvq_f32(m);
+        let id = vdupq_n_f32(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let ints = v.map(|lane| vcvtnq_s32_f32(vmulq_f32(lane, id)));
+        let mut qs = [0i8; 32];
+        vst1q_s8(qs.as_mut_ptr(), narrowed_i8(&ints[..4]));
+        vst1q_s8(qs.as_mut_ptr().add(16), narrowed_i8(&ints[4..]));
+        let total = ints.iter().fold(vdupq_n_s32(0), |t, &i| vaddq_s32(t, i));
+        (amax / 127.0, qs, vaddvq_s32(total))
+    }
+}
+
+/// `activations::quantize_q8_k` on one block of 256 values.
+#[target_feature(enable = "neon")]
+unsafe fn q8_k_block_neon(x: &[f32]) -> BlockQ8K {
+    assert!(x.len() >= 256);
+    // SAFETY: the assertion keeps every 4-lane load in bounds; the caller guarantees NEON.
+    unsafe {
+        let load = |k: usize| vld1q_f32(x.as_ptr().add(4 * k));
+        let m = (0..64).fold(vdupq_n_f32(0.0), |m, k| vmaxnmq_f32(m, vabsq_f32(load(k))));
+        let amax = vmaxnmvq_f32(m);
+        let mut block = BlockQ8K::default();
+        if amax == 0.0 {
+            return block;
+        }
+        // The scalar scan keeps the first value of largest magnitude, with its sign.
+        let first = x[..256].iter().position(|v| v.abs() == amax);
+        let max = x[first.unwrap_or(0)];
+        let iscale = -127.0 / max;
+        let scale = vdupq_n_f32(iscale);
+        for (group, (qs, sum)) in block
+            .qs
+            .chunks_exact_mut(16)
+            .zip(block.bsums.iter_mut())
+            .enumerate()
+        {
+            let ints: [int32x4_t; 4] =
+                std::array::from_fn(|k| vcvtnq_s32_f32(vmulq_f32(load(4 * group + k), scale)));
+            vst1q_s8(qs.as_mut_ptr(), narrowed_i8(&ints));
+            let total = vaddq_s32(vaddq_s32(ints[0], ints[1]), vaddq_s32(ints[2], ints[3]));
+            *sum = vaddvq_s32(total) as i16;
+        }
+        block.d = 1.0 / iscale;
+        block
+    }
+}
+
+/// `gate ← silu(gate)·up` as `scalar::silu_mul` computes it, four lanes at a time.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    unsafe { silu_mul_neon(gate, up) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn silu_mul_neon(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let (gate, up) = (&mut gate[..n], &up[..n]);
+    let mut g4 = gate.chunks_exact_mut(4);
+    let mut u4 = up.chunks_exact(4);
+    for (g, u) in g4.by_ref().zip(u4.by_ref()) {
+        // SAFETY: four lanes each side; the caller guarantees NEON.
+        unsafe {
+            let x = vld1q_f32(g.as_ptr());
+            let Some(e) = expf_neon(vnegq_f32(x)) else {
+                // A lane outside the normal exponent range: the scalar routine handles it.
+                scalar::silu_mul(g, u);
+                continue;
+            };
+            let silu = vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0), e));
+            vst1q_f32(g.as_mut_ptr(), vmulq_f32(silu, vld1q_f32(u.as_ptr())));
+        }
+    }
+    scalar::silu_mul(g4.into_remainder(), u4.remainder());
+}
+
+/// `scalar::expf_poly` on four lanes when every lane is in the normal range (|n| ≤ 126), with
+/// the same fused multiply-adds (`vfmaq_f32(a, b, c)` is `b.mul_add(c, a)`).
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn expf_neon(x: float32x4_t) -> Option<float32x4_t> {
+    // SAFETY: plain register arithmetic; the caller guarantees NEON.
+    unsafe {
+        let c = |bits: u32| vdupq_n_f32(f32::from_bits(bits));
+        let shift = c(0x4b40_0000);
+        let z = vfmaq_f32(shift, x, c(0x3fb8_aa3b));
+        let n = vsubq_f32(z, shift);
+        let b = vfmsq_f32(vfmsq_f32(x, n, c(0x3f31_7200)), n, c(0x35bf_be8e));
+        let e = vshlq_n_u32::<23>(vreinterpretq_u32_f32(z));
+        let k = vreinterpretq_f32_u32(vaddq_u32(e, vdupq_n_u32(0x3f80_0000)));
+        if vmaxvq_u32(vcgtq_f32(vabsq_f32(n), c(0x42fc_0000))) != 0 {
+            return None;
+        }
+        let u = vmulq_f32(b, b);
+        let j = vfmaq_f32(
+            vmulq_f32(c(0x3f7f_fff6), b),
+            vfmaq_f32(
+                vfmaq_f32(c(0x3eff_fedb), c(0x3e2a_af33), b),
+                vfmaq_f32(c(0x3d2b_9f17), c(0x3c07_2010), b),
+                u,
+            ),
+            u,
+        );
+        Some(vfmaq_f32(k, j, k))
+    }
+}
+
+/// `gate ← gelu(gate)·up` as `scalar::gelu_mul` computes it: the f16 rounding and back by
+/// `fcvtn`/`fcvtl`, the table lookup itself scalar (NEON has no 16-bit gather).
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    unsafe { gelu_mul_neon(gate, up) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn gelu_mul_neon(gate: &mut [f32], up: &[f32]) {
+    let table = scalar::gelu_table();
+    let n = gate.len().min(up.len());
+    let whole = n / 4 * 4;
+    for (g, u) in gate[..whole]
+        .chunks_exact_mut(4)
+        .zip(up[..whole].chunks_exact(4))
+    {
+        // SAFETY: four lanes each side; the caller guarantees NEON.
+        unsafe {
+            let x = vld1q_f32(g.as_ptr());
+            let mut index = [0u16; 4];
+            vst1_u16(index.as_mut_ptr(), narrow(x));
+            let looked = index.map(|i| table[usize::from(i)]);
+            let y = widen(vld1_u16(looked.as_ptr()));
+            let high = vcgeq_f32(x, vdupq_n_f32(10.0));
+            let low = vcleq_f32(x, vdupq_n_f32(-10.0));
+            let y = vbslq_f32(high, x, y);
+            let y = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), low));
+            vst1q_f32(g.as_mut_ptr(), vmulq_f32(y, vld1q_f32(u.as_ptr())));
+        }
+    }
+    scalar::gelu_mul(&mut gate[whole..n], &up[whole..n]);
 }
 
 #[cfg(test)]

@@ -137,6 +137,8 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::silu_mul(gate, up),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => arm::silu_mul(gate, up),
         _ => scalar::silu_mul(gate, up),
     }
 }
@@ -146,6 +148,8 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::gelu_mul(gate, up),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => arm::gelu_mul(gate, up),
         _ => scalar::gelu_mul(gate, up),
     }
 }
@@ -188,6 +192,8 @@ pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>, isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::quantize_q8_0(x, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => arm::quantize_q8_0(x, out),
         _ => activations::quantize_q8_0(x, out),
     }
 }
@@ -197,6 +203,8 @@ pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>, isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::quantize_q8_1(x, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => arm::quantize_q8_1(x, out),
         _ => activations::quantize_q8_1(x, out),
     }
 }
@@ -206,6 +214,8 @@ pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>, isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::quantize_q8_k(x, out),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => arm::quantize_q8_k(x, out),
         _ => activations::quantize_q8_k(x, out),
     }
 }
@@ -685,6 +695,33 @@ mod tests {
             mad_f16(&mut acc, &b, 0.3721, isa);
             mad_f16(&mut reference, &b, 0.3721, Isa::Scalar);
             assert!(acc == reference, "mad_f16 on fine values on {isa:?}");
+        }
+    }
+
+    #[test]
+    fn silu_matches_the_scalar_reference_on_every_isa() {
+        // Ordinary values, the saturating range past ±88 and beyond, zeros and a ragged tail.
+        let gate: Vec<f32> = (0..4099)
+            .map(|i| match i % 7 {
+                0 => (i as f32 - 2000.0) * 0.1,
+                1 => 0.0,
+                2 => -0.0,
+                _ => ((i * 7919) % 2001) as f32 / 100.0 - 10.0,
+            })
+            .collect();
+        let up: Vec<f32> = (0..4099)
+            .map(|i| ((i * 31) % 97) as f32 / 13.0 - 3.0)
+            .collect();
+        for isa in Isa::available() {
+            let (mut simd, mut reference) = (gate.clone(), gate.clone());
+            silu_mul(&mut simd, &up, isa);
+            scalar::silu_mul(&mut reference, &up);
+            for (i, (a, b)) in simd.iter().zip(&reference).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{i} on {isa:?}: {a} vs {b}"
+                );
+            }
         }
     }
 

@@ -836,7 +836,7 @@ unsafe fn q8_k_block_avx2(x: &[f32]) -> BlockQ8K {
     }
 }
 
-/// `gate ← silu(gate)·up` as `scalar::silu_mul` computes it, eight lanes at a time.
+/// `dst ← f16(src·scale)`, eight lanes at a time through F16C.
 pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16]) {
     if !supported() {
         return scalar::to_f16(src, scale, dst);
@@ -928,6 +928,7 @@ unsafe fn gelu_mul_avx2(gate: &mut [f32], up: &[f32]) {
     scalar::gelu_mul(&mut gate[whole..n], &up[whole..n]);
 }
 
+/// `gate ← silu(gate)·up` as `scalar::silu_mul` computes it, eight lanes at a time.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     if supported() {
         // SAFETY: `supported()` checked the features.
@@ -999,34 +1000,6 @@ unsafe fn expf_avx2(x: __m256) -> Option<__m256> {
 mod tests {
     use super::*;
     use crate::quant::f16_to_f32;
-
-    #[test]
-    fn silu_matches_the_scalar_reference_bit_for_bit() {
-        if !supported() {
-            return;
-        }
-        // Ordinary values, the saturating range past ±88 and beyond, zeros and a ragged tail.
-        let gate: Vec<f32> = (0..4099)
-            .map(|i| match i % 7 {
-                0 => (i as f32 - 2000.0) * 0.1,
-                1 => 0.0,
-                2 => -0.0,
-                _ => ((i * 7919) % 2001) as f32 / 100.0 - 10.0,
-            })
-            .collect();
-        let up: Vec<f32> = (0..4099)
-            .map(|i| ((i * 31) % 97) as f32 / 13.0 - 3.0)
-            .collect();
-        let (mut simd, mut reference) = (gate.clone(), gate);
-        silu_mul(&mut simd, &up);
-        scalar::silu_mul(&mut reference, &up);
-        for (i, (a, b)) in simd.iter().zip(&reference).enumerate() {
-            assert!(
-                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
-                "{i}: {a} vs {b}"
-            );
-        }
-    }
 
     #[test]
     fn f16c_conversion_equals_the_reference_for_every_f16() {

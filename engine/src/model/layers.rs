@@ -4,7 +4,7 @@
 
 use super::attention::{self, MAX_HEAD_DIM, Query};
 use super::{Arch, Hparams, KvCache, Layer};
-use crate::kernels::{self, Product};
+use crate::kernels::{self, Exec, Product};
 use crate::pool::Schedule;
 
 /// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
@@ -87,6 +87,48 @@ impl Rope<'_> {
     }
 }
 
+/// Runs `f(first, rows)` on the token rows of `buf` (`width` values each; `first` is the index
+/// of the first row given): split across the pool for a batch, in place for one token (a
+/// region would cost more than the work). Each row gets the same arithmetic either way.
+fn per_token(exec: &Exec, buf: &mut [f32], width: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    if buf.len() <= width {
+        return f(0, buf);
+    }
+    exec.pool
+        .for_each_share(&mut [buf], 1, width, Schedule::Even, &|_, mut share| {
+            let first = share.start / width;
+            f(first, share.column(0));
+        });
+}
+
+/// `x ← x + a` per token, with `a` normed first where the layer has `norm` (Gemma 3).
+fn add_residual(exec: &Exec, x: &mut [f32], a: &[f32], norm: Option<&[f32]>, h: &Hparams) {
+    let e = h.n_embd;
+    per_token(exec, x, e, &|first, rows| {
+        for (xr, ar) in rows.chunks_exact_mut(e).zip(a[first * e..].chunks_exact(e)) {
+            match norm {
+                Some(g) => {
+                    let scale = rms_scale(ar, h.rms_eps);
+                    for ((xi, v), g) in xr.iter_mut().zip(ar).zip(g) {
+                        *xi += *v * scale * g;
+                    }
+                }
+                None => xr.iter_mut().zip(ar).for_each(|(xi, v)| *xi += v),
+            }
+        }
+    });
+}
+
+/// `out ← rms_norm(x)` per token (the input of a layer's products).
+fn norm_into(exec: &Exec, x: &[f32], norm: &[f32], out: &mut [f32], h: &Hparams) {
+    let e = h.n_embd;
+    per_token(exec, out, e, &|first, rows| {
+        for (o, row) in rows.chunks_exact_mut(e).zip(x[first * e..].chunks_exact(e)) {
+            rms_norm_into(row, norm, h.rms_eps, o);
+        }
+    });
+}
+
 fn add_bias(x: &mut [f32], bias: Option<&Vec<f32>>) {
     if let Some(b) = bias {
         x.iter_mut().zip(b).for_each(|(v, b)| *v += b);
@@ -129,11 +171,8 @@ pub(super) fn block(
         ..
     } = cache;
     let isa = exec.isa;
-    let e = h.n_embd;
 
-    for (row, out) in x.chunks_exact(e).zip(w.cur.chunks_exact_mut(e)) {
-        rms_norm_into(row, &layer.attn_norm, h.rms_eps, out);
-    }
+    norm_into(exec, x, &layer.attn_norm, &mut w.cur, h);
     kernels::matmul(
         &mut [
             Product {
@@ -229,16 +268,9 @@ pub(super) fn block(
         exec,
         &mut w.scratch,
     )?;
-    for (xr, pr) in x.chunks_exact_mut(e).zip(w.proj.chunks_exact_mut(e)) {
-        if let Some(norm) = &layer.post_attn_norm {
-            rms_norm(pr, norm, h.rms_eps);
-        }
-        xr.iter_mut().zip(pr.iter()).for_each(|(xi, a)| *xi += a);
-    }
+    add_residual(exec, x, &w.proj, layer.post_attn_norm.as_deref(), h);
 
-    for (row, out) in x.chunks_exact(e).zip(w.cur.chunks_exact_mut(e)) {
-        rms_norm_into(row, &layer.ffn_norm, h.rms_eps, out);
-    }
+    norm_into(exec, x, &layer.ffn_norm, &mut w.cur, h);
     kernels::matmul(
         &mut [
             Product {
@@ -255,11 +287,15 @@ pub(super) fn block(
         exec,
         &mut w.scratch,
     )?;
-    if gemma {
-        kernels::gelu_mul(&mut w.gate, &w.up, isa);
-    } else {
-        kernels::silu_mul(&mut w.gate, &w.up, isa);
-    }
+    let up = &w.up;
+    per_token(exec, &mut w.gate, h.n_ff, &|first, gate| {
+        let up = &up[first * h.n_ff..first * h.n_ff + gate.len()];
+        if gemma {
+            kernels::gelu_mul(gate, up, isa);
+        } else {
+            kernels::silu_mul(gate, up, isa);
+        }
+    });
     kernels::matmul(
         &mut [Product {
             w: &layer.down,
@@ -270,11 +306,6 @@ pub(super) fn block(
         exec,
         &mut w.scratch,
     )?;
-    for (xr, pr) in x.chunks_exact_mut(e).zip(w.proj.chunks_exact_mut(e)) {
-        if let Some(norm) = &layer.post_ffn_norm {
-            rms_norm(pr, norm, h.rms_eps);
-        }
-        xr.iter_mut().zip(pr.iter()).for_each(|(xi, f)| *xi += f);
-    }
+    add_residual(exec, x, &w.proj, layer.post_ffn_norm.as_deref(), h);
     Ok(())
 }
