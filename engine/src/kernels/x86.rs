@@ -123,6 +123,24 @@ unsafe fn unsigned_lanes(x: __m256i, y: __m256i) -> __m256 {
     }
 }
 
+/// The two f16 at the start of a block (a legacy block's scale, and Q4_1's min after it) in
+/// lanes 0 and 1: one 4-byte load and one conversion, exact like `f16_to_f32`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_pair(block: &[u8]) -> __m128 {
+    let bits = u32::from_le_bytes([block[0], block[1], block[2], block[3]]);
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)) }
+}
+
+/// Lane 1 of `v` (Q4_1's min after [`f16_pair`]).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn second(v: __m128) -> f32 {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { _mm_cvtss_f32(_mm_movehdup_ps(v)) }
+}
+
 /// The f16 at byte `at` of `bytes`, converted by the F16C unit (exact, like `f16_to_f32`).
 #[inline]
 #[target_feature(enable = "f16c")]
@@ -132,9 +150,9 @@ unsafe fn f16c_at(bytes: &[u8], at: usize) -> f32 {
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
 }
 
-/// A legacy-quant kernel. Per block, `prep` unpacks the weights once (their f16 scale and a
-/// register form), `dot` gives the eight lane sums against one activation block, and `offset`
-/// (Q4_1) updates the scalar `m·s` sum. Work goes in tiles of two rows × two columns: four
+/// A legacy-quant kernel. Per block, `prep` unpacks the weights once (their f16 scale in lane 0
+/// of a vector, and a register form), `dot` gives the eight lane sums against one activation
+/// block, and `offset` (Q4_1) updates the scalar `m·s` sum from that vector. Work goes in tiles of two rows × two columns: four
 /// independent chains, each weight block unpacked once for both columns and each activation
 /// block loaded once for both rows. Every (row, column) sums in the scalar reference's order.
 macro_rules! legacy_rows {
@@ -165,22 +183,22 @@ macro_rules! legacy_rows {
                 }
                 // One (row, column) pair's block, with the row's block already unpacked.
                 macro_rules! step {
-                    ($acc:expr, $sum:expr, $bb:expr, $prepared:expr, $yy:expr) => {{
-                        let (dw, $w) = $prepared;
+                    ($acc:expr, $sum:expr, $prepared:expr, $yy:expr) => {{
+                        let (dw, $w, dm) = $prepared;
                         let $y: &$act = $yy;
                         let lanes = $dot;
                         // dw·dy in every lane: a load-port broadcast and one multiply.
                         let scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(&$y.d));
                         $acc = _mm256_fmadd_ps(scale, lanes, $acc);
-                        let ($ob, $oy, $summs): (&[u8], &$act, &mut f32) = ($bb, $yy, $sum);
+                        let ($ob, $oy, $summs): (__m128, &$act, &mut f32) = (dm, $yy, $sum);
                         $offset;
                     }};
                 }
                 macro_rules! prepare {
                     ($bb:expr) => {{
                         let $b: &[u8] = $bb;
-                        let (dw, w) = $prep;
-                        (_mm256_set1_ps(dw), w)
+                        let (dm, w): (__m128, _) = $prep;
+                        (_mm256_broadcastss_ps(dm), w, dm)
                     }};
                 }
                 let zero = _mm256_setzero_ps();
@@ -196,10 +214,10 @@ macro_rules! legacy_rows {
                         {
                             let (p0, p1) = (prepare!(b0), prepare!(b1));
                             let [s00, s01, s10, s11] = &mut s;
-                            step!(a00, s00, b0, p0, y0);
-                            step!(a01, s01, b0, p0, y1);
-                            step!(a10, s10, b1, p1, y0);
-                            step!(a11, s11, b1, p1, y1);
+                            step!(a00, s00, p0, y0);
+                            step!(a01, s01, p0, y1);
+                            step!(a10, s10, p1, y0);
+                            step!(a11, s11, p1, y1);
                         }
                         out[c * n_rows + r] = hsum8(a00) + s[0];
                         out[(c + 1) * n_rows + r] = hsum8(a01) + s[1];
@@ -224,14 +242,14 @@ macro_rules! legacy_rows {
                         for ((b0, b1), ((y0, y1), (y2, y3))) in rows.zip(columns) {
                             let (p0, p1) = (prepare!(b0), prepare!(b1));
                             let [s00, s01, s02, s03, s10, s11, s12, s13] = &mut s;
-                            step!(a00, s00, b0, p0, y0);
-                            step!(a01, s01, b0, p0, y1);
-                            step!(a02, s02, b0, p0, y2);
-                            step!(a03, s03, b0, p0, y3);
-                            step!(a10, s10, b1, p1, y0);
-                            step!(a11, s11, b1, p1, y1);
-                            step!(a12, s12, b1, p1, y2);
-                            step!(a13, s13, b1, p1, y3);
+                            step!(a00, s00, p0, y0);
+                            step!(a01, s01, p0, y1);
+                            step!(a02, s02, p0, y2);
+                            step!(a03, s03, p0, y3);
+                            step!(a10, s10, p1, y0);
+                            step!(a11, s11, p1, y1);
+                            step!(a12, s12, p1, y2);
+                            step!(a13, s13, p1, y3);
                         }
                         let lanes = [[a00, a01, a02, a03], [a10, a11, a12, a13]];
                         for (i, (acc, sums)) in lanes.iter().zip(s.chunks_exact(4)).enumerate() {
@@ -257,14 +275,14 @@ macro_rules! legacy_rows {
                             let p0 = prepare!(b0);
                             let [s0, s1, s2, s3, s4, s5, s6, s7] = &mut s;
                             let y = y.add(i);
-                            step!(a0, s0, b0, p0, &*y);
-                            step!(a1, s1, b0, p0, &*y.add(blocks));
-                            step!(a2, s2, b0, p0, &*y.add(2 * blocks));
-                            step!(a3, s3, b0, p0, &*y.add(3 * blocks));
-                            step!(a4, s4, b0, p0, &*y.add(4 * blocks));
-                            step!(a5, s5, b0, p0, &*y.add(5 * blocks));
-                            step!(a6, s6, b0, p0, &*y.add(6 * blocks));
-                            step!(a7, s7, b0, p0, &*y.add(7 * blocks));
+                            step!(a0, s0, p0, &*y);
+                            step!(a1, s1, p0, &*y.add(blocks));
+                            step!(a2, s2, p0, &*y.add(2 * blocks));
+                            step!(a3, s3, p0, &*y.add(3 * blocks));
+                            step!(a4, s4, p0, &*y.add(4 * blocks));
+                            step!(a5, s5, p0, &*y.add(5 * blocks));
+                            step!(a6, s6, p0, &*y.add(6 * blocks));
+                            step!(a7, s7, p0, &*y.add(7 * blocks));
                         }
                         let lanes = [a0, a1, a2, a3, a4, a5, a6, a7];
                         for (j, (acc, sum)) in lanes.iter().zip(s).enumerate() {
@@ -283,8 +301,8 @@ macro_rules! legacy_rows {
                         for ((b0, b1), y) in rows.zip(column!(c)) {
                             let (p0, p1) = (prepare!(b0), prepare!(b1));
                             let [s0, s1] = &mut s;
-                            step!(a0, s0, b0, p0, y);
-                            step!(a1, s1, b1, p1, y);
+                            step!(a0, s0, p0, y);
+                            step!(a1, s1, p1, y);
                         }
                         out[c * n_rows + r] = hsum8(a0) + s[0];
                         out[c * n_rows + r + 1] = hsum8(a1) + s[1];
@@ -297,7 +315,7 @@ macro_rules! legacy_rows {
                         let mut s = 0f32;
                         for (b0, y) in row!(r).chunks_exact($bytes).zip(column!(c)) {
                             let p0 = prepare!(b0);
-                            step!(a, &mut s, b0, p0, y);
+                            step!(a, &mut s, p0, y);
                         }
                         out[c * n_rows + r] = hsum8(a) + s;
                     }};
@@ -357,15 +375,15 @@ unsafe fn signed_lanes_prepared(w: (__m256i, __m256i), y: __m256i) -> __m256 {
 }
 
 legacy_rows!(q4_0_avx2, BlockQ8_0, 18,
-    prep: |b| (f16c_at(b, 0), signed_weights(_mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8)))),
+    prep: |b| (f16_pair(b), signed_weights(_mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8)))),
     dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
     offset: |_b, _y, _summs| (),
 );
 
 legacy_rows!(q4_1_avx2, BlockQ8_1, 20,
-    prep: |b| (f16c_at(b, 0), nibbles(&b[4..])),
+    prep: |b| (f16_pair(b), nibbles(&b[4..])),
     dot: |w, y| unsigned_lanes(w, load_qs(&y.qs)),
-    offset: |b, y, summs| *summs = f16c_at(b, 2).mul_add(y.s, *summs),
+    offset: |dm, y, summs| *summs = second(dm).mul_add(y.s, *summs),
 );
 
 legacy_rows!(q5_0_avx2, BlockQ8_0, 22,
@@ -373,14 +391,14 @@ legacy_rows!(q5_0_avx2, BlockQ8_0, 22,
         let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
         // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
         let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
-        (f16c_at(b, 0), signed_weights(_mm256_or_si256(nibbles(&b[6..]), high)))
+        (f16_pair(b), signed_weights(_mm256_or_si256(nibbles(&b[6..]), high)))
     },
     dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
     offset: |_b, _y, _summs| (),
 );
 
 legacy_rows!(q8_0_avx2, BlockQ8_0, 34,
-    prep: |b| (f16c_at(b, 0), signed_weights(load32(&b[2..]))),
+    prep: |b| (f16_pair(b), signed_weights(load32(&b[2..]))),
     dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
     offset: |_b, _y, _summs| (),
 );
