@@ -18,7 +18,7 @@ use std::arch::asm;
 use super::RowDot;
 use super::activations::{self, BlockQ8_0, BlockQ8_1, BlockQ8K};
 use super::scalar;
-use crate::quant::{TensorType, f16_at};
+use crate::quant::TensorType;
 
 /// Whether this CPU has NEON and the dot-product instructions.
 pub fn supported() -> bool {
@@ -131,7 +131,8 @@ macro_rules! legacy {
                     let mut summs = [0f32; N];
                     for (i, $b) in row.chunks_exact($bytes).enumerate() {
                         let (vlo, vhi): (int8x16_t, int8x16_t) = $values;
-                        let dw = f16_at($b, 0);
+                        let dm = f16_pair($b);
+                        let dw = vgetq_lane_f32::<0>(dm);
                         for j in 0..N {
                             let y = &x[(c + j) * blocks + i];
                             let zero = vdupq_n_s32(0);
@@ -142,7 +143,8 @@ macro_rules! legacy {
                             hi[j] = vfmaq_f32(hi[j], d, vcvtq_f32_s32(sdot(zero, vhi, yhi)));
                             let offset: Option<fn(&[u8], &$act) -> f32> = $offset;
                             if let Some(term) = offset {
-                                summs[j] = f16_at($b, 2).mul_add(term($b, y), summs[j]);
+                                let m = vgetq_lane_f32::<1>(dm);
+                                summs[j] = m.mul_add(term($b, y), summs[j]);
                             }
                         }
                     }
@@ -335,7 +337,7 @@ k_quant!(q4_k, q4_k_neon, 144, [f32; 4],
             lanes_lo = vmlaq_n_s32(lanes_lo, sdot(zero, hi_a, load_y(&y.qs, at + 32)), s_hi);
             lanes_hi = vmlaq_n_s32(lanes_hi, sdot(zero, hi_b, load_y(&y.qs, at + 48)), s_hi);
         }
-        (lanes_lo, lanes_hi, y.d * f16_at(b, 0))
+        (lanes_lo, lanes_hi, y.d * vgetq_lane_f32::<0>(f16_pair(b)))
     },
     finish: |lo, hi, acc_m| hsum8(lo, hi) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3])),
 );
@@ -383,7 +385,7 @@ k_quant!(q6_k, q6_k_neon, 210, (),
         });
         let lanes_lo = vsubq_s32(lanes_lo, vld1q_s32(offset.as_ptr()));
         let lanes_hi = vsubq_s32(lanes_hi, vld1q_s32(offset.as_ptr().add(4)));
-        (lanes_lo, lanes_hi, y.d * f16_at(b, 208))
+        (lanes_lo, lanes_hi, y.d * f16_single(b, 208))
     },
     finish: |lo, hi, _none| hsum8(lo, hi),
 );
@@ -421,6 +423,25 @@ unsafe fn narrow(x: float32x4_t) -> uint16x4_t {
         );
     }
     out
+}
+
+/// The two f16 at the start of a block (its scale, and Q4_1's min after it)
+/// in lanes 0 and 1: one load and one exact `fcvtl`, where a software conversion branches.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn f16_pair(block: &[u8]) -> float32x4_t {
+    let bits = u32::from_le_bytes([block[0], block[1], block[2], block[3]]);
+    // SAFETY: register-only arithmetic; the caller guarantees NEON.
+    unsafe { widen(vreinterpret_u16_u32(vdup_n_u32(bits))) }
+}
+
+/// The f16 at byte `at` of `block`, converted by `fcvtl`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn f16_single(block: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([block[at], block[at + 1]]);
+    // SAFETY: register-only arithmetic; the caller guarantees NEON.
+    unsafe { vgetq_lane_f32::<0>(widen(vdup_n_u16(bits))) }
 }
 
 /// Eight f16 from `at` as two f32 vectors.

@@ -133,7 +133,7 @@ unsafe fn f16_pair(block: &[u8]) -> __m128 {
     unsafe { _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)) }
 }
 
-/// Lane 1 of `v` (Q4_1's min after [`f16_pair`]).
+/// Lane 1 of `v` (Q4_1's min, Q4_K's `dmin`, after [`f16_pair`]).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn second(v: __m128) -> f32 {
@@ -490,9 +490,10 @@ unsafe fn q4_k_unpack(b: &[u8]) -> Q4K {
             values[2 * j] = _mm256_and_si256(bits, low);
             values[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
         }
+        let scale_and_min = f16_pair(b);
         Q4K {
-            dw: f16c_at(b, 0),
-            dmin: f16c_at(b, 2),
+            dw: _mm_cvtss_f32(scale_and_min),
+            dmin: second(scale_and_min),
             values,
             scales: sc.map(|s| _mm256_set1_epi16(s)),
             mins: _mm256_loadu_si256(mins.as_ptr().cast()),
