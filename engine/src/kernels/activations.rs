@@ -60,7 +60,7 @@ fn round_f16(x: f32) -> f32 {
 }
 
 /// Max-abs scaling to ±127 with ties to even, as ggml's AVX2 `quantize_row_q8_0/1` do.
-fn q8_block(x: &[f32]) -> (f32, [i8; 32], i32) {
+pub(super) fn q8_block(x: &[f32]) -> (f32, [i8; 32], i32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
@@ -104,28 +104,31 @@ pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) {
 /// Quantizes `x` (a multiple of 256 long), appending to `out`: the value of largest magnitude maps to
 /// −127, as ggml's `quantize_row_q8_K_ref` does.
 pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>) {
-    out.extend(x.chunks_exact(256).map(|c| {
-        let mut block = BlockQ8K::default();
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in c {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
+    out.extend(x.chunks_exact(256).map(q8_k_block));
+}
+
+/// One Q8_K block of 256 values.
+pub(super) fn q8_k_block(c: &[f32]) -> BlockQ8K {
+    let mut block = BlockQ8K::default();
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in c {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
         }
-        if amax == 0.0 {
-            return block;
-        }
-        let iscale = -127.0 / max;
-        for (q, v) in block.qs.iter_mut().zip(c) {
-            *q = round_small(iscale * v).clamp(-128.0, 127.0) as i8;
-        }
-        for (sum, run) in block.bsums.iter_mut().zip(block.qs.chunks_exact(16)) {
-            *sum = run.iter().map(|&q| i16::from(q)).sum();
-        }
-        block.d = 1.0 / iscale;
-        block
-    }));
+    }
+    if amax == 0.0 {
+        return block;
+    }
+    let iscale = -127.0 / max;
+    for (q, v) in block.qs.iter_mut().zip(c) {
+        *q = round_small(iscale * v).clamp(-128.0, 127.0) as i8;
+    }
+    for (sum, run) in block.bsums.iter_mut().zip(block.qs.chunks_exact(16)) {
+        *sum = run.iter().map(|&q| i16::from(q)).sum();
+    }
+    block.d = 1.0 / iscale;
+    block
 }
 
 #[cfg(test)]

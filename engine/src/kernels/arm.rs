@@ -627,7 +627,13 @@ unsafe fn q8_block_neon(x: &[f32]) -> (f32, [i8; 32], i32) {
             .iter()
             .fold(vdupq_n_f32(0.0), |m, &lane| vmaxnmq_f32(m, vabsq_f32(lane)));
         let amax = vmaxnmvq_f32(m);
-        let id = vdupq_n_f32(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        if !id.is_finite() {
+            // Magnitudes so small that 127/amax overflows: the reference's clamp settles the
+            // infinite products, whose saturated sums would wrap here.
+            return activations::q8_block(x);
+        }
+        let id = vdupq_n_f32(id);
         let ints = v.map(|lane| vcvtnq_s32_f32(vmulq_f32(lane, id)));
         let mut qs = [0i8; 32];
         vst1q_s8(qs.as_mut_ptr(), narrowed_i8(&ints[..4]));
@@ -654,6 +660,9 @@ unsafe fn q8_k_block_neon(x: &[f32]) -> BlockQ8K {
         let first = x[..256].iter().position(|v| v.abs() == amax);
         let max = x[first.unwrap_or(0)];
         let iscale = -127.0 / max;
+        if !iscale.is_finite() {
+            return activations::q8_k_block(x);
+        }
         let scale = vdupq_n_f32(iscale);
         for (group, (qs, sum)) in block
             .qs

@@ -619,12 +619,16 @@ mod tests {
                     );
                 }
             }
-            // Activation quantization: ordinary values, a block of zeros, ties, and the largest
-            // magnitude reached twice with opposite signs (Q8_K keeps the first).
+            // Activation quantization: ordinary values, a block of zeros, ties, the largest
+            // magnitude reached twice with opposite signs (Q8_K keeps the first), and blocks
+            // too small for a finite inverse scale.
             let mut xs = activations(4096, &mut rng);
             xs[256..512].fill(0.0);
             xs[512..544].copy_from_slice(&[0.5; 32]);
-            xs[544] = 127.0;
+            xs[512..516].copy_from_slice(&[127.0, 1.5, 2.5, -0.5]);
+            for (i, v) in xs[3072..3328].iter_mut().enumerate() {
+                *v = [1e-38, -2e-38, 0.0, 3e-39][i % 4];
+            }
             (xs[800], xs[900]) = (-30.0, 30.0);
             (xs[1100], xs[1030]) = (25.0, -25.0);
             (xs[1290], xs[1293]) = (40.0, -40.0);

@@ -152,9 +152,10 @@ unsafe fn f16c_at(bytes: &[u8], at: usize) -> f32 {
 
 /// A legacy-quant kernel. Per block, `prep` unpacks the weights once (their f16 scale in lane 0
 /// of a vector, and a register form), `dot` gives the eight lane sums against one activation
-/// block, and `offset` (Q4_1) updates the scalar `m·s` sum from that vector. Work goes in tiles of two rows × two columns: four
-/// independent chains, each weight block unpacked once for both columns and each activation
-/// block loaded once for both rows. Every (row, column) sums in the scalar reference's order.
+/// block, and `offset` (Q4_1) updates the scalar `m·s` sum from that vector. Work goes in tiles:
+/// one row × eight columns (a row's block unpacked once for eight tokens), two rows × four, two
+/// × two, and two rows × one column for single tokens (two independent chains, the activation
+/// block loaded once). Every (row, column) sums in the scalar reference's order.
 macro_rules! legacy_rows {
     (
         $rows:ident, $act:ty, $bytes:expr,
@@ -801,7 +802,13 @@ unsafe fn q8_block_avx2(x: &[f32]) -> (f32, [i8; 32], i32) {
             _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3])),
         );
         let amax = hmax(m);
-        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        if !id.is_finite() {
+            // Magnitudes so small that 127/amax overflows: the products are ±∞ or NaN, which
+            // the reference's clamp and cast settle and `cvtps` would not.
+            return activations::q8_block(x);
+        }
+        let id = _mm256_set1_ps(id);
         let ints = v.map(|v| rounded(v, id));
         let mut qs = [0i8; 32];
         _mm256_storeu_si256(qs.as_mut_ptr().cast(), packed_i8(ints));
@@ -838,6 +845,9 @@ unsafe fn q8_k_block_avx2(x: &[f32]) -> BlockQ8K {
         });
         let max = x[first.unwrap_or(0)];
         let iscale = -127.0 / max;
+        if !iscale.is_finite() {
+            return activations::q8_k_block(x);
+        }
         let scale = _mm256_set1_ps(iscale);
         for (group, (qs, sums)) in block
             .qs

@@ -1,6 +1,6 @@
 //! Transformer forward passes over a [`ModelFile`]: the hyperparameters from GGUF metadata, the
-//! per-layer weights as zero-copy views, an f16 KV cache sized to the configured context, and
-//! one token step that returns the logits. Matrix products go through [`crate::kernels`], whose
+//! per-layer weights as zero-copy views (plus the widened Q5_0 copies batches read), an f16 KV
+//! cache sized to the configured context, and one token step that returns the logits. Matrix products go through [`crate::kernels`], whose
 //! rows do not depend on the thread count, so neither does the output.
 
 mod attention;
