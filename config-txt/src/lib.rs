@@ -5,6 +5,9 @@
 //! `config.txt` this way and the supervisor regenerates it the same way when it promotes a
 //! fragment (an overclock that passed its trial), so the two can never disagree about what the
 //! file should hold. `include` is refused: the bootloader stage does not follow it.
+//!
+//! [`setting`] reads the firmware's text format (`key=value` lines under `[filter]` sections),
+//! which the bootloader's `bootconf.txt` shares, so the supervisor reads both through it.
 
 use std::path::Path;
 
@@ -84,8 +87,8 @@ pub fn setting<'a>(text: &'a str, key: &str) -> Option<&'a str> {
     let mut found = None;
     for line in text.lines() {
         let line = line.trim();
-        if line.starts_with('[') {
-            applies = line == "[all]";
+        if let Some(section) = section_name(line) {
+            applies = section.eq_ignore_ascii_case("all");
             continue;
         }
         if !applies {
@@ -98,6 +101,11 @@ pub fn setting<'a>(text: &'a str, key: &str) -> Option<&'a str> {
         }
     }
     found
+}
+
+/// The name of a `[section]` line (a conditional filter, or `all`), trimmed.
+pub fn section_name(line: &str) -> Option<&str> {
+    line.strip_prefix('[')?.strip_suffix(']').map(str::trim)
 }
 
 /// Every value `key` is given anywhere in `text`, whatever conditional section it is in.

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::{BIN, engine_binary, free_port};
+use common::{BIN, engine_binary, free_port, supervisor_with_stdin};
 const PASSWORD: &str = "reception 42";
 /// The W3C name of an element reference in WebDriver answers.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -221,29 +221,6 @@ impl Drop for Browser {
     }
 }
 
-fn hash_password(password: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new(BIN)
-        .args(["dashboard", "hash-password"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("hash-password");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(password.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success());
-    String::from_utf8(out.stdout)
-        .expect("utf8")
-        .trim()
-        .to_string()
-}
-
 /// A simulated board with the default model, and `supervisor run` serving the dashboard.
 fn start_supervisor(dir: &Path, port: u16) -> Killed {
     let root = dir.join("board");
@@ -254,7 +231,7 @@ fn start_supervisor(dir: &Path, port: u16) -> Killed {
          [dashboard]\nlisten = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\nsample_interval_s = 1\n",
         engine_binary().display(),
         free_port(),
-        hash_password(PASSWORD)
+        supervisor_with_stdin(&["dashboard", "hash-password"], PASSWORD).trim()
     );
     std::fs::write(root.join("etc/appliance/appliance.toml"), config).expect("config");
     let child = Command::new(BIN)

@@ -12,37 +12,12 @@ use serde_json::Value;
 
 mod common;
 
-use common::{BIN, free_port};
+use common::{BIN, free_port, supervisor_with_stdin};
 const PASSWORD: &str = "clinic front desk 7";
-
-/// Runs a `supervisor` subcommand with `stdin`, returning stdout.
-fn supervisor(args: &[&str], stdin: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("supervisor");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf8")
-}
 
 /// A token and its digest from `supervisor dashboard new-token`.
 fn new_token() -> (String, String) {
-    let out = supervisor(&["dashboard", "new-token"], "");
+    let out = supervisor_with_stdin(&["dashboard", "new-token"], "");
     let field = |name: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(name))
@@ -262,7 +237,7 @@ fn read_events(base: &str, cookie: &str, count: usize) -> Vec<Value> {
 #[test]
 fn login_sessions_tokens_csrf_live_events_and_the_rate_limit() {
     let port = free_port();
-    let hash = supervisor(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
+    let hash = supervisor_with_stdin(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
     let hash = hash.trim();
     assert!(hash.starts_with("$argon2id$"), "{hash}");
     let (token, digest) = new_token();

@@ -60,6 +60,18 @@ impl Sim {
             .expect("supervisor")
     }
 
+    /// Runs a subcommand that must succeed (the message shows what it printed).
+    fn run_ok(&self, args: &[&str]) -> Output {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        out
+    }
+
     fn read(&self, rel: &str) -> Option<String> {
         std::fs::read_to_string(self.root.join(rel)).ok()
     }
@@ -86,21 +98,14 @@ impl Sim {
                 return;
             }
             self.boot();
-            let out = self.run(&["overclock", "boot"]);
-            assert!(
-                out.status.success(),
-                "overclock boot: {}{}",
-                text(&out.stdout),
-                text(&out.stderr)
-            );
+            self.run_ok(&["overclock", "boot"]);
             self.assert_config_complete();
         }
         panic!("still rebooting after 40 boots:\n{}", self.boot_log());
     }
 
     fn record(&self) -> Value {
-        let out = self.run(&["overclock", "status", "--json"]);
-        assert!(out.status.success(), "status: {}", text(&out.stderr));
+        let out = self.run_ok(&["overclock", "status", "--json"]);
         serde_json::from_slice(&out.stdout).expect("json")
     }
 
@@ -177,13 +182,7 @@ impl Sim {
     }
 
     fn start(&self) {
-        let out = self.run(&["overclock", "start"]);
-        assert!(
-            out.status.success(),
-            "start: {}{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
+        self.run_ok(&["overclock", "start"]);
     }
 }
 
@@ -265,8 +264,7 @@ fn a_clean_climb_keeps_the_best_step_minus_the_margin() {
     assert_eq!(status["overclock"]["result"]["arm_freq"], 2700);
     // Later boots change nothing.
     let before = sim.config_txt();
-    let out = sim.run(&["overclock", "boot"]);
-    assert!(out.status.success());
+    sim.run_ok(&["overclock", "boot"]);
     assert!(!sim.reboot_requested());
     assert_eq!(sim.config_txt(), before);
 }
@@ -474,8 +472,7 @@ fn abort_returns_to_stock_and_the_pending_tryboot_boots_stock() {
     // The reboot that was already under way boots the normal config.
     let story = sim.boot();
     assert!(story.contains("booted config.txt at 2400 MHz"), "{story}");
-    let out = sim.run(&["overclock", "boot"]);
-    assert!(out.status.success());
+    sim.run_ok(&["overclock", "boot"]);
     assert!(!sim.reboot_requested());
     let record = sim.record();
     assert_eq!(record["phase"], "aborted");
@@ -634,8 +631,7 @@ fn a_trial_boot_that_cannot_be_confirmed_is_not_passed() {
         sim.start();
         sim.boot();
         tamper(&sim);
-        let out = sim.run(&["overclock", "boot"]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        sim.run_ok(&["overclock", "boot"]);
         let record = sim.record();
         assert_eq!(statuses(&record), pairs(&[(2600, "failed")]));
         assert!(trials(&record)[0].3.contains(why), "{record:#}");

@@ -1,26 +1,10 @@
 //! The bootloader configuration text (`bootconf.txt`), as `rpi-eeprom-config` prints it: `key=value`
 //! lines, `#` comments and `[filter]` sections, where `[all]` (or no section yet) applies always.
 
-/// The value an unconditional `key=` line sets, the last one winning as the bootloader reads it.
+/// The value an unconditional `key=` line sets, the last one winning as the bootloader reads it
+/// (the firmware's format, read as for `config.txt`).
 pub fn get<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    let mut unconditional = true;
-    let mut found = None;
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(section) = section_name(line) {
-            unconditional = section.eq_ignore_ascii_case("all");
-            continue;
-        }
-        if !unconditional {
-            continue;
-        }
-        if let Some((k, v)) = line.split_once('=') {
-            if k.trim() == key {
-                found = Some(v.trim());
-            }
-        }
-    }
-    found
+    config_txt::setting(text, key)
 }
 
 /// Returns the text with the unconditional `key` set to `value`, changing nothing else.
@@ -32,7 +16,7 @@ pub fn set(text: &str, key: &str, value: &str) -> String {
     let mut last = None;
     for (index, line) in text.lines().enumerate() {
         let trimmed = line.trim();
-        if let Some(section) = section_name(trimmed) {
+        if let Some(section) = config_txt::section_name(trimmed) {
             unconditional = section.eq_ignore_ascii_case("all");
             continue;
         }
@@ -65,10 +49,6 @@ pub fn set(text: &str, key: &str, value: &str) -> String {
         }
     }
     out
-}
-
-fn section_name(line: &str) -> Option<&str> {
-    line.strip_prefix('[')?.strip_suffix(']').map(str::trim)
 }
 
 #[cfg(test)]

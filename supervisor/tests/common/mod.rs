@@ -4,10 +4,35 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// The `supervisor` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
+
+/// Runs a `supervisor` subcommand with `stdin`, asserts it succeeded and returns its stdout.
+pub fn supervisor_with_stdin(args: &[&str], stdin: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("supervisor");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8")
+}
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
