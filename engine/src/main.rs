@@ -25,8 +25,20 @@ enum Command {
     /// Generate a continuation of PROMPT.
     Generate {
         /// The GGUF model.
-        #[arg(short = 'm', long)]
-        model: PathBuf,
+        #[arg(short = 'm', long, required_unless_present = "installed")]
+        model: Option<PathBuf>,
+        /// The model the supervisor installed in the data directory instead of -m: the one
+        /// installed there, or model ID (not verified: `supervisor weights verify --installed`).
+        #[arg(long, value_name = "ID", conflicts_with = "model")]
+        installed: Option<Option<String>>,
+        /// The data directory --installed looks in (the supervisor's `[model] data_dir`).
+        #[arg(
+            long,
+            value_name = "DIR",
+            requires = "installed",
+            default_value = engine::installed::DEFAULT_DATA_DIR
+        )]
+        data: PathBuf,
         /// The prompt text (special tokens written in it are recognised).
         #[arg(short = 'p', long)]
         prompt: String,
@@ -42,9 +54,9 @@ enum Command {
         /// Send the prompt as a user message through the model's chat template (ChatML if it has none).
         #[arg(long)]
         chat: bool,
-        /// Threads.
-        #[arg(short = 't', long, default_value_t = 4)]
-        threads: usize,
+        /// Threads (default: the CPUs this process may use).
+        #[arg(short = 't', long, value_parser = thread_count)]
+        threads: Option<usize>,
         /// Context length in tokens.
         #[arg(short = 'c', long, default_value_t = 4096)]
         ctx_size: usize,
@@ -77,9 +89,9 @@ enum Command {
         /// Port.
         #[arg(long, default_value_t = 8080)]
         port: u16,
-        /// Threads.
-        #[arg(short = 't', long, default_value_t = 4)]
-        threads: usize,
+        /// Threads (default: the CPUs this process may use).
+        #[arg(short = 't', long, value_parser = thread_count)]
+        threads: Option<usize>,
         /// Context per conversation, in tokens.
         #[arg(short = 'c', long, default_value_t = 4096)]
         ctx_size: usize,
@@ -111,8 +123,8 @@ enum Command {
         /// Tokens per generation run (0 skips).
         #[arg(short = 'n', long, default_value_t = 64)]
         generate: usize,
-        /// Thread counts, comma-separated.
-        #[arg(short = 't', long, value_delimiter = ',', default_value = "1,2")]
+        /// Thread counts, comma-separated (default: the CPUs this process may use).
+        #[arg(short = 't', long, value_delimiter = ',', value_parser = thread_count)]
         threads: Vec<usize>,
         /// Repetitions per row.
         #[arg(short = 'r', long, default_value_t = 5)]
@@ -176,6 +188,8 @@ fn main() -> ExitCode {
         }
         Command::Generate {
             model,
+            installed,
+            data,
             prompt,
             n_predict,
             temp,
@@ -185,6 +199,13 @@ fn main() -> ExitCode {
             ctx_size,
             json,
         } => {
+            let model = match (model, installed) {
+                (Some(model), _) => model,
+                (None, id) => match engine::installed::resolve(&data, id.flatten().as_deref()) {
+                    Ok(model) => model,
+                    Err(e) => return fail(e),
+                },
+            };
             let file = match open(&model) {
                 Ok(f) => f,
                 Err(code) => return code,
@@ -205,12 +226,15 @@ fn main() -> ExitCode {
                     ..Sampling::default()
                 });
                 let mut stream = TextStream::new();
+                let mut text = String::new();
                 let mut stdout = std::io::stdout();
                 let mut show = |token: u32| {
+                    let piece = stream.push(&tok.token_bytes(token));
                     if !json {
-                        let _ = write!(stdout, "{}", stream.push(&tok.token_bytes(token)));
+                        let _ = write!(stdout, "{piece}");
                         let _ = stdout.flush();
                     }
+                    text.push_str(&piece);
                 };
                 let (tokens, stop) = engine::generate::generate(
                     &m,
@@ -218,16 +242,17 @@ fn main() -> ExitCode {
                     engine::generate::Budget {
                         limit: n_predict,
                         context: ctx_size,
-                        threads,
+                        threads: threads.unwrap_or_else(available_cpus),
                     },
                     &mut sampler,
                     &tok.end_ids(&file),
                     &mut show,
                 )?;
+                // A character the limit cut in half is not text: it is dropped, not shown as U+FFFD.
+                stream.finish();
                 if !json {
-                    println!("{}", stream.finish());
+                    println!();
                 }
-                let text = tok.decode(&tokens);
                 Ok((ids, tokens, stop, text))
             };
             match run() {
@@ -267,7 +292,7 @@ fn main() -> ExitCode {
             match engine::server::serve(engine::server::ServeConfig {
                 model,
                 listen: std::net::SocketAddr::new(host, port),
-                threads,
+                threads: threads.unwrap_or_else(available_cpus),
                 context: ctx_size,
                 queue,
                 api_key: api_key.filter(|k| !k.is_empty()),
@@ -295,6 +320,11 @@ fn main() -> ExitCode {
             let loaded = match Model::load(&file) {
                 Ok(m) => m,
                 Err(e) => return fail(e),
+            };
+            let threads = if threads.is_empty() {
+                vec![available_cpus()]
+            } else {
+                threads
             };
             let plan = engine::bench::Plan {
                 prompt,
@@ -363,5 +393,26 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             }
         }
+    }
+}
+
+/// The CPUs this process may run on (affinity and cgroup quota included), at least 1.
+fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Most threads accepted: far beyond any board this runs on, and small enough that per-thread
+/// buffers can never overflow an allocation.
+const MAX_THREADS: usize = 256;
+
+/// `-t`: a thread count from 1 to [`MAX_THREADS`].
+fn thread_count(arg: &str) -> Result<usize, String> {
+    match arg.parse::<usize>() {
+        Ok(n) if (1..=MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{arg}` is not a thread count: give a whole number from 1 to {MAX_THREADS} (this \
+             machine has {} CPUs available)",
+            available_cpus()
+        )),
     }
 }

@@ -421,6 +421,69 @@ mod tests {
         assert_eq!(ran.load(Ordering::Relaxed), 2);
     }
 
+    /// The kernel's view of thread `tid` of this process: its scheduling state (`R` running or
+    /// runnable, `S` asleep, ...) and the CPU time it has used, in clock ticks.
+    #[cfg(target_os = "linux")]
+    fn kernel_view(tid: &str) -> (char, u64) {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");
+        // The name in parentheses may hold spaces; the fields after it do not.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .expect("comm")
+            .1
+            .split_whitespace()
+            .collect();
+        let state = fields[0].chars().next().expect("state");
+        // utime and stime: fields 14 and 15 of stat(5), the 12th and 13th after the name.
+        let ticks =
+            fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        (state, ticks)
+    }
+
+    /// Workers that spun through their millisecond really go to sleep: the kernel reports
+    /// them asleep and using no CPU, not merely the pool's own count.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn idle_workers_stop_spinning_and_sleep() {
+        let pool = Pool::new(3);
+        let tids: Vec<Mutex<String>> = (0..3).map(|_| Mutex::new(String::new())).collect();
+        pool.run(&|i| {
+            let me = std::fs::read_link("/proc/thread-self").expect("thread-self");
+            let tid = me.file_name().expect("tid").to_string_lossy().into_owned();
+            *tids[i].lock().expect("tid") = tid;
+        });
+        let workers: Vec<String> = tids[1..]
+            .iter()
+            .map(|t| t.lock().expect("tid").clone())
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let states = loop {
+            let states: Vec<(char, u64)> = workers.iter().map(|t| kernel_view(t)).collect();
+            let asleep = pool.shared.sleepers.load(Ordering::SeqCst);
+            if asleep == workers.len() && states.iter().all(|&(state, _)| state == 'S') {
+                break states;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "idle workers still awake after 5 s: {asleep} counted asleep, states {states:?}"
+            );
+            std::thread::sleep(SPIN);
+        };
+        // A spinning thread would use every tick of this.
+        std::thread::sleep(Duration::from_millis(200));
+        let later: Vec<(char, u64)> = workers.iter().map(|t| kernel_view(t)).collect();
+        assert_eq!(later, states, "asleep workers used CPU time");
+        let ran = AtomicUsize::new(0);
+        pool.run(&|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(
+            ran.load(Ordering::Relaxed),
+            3,
+            "every sleeper woke for the region"
+        );
+    }
+
     #[test]
     fn idle_workers_sleep_and_wake_for_the_next_region() {
         let pool = Pool::new(2);

@@ -181,3 +181,67 @@ fn chat_generation_uses_the_template_and_streams_the_text() {
         reported["text"].as_str().expect("text")
     );
 }
+
+/// `--installed` runs what the supervisor installed (found through `DATA/models/<id>/current`)
+/// exactly as `-m` runs the same file, and says how to install when nothing is.
+#[test]
+fn generate_runs_the_installed_model() {
+    let data = tempfile::tempdir().expect("tempdir");
+    let d = data.path().to_str().expect("utf8");
+    let out = engine(&["generate", "--installed", "--data", d, "-p", "hi"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("supervisor weights fetch-default"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(d), "{stderr}");
+
+    let manifest_text = include_str!("../../models/smollm2-135m-instruct-q4_1.toml");
+    let trust = weights::sign::Trust::new(&[], false).expect("trust");
+    let signed = trust
+        .check(manifest_text.as_bytes(), None)
+        .expect("unsigned");
+    let approval = weights::install::Approval {
+        manifest: weights::Manifest::parse(manifest_text, "manifest").expect("manifest"),
+        text: manifest_text.to_string(),
+        signature: None,
+        signed,
+    };
+    let installed = weights::install::install(&smollm2(), &approval, data.path()).expect("install");
+    let generate = |model: &[&str]| {
+        let mut args = vec!["generate"];
+        args.extend_from_slice(model);
+        args.extend_from_slice(&[
+            "-p",
+            "The capital of France is",
+            "-n",
+            "4",
+            "--temp",
+            "0",
+            "--json",
+        ]);
+        json(&engine(&args))
+    };
+    let by_path = generate(&["-m", installed.path.to_str().expect("utf8")]);
+    assert_eq!(generate(&["--installed", "--data", d]), by_path);
+    assert_eq!(
+        generate(&["--installed", &approval.manifest.id, "--data", d]),
+        by_path
+    );
+    let out = engine(&[
+        "generate",
+        "--installed",
+        "gemma3-270m-q4_k_m",
+        "--data",
+        d,
+        "-p",
+        "hi",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("gemma3-270m-q4_k_m is not installed"),
+        "{stderr}"
+    );
+}

@@ -82,6 +82,11 @@ fn logits_are_bit_identical_across_thread_counts() {
     let run = |threads: usize| next_token_on(&file, &prompt, threads).1;
     let one = run(1);
     let two = run(2);
+    // `zip` stops at the shorter sequence: without these, a truncated (or empty) result on
+    // either side would compare equal.
+    let vocab = Model::load(&file).expect("load").hparams.vocab;
+    assert_eq!(one.len(), vocab, "one thread: a logit per vocabulary entry");
+    assert_eq!(two.len(), one.len(), "two threads: as many logits as one");
     assert!(
         one.iter()
             .zip(&two)
@@ -104,6 +109,7 @@ fn batched_passes_equal_token_by_token_steps_bit_for_bit() {
         for (pos, &t) in tokens.iter().enumerate() {
             stepped.extend_from_slice(model.step(t, pos, &mut cache).expect("step"));
         }
+        assert_eq!(stepped.len(), n * model.hparams.vocab, "a row per position");
         for threads in [1, 2] {
             let mut cache = KvCache::new(&model.hparams, n)
                 .expect("cache")

@@ -460,38 +460,105 @@ fn system_prompt_and_recent_conversations_come_from_the_cache() {
     );
 }
 
-/// A client that goes away stops its generation: the next request does not wait for it.
+/// What `/health` says the generation thread is doing: whether a request is running, and the
+/// tokens it has evaluated or generated since the engine started.
+fn activity(server: &Server) -> (bool, u64) {
+    let (status, body) = request(server, "GET", "/health", None, None).expect("health");
+    assert_eq!(status, 200, "{body}");
+    let health: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+    let busy = health["busy"].as_bool();
+    let tokens = health["tokens_processed"].as_u64();
+    match (busy, tokens) {
+        (Some(busy), Some(tokens)) => (busy, tokens),
+        _ => panic!("no busy or tokens_processed: {health}"),
+    }
+}
+
+/// Polls `/health` until the generation thread is idle, or panics after `limit`; the tokens
+/// processed by then.
+fn wait_until_idle(server: &Server, limit: Duration) -> u64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        match activity(server) {
+            (false, tokens) => return tokens,
+            (true, tokens) => assert!(
+                Instant::now() < deadline,
+                "still generating after {limit:?} ({tokens} tokens processed)"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A client that goes away stops its generation: the engine goes idle with its token count far
+/// below the request's limit, and the count stays there.
 #[test]
 fn a_disconnected_client_cancels_its_generation() {
+    const LIMIT: u64 = 1500;
     let server = start(&["-c", "2048"]);
+    let (busy, before) = activity(&server);
+    assert!(!busy, "idle before the request");
+    // `ignore_eos`: only the limit or a cancellation can end this generation, so it cannot
+    // stop early by itself and pass for cancelled.
     let body = chat(
         "Tell me everything about the sea.",
-        json!({ "max_tokens": 2000, "stream": true }),
+        json!({ "max_tokens": LIMIT, "stream": true, "ignore_eos": true }),
     )
     .to_string();
-    {
-        let mut stream = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).expect("send");
-        let mut first = [0u8; 512];
-        let _ = stream.read(&mut first).expect("first bytes");
-    } // dropped: the connection closes mid-stream
-    let started = Instant::now();
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("send");
+    // Generation is under way once a chunk with text has arrived.
+    let mut reader = std::io::BufReader::new(stream);
+    let mut line = String::new();
+    let has_text = |line: &str| {
+        events(line).iter().any(|e| {
+            e["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+    };
+    while !has_text(&line) {
+        line.clear();
+        let read = std::io::BufRead::read_line(&mut reader, &mut line).expect("stream");
+        assert!(read > 0, "the stream ended before any text");
+    }
+    let (busy, running) = activity(&server);
+    assert!(
+        busy && running > before,
+        "the request is being generated: busy {busy}, {before} → {running} tokens"
+    );
+    drop(reader); // the connection closes mid-stream
+
+    // The generation thread is free again, long before the limit could have been reached.
+    let after = wait_until_idle(&server, Duration::from_secs(10));
+    let done = after - before;
+    // The prompt is about 40 tokens; cancellation takes effect at the next token after the
+    // server's write to the closed connection fails.
+    assert!(
+        done < LIMIT / 4,
+        "{done} tokens processed for a request of at most {LIMIT} abandoned after its first text"
+    );
+    // Stopped, not paused: nothing more is processed for it.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        activity(&server),
+        (false, after),
+        "work went on after the cancellation"
+    );
+
     let (status, _) = post(
         &server,
         "/v1/chat/completions",
         &chat("hi", json!({ "max_tokens": 2 })),
     );
-    assert_eq!(status, 200);
-    // 2000 tokens take well over 10 s here; a cancelled generation frees the engine at once.
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "waited {:?}",
-        started.elapsed()
-    );
+    assert_eq!(status, 200, "the engine serves the next request");
 }
 
 /// curl, the other client the box's users have.
@@ -520,4 +587,86 @@ fn curl_streams_a_chat() {
     let chunks = events(&text);
     assert_eq!(chunks.last(), Some(&json!("[DONE]")), "{text}");
     assert!(chunks.len() >= 3, "{text}");
+}
+
+/// SIGTERM (what the supervisor sends before SIGKILL) ends an answer in flight at once with an
+/// error event and `[DONE]`, so the client can tell it was cut off, and the process exits.
+#[test]
+fn sigterm_ends_a_stream_with_an_error_then_done() {
+    let mut server = start(&["-c", "2048"]);
+    let body = chat(
+        "Write a long story about the sea.",
+        json!({ "max_tokens": 1800, "stream": true, "ignore_eos": true }),
+    )
+    .to_string();
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("send");
+    let mut reader = std::io::BufReader::new(stream);
+    let mut received = String::new();
+    while events(&received).len() < 8 {
+        let read = std::io::BufRead::read_line(&mut reader, &mut received).expect("stream");
+        assert!(read > 0, "the stream ended early: {received}");
+    }
+    // While it generates, /health answers at once and shows the work growing.
+    let (busy, first) = activity(&server);
+    assert!(busy, "/health during a generation says it is idle");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (still_busy, now) = activity(&server);
+        assert!(still_busy, "the generation stopped by itself");
+        if now > first {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/health shows no progress during a generation: {first} tokens"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let signalled = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(server.child.id()).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let mut rest = String::new();
+    reader
+        .read_to_string(&mut rest)
+        .expect("the rest of the stream");
+    let ended = signalled.elapsed();
+    let all = events(&(received + &rest));
+    let n = all.len();
+    assert!(n >= 2, "{all:?}");
+    assert_eq!(all[n - 1], json!("[DONE]"), "the stream ends with [DONE]");
+    assert_eq!(
+        all[n - 2]["error"]["code"],
+        json!(503),
+        "an error event says the answer was cut off: {}",
+        all[n - 2]
+    );
+    // Well under the supervisor's 10 s grace (1800 tokens would take far longer).
+    assert!(
+        ended < Duration::from_secs(5),
+        "the stream ended {ended:?} after SIGTERM"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the engine did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit after SIGTERM: {status}");
 }

@@ -6,10 +6,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::install::{Approval, CURRENT, MANIFEST, RECORD, Record, current_version, model_dir};
+use crate::install::{RECORD, Record, installed};
 use crate::sign::{Signed, Trust};
 use crate::verify::verify_file;
-use crate::{Error, ErrorKind, Manifest};
+use crate::{Error, Manifest};
 
 /// How thoroughly the gate checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,31 +44,9 @@ pub fn check(
     trust: &Trust,
     now: u64,
 ) -> Result<Approved, Error> {
-    let dir = model_dir(data_dir, id);
-    let version = current_version(&dir)?.ok_or_else(|| {
-        Error::new(
-            ErrorKind::NotInstalled,
-            format!(
-                "model {id} is not installed in {} (no {CURRENT}); install it with `supervisor weights install` or `weights fetch-default`",
-                data_dir.display()
-            ),
-        )
-    })?;
-    let vdir = dir.join(&version);
-    let approval = Approval::load(&vdir.join(MANIFEST), trust)?;
+    let (approval, path) = installed(data_dir, id, trust)?;
     let manifest = approval.manifest;
-    if manifest.id != id {
-        return Err(Error::new(
-            ErrorKind::Mismatch,
-            format!(
-                "{} is for model {}, not {id}",
-                vdir.join(MANIFEST).display(),
-                manifest.id
-            ),
-        ));
-    }
-    let path = vdir.join(&manifest.file);
-    let record_path = vdir.join(RECORD);
+    let record_path = path.with_file_name(RECORD);
     let record = Record::read(&record_path)?;
     let meta =
         fs::metadata(&path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;

@@ -21,6 +21,10 @@ use crate::sign::{Signed, Trust};
 use crate::verify::{Mapped, verify_file};
 use crate::{Error, ErrorKind, Manifest, patch};
 
+/// Where a box keeps installed models unless configured otherwise (`[model] data_dir`): the
+/// supervisor's default and the engine's for `--installed`.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/appliance";
+
 /// File naming the version directory in use.
 pub const CURRENT: &str = "current";
 /// The approved manifest inside a version directory.
@@ -172,6 +176,68 @@ pub fn current_version(model_dir: &Path) -> Result<Option<String>, Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
     }
+}
+
+/// The version directory `current` names for model `id` in `data_dir`: its weights, approved
+/// manifest and install record. `NotInstalled`, saying how to install, when nothing is.
+pub fn current_dir(data_dir: &Path, id: &str) -> Result<PathBuf, Error> {
+    let dir = model_dir(data_dir, id);
+    let version = current_version(&dir)?.ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotInstalled,
+            format!(
+                "model {id} is not installed in {} (no {}); install it with \
+                 `supervisor weights fetch-default` (the default model) or \
+                 `supervisor weights install FILE --manifest M`",
+                data_dir.display(),
+                dir.join(CURRENT).display()
+            ),
+        )
+    })?;
+    Ok(dir.join(version))
+}
+
+/// The installed model `id`: its approved manifest, signature checked against `trust`, and the
+/// path of its weights (not verified here: that is [`crate::gate::check`]'s or the caller's job).
+pub fn installed(data_dir: &Path, id: &str, trust: &Trust) -> Result<(Approval, PathBuf), Error> {
+    let vdir = current_dir(data_dir, id)?;
+    let manifest_path = vdir.join(MANIFEST);
+    let approval = Approval::load(&manifest_path, trust)?;
+    if approval.manifest.id != id {
+        return Err(Error::new(
+            ErrorKind::Mismatch,
+            format!(
+                "{} is for model {}, not {id}",
+                manifest_path.display(),
+                approval.manifest.id
+            ),
+        ));
+    }
+    let path = vdir.join(&approval.manifest.file);
+    Ok((approval, path))
+}
+
+/// The ids of the models installed in `data_dir` (those with a `current`, even a corrupt one,
+/// so that its error is reported when it is used), sorted.
+pub fn installed_ids(data_dir: &Path) -> Result<Vec<String>, Error> {
+    let models = data_dir.join("models");
+    let entries = match fs::read_dir(&models) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("listing {}", models.display()), e)),
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(format!("listing {}", models.display()), e))?;
+        let Ok(id) = entry.file_name().into_string() else {
+            continue;
+        };
+        if !matches!(current_version(&entry.path()), Ok(None)) {
+            ids.push(id);
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }
 
 /// Seconds since the epoch.

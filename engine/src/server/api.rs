@@ -157,6 +157,9 @@ pub struct Knobs {
     /// `{"include_usage": true}` adds a usage chunk to a stream.
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+    /// Generate past end-of-generation tokens, up to the limit (llama.cpp).
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 /// Streaming options.

@@ -125,7 +125,14 @@ fn ready(state: &AppState) -> Result<&Ready, ApiError> {
 async fn health(State(state): State<AppState>) -> Response {
     match state.ready.get() {
         Some(ready) => {
-            axum::Json(json!({ "status": "ok", "speeds": ready.worker.speeds() })).into_response()
+            let activity = ready.worker.activity();
+            axum::Json(json!({
+                "status": "ok",
+                "busy": activity.busy,
+                "tokens_processed": activity.tokens_processed,
+                "speeds": ready.worker.speeds(),
+            }))
+            .into_response()
         }
         None => ApiError::unavailable("Loading model").into_response(),
     }
@@ -169,13 +176,14 @@ fn start(ready: &Ready, prompt: Vec<u32>, knobs: &Knobs) -> Result<Started, ApiE
             sampling: knobs.sampling()?,
             max_tokens: knobs.limit(DEFAULT_MAX_TOKENS)?,
             stop: knobs.stops()?,
+            ignore_eos: knobs.ignore_eos,
             events,
         })
         .map_err(|refused| match refused {
             worker::Refused::Full => {
                 ApiError::unavailable("the request queue is full; retry shortly")
             }
-            worker::Refused::Stopped => ApiError::internal("the generation thread has stopped"),
+            worker::Refused::Stopped => ApiError::unavailable(SHUTTING_DOWN),
         })?;
     Ok(Started {
         events: receiver,
@@ -191,10 +199,14 @@ async fn collect(started: &mut Started) -> Result<(String, Summary), ApiError> {
             Event::Text(t) => text.push_str(&t),
             Event::Done(summary) => return Ok((text, summary)),
             Event::Failed(e) => return Err(ApiError::internal(e)),
+            Event::ShuttingDown => return Err(ApiError::unavailable(SHUTTING_DOWN)),
         }
     }
     Err(ApiError::internal("the generation thread stopped"))
 }
+
+/// What a request cut off by the engine's shutdown is told.
+const SHUTTING_DOWN: &str = "the engine is shutting down; the answer was cut off (retry shortly)";
 
 fn usage(prompt_tokens: usize, summary: &Summary) -> Value {
     json!({
@@ -474,8 +486,13 @@ fn stream(
                 Some(Event::Failed(e)) => {
                     let body =
                         json!({ "error": { "message": e, "type": "server_error", "code": 500 } });
-                    let out = vec![SseEvent::default().data(body.to_string())];
-                    return Some((out, (events, None, true, shape)));
+                    return Some((final_error(body, format), (events, None, true, shape)));
+                }
+                Some(Event::ShuttingDown) => {
+                    let body = json!({ "error": {
+                        "message": SHUTTING_DOWN, "type": "unavailable_error", "code": 503,
+                    } });
+                    return Some((final_error(body, format), (events, None, true, shape)));
                 }
                 None => return None,
             };
@@ -487,6 +504,16 @@ fn stream(
     Sse::new(flat)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// A stream's last events when it fails: the error, then (OpenAI dialect) `[DONE]`, so a
+/// client can tell a cut-off answer from a connection that merely dropped.
+fn final_error(body: Value, format: Format) -> Vec<SseEvent> {
+    let mut out = vec![SseEvent::default().data(body.to_string())];
+    if format != Format::Native {
+        out.push(SseEvent::default().data("[DONE]"));
+    }
+    out
 }
 
 /// How `engine serve` runs.
@@ -561,9 +588,17 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
         let failure = Arc::new(std::sync::Mutex::new(None));
         let stop = {
             let failure = Arc::clone(&failure);
+            let ready = Arc::clone(&state.ready);
             async move {
                 tokio::select! {
-                    () = shutdown() => {}
+                    () = shutdown() => {
+                        // In-flight answers end now with an error event, not when they are
+                        // done: a supervisor's SIGTERM is followed by SIGKILL.
+                        if let Some(ready) = ready.get() {
+                            ready.worker.shut_down();
+                        }
+                        exit_after(SHUTDOWN_DEADLINE);
+                    }
                     Ok(e) = load_failure => {
                         *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                     }
@@ -580,6 +615,26 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
             None => Ok(()),
         }
     })
+}
+
+/// How long connections get to finish after SIGTERM before the process exits regardless (a
+/// client that stops reading must not hold the engine up).
+const SHUTDOWN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn exit_after(deadline: std::time::Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("engine-exit".into())
+        .spawn(move || {
+            std::thread::sleep(deadline);
+            eprintln!(
+                "engine: connections still open {} s after the shutdown signal; exiting",
+                deadline.as_secs()
+            );
+            std::process::exit(0);
+        });
+    if let Err(e) = spawned {
+        eprintln!("engine: cannot start the shutdown timer: {e}");
+    }
 }
 
 fn load(config: &ServeConfig) -> Result<Ready, String> {

@@ -5,6 +5,7 @@
 //! Prefix cache: the cache of the last conversation is kept with its tokens; a request that
 //! starts with them only prefills the rest (reported as `cache_n`).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -26,6 +27,8 @@ pub struct Job {
     pub max_tokens: usize,
     /// Strings that end generation (not included in the text).
     pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens (llama.cpp's `ignore_eos`).
+    pub ignore_eos: bool,
     /// Where the text and the end go.
     pub events: UnboundedSender<Event>,
 }
@@ -39,6 +42,8 @@ pub enum Event {
     Done(Summary),
     /// Generation could not run.
     Failed(String),
+    /// The engine is shutting down: the answer was cut off (or never started).
+    ShuttingDown,
 }
 
 /// Why generation ended.
@@ -112,6 +117,34 @@ impl Speeds {
     }
 }
 
+/// What the generation thread is doing, readable without waiting for it: a health check
+/// must not queue behind a long answer, and a busy engine that makes progress is healthy.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Activity {
+    /// A request is being generated right now.
+    pub busy: bool,
+    /// Tokens evaluated or generated since start (prompt and output): grows while work is done.
+    pub tokens_processed: u64,
+}
+
+/// The counters behind [`Activity`], shared with the generation thread.
+#[derive(Default)]
+struct Progress {
+    busy: AtomicBool,
+    tokens: AtomicU64,
+    stopping: AtomicBool,
+}
+
+impl Progress {
+    fn advance(&self, tokens: usize) {
+        self.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+}
+
 /// Why a request was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
@@ -126,6 +159,7 @@ pub enum Refused {
 pub struct Worker {
     queue: SyncSender<Job>,
     speeds: Arc<Mutex<Speeds>>,
+    progress: Arc<Progress>,
 }
 
 /// Settings of the generation thread.
@@ -156,6 +190,8 @@ impl Worker {
         let (cache_bytes, warm) = (settings.cache_bytes, settings.warm.clone());
         let speeds = Arc::new(Mutex::new(Speeds::default()));
         let recorded = Arc::clone(&speeds);
+        let progress = Arc::new(Progress::default());
+        let reported = Arc::clone(&progress);
         std::thread::Builder::new()
             .name("engine-generation".into())
             .spawn(move || {
@@ -169,12 +205,31 @@ impl Worker {
                     end_ids: &end_ids,
                     context,
                     threads,
+                    progress: &reported,
                 };
                 runner.run(&jobs, &mut caches, &recorded)
             })
             .map(|_| ())
             .unwrap_or_else(|e| eprintln!("error: cannot start the generation thread: {e}"));
-        Worker { queue, speeds }
+        Worker {
+            queue,
+            speeds,
+            progress,
+        }
+    }
+
+    /// What the generation thread is doing now.
+    pub fn activity(&self) -> Activity {
+        Activity {
+            busy: self.progress.busy.load(Ordering::Relaxed),
+            tokens_processed: self.progress.tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Ends the running request and every queued one with [`Event::Failed`] (at the next
+    /// token or prompt slice), and refuses new ones: the process is about to exit.
+    pub fn shut_down(&self) {
+        self.progress.stopping.store(true, Ordering::Relaxed);
     }
 
     /// The recent speeds.
@@ -184,6 +239,9 @@ impl Worker {
 
     /// Queues `job`, or says why not.
     pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        if self.progress.stopping() {
+            return Err(Refused::Stopped);
+        }
         match self.queue.try_send(job) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(Refused::Full),
@@ -299,6 +357,7 @@ struct Runner<'a> {
     end_ids: &'a [u32],
     context: usize,
     threads: usize,
+    progress: &'a Progress,
 }
 
 impl Runner<'_> {
@@ -307,6 +366,11 @@ impl Runner<'_> {
             if job.events.is_closed() {
                 continue;
             }
+            if self.progress.stopping() {
+                let _ = job.events.send(Event::ShuttingDown);
+                continue;
+            }
+            self.progress.busy.store(true, Ordering::Relaxed);
             let reused = match caches.best_for(&job.prompt) {
                 Some(c) => Some(c),
                 // No shared prefix: recycle the oldest cache's memory (its tokens do not matter).
@@ -329,10 +393,14 @@ impl Runner<'_> {
                         .record(&summary);
                     let _ = job.events.send(Event::Done(summary));
                 }
+                Err(_) if self.progress.stopping() => {
+                    let _ = job.events.send(Event::ShuttingDown);
+                }
                 Err(message) => {
                     let _ = job.events.send(Event::Failed(message));
                 }
             }
+            self.progress.busy.store(false, Ordering::Relaxed);
         }
     }
 
@@ -343,6 +411,7 @@ impl Runner<'_> {
             end_ids,
             context,
             threads,
+            progress,
         } = *self;
         let prompt = &job.prompt;
         if prompt.is_empty() || prompt.len() >= context {
@@ -367,6 +436,9 @@ impl Runner<'_> {
             if job.events.is_closed() {
                 return Err("the client went away".into());
             }
+            if progress.stopping() {
+                return Err("shutting down".into());
+            }
             let end = (at + slice).min(prompt.len());
             let logits = if end == prompt.len() {
                 Logits::Last
@@ -374,6 +446,7 @@ impl Runner<'_> {
                 Logits::None
             };
             model.forward(&prompt[at..end], at, &mut cache, logits)?;
+            progress.advance(end - at);
             at = end;
         }
         let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -393,8 +466,11 @@ impl Runner<'_> {
             if job.events.is_closed() {
                 break Finish::Stop;
             }
+            if progress.stopping() {
+                return Err("shutting down".into());
+            }
             let token = sampler.next(cache.logits(), &history);
-            if end_ids.contains(&token) {
+            if !job.ignore_eos && end_ids.contains(&token) {
                 break Finish::Stop;
             }
             generated += 1;
@@ -410,12 +486,13 @@ impl Runner<'_> {
             }
             if generated < job.max_tokens && history.len() < context {
                 model.step(token, history.len() - 1, &mut cache)?;
+                progress.advance(1);
                 in_cache = history.len();
             }
         };
         if finish != Finish::Word {
-            let (ready, _) = text.push(&stream.finish());
-            let rest = ready + &text.flush();
+            stream.finish();
+            let rest = text.flush();
             if !rest.is_empty() {
                 let _ = job.events.send(Event::Text(rest));
             }

@@ -47,11 +47,13 @@ impl TextStream {
         out
     }
 
-    /// Ends the stream: an unfinished character left over becomes U+FFFD.
-    pub fn finish(&mut self) -> String {
-        let out = String::from_utf8_lossy(&self.pending).into_owned();
+    /// Ends the stream. An unfinished character left over (a token limit cut it) is dropped:
+    /// the output stays whole characters, never a trailing U+FFFD. Returns how many bytes
+    /// were dropped.
+    pub fn finish(&mut self) -> usize {
+        let dropped = self.pending.len();
         self.pending.clear();
-        out
+        dropped
     }
 }
 
@@ -70,8 +72,8 @@ mod tests {
                     s.push(&bytes[..split]),
                     s.push(&bytes[split..split2]),
                     s.push(&bytes[split2..]),
-                    s.finish(),
                 ];
+                assert_eq!(s.finish(), 0);
                 assert_eq!(parts.concat(), text, "splits {split} {split2}");
                 assert!(parts.iter().all(|p| !p.contains('\u{FFFD}')));
             }
@@ -92,7 +94,16 @@ mod tests {
         let mut s = TextStream::new();
         assert_eq!(s.push(b"x\xffy"), "x\u{FFFD}y");
         assert_eq!(s.push(b"\xe4\xb8"), "");
-        assert_eq!(s.finish(), "\u{FFFD}");
+        assert_eq!(s.push(b"ok"), "\u{FFFD}ok");
+    }
+
+    #[test]
+    fn a_character_cut_by_the_end_is_dropped() {
+        let mut s = TextStream::new();
+        let emoji = "😀".as_bytes();
+        assert_eq!(s.push(b"hi "), "hi ");
+        assert_eq!(s.push(&emoji[..3]), "");
+        assert_eq!(s.finish(), 3);
         assert_eq!(s.push(b"ok"), "ok");
     }
 }
