@@ -211,7 +211,10 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
     // The gate as configured: `full` hashes every chunk, `fast` trusts an unchanged file.
     let gate = crate::model::check(&board, &config, crate::model::reverify(&config));
     let model = crate::model::ModelStatus::from_gate(&config.model.id, &gate);
-    let steps = tune::status(&board, &tune::steps(&config, backend));
+    // In the running daemon's words where the board is as its last pass left it, so this says
+    // what the dashboard says at the same moment.
+    let last_pass = tune::last_pass::read(&board);
+    let steps = tune::status_after(&board, &tune::steps(&config, backend), last_pass.as_deref());
     let engine = crate::engine::read_status(&board, &config.model.id);
     let status = report::collect(&board, &config, model, steps, engine);
     if json {
@@ -258,7 +261,11 @@ pub fn run(root: &Path, config: Option<&Path>) -> ExitCode {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    match rt.block_on(crate::daemon::run(&board, &config)) {
+    let result = rt.block_on(crate::daemon::run(&board, &config));
+    // A re-verification stopped at shutdown may leave one board call or a model hash running on
+    // a blocking thread: a write gets a moment to finish, a long hash is not waited for.
+    rt.shutdown_timeout(std::time::Duration::from_secs(5));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

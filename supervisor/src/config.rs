@@ -107,7 +107,7 @@ impl Default for Model {
     fn default() -> Self {
         Model {
             id: "smollm2-135m-instruct-q4_1".into(),
-            data_dir: "/var/lib/appliance".into(),
+            data_dir: weights::install::DEFAULT_DATA_DIR.into(),
             reverify: Reverify::Full,
             full_verify_interval_hours: 168,
             require_signature: false,

@@ -4,19 +4,22 @@
 //! another service reset, a cgroup limit someone changed). SIGTERM or SIGINT stop the engine
 //! (SIGTERM, then SIGKILL) before the daemon exits.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
 
 use crate::board::Board;
 use crate::commands::applier_for;
 use crate::config::Config;
 use crate::dashboard;
 use crate::engine::{self, LogRing};
-use crate::tune::{self, Backend, State, StepReport};
+use crate::tune::{self, Applier, Backend, Evaluate, State, StepReport};
 
 /// Engine output lines kept in memory for the dashboard.
 const ENGINE_LOG_LINES: usize = 500;
@@ -73,6 +76,21 @@ async fn check_model(
     (line, model)
 }
 
+/// For `status`; without it `status` still reports the board, only not in this pass's words.
+/// A durable write, so off the runtime thread.
+async fn publish_pass(board: &Board, reports: &[StepReport]) {
+    let (board, reports) = (board.clone(), reports.to_vec());
+    let published = tokio::task::spawn_blocking(move || tune::last_pass::publish(&board, &reports))
+        .await
+        .unwrap_or_else(|e| Err(format!("the task crashed: {e}")));
+    if let Err(e) = published {
+        tracing::warn!(
+            "cannot publish the tuning pass to {}: {e}",
+            tune::last_pass::LAST_PASS_FILE
+        );
+    }
+}
+
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let backend = Backend::resolve(config.tuning.engine.backend, board);
@@ -121,6 +139,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     }
 
     let reports = tune::apply(board, &steps, &applier, false).await;
+    publish_pass(board, &reports).await;
     let (model, verdict) = check_model(board, config, crate::model::reverify(config)).await;
     let status = format!("{}; {model}", summary(&reports));
     tracing::info!("{status}");
@@ -146,7 +165,12 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
     let reverify = config.daemon.reverify_interval_s;
     let mut reverify_tick = tokio::time::interval(Duration::from_secs(reverify.max(1)));
+    // A pass that outlasts the interval is not followed by a burst of catch-up passes.
+    reverify_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     reverify_tick.tick().await;
+    // The re-verification under way: polled beside the signals and the watchdog rather than
+    // awaited in their place, so a slow one delays neither, and no second one starts meanwhile.
+    let mut pass: Option<Pin<Box<dyn Future<Output = ()> + '_>>> = None;
 
     loop {
         tokio::select! {
@@ -159,22 +183,47 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                     tracing::error!("the engine has not passed a health probe for too long; not feeding the watchdog");
                 }
             }
-            _ = reverify_tick.tick(), if reverify > 0 => {
-                let reports = tune::apply(board, &steps, &applier, false).await;
-                for drifted in reports.iter().filter(|r| r.state == State::Applied) {
-                    tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
-                }
-                let (model, verdict) = check_model(board, config, crate::model::between_boots(config)).await;
-                let e = engine.status();
-                let status = format!("{}; {model}; engine {}", summary(&reports), e.reason);
-                notify(&[NotifyState::Status(&status)]);
-                tuned.send_replace(dashboard::Tuned { steps: reports, model: verdict });
+            _ = reverify_tick.tick(), if reverify > 0 && pass.is_none() => {
+                pass = Some(Box::pin(reverify_pass(board, config, &steps, &applier, &tuned, &engine)));
             }
+            () = async {
+                match pass.as_mut() {
+                    Some(running) => running.await,
+                    None => std::future::pending().await,
+                }
+            }, if pass.is_some() => pass = None,
         }
     }
+    // Dropped between two board calls: every write it made is whole, and the next start tunes.
+    drop(pass);
     tracing::info!("stopping");
     notify(&[NotifyState::Stopping]);
     dashboard.stop();
     engine.stop().await;
     Ok(())
+}
+
+/// One re-verification: the tuned state re-applied (drift repaired and logged), the model
+/// checked, both published. All its board work runs on blocking threads.
+async fn reverify_pass(
+    board: &Board,
+    config: &Config,
+    steps: &[Arc<dyn Evaluate>],
+    applier: &Applier<'_>,
+    tuned: &watch::Sender<dashboard::Tuned>,
+    engine: &engine::Handle,
+) {
+    let reports = tune::apply(board, steps, applier, false).await;
+    publish_pass(board, &reports).await;
+    // Together with the file, not after the model check: `status` and the dashboard
+    // must not tell different passes apart while the model is hashed.
+    tuned.send_modify(|t| t.steps = reports.clone());
+    for drifted in reports.iter().filter(|r| r.state == State::Applied) {
+        tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
+    }
+    let (model, verdict) = check_model(board, config, crate::model::between_boots(config)).await;
+    let e = engine.status();
+    let status = format!("{}; {model}; engine {}", summary(&reports), e.reason);
+    notify(&[NotifyState::Status(&status)]);
+    tuned.send_modify(|t| t.model = verdict);
 }

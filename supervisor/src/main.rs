@@ -83,13 +83,21 @@ enum OverclockCommand {
 
 #[derive(Subcommand)]
 enum WeightsCommand {
-    /// Check FILE against a manifest (exit 0 only when it matches).
+    /// Check FILE against a manifest, or the installed model (exit 0 only when it matches).
     Verify {
         /// The model file.
-        file: PathBuf,
+        #[arg(required_unless_present = "installed")]
+        file: Option<PathBuf>,
         /// Its manifest.
-        #[arg(long)]
-        manifest: PathBuf,
+        #[arg(long, required_unless_present = "installed")]
+        manifest: Option<PathBuf>,
+        /// The configured model as installed in the data directory, against its installed
+        /// manifest (instead of FILE --manifest M).
+        #[arg(long, conflicts_with_all = ["file", "manifest"])]
+        installed: bool,
+        /// Data directory (with --installed; default: the configured data_dir under --root).
+        #[arg(long, requires = "installed")]
+        data: Option<PathBuf>,
         /// Machine-readable result.
         #[arg(long)]
         json: bool,
@@ -265,10 +273,37 @@ fn weights(
         WeightsCommand::Sign { manifest, key } => w::sign(&manifest, &key),
         WeightsCommand::Keygen { out } => w::keygen(&out),
         WeightsCommand::Verify {
-            file,
-            manifest,
+            file: Some(file),
+            manifest: Some(manifest),
+            installed: false,
+            data: _,
             json,
         } => on_box(&|trust, _| w::verify(&file, &manifest, trust, json)),
+        WeightsCommand::Verify {
+            installed: true,
+            data,
+            json,
+            ..
+        } => {
+            let (board, config) = match commands::load_config(root, config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
+            };
+            match commands::trust_for(&config) {
+                Ok(trust) => w::verify_installed(
+                    &data.unwrap_or_else(|| supervisor::model::data_dir(&board, &config)),
+                    &config.model.id,
+                    &trust,
+                    json,
+                ),
+                Err(code) => code,
+            }
+        }
+        // clap requires one of the two forms; this only keeps the match total.
+        WeightsCommand::Verify { .. } => {
+            eprintln!("error: weights verify needs FILE --manifest M, or --installed");
+            ExitCode::from(commands::EXIT_BAD_INPUT)
+        }
         WeightsCommand::Install {
             src,
             manifest,

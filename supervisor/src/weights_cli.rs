@@ -43,6 +43,29 @@ fn kind_name(kind: ErrorKind) -> &'static str {
 pub fn verify(file: &Path, manifest: &Path, trust: &Trust, as_json: bool) -> ExitCode {
     let result =
         Approval::load(manifest, trust).and_then(|a| verify_file(file, &a.manifest).map(|()| a));
+    report_verified(Some(file), result, as_json)
+}
+
+/// `weights verify --installed [--data DIR] [--json]`: model `id` as installed in `data_dir`,
+/// against the manifest installed with it, every chunk (read only: unlike the launch gate it
+/// does not refresh the install record).
+pub fn verify_installed(data_dir: &Path, id: &str, trust: &Trust, as_json: bool) -> ExitCode {
+    let (file, result) = match weights::install::installed(data_dir, id, trust) {
+        Ok((a, path)) => {
+            let result = verify_file(&path, &a.manifest).map(|()| a);
+            (Some(path), result)
+        }
+        Err(e) => (None, Err(e)),
+    };
+    report_verified(file.as_deref(), result, as_json)
+}
+
+/// A verification's outcome as text or JSON (`file` is null when no file was found to check).
+fn report_verified(
+    file: Option<&Path>,
+    result: Result<Approval, Error>,
+    as_json: bool,
+) -> ExitCode {
     if as_json {
         let body = match &result {
             Ok(a) => {
@@ -65,7 +88,7 @@ pub fn verify(file: &Path, manifest: &Path, trust: &Trust, as_json: bool) -> Exi
         Ok(a) => {
             println!(
                 "{}: matches manifest {} ({} bytes, sha256 {})",
-                file.display(),
+                file.map_or_else(String::new, |f| f.display().to_string()),
                 a.manifest.id,
                 a.manifest.size,
                 a.manifest.sha256

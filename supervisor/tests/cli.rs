@@ -2,6 +2,7 @@
 //! board tree, and that a second run changes nothing.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -10,7 +11,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
 
 struct Sim {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     root: PathBuf,
 }
 
@@ -26,7 +27,7 @@ impl Sim {
             variant,
         ]);
         assert!(out.status.success(), "sim init: {}", text(&out.stderr));
-        Sim { _dir: dir, root }
+        Sim { dir, root }
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -60,25 +61,147 @@ impl Sim {
         serde_json::from_slice(&out.stdout).expect("status is JSON")
     }
 
-    /// Every file's bytes, to prove a run wrote nothing.
-    fn snapshot(&self) -> BTreeMap<PathBuf, Vec<u8>> {
-        fn walk(dir: &Path, out: &mut BTreeMap<PathBuf, Vec<u8>>) {
-            for entry in std::fs::read_dir(dir).expect("list") {
-                let path = entry.expect("entry").path();
-                if path.is_symlink() {
-                    continue;
-                }
-                if path.is_dir() {
-                    walk(&path, out);
-                } else {
-                    out.insert(path.clone(), std::fs::read(&path).expect("read"));
+    /// Every entry of the tree (files, directories, symlinks) with the traces any write leaves,
+    /// to prove a run wrote nothing. Returns only once the filesystem's clock has moved past
+    /// every time in it, so a write right after it cannot carry the same timestamp.
+    fn snapshot(&self) -> Snapshot {
+        fn walk(path: &Path, out: &mut Snapshot) {
+            let meta = std::fs::symlink_metadata(path).expect("lstat");
+            let bytes = if meta.is_symlink() {
+                std::fs::read_link(path)
+                    .expect("link")
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else if meta.is_file() {
+                std::fs::read(path).expect("read")
+            } else {
+                Vec::new()
+            };
+            out.insert(path.to_path_buf(), Entry::of(&meta, bytes));
+            if meta.is_dir() {
+                for entry in std::fs::read_dir(path).expect("list") {
+                    walk(&entry.expect("entry").path(), out);
                 }
             }
         }
         let mut out = BTreeMap::new();
         walk(&self.root, &mut out);
+        self.let_the_clock_pass(&out);
         out
     }
+
+    /// Waits until a file written now gets a modification time later than every time in
+    /// `snapshot`: the kernel stamps files from a clock that advances only every few
+    /// milliseconds, so without this a rewrite soon after the snapshot could look untouched.
+    fn let_the_clock_pass(&self, snapshot: &Snapshot) {
+        let latest = snapshot
+            .values()
+            .map(|e| e.modified.max(e.changed))
+            .max()
+            .unwrap_or_default();
+        // Beside the board's tree, on the same filesystem, so it is stamped by the same clock.
+        let probe = self.dir.path().join("clock-probe");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            std::fs::write(&probe, b"tick").expect("probe");
+            let meta = std::fs::metadata(&probe).expect("probe");
+            if (meta.mtime(), meta.mtime_nsec()) > latest {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the filesystem clock did not move past {latest:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// An entry of the board's tree as far as a write can tell.
+#[derive(Debug, PartialEq, Eq)]
+struct Entry {
+    /// A file's contents, a symlink's target.
+    bytes: Vec<u8>,
+    /// Type and permissions.
+    mode: u32,
+    /// Device and inode: an atomic replacement (temporary file + rename) is a new inode even
+    /// with the same bytes.
+    inode: (u64, u64),
+    size: u64,
+    links: u64,
+    /// Seconds and nanoseconds: any write moves it, even of the same bytes (a directory's
+    /// when an entry is created, renamed or removed in it).
+    modified: (i64, i64),
+    /// Seconds and nanoseconds: moved by writes and by metadata changes (mode, owner, links).
+    changed: (i64, i64),
+}
+
+impl Entry {
+    fn of(meta: &std::fs::Metadata, bytes: Vec<u8>) -> Entry {
+        Entry {
+            bytes,
+            mode: meta.mode(),
+            inode: (meta.dev(), meta.ino()),
+            size: meta.size(),
+            links: meta.nlink(),
+            modified: (meta.mtime(), meta.mtime_nsec()),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+impl Entry {
+    /// What differs from `other`, in words (the bytes themselves would drown the message).
+    fn differences(&self, other: &Entry) -> String {
+        let mut out = Vec::new();
+        if self.bytes != other.bytes {
+            out.push("contents".to_string());
+        }
+        let pairs = [
+            ("mode", self.mode.to_string(), other.mode.to_string()),
+            (
+                "inode",
+                format!("{:?}", self.inode),
+                format!("{:?}", other.inode),
+            ),
+            ("size", self.size.to_string(), other.size.to_string()),
+            ("links", self.links.to_string(), other.links.to_string()),
+            (
+                "mtime",
+                format!("{:?}", self.modified),
+                format!("{:?}", other.modified),
+            ),
+            (
+                "ctime",
+                format!("{:?}", self.changed),
+                format!("{:?}", other.changed),
+            ),
+        ];
+        for (name, was, is) in pairs {
+            if was != is {
+                out.push(format!("{name} {was} -> {is}"));
+            }
+        }
+        out.join(", ")
+    }
+}
+
+type Snapshot = BTreeMap<PathBuf, Entry>;
+
+/// Fails naming every path that was created, removed or touched between two snapshots.
+fn assert_unchanged(before: &Snapshot, after: &Snapshot, what: &str) {
+    let paths: std::collections::BTreeSet<&PathBuf> = before.keys().chain(after.keys()).collect();
+    let touched: Vec<String> = paths
+        .into_iter()
+        .filter(|p| before.get(*p) != after.get(*p))
+        .map(|p| match (before.get(p), after.get(p)) {
+            (Some(_), None) => format!("removed {}", p.display()),
+            (None, Some(_)) => format!("created {}", p.display()),
+            (Some(b), Some(a)) => format!("touched {}: {}", p.display(), b.differences(a)),
+            (None, None) => unreachable!("a path from one of the snapshots"),
+        })
+        .collect();
+    assert!(touched.is_empty(), "{what}:\n{}", touched.join("\n"));
 }
 
 fn supervisor(args: &[&str]) -> Output {
@@ -124,7 +247,7 @@ fn assert_applied_then_idempotent(sim: &Sim) {
         "second run changed something:\n{}",
         text(&again.stdout)
     );
-    assert!(before == sim.snapshot(), "second run wrote to the board");
+    assert_unchanged(&before, &sim.snapshot(), "second run wrote to the board");
 }
 
 #[test]
@@ -192,7 +315,7 @@ fn dry_run_reports_the_plan_and_writes_nothing() {
         stdout.contains("would stage a bootloader update"),
         "{stdout}"
     );
-    assert!(before == sim.snapshot(), "dry run wrote to the board");
+    assert_unchanged(&before, &sim.snapshot(), "dry run wrote to the board");
 }
 
 #[test]
@@ -292,9 +415,10 @@ fn a_kernel_without_numa_emulation_gets_banklow_3_staged_for_the_next_boot() {
         "pending-reboot"
     );
     sim.apply();
-    assert!(
-        staged == sim.snapshot(),
-        "a staged update is not staged again"
+    assert_unchanged(
+        &staged,
+        &sim.snapshot(),
+        "a staged update is not staged again",
     );
 }
 
@@ -480,9 +604,10 @@ fn bad_config_files_exit_2_naming_file_key_and_line() {
     let out = sim.run(&["--config", file.to_str().expect("utf8"), "apply"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("turbo"));
-    assert!(
-        before == sim.snapshot(),
-        "nothing is applied with a bad configuration"
+    assert_unchanged(
+        &before,
+        &sim.snapshot(),
+        "nothing is applied with a bad configuration",
     );
 
     std::fs::write(&file, "[tuning\n").expect("write");

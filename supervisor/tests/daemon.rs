@@ -1,5 +1,6 @@
 //! `supervisor run` under a stand-in for systemd's notify socket: it tunes, reports READY,
-//! feeds the watchdog, repairs drift, and stops cleanly on SIGTERM.
+//! feeds the watchdog, repairs drift without holding up the dashboard however slow the board's
+//! writes, and stops cleanly on SIGTERM.
 
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
@@ -8,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+
+mod common;
 
 /// A simulated board, a notify socket, and `supervisor run` on them.
 struct Daemon {
@@ -113,5 +116,67 @@ fn run_repairs_drift_on_its_reverify_schedule() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert!(daemon.terminate().success());
+}
+
+#[test]
+fn slow_board_writes_while_drift_is_repaired_do_not_hold_up_the_dashboard() {
+    let port = common::free_port();
+    let daemon = start(
+        &format!(
+            "[daemon]\nreverify_interval_s = 1\n\n[dashboard]\nlisten = \"127.0.0.1:{port}\"\n"
+        ),
+        None,
+    );
+    daemon.receive_until("READY=1", Duration::from_secs(20));
+    // No model is installed: once the engine is published as blocked it writes nothing more,
+    // so every slow write below is the re-verification's.
+    let engine = daemon.root.join("run/appliance/engine.json");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
+    let asset = format!("http://127.0.0.1:{port}/assets/style.css");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&engine).is_ok_and(|s| s.contains("\"blocked\""))
+        || agent.get(&asset).call().is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the engine never blocked or the dashboard never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let stall = Duration::from_secs(3);
+    std::fs::write(
+        daemon.root.join(".appliance-sim-slow-writes"),
+        stall.as_millis().to_string(),
+    )
+    .expect("slow writes");
+    std::fs::write(daemon.governor(), "ondemand\n").expect("drift");
+    let drifted = Instant::now();
+    let mut slowest = Duration::ZERO;
+    while std::fs::read_to_string(daemon.governor())
+        .expect("read")
+        .trim()
+        != "performance"
+    {
+        assert!(
+            drifted.elapsed() < Duration::from_secs(30),
+            "the daemon did not restore the governor"
+        );
+        let asked = Instant::now();
+        agent.get(&asset).call().expect("the dashboard answers");
+        slowest = slowest.max(asked.elapsed());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The repair's write took the stall, so the dashboard was asked all through it.
+    assert!(drifted.elapsed() >= stall, "{:?}", drifted.elapsed());
+    assert!(
+        slowest < Duration::from_secs(1),
+        "the dashboard took {slowest:?} to answer while the board was slow"
+    );
+    std::fs::remove_file(daemon.root.join(".appliance-sim-slow-writes")).expect("fast again");
     assert!(daemon.terminate().success());
 }

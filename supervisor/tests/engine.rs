@@ -372,3 +372,64 @@ fn an_overclock_trial_compares_the_engine_output_with_the_one_taken_at_stock() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A long answer outlasts many health probes: a busy engine that makes progress is healthy, so
+/// the supervisor neither cuts the stream nor restarts the engine.
+#[test]
+fn a_long_streamed_answer_completes_under_the_supervisor() {
+    const PROBE_INTERVAL_S: u64 = 1;
+    let board = board_with_model();
+    let port = free_port();
+    let binary = engine_binary();
+    // One thread and a short probe deadline: the probe's own one-token completion could not
+    // possibly be answered while the answer is generated.
+    board.configure(&format!(
+        "binary = \"{}\"\nport = {port}\nthreads = 1\ncontext = 4096\n\
+         health_interval_s = {PROBE_INTERVAL_S}\nhealth_timeout_ms = 300\nrestart_backoff_ms = 100\n",
+        binary.display()
+    ));
+    let mut supervisor = board.run();
+    let ready = board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready");
+    let pid = pid_of(&ready);
+
+    let started = Instant::now();
+    let body = r#"{"prompt":"Once upon a time","max_tokens":1000,"temperature":0,"ignore_eos":true,"stream":true}"#;
+    let mut response = ureq::post(format!("http://127.0.0.1:{port}/v1/completions"))
+        .header("content-type", "application/json")
+        .send(body)
+        .expect("streamed completion");
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .expect("the whole stream");
+    let lasted = started.elapsed();
+    eprintln!("the 1000-token answer took {lasted:?}");
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(
+        events.last(),
+        Some(&"[DONE]"),
+        "the stream was cut: {text:.2000}"
+    );
+    let last: Value = serde_json::from_str(events[events.len() - 2]).expect("final chunk");
+    assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
+    assert_eq!(last["timings"]["predicted_n"], 1000, "{last}");
+    assert!(
+        lasted >= Duration::from_secs(5 * PROBE_INTERVAL_S),
+        "the answer took only {lasted:?}: too short to span several probes"
+    );
+    let engine = board.status()["engine"].clone();
+    assert_eq!(engine["state"], "ready", "{engine:#}");
+    assert_eq!(
+        engine["pid"].as_u64(),
+        Some(u64::from(pid)),
+        "restarted: {engine:#}"
+    );
+    assert_eq!(engine["restarts"], 0, "{engine:#}");
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}

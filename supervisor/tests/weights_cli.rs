@@ -51,6 +51,36 @@ fn installed_file(root: &str) -> PathBuf {
 fn the_default_model_is_fetched_installed_verified_and_gated() {
     let (_dir, root) = board();
     assert_eq!(status(&root)["model"]["state"], "not-installed");
+    // Nothing installed: `verify --installed` fails (1) and says how to install.
+    let out = run(&["--root", &root, "weights", "verify", "--installed"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("supervisor weights fetch-default"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&[
+        "--root",
+        &root,
+        "weights",
+        "verify",
+        "--installed",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["error"]["kind"], "not-installed", "{report}");
+    // One form or the other: bad input otherwise.
+    let out = run(&[
+        "--root",
+        &root,
+        "weights",
+        "verify",
+        "--installed",
+        "--manifest",
+        "m.toml",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 
     let cache = cache();
     let out = run(&[
@@ -93,6 +123,26 @@ fn the_default_model_is_fetched_installed_verified_and_gated() {
         &manifest,
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The same check without knowing where it went: the installed model, its installed manifest.
+    let out = run(&["--root", &root, "weights", "verify", "--installed"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with(&format!("{}: matches manifest smollm2", path.display())),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(&[
+        "--root",
+        &root,
+        "weights",
+        "verify",
+        "--installed",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["file"], path.to_str().expect("utf8"));
 
     // A second fetch finds it installed and writes nothing.
     let out = run(&[
@@ -152,6 +202,18 @@ fn the_default_model_is_fetched_installed_verified_and_gated() {
             .contains("chunk 2"),
         "{model}"
     );
+    let out = run(&[
+        "--root",
+        &root,
+        "weights",
+        "verify",
+        "--installed",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["error"]["kind"], "mismatch", "{report}");
+    assert_eq!(report["error"]["bad_chunk"]["index"], 2);
 }
 
 #[test]

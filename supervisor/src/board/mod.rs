@@ -182,6 +182,7 @@ impl Board {
             ));
         }
         if self.simulated {
+            sim_firmware::before_write(&self.root);
             return sim::kernel_write(&path, value).map_err(|e| self.err("writing", box_path, e));
         }
         fs::write(&path, value).map_err(|e| self.err("writing", box_path, e))
@@ -197,6 +198,7 @@ impl Board {
                 io::Error::new(io::ErrorKind::PermissionDenied, "file is read-only"),
             ));
         }
+        self.writing();
         durable::replace(&path, contents).map_err(|e| self.err("replacing", box_path, e))?;
         self.wrote();
         Ok(())
@@ -206,6 +208,7 @@ impl Board {
     /// file is already removed.
     pub fn remove_file(&self, box_path: &str) -> BoardResult<()> {
         let path = self.path(box_path);
+        self.writing();
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -216,6 +219,13 @@ impl Board {
         }
         self.wrote();
         Ok(())
+    }
+
+    /// A simulated board's writes may be slow (tests inject that).
+    fn writing(&self) {
+        if self.simulated {
+            sim_firmware::before_write(&self.root);
+        }
     }
 
     /// A simulated board may lose power after any durable write (tests inject that).

@@ -12,7 +12,10 @@
 //!   `miscompute_from_mhz` (the CPU silently computes wrong results), `hot_from_mhz` (the SoC
 //!   runs at 86 °C), `throttle_from_mhz` (the firmware caps the Arm clock);
 //! - `.appliance-sim-power-cut` holding N: the power fails right after the Nth durable write
-//!   from now (the process dies; `/run` and any reboot request are lost).
+//!   from now (the process dies; `/run` and any reboot request are lost);
+//! - `.appliance-sim-slow-writes` holding N: every write to the board (a kernel attribute, a
+//!   durable replacement or removal) takes N ms longer, as on a card or a kernel under I/O
+//!   pressure; read at each write, so a test can slow a running daemon down.
 
 use std::fs;
 use std::io;
@@ -28,6 +31,8 @@ const REBOOT_REQUESTED: &str = ".appliance-sim-reboot";
 pub const FAULTS: &str = ".appliance-sim-faults.toml";
 /// Durable writes left before the power fails.
 pub const POWER_CUT: &str = ".appliance-sim-power-cut";
+/// Milliseconds every write to the board is held up.
+pub const SLOW_WRITES: &str = ".appliance-sim-slow-writes";
 /// Present while the CPU miscomputes; holds the bits it flips.
 const CPU_FAULT: &str = ".appliance-sim-cpu-fault";
 /// One line per boot.
@@ -75,6 +80,16 @@ pub fn after_durable_write(root: &Path) {
         std::process::exit(POWER_CUT_EXIT);
     }
     let _ = fs::write(&path, format!("{}\n", left - 1));
+}
+
+/// Holds up the calling thread as long as an injected slow-write fault says.
+pub fn before_write(root: &Path) {
+    let Ok(text) = fs::read_to_string(root.join(SLOW_WRITES)) else {
+        return;
+    };
+    if let Ok(ms) = text.trim().parse::<u64>() {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// The machine goes down for a reboot (systemd would now stop every service).

@@ -88,21 +88,24 @@ pub struct App {
 }
 
 impl App {
-    /// The status document as `supervisor status --json` prints it, from the daemon's state.
+    /// The status document as `supervisor status --json` prints it at the same moment: the
+    /// steps observed now in the words of the daemon's last pass (as `status` reads it from the
+    /// published file), the daemon's model verdict and engine state.
     pub fn status(&self) -> Status {
         let tuned = self.sources.tuned.borrow().clone();
+        let (board, config) = (&self.sources.board, &self.sources.config);
+        let backend = crate::tune::Backend::resolve(config.tuning.engine.backend, board);
+        let steps = crate::tune::status_after(
+            board,
+            &crate::tune::steps(config, backend),
+            Some(&tuned.steps),
+        );
         let mut engine = self.sources.engine.borrow().clone();
         // `status` computes the uptime when it reads the published file; so does this.
         engine.uptime_s = engine
             .ready_unix
             .map(|t| weights::install::now_unix().saturating_sub(t));
-        crate::report::collect(
-            &self.sources.board,
-            &self.sources.config,
-            tuned.model,
-            tuned.steps,
-            engine,
-        )
+        crate::report::collect(board, config, tuned.model, steps, engine)
     }
 
     fn status_value(&self) -> serde_json::Value {

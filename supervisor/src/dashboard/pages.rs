@@ -111,6 +111,9 @@ pub struct Overview<'a> {
     pub csrf: &'a str,
     /// The loopback notice, if any (already HTML).
     pub notice: String,
+    /// Whether the page is behind a login: without a password there is nothing to log out of
+    /// (the next page would open a new session anyway), so no "Log out" button.
+    pub login: bool,
     /// Live-sample number the page was rendered at.
     pub seq: u64,
 }
@@ -131,16 +134,22 @@ pub fn overview(o: &Overview) -> String {
     } else {
         ""
     };
+    let logout = if o.login {
+        format!(
+            "<form method=\"post\" action=\"/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <button type=\"submit\" id=\"logout\">Log out</button></form>",
+            escape(o.csrf)
+        )
+    } else {
+        String::new()
+    };
     let _ = write!(
         html,
         "<header><h1>Appliance</h1><span class=\"board\">{}{simulated}</span>\
          <span class=\"live\">live update <span id=\"live-seq\">{}</span> \
-         <span id=\"live-state\">connecting…</span></span>\
-         <form method=\"post\" action=\"/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-         <button type=\"submit\" id=\"logout\">Log out</button></form></header><main>{}",
+         <span id=\"live-state\">connecting…</span></span>{logout}</header><main>{}",
         escape(model),
         o.seq,
-        escape(o.csrf),
         o.notice
     );
     html.push_str("<section><h2>Health</h2><ul class=\"health\">");
@@ -225,12 +234,41 @@ mod tests {
             charts: &[],
             csrf: "\"><x",
             notice: String::new(),
+            login: true,
             seq: 1,
         });
         for raw in ["<script>alert", "<img>", "<b>log", "\"><x", "gov<"] {
             assert!(!page.contains(raw), "{raw} unescaped");
         }
         assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    }
+
+    #[test]
+    fn log_out_is_offered_only_behind_a_login() {
+        let status = json!({ "board": { "model": "Raspberry Pi 5" } });
+        let page = |login: bool| {
+            overview(&Overview {
+                status: &status,
+                fields: &[],
+                charts: &[],
+                csrf: "token",
+                notice: String::new(),
+                login,
+                seq: 1,
+            })
+        };
+        for needle in ["id=\"logout\"", "action=\"/logout\"", "Log out"] {
+            assert!(
+                page(true).contains(needle),
+                "{needle} missing behind a login"
+            );
+            assert!(
+                !page(false).contains(needle),
+                "{needle} shown without a login"
+            );
+        }
+        // The CSRF token the page's scripts send is still there without a login.
+        assert!(page(false).contains("name=\"csrf-token\" content=\"token\""));
     }
 
     #[test]

@@ -177,6 +177,7 @@ async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Res
         charts: &charts,
         csrf: &session.csrf,
         notice: pages::loopback_notice(app.open, app.bound),
+        login: !app.open,
         seq,
     });
     let mut response = Html(page).into_response();

@@ -1,17 +1,24 @@
-//! The engine process: spawned without a shell, tied to the supervisor's life, its output
-//! captured line by line, stopped with SIGTERM and then SIGKILL.
+//! Every engine process starts here: the supervised `engine serve` and the overclock check's
+//! one-shot `engine generate` alike are spawned without a shell, tied to the supervisor's life
+//! and moved into the engine's cgroup slice before they are handed back. The server's output is
+//! captured line by line; it is stopped with SIGTERM and then SIGKILL.
 
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use super::launch::Launch;
 use super::logs::LogRing;
+use crate::board::{Board, paths};
+use crate::config::Config;
 
 /// A running engine process.
 pub struct Running {
@@ -20,34 +27,22 @@ pub struct Running {
     pub pid: u32,
 }
 
-/// Starts `launch`. The child gets SIGTERM if the supervisor dies, even by SIGKILL, so no
-/// engine outlives the supervisor that owns it.
-pub fn spawn(launch: &Launch, logs: &Arc<LogRing>) -> Result<Running, String> {
-    let mut command = Command::new(&launch.program);
+/// The command every engine process is started from: arguments as a vector, nothing on stdin,
+/// output piped to the supervisor, and SIGTERM when the supervisor dies, even by SIGKILL.
+fn command(program: &Path, args: &[OsString]) -> std::process::Command {
+    let mut command = std::process::Command::new(program);
     command
-        .args(&launch.args)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .stderr(Stdio::piped());
     tie_to_parent(&mut command);
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", launch.program.display()))?;
-    let pid = child
-        .id()
-        .ok_or_else(|| "the engine exited before its pid was read".to_string())?;
-    if let Some(out) = child.stdout.take() {
-        tokio::spawn(capture(out, Arc::clone(logs)));
-    }
-    if let Some(err) = child.stderr.take() {
-        tokio::spawn(capture(err, Arc::clone(logs)));
-    }
-    Ok(Running { child, pid })
+    command
 }
 
 #[allow(unsafe_code)]
-fn tie_to_parent(command: &mut Command) {
+fn tie_to_parent(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
     let parent = nix::unistd::getpid();
     // SAFETY: the closure runs in the forked child before exec and only makes the
     // async-signal-safe calls prctl, getppid and kill.
@@ -61,6 +56,59 @@ fn tie_to_parent(command: &mut Command) {
             Ok(())
         });
     }
+}
+
+/// Moves `pid` into the engine's slice, where its CPU weight and memory limits hold.
+fn place_in_cgroup(board: &Board, config: &Config, pid: u32) -> Result<(), String> {
+    let slice = config.tuning.engine.slice.cgroup_path();
+    let procs = format!("{}/{slice}/cgroup.procs", paths::CGROUP_ROOT);
+    board
+        .write_attribute(&procs, &pid.to_string())
+        .map_err(|e| format!("not started: cannot put it in its cgroup: {e}"))
+}
+
+/// Starts `launch` in the engine's slice.
+///
+/// Call it from the runtime's own thread, never from a `spawn_blocking` one: the kernel sends
+/// the parent-death signal when the *thread* that forked the child ends, and an idle blocking
+/// thread ends after a few seconds, which would take a healthy engine down with it.
+pub async fn spawn(
+    board: &Board,
+    config: &Config,
+    launch: &Launch,
+    logs: &Arc<LogRing>,
+) -> Result<Running, String> {
+    let mut command = tokio::process::Command::from(command(&launch.program, &launch.args));
+    command.kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", launch.program.display()))?;
+    let pid = child
+        .id()
+        .ok_or_else(|| "the engine exited before its pid was read".to_string())?;
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(capture(out, Arc::clone(logs)));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(capture(err, Arc::clone(logs)));
+    }
+    // Moving a process between cgroups can wait on the kernel for a while (and a simulated
+    // board's writes can be made slow): not on the thread the dashboard and probes share.
+    let (board, config) = (board.clone(), config.clone());
+    let placed = tokio::task::spawn_blocking(move || place_in_cgroup(&board, &config, pid))
+        .await
+        .unwrap_or_else(|e| {
+            Err(format!(
+                "not started: placing it in its cgroup crashed: {e}"
+            ))
+        });
+    if let Err(e) = placed {
+        // It has only just started: nothing to shut down gracefully.
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        return Err(e);
+    }
+    Ok(Running { child, pid })
 }
 
 async fn capture(stream: impl AsyncRead + Unpin, logs: Arc<LogRing>) {
@@ -95,6 +143,83 @@ impl Running {
             }
         }
     }
+}
+
+/// How a one-shot engine command ended, with everything it printed.
+pub struct Finished {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Its standard output.
+    pub stdout: Vec<u8>,
+    /// Its standard error.
+    pub stderr: Vec<u8>,
+}
+
+/// Runs a one-shot engine command (`engine generate`) to its end, in the engine's slice like
+/// the server; it is killed when `stop` says so or after `limit`. Blocking: the calling thread
+/// waits here for the child, and must, since the parent-death signal is tied to it.
+pub fn run_to_end(
+    board: &Board,
+    config: &Config,
+    program: &Path,
+    args: &[OsString],
+    limit: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Result<Finished, String> {
+    let mut child = command(program, args)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+    // Both pipes are drained while the engine runs, so a chatty engine cannot block on them.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let finish = |child: &mut std::process::Child, why: String| {
+        let _ = child.kill();
+        let _ = child.wait();
+        Err(why)
+    };
+    if let Err(e) = place_in_cgroup(board, config, child.id()) {
+        return finish(&mut child, e);
+    }
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline && !stop() => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Ok(None) if stop() => {
+                return finish(&mut child, "stopped (abort or shutdown)".into());
+            }
+            Ok(None) => {
+                return finish(&mut child, format!("no answer in {} s", limit.as_secs()));
+            }
+            Err(e) => return finish(&mut child, format!("waiting for the engine: {e}")),
+        }
+    };
+    Ok(Finished {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
 }
 
 fn describe(status: std::io::Result<ExitStatus>) -> String {

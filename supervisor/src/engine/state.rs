@@ -122,7 +122,7 @@ pub fn read_status(board: &Board, model_id: &str) -> EngineStatus {
 }
 
 /// Whether process `pid` exists.
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     let Ok(pid) = i32::try_from(pid) else {
         return false;
     };

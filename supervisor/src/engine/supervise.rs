@@ -12,7 +12,7 @@ use super::logs::LogRing;
 use super::probe::{self, Health};
 use super::process::{self, Running};
 use super::state::{EngineStatus, Phase};
-use crate::board::{Board, paths};
+use crate::board::Board;
 use crate::config::Config;
 
 /// How long the engine gets to exit after SIGTERM before SIGKILL.
@@ -182,7 +182,8 @@ impl Supervisor {
 
     async fn run_once(&mut self, launch: &Launch) -> Outcome {
         let mut shutdown = self.shutdown.clone();
-        let mut running = match process::spawn(launch, &self.logs) {
+        let spawned = process::spawn(&self.board, &self.config, launch, &self.logs).await;
+        let mut running = match spawned {
             Ok(running) => running,
             Err(reason) => {
                 return Outcome::Failed {
@@ -198,14 +199,6 @@ impl Supervisor {
             "engine started: {}",
             launch.program.display()
         );
-        if let Err(e) = self.place_in_cgroup(running.pid) {
-            let exit = running.stop(STOP_GRACE).await;
-            return self.failed(
-                format!("not started: cannot put it in its cgroup: {e}"),
-                exit,
-                false,
-            );
-        }
         self.set(Phase::Starting, format!("loading {}", self.config.model.id));
 
         let started = Instant::now();
@@ -247,6 +240,7 @@ impl Supervisor {
         let mut probes = tokio::time::interval(interval);
         probes.tick().await;
         let mut failed_probes = 0;
+        let mut last_seen = Some(health);
         loop {
             tokio::select! {
                 exit = running.exited() => {
@@ -255,14 +249,13 @@ impl Supervisor {
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
                 _ = probes.tick() => {
-                    let probe = blocking(move || {
-                        probe::complete_one_token(port, timeout)?;
-                        probe::health(port, timeout)
-                    });
+                    let previous = last_seen;
+                    let probe = blocking(move || probe::check(port, timeout, previous.as_ref()));
                     match probe.await {
                         Ok(health) => {
                             failed_probes = 0;
                             self.record(&health);
+                            last_seen = Some(health);
                             self.set(Phase::Ready, "serving".into());
                         }
                         Err(e) => {
@@ -278,14 +271,6 @@ impl Supervisor {
                 }
             }
         }
-    }
-
-    fn place_in_cgroup(&self, pid: u32) -> Result<(), String> {
-        let slice = self.config.tuning.engine.slice.cgroup_path();
-        let procs = format!("{}/{slice}/cgroup.procs", paths::CGROUP_ROOT);
-        self.board
-            .write_attribute(&procs, &pid.to_string())
-            .map_err(|e| e.to_string())
     }
 
     fn record(&mut self, health: &Health) {

@@ -2,8 +2,7 @@
 //! configured time while the temperature and the firmware's throttle bits are sampled, then the
 //! engine's greedy output for a fixed prompt, hashed and compared with the one taken at stock.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
+use std::ffi::OsString;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -12,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::load::{ANSWERS, unit_answer};
 use crate::board::Board;
 use crate::config::Config;
+use crate::tune;
 
 /// Live and sticky under-voltage, frequency cap, throttling and soft temperature limit.
 const THROTTLE_MASK: u32 = 0x000f_000f;
@@ -205,67 +205,70 @@ fn engine_output_sha256(
 ) -> Result<String, String> {
     let approved = crate::model::check(board, config, crate::model::reverify(config))
         .map_err(|e| format!("model {} not usable: {e}", config.model.id))?;
-    let program = crate::engine::binary(config);
+    engine_cgroup(board, config)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut child = Command::new(&program)
-        .arg("generate")
-        .arg("--model")
-        .arg(&approved.path)
-        .args(["--prompt", ENGINE_PROMPT, "--temp", "0", "--json"])
-        .args(["--n-predict", &config.overclock.engine_tokens.to_string()])
-        .args(["--threads", &threads.to_string(), "--ctx-size", "512"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
-    // Both pipes are drained while the engine runs, so a chatty engine cannot block on them.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut bytes);
-            }
-            bytes
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + ENGINE_DEADLINE;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if Instant::now() < deadline && !stop() => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(if stop() {
-                    "stopped (abort or shutdown)".to_string()
-                } else {
-                    format!("no answer in {} s", ENGINE_DEADLINE.as_secs())
-                });
-            }
-            Err(e) => return Err(format!("waiting for the engine: {e}")),
-        }
-    };
-    let stdout = stdout.join().unwrap_or_default();
-    let stderr = stderr.join().unwrap_or_default();
-    if !status.success() {
-        let stderr = String::from_utf8_lossy(&stderr);
-        let last = stderr.lines().last().unwrap_or("").trim();
-        return Err(format!("engine generate failed ({status}): {last}"));
+    let mut args: Vec<OsString> = vec!["generate".into(), "--model".into()];
+    args.push(approved.path.clone().into_os_string());
+    let tokens = config.overclock.engine_tokens.to_string();
+    let threads = threads.to_string();
+    for arg in [
+        "--prompt",
+        ENGINE_PROMPT,
+        "--temp",
+        "0",
+        "--json",
+        "--n-predict",
+        &tokens,
+        "--threads",
+        &threads,
+        "--ctx-size",
+        "512",
+    ] {
+        args.push(arg.into());
     }
-    Ok(weights::hash::to_hex(&weights::hash::sha256(&stdout)))
+    let program = crate::engine::binary(config);
+    let finished =
+        crate::engine::run_to_end(board, config, &program, &args, ENGINE_DEADLINE, stop)?;
+    if !finished.status.success() {
+        let stderr = String::from_utf8_lossy(&finished.stderr);
+        let last = stderr.lines().last().unwrap_or("").trim();
+        return Err(format!(
+            "engine generate failed ({}): {last}",
+            finished.status
+        ));
+    }
+    Ok(weights::hash::to_hex(&weights::hash::sha256(
+        &finished.stdout,
+    )))
+}
+
+/// Brings the engine's cgroup (the slice and its limits) into the tuned state for the check's
+/// engine: at a trial boot the check runs before the daemon tunes anything, and cgroups do not
+/// survive a reboot. The tuning steps are async (systemd is reached over D-Bus), and this runs
+/// on a blocking thread or in a plain CLI command, so on a runtime of its own.
+fn engine_cgroup(board: &Board, config: &Config) -> Result<(), String> {
+    let backend = tune::Backend::resolve(config.tuning.engine.backend, board);
+    let steps: Vec<_> = tune::steps(config, backend)
+        .into_iter()
+        .filter(|step| step.name().starts_with("cgroup."))
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot set up the engine's cgroup: no async runtime: {e}"))?;
+    let reports = runtime.block_on(async {
+        let applier = crate::commands::applier_for(board, backend).await;
+        tune::apply(board, &steps, &applier, false).await
+    });
+    // The limits' own failures are logged by the pass; only a missing slice keeps the engine out.
+    match reports
+        .iter()
+        .find(|r| r.name == "cgroup.slice" && r.state == tune::State::Failed)
+    {
+        Some(r) => Err(format!(
+            "the engine's cgroup cannot be set up: {}",
+            r.reason
+        )),
+        None => Ok(()),
+    }
 }

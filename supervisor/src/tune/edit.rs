@@ -111,35 +111,38 @@ impl<'a> Applier<'a> {
         self.systemd.as_ref().map_err(Clone::clone)
     }
 
-    /// Carries out one edit.
+    /// Carries out one edit. The board's edits run on a blocking thread (see [`super::apply`]):
+    /// a boot file's fsync, a cgroup write that reclaims memory first, or swapoff, which can
+    /// take minutes on a full swap area, must not hold up the runtime (and the watchdog).
     pub async fn apply(&self, edit: &Edit) -> Result<(), String> {
-        let board = self.board;
         match edit {
-            Edit::WriteAttribute { path, value } => board
-                .write_attribute(path, value)
-                .map_err(|e| e.to_string()),
-            Edit::ReplaceFile { path, contents } => board
-                .replace_file(path, contents.as_bytes())
-                .map_err(|e| e.to_string()),
-            Edit::CreateCgroup { path } => board.create_cgroup(path).map_err(|e| e.to_string()),
-            Edit::SwapOff { device } => {
-                // swapoff can take minutes on a full swap area; keep the runtime (and with it
-                // the watchdog) free meanwhile.
-                let (board, device) = (board.clone(), device.clone());
-                tokio::task::spawn_blocking(move || board.swap_off(&device))
-                    .await
-                    .map_err(|e| format!("swapoff task: {e}"))?
-                    .map_err(|e| e.to_string())
-            }
-            Edit::StageBootloaderConfig { config } => board
-                .stage_bootloader_config(config)
-                .map_err(|e| e.to_string()),
             Edit::StartUnit { unit } => within_deadline(self.systemd()?.start_unit(unit)).await,
             Edit::SetUnitProperties { unit, properties } => {
                 within_deadline(self.systemd()?.set_unit_properties(unit, properties)).await
             }
+            _ => {
+                let (board, edit) = (self.board.clone(), edit.clone());
+                tokio::task::spawn_blocking(move || on_board(&board, &edit))
+                    .await
+                    .map_err(|e| format!("the board task crashed: {e}"))?
+            }
         }
     }
+}
+
+/// Carries out an edit of the board itself.
+fn on_board(board: &Board, edit: &Edit) -> Result<(), String> {
+    let done = match edit {
+        Edit::WriteAttribute { path, value } => board.write_attribute(path, value),
+        Edit::ReplaceFile { path, contents } => board.replace_file(path, contents.as_bytes()),
+        Edit::CreateCgroup { path } => board.create_cgroup(path),
+        Edit::SwapOff { device } => board.swap_off(device),
+        Edit::StageBootloaderConfig { config } => board.stage_bootloader_config(config),
+        Edit::StartUnit { .. } | Edit::SetUnitProperties { .. } => {
+            return Err(format!("{edit} is systemd's to carry out"));
+        }
+    };
+    done.map_err(|e| e.to_string())
 }
 
 /// A systemd call that does not answer within this time fails the step instead of stalling the

@@ -11,9 +11,12 @@ mod cgroup;
 mod cmdline;
 mod edit;
 mod governor;
+pub mod last_pass;
 mod swap;
 
-use serde::Serialize;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 pub use edit::{Applier, Edit, UnitProperty};
 
@@ -21,7 +24,7 @@ use crate::board::{Board, BoardError};
 use crate::config::{CgroupBackend, Config};
 
 /// Where a step stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum State {
     /// Already as desired; nothing was written.
@@ -39,7 +42,7 @@ pub enum State {
 }
 
 /// What one step found, did and read back.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepReport {
     /// Stable step name, e.g. `governor` or `cgroup.cpu_weight`.
     pub name: String,
@@ -93,15 +96,16 @@ pub trait Step {
     fn plan(&self, observed: &Self::Observed) -> Plan;
 }
 
-/// A step with its observation type erased, so steps of all kinds run in one list.
-pub trait Evaluate {
+/// A step with its observation type erased, so steps of all kinds run in one list. Shared with
+/// the blocking threads that observe the board, hence `Send + Sync`.
+pub trait Evaluate: Send + Sync {
     /// Stable name for reports.
     fn name(&self) -> &'static str;
     /// Observe and plan; an unreadable board becomes a `Failed` plan naming the file.
     fn evaluate(&self, board: &Board) -> Plan;
 }
 
-impl<S: Step> Evaluate for S {
+impl<S: Step + Send + Sync> Evaluate for S {
     fn name(&self) -> &'static str {
         Step::name(self)
     }
@@ -146,34 +150,70 @@ impl Backend {
 }
 
 /// The steps of the tuned state, in the order they are applied.
-pub fn steps(config: &Config, backend: Backend) -> Vec<Box<dyn Evaluate>> {
+pub fn steps(config: &Config, backend: Backend) -> Vec<Arc<dyn Evaluate>> {
     let tuning = &config.tuning;
     let engine = || cgroup::Target::new(&tuning.engine, backend);
     vec![
-        Box::new(cmdline::MemoryCgroup),
-        Box::new(governor::GovernorStep {
+        Arc::new(cmdline::MemoryCgroup),
+        Arc::new(governor::GovernorStep {
             desired: tuning.governor,
         }),
-        Box::new(cgroup::SliceStep(engine())),
-        Box::new(cgroup::CpuWeightStep(engine())),
-        Box::new(cgroup::MemoryMaxStep(engine())),
-        Box::new(cgroup::SwapMaxStep(engine())),
-        Box::new(cgroup::MemoryLowStep(engine())),
-        Box::new(swap::SystemSwapStep {
+        Arc::new(cgroup::SliceStep(engine())),
+        Arc::new(cgroup::CpuWeightStep(engine())),
+        Arc::new(cgroup::MemoryMaxStep(engine())),
+        Arc::new(cgroup::SwapMaxStep(engine())),
+        Arc::new(cgroup::MemoryLowStep(engine())),
+        Arc::new(swap::SystemSwapStep {
             desired: tuning.system_swap,
         }),
-        Box::new(bootloader::BankLowStep {
+        Arc::new(bootloader::BankLowStep {
             desired: tuning.sdram_banklow,
         }),
     ]
 }
 
 /// Reports where every step stands without changing anything.
-pub fn status(board: &Board, steps: &[Box<dyn Evaluate>]) -> Vec<StepReport> {
+pub fn status(board: &Board, steps: &[Arc<dyn Evaluate>]) -> Vec<StepReport> {
     steps
         .iter()
         .map(|step| report_unapplied(step.name(), step.evaluate(board)))
         .collect()
+}
+
+/// Where every step stands now, in the words of the last pass that tuned the board (the
+/// running daemon's, at start or its last re-verification), so that `status` and the dashboard
+/// say the same thing at the same moment. See [`carry`].
+pub fn status_after(
+    board: &Board,
+    steps: &[Arc<dyn Evaluate>],
+    last_pass: Option<&[StepReport]>,
+) -> Vec<StepReport> {
+    status(board, steps)
+        .into_iter()
+        .map(|now| {
+            let before = last_pass.and_then(|p| p.iter().find(|r| r.name == now.name));
+            carry(now, before)
+        })
+        .collect()
+}
+
+/// A step as observed now, told in the words of the last pass while the board is still as that
+/// pass left it: `applied` (that pass wrote it, and it still reads back as desired) rather than
+/// `in-place`, and `failed` with that pass's reason (it tried and could not) rather than
+/// `needs-apply`. Anything else the observation says is newer than the pass and wins: drift since
+/// shows as `needs-apply`, a repair by hand as `in-place`.
+fn carry(now: StepReport, before: Option<&StepReport>) -> StepReport {
+    let Some(before) = before.filter(|b| b.desired == now.desired) else {
+        return now;
+    };
+    match (now.state, before.state) {
+        (State::InPlace, State::Applied) | (State::NeedsApply, State::Failed) => StepReport {
+            state: before.state,
+            reason: before.reason.clone(),
+            ..now
+        },
+        _ => now,
+    }
 }
 
 fn report_unapplied(name: &str, plan: Plan) -> StepReport {
@@ -205,19 +245,23 @@ const SETTLE_ATTEMPTS: u32 = 20;
 const SETTLE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Applies every step in order and verifies each by reading back. With `dry_run`, only plans.
+/// Every read and write of the board runs on a blocking thread, one at a time: the daemon's
+/// runtime thread also serves the dashboard, probes the engine and feeds the watchdog, and a
+/// board call can stall (a slow card under a boot file's fsync, a lowered `memory.max`
+/// reclaiming first). A pass dropped half-way leaves every write it made whole.
 pub async fn apply(
     board: &Board,
-    steps: &[Box<dyn Evaluate>],
+    steps: &[Arc<dyn Evaluate>],
     applier: &Applier<'_>,
     dry_run: bool,
 ) -> Vec<StepReport> {
     let mut reports = Vec::with_capacity(steps.len());
     for step in steps {
-        let plan = step.evaluate(board);
+        let plan = evaluate(board, step).await;
         let report = match plan.verdict {
             Verdict::Change(ref edits) if !dry_run => {
                 let edits = edits.clone();
-                apply_and_verify(board, step.as_ref(), plan, &edits, applier).await
+                apply_and_verify(board, step, plan, &edits, applier).await
             }
             _ => report_unapplied(step.name(), plan),
         };
@@ -227,9 +271,21 @@ pub async fn apply(
     reports
 }
 
+/// Observes and plans one step off the runtime thread.
+async fn evaluate(board: &Board, step: &Arc<dyn Evaluate>) -> Plan {
+    let (board, observer) = (board.clone(), Arc::clone(step));
+    tokio::task::spawn_blocking(move || observer.evaluate(&board))
+        .await
+        .unwrap_or_else(|e| Plan {
+            desired: String::from("?"),
+            effective: String::from("unreadable"),
+            verdict: Verdict::Failed(format!("observing {} crashed: {e}", step.name())),
+        })
+}
+
 async fn apply_and_verify(
     board: &Board,
-    step: &dyn Evaluate,
+    step: &Arc<dyn Evaluate>,
     before: Plan,
     edits: &[Edit],
     applier: &Applier<'_>,
@@ -237,7 +293,7 @@ async fn apply_and_verify(
     let name = step.name().to_string();
     for edit in edits {
         if let Err(e) = applier.apply(edit).await {
-            let after = step.evaluate(board);
+            let after = evaluate(board, step).await;
             return StepReport {
                 name,
                 desired: before.desired,
@@ -247,13 +303,13 @@ async fn apply_and_verify(
             };
         }
     }
-    let mut after = step.evaluate(board);
+    let mut after = evaluate(board, step).await;
     for _ in 1..SETTLE_ATTEMPTS {
         if !matches!(after.verdict, Verdict::Change(_)) {
             break;
         }
         tokio::time::sleep(SETTLE_INTERVAL).await;
-        after = step.evaluate(board);
+        after = evaluate(board, step).await;
     }
     let done = describe(edits);
     let (state, reason) = match after.verdict {
@@ -299,4 +355,41 @@ fn log(report: &StepReport) {
 /// Whether a run succeeded: no step failed.
 pub fn all_succeeded(reports: &[StepReport]) -> bool {
     reports.iter().all(|r| r.state != State::Failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(state: State, desired: &str, reason: &str) -> StepReport {
+        StepReport {
+            name: "governor".into(),
+            desired: desired.into(),
+            effective: "performance".into(),
+            state,
+            reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn the_last_pass_names_what_it_did_while_the_board_is_as_it_left_it() {
+        let wrote = report(State::Applied, "performance", "write performance to …");
+        let now = report(State::InPlace, "performance", "");
+        assert_eq!(carry(now.clone(), Some(&wrote)), wrote);
+        assert_eq!(
+            carry(now.clone(), None),
+            now,
+            "no daemon: the board as observed"
+        );
+
+        let could_not = report(State::Failed, "performance", "could not write: read-only");
+        let still_wrong = report(State::NeedsApply, "performance", "would write performance");
+        assert_eq!(carry(still_wrong.clone(), Some(&could_not)), could_not);
+
+        // Newer than the pass: drift since it, a repair by hand, another configuration.
+        assert_eq!(carry(still_wrong.clone(), Some(&wrote)), still_wrong);
+        assert_eq!(carry(now.clone(), Some(&could_not)), now);
+        let other = report(State::Applied, "powersave", "write powersave to …");
+        assert_eq!(carry(now.clone(), Some(&other)), now);
+    }
 }
