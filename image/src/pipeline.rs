@@ -694,19 +694,35 @@ mod tests {
 
     #[test]
     fn a_partition_lands_at_its_offset_and_zeros_stay_holes() {
+        use std::os::unix::fs::MetadataExt;
+
+        const MIB: usize = 1 << 20;
         let dir = tempfile::tempdir().expect("tempdir");
         let (part, disk) = (dir.path().join("p"), dir.path().join("d"));
-        let mut content = vec![0u8; 3 << 20];
+        // Three MiB, the middle one all zeros: written, it would take a MiB on the host.
+        let mut content = vec![0u8; 3 * MIB];
         content[5] = 7;
-        content[(2 << 20) + 9] = 9;
+        content[2 * MIB + 9] = 9;
         std::fs::write(&part, &content).expect("part");
         std::fs::File::create(&disk)
-            .and_then(|f| f.set_len(8 << 20))
+            .and_then(|f| f.set_len(8 * MIB as u64))
             .expect("disk");
-        place(&part, &disk, 4 << 20).expect("placed");
+        place(&part, &disk, 4 * MIB as u64).expect("placed");
+
+        let mut expected = vec![0u8; 8 * MIB];
+        expected[4 * MIB..7 * MIB].copy_from_slice(&content);
         let written = std::fs::read(&disk).expect("read");
-        assert_eq!(written[(4 << 20) + 5], 7);
-        assert_eq!(written[(6 << 20) + 9], 9);
-        assert_eq!(written.iter().filter(|&&b| b != 0).count(), 2);
+        assert_eq!(written.len(), expected.len(), "the disk keeps its size");
+        assert!(
+            written == expected,
+            "the disk holds the partition at its offset"
+        );
+        // Only the two MiB with data are allocated (st_blocks counts 512-byte units, plus a
+        // few blocks of the host filesystem's own metadata): the zero MiB is a hole.
+        let allocated = std::fs::metadata(&disk).expect("stat").blocks() * 512;
+        assert!(
+            allocated <= (2 * MIB + MIB / 4) as u64,
+            "{allocated} bytes allocated for 2 MiB of data"
+        );
     }
 }
