@@ -11,6 +11,19 @@ use std::path::Path;
 
 /// Replaces `path` with `contents` atomically, keeping the old file's permissions when it had one.
 pub fn replace(path: &Path, contents: &[u8]) -> io::Result<()> {
+    let mode = fs::metadata(path)
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))
+        .unwrap_or(0o644);
+    replace_with_mode(path, contents, mode)
+}
+
+/// Replaces `path` atomically with a file only its owner can read or write (keys, secrets):
+/// the contents are never readable by others, not even in the temporary file.
+pub fn replace_private(path: &Path, contents: &[u8]) -> io::Result<()> {
+    replace_with_mode(path, contents, 0o600)
+}
+
+fn replace_with_mode(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -23,9 +36,8 @@ pub fn replace(path: &Path, contents: &[u8]) -> io::Result<()> {
     tmp_name.push(format!(".tmp-{}", std::process::id()));
     let tmp = dir.join(tmp_name);
 
-    let mode = fs::metadata(path)
-        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()))
-        .unwrap_or(0o644);
+    // A stale temporary file from a crash would keep its old mode through `open`.
+    let _ = fs::remove_file(&tmp);
     let result = (|| {
         let mut file = OpenOptions::new()
             .write(true)
@@ -84,6 +96,18 @@ mod tests {
         replace(&target, b"new").expect("replace");
         let mode = fs::metadata(&target).expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn private_files_are_owner_only_from_the_start() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("key");
+        fs::write(&target, "old").expect("seed");
+        replace_private(&target, b"secret").expect("replace");
+        let mode = fs::metadata(&target).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(fs::read_to_string(&target).expect("read"), "secret");
     }
 
     #[test]

@@ -87,6 +87,38 @@ pub fn sim_boot(dir: &Path) -> ExitCode {
     }
 }
 
+/// `supervisor provision apply [--json]`: needs only the board, not the configuration (which
+/// provisioning feeds).
+pub fn provision_apply(root: &Path, json: bool) -> ExitCode {
+    use crate::provision::Outcome;
+    let board = match Board::open(root) {
+        Ok(board) => board,
+        Err(e) => return bad_input(e),
+    };
+    let report = match crate::provision::apply(&board) {
+        Ok(report) => report,
+        Err(e) => return bad_input(format!("provisioning: {e}")),
+    };
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return bad_input(format!("cannot encode the report: {e}")),
+        }
+    } else {
+        print!("{}", report::provision_text(&report.record));
+    }
+    if report.outcome == Outcome::Rejected {
+        eprintln!(
+            "error: provisioning file refused, nothing applied: {}",
+            report.message
+        );
+        ExitCode::from(EXIT_FAILED)
+    } else {
+        eprintln!("{}", report.message);
+        ExitCode::SUCCESS
+    }
+}
+
 /// `supervisor overclock status [--json]`.
 pub fn overclock_status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
     let (board, config) = match load(root, config) {
@@ -224,6 +256,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         }
     } else {
         print!("{}", report::facts_text(&status.board, status.simulated));
+        print!("{}", report::provision_text(&status.provision));
         let m = &status.model;
         println!(
             "model: {} {} {}",

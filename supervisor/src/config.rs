@@ -655,11 +655,21 @@ impl Config {
 
     /// Reads files in order, each later one overriding the earlier ones key by key.
     pub fn from_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
+        let layers = files
+            .iter()
+            .map(|file| Ok((file.clone(), read_table(file)?)))
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        Self::from_layers(layers)
+    }
+
+    /// Lays tables over each other in order; each is named by the file it came from.
+    fn from_layers(layers: Vec<(PathBuf, toml::Table)>) -> Result<Config, ConfigError> {
         let mut merged = toml::Table::new();
-        for file in files {
-            merge(&mut merged, read_table(file)?);
+        let mut last = PathBuf::new();
+        for (file, table) in layers {
+            merge(&mut merged, table);
+            last = file;
         }
-        let last = files.last().cloned().unwrap_or_default();
         let fail = |message: String| ConfigError {
             file: last.clone(),
             message,
@@ -687,26 +697,34 @@ impl Config {
     }
 
     /// The configuration a board runs with: `--config FILE` alone when given; otherwise the
-    /// system file (if present) with the boot partition's provisioning override (if present).
+    /// system file (if present), then what fleet provisioning applied (dashboard password, API
+    /// tokens, model, overclock), then the boot partition's `appliance.toml` override (if
+    /// present), each later one winning key by key.
     pub fn for_board(board: &Board, explicit: Option<&Path>) -> Result<Config, ConfigError> {
         if let Some(file) = explicit {
             return Self::from_file(file);
         }
-        let mut files = Vec::new();
+        let mut layers = Vec::new();
         let system = board.path(SYSTEM_CONFIG);
         if system.is_file() {
-            files.push(system);
+            layers.push((system.clone(), read_table(&system)?));
+        }
+        let committed = board.path(crate::provision::COMMITTED);
+        let provisioned =
+            crate::provision::committed_settings(board).map_err(|message| ConfigError {
+                file: committed.clone(),
+                message,
+            })?;
+        if let Some(settings) = provisioned {
+            layers.push((committed, crate::provision::config_layer(&settings)));
         }
         if let Ok(boot) = board.boot_dir() {
             let provisioning = board.path(&format!("{boot}/{OVERRIDE_NAME}"));
             if provisioning.is_file() {
-                files.push(provisioning);
+                layers.push((provisioning.clone(), read_table(&provisioning)?));
             }
         }
-        if files.is_empty() {
-            return Ok(Config::default());
-        }
-        Self::from_files(&files)
+        Self::from_layers(layers)
     }
 }
 

@@ -18,6 +18,7 @@ pub mod engine;
 pub mod logging;
 pub mod model;
 pub mod overclock;
+pub mod provision;
 pub mod report;
 pub mod systemd;
 pub mod tune;

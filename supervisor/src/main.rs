@@ -62,6 +62,23 @@ enum Command {
         #[command(subcommand)]
         command: OverclockCommand,
     },
+    /// Fleet provisioning from the boot partition's appliance-provision.toml.
+    Provision {
+        #[command(subcommand)]
+        command: ProvisionCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProvisionCommand {
+    /// Check the boot partition's provisioning file whole, apply a new generation, remove its
+    /// secrets from the boot partition, and set up the running system (every boot, before
+    /// networking). Exit 0 applied or nothing to do, 1 file refused, 2 board failure.
+    Apply {
+        /// Print the record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -239,6 +256,9 @@ fn main() -> ExitCode {
         Command::Sim {
             command: SimCommand::Boot { dir },
         } => commands::sim_boot(&dir),
+        Command::Provision {
+            command: ProvisionCommand::Apply { json },
+        } => commands::provision_apply(&cli.root, json),
         Command::Dashboard { command } => match command {
             DashboardCommand::HashPassword => supervisor::dashboard::cli::hash_password(),
             DashboardCommand::NewToken => supervisor::dashboard::cli::new_token(),

@@ -2,7 +2,8 @@
 //!
 //! JSON (`status --json`), schema version 1:
 //! `{ "schema_version": 1, "root": str, "simulated": bool, "board": Facts, "model": ModelStatus,
-//! "steps": [StepReport], "engine": EngineStatus, "overclock": OverclockStatus }`
+//! "steps": [StepReport], "engine": EngineStatus, "overclock": OverclockStatus,
+//! "provision": Record }` (`Record` is [`crate::provision::Record`]).
 //! where `StepReport` is `{ name, desired, effective, state, reason }` and `state` is one of
 //! `in-place`, `applied`, `pending-reboot`, `not-applicable`, `failed`, `needs-apply`.
 //! `Facts` is documented field by field on [`crate::board::facts::Facts`]. Keys are only ever added.
@@ -39,6 +40,8 @@ pub struct Status {
     pub engine: crate::engine::EngineStatus,
     /// The overclock ladder: phase, every trial with its checks, the clock kept.
     pub overclock: crate::overclock::OverclockStatus,
+    /// Fleet provisioning: what was applied and when, the device key, why a file was refused.
+    pub provision: crate::provision::Record,
 }
 
 /// The overclock ladder in words: where it stands, then one line per trial.
@@ -97,7 +100,58 @@ pub fn collect(
         steps,
         engine,
         overclock: crate::overclock::status(board, config),
+        provision: provision_record(board),
     }
+}
+
+/// The provisioning record; an unreadable one is reported as such rather than hidden.
+fn provision_record(board: &Board) -> crate::provision::Record {
+    match crate::provision::read_record(board) {
+        Ok(Some(record)) => record,
+        Ok(None) => crate::provision::Record {
+            state: "unprovisioned".into(),
+            ..Default::default()
+        },
+        Err(e) => crate::provision::Record {
+            state: "unknown".into(),
+            last_error: Some(e),
+            ..Default::default()
+        },
+    }
+}
+
+/// The provisioning record in words: one line, and the refusal when there was one.
+pub fn provision_text(r: &crate::provision::Record) -> String {
+    let mut out = String::new();
+    match (&r.fleet, &r.name) {
+        (Some(fleet), name) => {
+            let _ = writeln!(
+                out,
+                "provisioning: box {} of fleet {fleet}, generation {}, applied {}; host name {}; device key {}",
+                name.as_deref().unwrap_or("(unnamed)"),
+                r.generation,
+                r.applied_unix
+                    .map_or_else(|| "at an unknown time".into(), civil_date),
+                r.hostname.as_deref().unwrap_or("unchanged"),
+                r.device_public_key.as_deref().unwrap_or("none"),
+            );
+        }
+        (None, _) => {
+            let _ = writeln!(
+                out,
+                "provisioning: {}",
+                if r.state.is_empty() {
+                    "unprovisioned"
+                } else {
+                    &r.state
+                }
+            );
+        }
+    }
+    if let Some(e) = &r.last_error {
+        let _ = writeln!(out, "provisioning file refused: {e}");
+    }
+    out
 }
 
 /// The word a state enum is written as in the JSON (`in-place`, `ready`, `climbing`, ...).

@@ -204,6 +204,39 @@ impl Board {
         Ok(())
     }
 
+    /// Replaces a file only root may read (keys, the Wi-Fi PSK) atomically.
+    pub fn replace_private_file(&self, box_path: &str, contents: &[u8]) -> BoardResult<()> {
+        let path = self.path(box_path);
+        self.writing();
+        durable::replace_private(&path, contents)
+            .map_err(|e| self.err("replacing", box_path, e))?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// Points the symbolic link `box_path` at `target` atomically (a new link renamed over the
+    /// old one).
+    pub fn replace_symlink(&self, box_path: &str, target: &str) -> BoardResult<()> {
+        let path = self.path(box_path);
+        if fs::read_link(&path).is_ok_and(|t| t == Path::new(target)) {
+            return Ok(());
+        }
+        let tmp = path.with_extension(format!("tmp-link-{}", std::process::id()));
+        self.writing();
+        let _ = fs::remove_file(&tmp);
+        let linked =
+            std::os::unix::fs::symlink(target, &tmp).and_then(|()| fs::rename(&tmp, &path));
+        if let Err(e) = linked {
+            let _ = fs::remove_file(&tmp);
+            return Err(self.err("linking", box_path, e));
+        }
+        if let Some(dir) = path.parent() {
+            durable::sync_dir(dir).map_err(|e| self.err("linking", box_path, e))?;
+        }
+        self.wrote();
+        Ok(())
+    }
+
     /// Removes a regular file durably (the removal is on disk when this returns); an absent
     /// file is already removed.
     pub fn remove_file(&self, box_path: &str) -> BoardResult<()> {

@@ -53,3 +53,20 @@ pub const BOOTLOADER_FIRMWARE_DIRS: [&str; 2] = [
     "/usr/lib/firmware/raspberrypi/bootloader-2712",
     "/lib/firmware/raspberrypi/bootloader-2712",
 ];
+
+/// The board's serial number as the firmware puts it in the device tree.
+pub const DT_SERIAL_NUMBER: &str = "/sys/firmware/devicetree/base/serial-number";
+/// The running kernel's host name.
+pub const KERNEL_HOSTNAME: &str = "/proc/sys/kernel/hostname";
+/// Time zone files; the image's `/etc/localtime` points at [`RUN_LOCALTIME`] (the root is
+/// read-only), which provisioning points into here.
+pub const ZONEINFO: &str = "/usr/share/zoneinfo";
+/// The link to the provisioned time zone.
+pub const RUN_LOCALTIME: &str = "/run/appliance/localtime";
+/// systemd-networkd's runtime configuration, read before the image's `/usr/lib` and `/etc` ones
+/// of a later name.
+pub const RUN_NETWORK_DIR: &str = "/run/systemd/network";
+/// systemd-timesyncd's runtime drop-ins.
+pub const RUN_TIMESYNCD_DIR: &str = "/run/systemd/timesyncd.conf.d";
+/// Provisioned files for other daemons (Wi-Fi, SSH), in RAM, made again at every boot.
+pub const RUN_APPLIANCE: &str = "/run/appliance";

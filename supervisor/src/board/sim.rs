@@ -111,7 +111,20 @@ pub fn init(dir: &Path, variant: Variant) -> io::Result<()> {
     write_device_tree(&tree, variant)?;
     write_boot_partition(&tree, variant)?;
     write_firmware(&tree)?;
+    write_system(&tree)?;
     tree.file(MARKER, &format!("{}\n", variant.name()))
+}
+
+/// The simulated board's serial number (a test may rewrite the device-tree file).
+pub const SERIAL: &str = "10000000a5a5a5a5";
+
+/// What the OS brings that provisioning touches: the kernel's host name, a few time zones.
+fn write_system(tree: &Tree) -> io::Result<()> {
+    tree.file("proc/sys/kernel/hostname", "appliance\n")?;
+    for zone in ["UTC", "Europe/Berlin", "America/New_York"] {
+        tree.file(&format!("usr/share/zoneinfo/{zone}"), "TZif2\n")?;
+    }
+    Ok(())
 }
 
 struct Tree(PathBuf);
@@ -293,6 +306,7 @@ fn write_cgroups(tree: &Tree, variant: Variant) -> io::Result<()> {
 fn write_device_tree(tree: &Tree, variant: Variant) -> io::Result<()> {
     let base = "sys/firmware/devicetree/base";
     tree.file(&format!("{base}/model"), "Raspberry Pi 5 Model B Rev 1.0\0")?;
+    tree.file(&format!("{base}/serial-number"), &format!("{SERIAL}\0"))?;
     tree.file(
         &format!("{base}/compatible"),
         "raspberrypi,5-model-b\0brcm,bcm2712\0",

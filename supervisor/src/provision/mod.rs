@@ -1,0 +1,388 @@
+//! First boot and re-provisioning: the box takes its identity from `appliance-provision.toml`
+//! on the boot partition.
+//!
+//! One pass ([`apply`]) runs at every boot before networking and the supervisor's daemon:
+//!
+//! 1. The boot file is read, parsed and checked **whole** (every value, this board's entry by
+//!    serial, the time zone installed) before anything is written; a bad file changes nothing
+//!    and its reason is recorded.
+//! 2. A generation higher than the one applied is **committed**: the box's entry is written
+//!    (owner-only) to the data partition in one atomic replace. That replace is the only commit
+//!    point; a power cut before it leaves the old state, after it the new.
+//! 3. Then the boot file is rewritten without its secrets (password hash, token digests, Wi-Fi
+//!    PSK). A file whose generation is already applied is only scrubbed, never applied again.
+//! 4. The committed settings are realised in the running system ([`runtime`]): they live in
+//!    `/run` (the root is read-only), so this happens again at every boot.
+//! 5. The box's ed25519 device key is made on the box once and never leaves it; its public half
+//!    is in the record (`/var/lib/appliance/provision.json`) with what was applied and when.
+//!
+//! The supervisor's own settings from provisioning (dashboard password, API tokens, model,
+//! overclock) are read by [`crate::config::Config::for_board`] from the committed file.
+
+pub mod runtime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::board::{Board, paths};
+use provision::values::Serial;
+use provision::{BoxSettings, Fleet, FleetFile, PROVISION_FILE};
+
+/// Where provisioning keeps what it committed and the device key (owner-only files).
+pub const PROVISION_DIR: &str = "/var/lib/appliance/provision";
+/// The committed settings: this box's entry of the applied file, secrets (hashes) included.
+pub const COMMITTED: &str = "/var/lib/appliance/provision/applied.toml";
+/// The box's ed25519 secret key (hex seed).
+pub const DEVICE_KEY: &str = "/var/lib/appliance/provision/device.key";
+/// The record of what was applied, shown by `status` and the dashboard.
+pub const RECORD: &str = "/var/lib/appliance/provision.json";
+/// A provisioning file larger than this is refused unread (a fleet of thousands fits).
+const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// A new generation was applied.
+    Applied,
+    /// The file's generation was already applied (or is older): nothing applied.
+    Unchanged,
+    /// No provisioning file on the boot partition.
+    NoFile,
+    /// The file was refused; nothing applied.
+    Rejected,
+}
+
+/// `/var/lib/appliance/provision.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Record {
+    /// `provisioned` or `unprovisioned`.
+    pub state: String,
+    /// Fleet of the applied file.
+    pub fleet: Option<String>,
+    /// The box's name in the fleet.
+    pub name: Option<String>,
+    /// The applied generation (0: none).
+    pub generation: u64,
+    /// When that generation was applied (Unix seconds).
+    pub applied_unix: Option<u64>,
+    /// The board serial, when the firmware reports one.
+    pub serial: Option<String>,
+    /// The host name the box took.
+    pub hostname: Option<String>,
+    /// The device key's public half (64 hex digits); the secret half never leaves the box.
+    pub device_public_key: Option<String>,
+    /// Why the last file on the boot partition was refused; cleared once a file applies or
+    /// the file is gone.
+    pub last_error: Option<String>,
+}
+
+/// The result of [`apply`]: the outcome, a sentence for the log, and the record.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// What happened.
+    pub outcome: Outcome,
+    /// What happened, in words.
+    pub message: String,
+    /// The record as written.
+    pub record: Record,
+}
+
+/// Runs one provisioning pass (see the module docs). `Err` is a failure of the board itself
+/// (a write that did not happen); a bad file is an `Ok` report with [`Outcome::Rejected`].
+pub fn apply(board: &Board) -> Result<Report, String> {
+    let mut committed = read_committed(board)?;
+    let serial = board_serial(board);
+    let mut record = read_record(board)?.unwrap_or_default();
+    let (outcome, message) = match read_boot_file(board) {
+        None => (
+            Outcome::NoFile,
+            "no provisioning file on the boot partition".to_string(),
+        ),
+        Some((path, text)) => match text.and_then(|t| check(board, &path, &t, serial.as_ref())) {
+            Err(reason) => (Outcome::Rejected, reason),
+            Ok((file, entry)) => {
+                let applied = committed.as_ref().map_or(0, |c| c.fleet.generation);
+                let result = if file.fleet.generation > applied {
+                    let one = FleetFile {
+                        fleet: Fleet {
+                            name: file.fleet.name.clone(),
+                            generation: file.fleet.generation,
+                            defaults: BoxSettings::default(),
+                        },
+                        boxes: vec![entry],
+                    };
+                    board
+                        .create_dir_all(PROVISION_DIR)
+                        .map_err(|e| e.to_string())?;
+                    board
+                        .replace_private_file(COMMITTED, one.to_text().as_bytes())
+                        .map_err(|e| e.to_string())?;
+                    record.applied_unix = Some(weights::install::now_unix());
+                    committed = Some(one);
+                    (
+                        Outcome::Applied,
+                        format!(
+                            "applied generation {} of fleet {} from {path}",
+                            file.fleet.generation, file.fleet.name
+                        ),
+                    )
+                } else {
+                    let why = if file.fleet.generation == applied {
+                        "is already applied"
+                    } else {
+                        "is older than the applied one"
+                    };
+                    (
+                        Outcome::Unchanged,
+                        format!(
+                            "{path}: generation {} {why}; raise [fleet] generation above {applied} to re-provision",
+                            file.fleet.generation
+                        ),
+                    )
+                };
+                if file.has_secrets() {
+                    scrub(board, &path, &file)?;
+                }
+                result
+            }
+        },
+    };
+    let device_public_key = if committed.is_some() {
+        Some(device_key(board)?)
+    } else {
+        None
+    };
+    let settings = committed.as_ref().and_then(|c| c.boxes.first());
+    if let Some(settings) = settings {
+        runtime::realise(board, settings)?;
+    }
+    let new_record = Record {
+        state: if committed.is_some() {
+            "provisioned"
+        } else {
+            "unprovisioned"
+        }
+        .to_string(),
+        fleet: committed.as_ref().map(|c| c.fleet.name.to_string()),
+        name: settings
+            .and_then(|s| s.name.as_ref())
+            .map(|n| n.to_string()),
+        generation: committed.as_ref().map_or(0, |c| c.fleet.generation),
+        applied_unix: record.applied_unix.filter(|_| committed.is_some()),
+        serial: serial.map(|s| s.to_string()),
+        hostname: settings
+            .and_then(BoxSettings::effective_hostname)
+            .map(|h| h.to_string()),
+        device_public_key,
+        last_error: (outcome == Outcome::Rejected).then(|| message.clone()),
+    };
+    if read_record(board)?.as_ref() != Some(&new_record) {
+        write_record(board, &new_record)?;
+    }
+    Ok(Report {
+        outcome,
+        message,
+        record: new_record,
+    })
+}
+
+/// The record as last written (`None`: provisioning never ran on this box).
+pub fn read_record(board: &Board) -> Result<Option<Record>, String> {
+    match board.read_optional(RECORD).map_err(|e| e.to_string())? {
+        None => Ok(None),
+        Some(text) => serde_json::from_str(&text).map(Some).map_err(|e| {
+            format!("{RECORD} is unreadable ({e}); `supervisor provision apply` rewrites it")
+        }),
+    }
+}
+
+/// The supervisor's own settings from provisioning, as a configuration layer: the dashboard
+/// password and API tokens, the model, overclocking.
+pub fn config_layer(settings: &BoxSettings) -> toml::Table {
+    let mut layer = toml::Table::new();
+    let mut dashboard = toml::Table::new();
+    if let Some(hash) = &settings.password_hash {
+        dashboard.insert("password_hash".into(), hash.as_str().into());
+    }
+    if let Some(tokens) = &settings.api_token_sha256 {
+        let digests = tokens.iter().map(|t| t.as_str().into()).collect();
+        dashboard.insert("api_token_sha256".into(), toml::Value::Array(digests));
+    }
+    let mut section = |name: &str, table: toml::Table| {
+        if !table.is_empty() {
+            layer.insert(name.into(), toml::Value::Table(table));
+        }
+    };
+    section("dashboard", dashboard);
+    if let Some(model) = &settings.model {
+        section(
+            "model",
+            toml::Table::from_iter([("id".into(), model.as_str().into())]),
+        );
+    }
+    if let Some(enabled) = settings.overclock {
+        section(
+            "overclock",
+            toml::Table::from_iter([("enabled".into(), enabled.into())]),
+        );
+    }
+    layer
+}
+
+/// The committed settings of this box (`None`: never provisioned).
+pub fn committed_settings(board: &Board) -> Result<Option<BoxSettings>, String> {
+    Ok(read_committed(board)?.and_then(|f| f.boxes.into_iter().next()))
+}
+
+fn read_committed(board: &Board) -> Result<Option<FleetFile>, String> {
+    let Some(text) = board.read_optional(COMMITTED).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    // Written whole by an atomic replace, so a file that does not parse was damaged on disk.
+    FleetFile::parse(&text, COMMITTED)
+        .map(Some)
+        .map_err(|e| format!("{e}; the applied provisioning is damaged: provision the box again"))
+}
+
+fn write_record(board: &Board, record: &Record) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(record).map_err(|e| e.to_string())?;
+    board
+        .create_dir_all(PROVISION_DIR)
+        .map_err(|e| e.to_string())?;
+    board
+        .replace_file(RECORD, format!("{text}\n").as_bytes())
+        .map_err(|e| e.to_string())
+}
+
+/// The firmware's serial number, if it reports a well-formed one.
+fn board_serial(board: &Board) -> Option<Serial> {
+    let raw = board.read_bytes(paths::DT_SERIAL_NUMBER).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    text.trim_end_matches('\0').trim().parse().ok()
+}
+
+/// The boot partition's provisioning file: its path and its text, or why it cannot be read.
+fn read_boot_file(board: &Board) -> Option<(String, Result<String, String>)> {
+    let boot = board.boot_dir().ok()?;
+    let path = format!("{boot}/{PROVISION_FILE}");
+    let meta = std::fs::metadata(board.path(&path)).ok()?;
+    let text = if meta.len() > MAX_FILE_BYTES {
+        Err(format!(
+            "{path} is {} bytes; a provisioning file is at most {MAX_FILE_BYTES}",
+            meta.len()
+        ))
+    } else {
+        board.read(&path).map_err(|e| e.to_string())
+    };
+    Some((path, text))
+}
+
+/// Everything that can be wrong with the file, found before anything is written.
+fn check(
+    board: &Board,
+    path: &str,
+    text: &str,
+    serial: Option<&Serial>,
+) -> Result<(FleetFile, BoxSettings), String> {
+    let file = FleetFile::parse(text, path).map_err(|e| e.to_string())?;
+    let entry = file.entry_for(serial).map_err(|e| format!("{path}: {e}"))?;
+    if let Some(zone) = &entry.timezone {
+        let zone_file = format!("{}/{zone}", paths::ZONEINFO);
+        if !board.path(&zone_file).is_file() {
+            return Err(format!(
+                "{path}: timezone = \"{zone}\" is not a zone this image has ({zone_file} is missing); use an IANA name such as \"Europe/Berlin\""
+            ));
+        }
+    }
+    Ok((file, entry))
+}
+
+const SCRUBBED_HEADER: &str = "# Applied by this box. Its secrets (password hash, API token digests, Wi-Fi PSK) were\n\
+# removed once they were stored on the data partition; `supervisor status` shows what was\n\
+# applied. To re-provision, write a file with a higher [fleet] generation.\n";
+
+fn scrub(board: &Board, path: &str, file: &FleetFile) -> Result<(), String> {
+    let text = format!("{SCRUBBED_HEADER}{}", file.without_secrets().to_text());
+    board
+        .replace_file(path, text.as_bytes())
+        .map_err(|e| format!("removing the secrets from {path}: {e}"))
+}
+
+/// The device key's public half, made (and stored owner-only) the first time it is needed.
+fn device_key(board: &Board) -> Result<String, String> {
+    if let Some(text) = board.read_optional(DEVICE_KEY).map_err(|e| e.to_string())? {
+        let seed: [u8; 32] = hex::decode(text.trim())
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| format!("{DEVICE_KEY} is damaged (not 64 hex digits)"))?;
+        return Ok(public_hex(&seed));
+    }
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| format!("the OS random source failed: {e}"))?;
+    board
+        .create_dir_all(PROVISION_DIR)
+        .map_err(|e| e.to_string())?;
+    board
+        .replace_private_file(DEVICE_KEY, format!("{}\n", hex::encode(seed)).as_bytes())
+        .map_err(|e| e.to_string())?;
+    Ok(public_hex(&seed))
+}
+
+fn public_hex(seed: &[u8; 32]) -> String {
+    hex::encode(
+        ed25519_dalek::SigningKey::from_bytes(seed)
+            .verifying_key()
+            .as_bytes(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn the_supervisor_runs_with_what_was_provisioned_under_the_boot_override() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        crate::board::sim::init(dir.path(), crate::board::sim::Variant::Pi5_8gb).expect("sim");
+        let board = Board::open(dir.path()).expect("board");
+        let hash = crate::dashboard::auth::hash_password("front-desk").expect("hash");
+        let digest = "ab".repeat(32);
+        let file = format!(
+            "[fleet]\nname = \"clinics\"\ngeneration = 1\n\n[[box]]\nname = \"north-1\"\n\
+             password_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n\
+             model = \"gemma3-270m\"\noverclock = true\n"
+        );
+        let boot = board.boot_dir().expect("boot dir");
+        board
+            .replace_file(&format!("{boot}/{PROVISION_FILE}"), file.as_bytes())
+            .expect("stamp");
+        assert_eq!(
+            Config::for_board(&board, None).expect("config"),
+            Config::default()
+        );
+
+        assert_eq!(apply(&board).expect("apply").outcome, Outcome::Applied);
+        let config = Config::for_board(&board, None).expect("config");
+        assert_eq!(config.dashboard.password_hash.as_str(), hash);
+        assert_eq!(config.dashboard.api_token_sha256.len(), 1);
+        assert_eq!(config.dashboard.api_token_sha256[0].as_str(), digest);
+        assert_eq!(config.model.id, "gemma3-270m");
+        assert!(config.overclock.enabled);
+
+        board
+            .replace_file(
+                &format!("{boot}/{}", crate::config::OVERRIDE_NAME),
+                b"[overclock]\nenabled = false\n",
+            )
+            .expect("override");
+        let config = Config::for_board(&board, None).expect("config");
+        assert!(!config.overclock.enabled, "the boot override wins");
+        assert_eq!(
+            config.dashboard.password_hash.as_str(),
+            hash,
+            "the rest stays"
+        );
+    }
+}
