@@ -1,0 +1,223 @@
+//! `appliance`: the command line. Parsing only; each subcommand is a few library calls.
+//!
+//! Exit status: 0 success, 1 the operation failed, 2 bad input (arguments, fleet file).
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use operator::stamp::{self, Target};
+use provision::{FleetFile, PROVISION_FILE};
+
+/// Prepares cards for a fleet of Appliance boxes.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct Whom {
+    /// The fleet file (fleet.toml).
+    #[arg(long)]
+    fleet: PathBuf,
+    /// The box (its `name` in the fleet file) the card is for.
+    #[arg(long = "box", value_name = "NAME", required_unless_present = "all")]
+    box_name: Option<String>,
+    /// One card for every box: the whole fleet file, each box taking its entry by serial.
+    #[arg(long, conflicts_with = "box_name")]
+    all: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check a fleet file and list its boxes (exit 2 naming the key and line when it is wrong).
+    Check {
+        /// The fleet file.
+        fleet: PathBuf,
+    },
+    /// Write a copy of IMAGE to OUT whose boot partition holds the box's provisioning file.
+    Stamp {
+        #[command(flatten)]
+        whom: Whom,
+        /// The Appliance image (appliance-rpi5.img).
+        image: PathBuf,
+        /// The stamped copy.
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+    },
+    /// Write IMAGE to a card (refusing a mounted or system disk), read it back and check its
+    /// SHA-256, then stamp the card for the box.
+    Flash {
+        #[command(flatten)]
+        whom: Whom,
+        /// The Appliance image.
+        image: PathBuf,
+        /// The card's whole-disk device (e.g. /dev/sdb, /dev/mmcblk0, /dev/nvme1n1).
+        device: PathBuf,
+    },
+    /// Read a Wi-Fi passphrase from stdin and print its WPA PSK for `network.wifi.psk`
+    /// (the passphrase itself never goes into a fleet file).
+    WifiPsk {
+        /// The network's name.
+        #[arg(long)]
+        ssid: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let result = match cli.command {
+        Command::Check { fleet } => check(&fleet),
+        Command::Stamp { whom, image, out } => stamped(&whom).and_then(|text| {
+            stamp::stamp_copy(&image, &out, &text).map_err(failed)?;
+            println!(
+                "{}: {} written for {}",
+                out.display(),
+                PROVISION_FILE,
+                describe(&whom)
+            );
+            Ok(())
+        }),
+        Command::Flash {
+            whom,
+            image,
+            device,
+        } => stamped(&whom).and_then(|text| flash(&image, &device, &text, &whom)),
+        Command::WifiPsk { ssid } => wifi_psk(&ssid),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+type Failure = (u8, String);
+
+fn bad_input(message: impl std::fmt::Display) -> Failure {
+    (2, message.to_string())
+}
+
+fn failed(message: impl std::fmt::Display) -> Failure {
+    (1, message.to_string())
+}
+
+fn describe(whom: &Whom) -> String {
+    match &whom.box_name {
+        Some(name) => format!("box {name}"),
+        None => "every box of the fleet".into(),
+    }
+}
+
+fn read_fleet(path: &Path) -> Result<FleetFile, Failure> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| bad_input(format!("{}: {e}", path.display())))?;
+    FleetFile::parse(&text, &path.display().to_string()).map_err(bad_input)
+}
+
+fn stamped(whom: &Whom) -> Result<String, Failure> {
+    let fleet = read_fleet(&whom.fleet)?;
+    let target = match &whom.box_name {
+        Some(name) => Target::Box(name),
+        None => Target::WholeFleet,
+    };
+    stamp::provisioning_text(&fleet, &target).map_err(bad_input)
+}
+
+fn check(path: &Path) -> Result<(), Failure> {
+    let fleet = read_fleet(path)?;
+    println!(
+        "fleet {}, generation {}: {} boxes",
+        fleet.fleet.name,
+        fleet.fleet.generation,
+        fleet.boxes.len()
+    );
+    for entry in &fleet.boxes {
+        let settings = entry.over(&fleet.fleet.defaults);
+        let show = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+        println!(
+            "  {:20} serial {:16}  host {:20} address {:18} password {}  tokens {}",
+            show(settings.name.as_ref().map(|n| n.to_string())),
+            show(settings.serial.as_ref().map(|s| s.to_string())),
+            show(settings.effective_hostname().map(|h| h.to_string())),
+            show(
+                settings
+                    .network
+                    .as_ref()
+                    .and_then(|n| n.address)
+                    .map(|a| a.to_string())
+            ),
+            if settings.password_hash.is_some() {
+                "set"
+            } else {
+                "none (dashboard on loopback only)"
+            },
+            settings.api_token_sha256.as_ref().map_or(0, Vec::len),
+        );
+    }
+    Ok(())
+}
+
+fn flash(image: &Path, device: &Path, text: &str, whom: &Whom) -> Result<(), Failure> {
+    let interactive = std::io::stderr().is_terminal();
+    let mut last_percent = u64::MAX;
+    let sha = operator::flash::write_and_verify(image, device, |what, done, total| {
+        let percent = done * 100 / total.max(1);
+        if percent != last_percent {
+            last_percent = percent;
+            let line = format!(
+                "{what} {} MiB of {} MiB ({percent}%)",
+                done >> 20,
+                total >> 20
+            );
+            if interactive {
+                eprint!("\r{line}   ");
+            } else if percent % 10 == 0 {
+                eprintln!("{line}");
+            }
+            let _ = std::io::stderr().flush();
+        }
+    })
+    .map_err(failed)?;
+    if interactive {
+        eprintln!();
+    }
+    println!(
+        "{}: image written and read back, SHA-256 {sha}",
+        device.display()
+    );
+    stamp::write_boot_file(device, PROVISION_FILE, text.as_bytes()).map_err(failed)?;
+    println!(
+        "{}: {PROVISION_FILE} written for {}",
+        device.display(),
+        describe(whom)
+    );
+    Ok(())
+}
+
+fn wifi_psk(ssid: &str) -> Result<(), Failure> {
+    let ssid: provision::values::Ssid = ssid.parse().map_err(bad_input)?;
+    let mut passphrase = String::new();
+    std::io::stdin()
+        .read_to_string(&mut passphrase)
+        .map_err(|e| bad_input(format!("reading the passphrase from stdin: {e}")))?;
+    let passphrase = passphrase.strip_suffix('\n').unwrap_or(&passphrase);
+    let psk = provision::wifi::psk(&ssid, passphrase).map_err(bad_input)?;
+    println!("{psk}");
+    Ok(())
+}
