@@ -7,4 +7,6 @@
 
 pub mod disk;
 pub mod flash;
+pub mod fleet;
+pub mod https;
 pub mod stamp;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use operator::fleet;
 use operator::stamp::{self, Target};
 use provision::{FleetFile, PROVISION_FILE};
 
@@ -58,12 +59,49 @@ enum Command {
         /// The card's whole-disk device (e.g. /dev/sdb, /dev/mmcblk0, /dev/nvme1n1).
         device: PathBuf,
     },
+    /// The fleet on the network.
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
+    },
     /// Read a Wi-Fi passphrase from stdin and print its WPA PSK for `network.wifi.psk`
     /// (the passphrase itself never goes into a fleet file).
     WifiPsk {
         /// The network's name.
         #[arg(long)]
         ssid: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct Reach {
+    /// The fleet file (fleet.lock and fleet.secret are kept beside it).
+    fleet: PathBuf,
+    /// A file holding an API token the boxes accept (else $APPLIANCE_API_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Where a box answers, NAME=HOST:PORT (default: where it enrolled, else its static
+    /// address or host name, port 8443). Repeatable.
+    #[arg(long = "at", value_name = "NAME=HOST:PORT")]
+    at: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum FleetCommand {
+    /// Enrol every box not yet in fleet.lock: each proves it holds the token its card was
+    /// stamped with, and its device key and certificate are recorded.
+    Enroll {
+        #[command(flatten)]
+        reach: Reach,
+    },
+    /// Every box: reachable, identity as enrolled, OS and slot, model, engine, speed,
+    /// temperature, throttling, uptime, provisioning generation.
+    Status {
+        #[command(flatten)]
+        reach: Reach,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -97,6 +135,12 @@ fn main() -> ExitCode {
             device,
         } => stamped(&whom).and_then(|text| flash(&image, &device, &text, &whom)),
         Command::WifiPsk { ssid } => wifi_psk(&ssid),
+        Command::Fleet {
+            command: FleetCommand::Enroll { reach },
+        } => enroll(&reach),
+        Command::Fleet {
+            command: FleetCommand::Status { reach, json },
+        } => status(&reach, json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -136,7 +180,8 @@ fn stamped(whom: &Whom) -> Result<String, Failure> {
         Some(name) => Target::Box(name),
         None => Target::WholeFleet,
     };
-    stamp::provisioning_text(&fleet, &target).map_err(bad_input)
+    let secret = fleet::secret(&fleet::Paths::beside(&whom.fleet)).map_err(failed)?;
+    stamp::provisioning_text(&fleet, &target, &secret).map_err(bad_input)
 }
 
 fn check(path: &Path) -> Result<(), Failure> {
@@ -207,6 +252,78 @@ fn flash(image: &Path, device: &Path, text: &str, whom: &Whom) -> Result<(), Fai
         device.display(),
         describe(whom)
     );
+    Ok(())
+}
+
+/// The fleet, its API token and address overrides.
+type Reached = (FleetFile, String, Vec<(String, String)>);
+
+fn reach(reach: &Reach) -> Result<Reached, Failure> {
+    let fleet = read_fleet(&reach.fleet)?;
+    let token = match &reach.token_file {
+        Some(file) => std::fs::read_to_string(file)
+            .map_err(|e| bad_input(format!("{}: {e}", file.display())))?,
+        None => std::env::var("APPLIANCE_API_TOKEN").map_err(|_| {
+            bad_input("no API token: pass --token-file FILE or set APPLIANCE_API_TOKEN (a token from `supervisor dashboard new-token` whose digest the fleet file lists)")
+        })?,
+    };
+    let token = token.trim().to_string();
+    let mut overrides = Vec::new();
+    for at in &reach.at {
+        let (name, address) = at
+            .split_once('=')
+            .filter(|(n, a)| !n.is_empty() && a.contains(':'))
+            .ok_or_else(|| bad_input(format!("--at {at}: use NAME=HOST:PORT")))?;
+        overrides.push((name.to_string(), address.to_string()));
+    }
+    Ok((fleet, token, overrides))
+}
+
+fn enroll(args: &Reach) -> Result<(), Failure> {
+    let (fleet, token, overrides) = reach(args)?;
+    let paths = fleet::Paths::beside(&args.fleet);
+    let failed = fleet::enroll_all(&paths, &fleet, &token, &overrides, |line| {
+        println!("{line}")
+    })
+    .map_err(failed)?;
+    if failed > 0 {
+        return Err(failed_count(failed, "not enrolled"));
+    }
+    Ok(())
+}
+
+fn failed_count(n: usize, what: &str) -> Failure {
+    (
+        1,
+        format!("{n} box{} {what}", if n == 1 { "" } else { "es" }),
+    )
+}
+
+fn status(args: &Reach, json: bool) -> Result<(), Failure> {
+    let (fleet, token, overrides) = reach(args)?;
+    let lock = fleet::read_lock(&fleet::Paths::beside(&args.fleet)).map_err(bad_input)?;
+    let names: Vec<String> = fleet
+        .boxes
+        .iter()
+        .filter_map(|b| b.name.as_ref().map(|n| n.to_string()))
+        .collect();
+    let mut rows = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        if !json {
+            eprintln!("asking {name} ({} of {})", i + 1, names.len());
+        }
+        rows.push(fleet::status_one(&fleet, &lock, name, &token, &overrides));
+    }
+    if json {
+        let text = serde_json::to_string_pretty(&rows).map_err(failed)?;
+        println!("{text}");
+    } else {
+        print!("{}", fleet::table(&rows));
+    }
+    let untrusted = rows.iter().filter(|r| r.identity == "MISMATCH").count();
+    if untrusted > 0 {
+        return Err(failed_count(untrusted, "not trusted (identity mismatch)"));
+    }
     Ok(())
 }
 

@@ -15,9 +15,14 @@ pub enum Target<'a> {
     WholeFleet,
 }
 
-/// The provisioning file's text for `target`.
-pub fn provisioning_text(fleet: &FleetFile, target: &Target<'_>) -> Result<String, String> {
-    let (file, whom) = match target {
+/// The provisioning file's text for `target`, each box with its enrolment token derived from
+/// the fleet's secret.
+pub fn provisioning_text(
+    fleet: &FleetFile,
+    target: &Target<'_>,
+    secret: &[u8],
+) -> Result<String, String> {
+    let (mut file, whom) = match target {
         Target::Box(name) => (fleet.stamp(name)?, format!("box {name}")),
         Target::WholeFleet => {
             if fleet.boxes.len() > 1 {
@@ -31,6 +36,17 @@ pub fn provisioning_text(fleet: &FleetFile, target: &Target<'_>) -> Result<Strin
             (fleet.clone(), "every box".to_string())
         }
     };
+    for entry in &mut file.boxes {
+        if let Some(name) = &entry.name {
+            let token = provision::enroll::derive_token(
+                secret,
+                fleet.fleet.name.as_str(),
+                name.as_str(),
+                fleet.fleet.generation,
+            );
+            entry.enrollment_token = Some(token.parse()?);
+        }
+    }
     Ok(format!(
         "# Stamped by `appliance stamp` for {whom} of fleet {}, generation {}.\n\
          # The box checks all of it, applies it at its next boot and then removes its secrets\n\

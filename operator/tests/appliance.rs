@@ -15,6 +15,13 @@ const EXAMPLE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../provision/fleet.example.toml"
 );
+/// The documented example copied into `dir` (stamping keeps the fleet's secret beside it).
+fn fleet_file(dir: &Path) -> String {
+    let path = dir.join("fleet.toml");
+    fs::copy(EXAMPLE, &path).expect("copy the example");
+    path.to_str().expect("utf8").to_string()
+}
+
 const MIB: u64 = 1 << 20;
 
 /// A 48 MiB image: partition 1 FAT (32 MiB at 1 MiB) holding `config.txt`, partition 2 filled
@@ -54,6 +61,13 @@ fn image(dir: &Path) -> PathBuf {
     path
 }
 
+fn hex_decode(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
 fn pattern() -> Vec<u8> {
     (0..MIB).map(|i| (i % 251) as u8).collect()
 }
@@ -83,13 +97,14 @@ fn outside_boot_partition(disk: &Path) -> Vec<u8> {
 #[test]
 fn stamping_writes_one_box_into_a_copy_and_leaves_the_image_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let fleet = fleet_file(dir.path());
     let img = image(dir.path());
     let original = fs::read(&img).expect("read image");
     let out = dir.path().join("reception.img");
     let run = appliance(&[
         "stamp",
         "--fleet",
-        EXAMPLE,
+        &fleet,
         "--box",
         "reception",
         img.to_str().expect("utf8"),
@@ -104,6 +119,23 @@ fn stamping_writes_one_box_into_a_copy_and_leaves_the_image_alone() {
     );
 
     let text = boot_file(&out, PROVISION_FILE).expect("the provisioning file is on the card");
+    let secret = fs::read_to_string(dir.path().join("fleet.secret")).expect("the fleet's secret");
+    let mode = fs::metadata(dir.path().join("fleet.secret")).expect("stat");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o077,
+        0,
+        "the fleet's secret is the operator's only"
+    );
+    let token = provision::enroll::derive_token(
+        &hex_decode(secret.trim()),
+        "riverside-clinics",
+        "reception",
+        1,
+    );
+    assert!(
+        text.contains(&token),
+        "the box's enrolment token is on its card"
+    );
     let stamped = FleetFile::parse(&text, "stamped").expect("the box can read it");
     assert_eq!(stamped.boxes.len(), 1, "only this box");
     let serial: Serial = "10000000a5a5a5a5".parse().expect("serial");
@@ -134,7 +166,7 @@ fn stamping_writes_one_box_into_a_copy_and_leaves_the_image_alone() {
     let run = appliance(&[
         "stamp",
         "--fleet",
-        EXAMPLE,
+        &fleet,
         "--box",
         "radiology",
         out.to_str().expect("utf8"),
@@ -158,12 +190,13 @@ fn stamping_writes_one_box_into_a_copy_and_leaves_the_image_alone() {
 #[test]
 fn one_card_for_the_whole_fleet_lets_each_board_find_itself_by_serial() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let fleet = fleet_file(dir.path());
     let img = image(dir.path());
     let out = dir.path().join("fleet.img");
     let run = appliance(&[
         "stamp",
         "--fleet",
-        EXAMPLE,
+        &fleet,
         "--all",
         img.to_str().expect("utf8"),
         "-o",
@@ -183,13 +216,14 @@ fn one_card_for_the_whole_fleet_lets_each_board_find_itself_by_serial() {
 #[test]
 fn bad_requests_are_refused_and_leave_no_output() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let fleet = fleet_file(dir.path());
     let img = image(dir.path());
     let out = dir.path().join("out.img");
     let img_arg = img.to_str().expect("utf8");
     let out_arg = out.to_str().expect("utf8");
 
     let run = appliance(&[
-        "stamp", "--fleet", EXAMPLE, "--box", "nobody", img_arg, "-o", out_arg,
+        "stamp", "--fleet", &fleet, "--box", "nobody", img_arg, "-o", out_arg,
     ]);
     assert_eq!(run.status.code(), Some(2));
     assert!(
@@ -198,10 +232,10 @@ fn bad_requests_are_refused_and_leave_no_output() {
         stderr(&run)
     );
 
-    let broken = dir.path().join("fleet.toml");
+    let broken = dir.path().join("broken.toml");
     fs::write(
         &broken,
-        fs::read_to_string(EXAMPLE)
+        fs::read_to_string(&fleet)
             .expect("example")
             .replace("timezone", "time_zone"),
     )
@@ -246,7 +280,7 @@ fn bad_requests_are_refused_and_leave_no_output() {
     let run = appliance(&[
         "stamp",
         "--fleet",
-        EXAMPLE,
+        &fleet,
         "--box",
         "reception",
         not_an_image.to_str().expect("utf8"),
@@ -261,6 +295,7 @@ fn bad_requests_are_refused_and_leave_no_output() {
 #[test]
 fn flashing_writes_reads_back_and_stamps() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let fleet = fleet_file(dir.path());
     let img = image(dir.path());
     // A stand-in for the card: a file holding an older, different image.
     let card = dir.path().join("card");
@@ -268,7 +303,7 @@ fn flashing_writes_reads_back_and_stamps() {
     let run = appliance(&[
         "flash",
         "--fleet",
-        EXAMPLE,
+        &fleet,
         "--box",
         "reception",
         img.to_str().expect("utf8"),

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::values::{
-    FleetKey, FleetName, Hostname, IpPrefix, ModelId, NtpServer, PasswordHash, Serial, SshKey,
-    Ssid, Timezone, TokenDigest, WifiPsk,
+    EnrollmentToken, FleetKey, FleetName, Hostname, IpPrefix, ModelId, NtpServer, PasswordHash,
+    Serial, SshKey, Ssid, Timezone, TokenDigest, WifiPsk,
 };
 
 /// A fleet file, or a provisioning file (the same format with one box, or all of them).
@@ -77,6 +77,10 @@ pub struct BoxSettings {
     /// Network (default: DHCP on Ethernet).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// The one-time enrolment token `appliance stamp` adds for this box (never in a fleet
+    /// file; a secret, removed from the boot partition once applied).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enrollment_token: Option<EnrollmentToken>,
 }
 
 /// `network`: DHCP unless `address` is given.
@@ -167,6 +171,10 @@ impl BoxSettings {
                 .clone()
                 .or_else(|| defaults.fleet_key.clone()),
             network,
+            enrollment_token: self
+                .enrollment_token
+                .clone()
+                .or_else(|| defaults.enrollment_token.clone()),
         }
     }
 
@@ -179,6 +187,7 @@ impl BoxSettings {
     pub fn has_secrets(&self) -> bool {
         self.password_hash.is_some()
             || self.api_token_sha256.is_some()
+            || self.enrollment_token.is_some()
             || self
                 .network
                 .as_ref()
@@ -191,6 +200,7 @@ impl BoxSettings {
         let mut plain = self.clone();
         plain.password_hash = None;
         plain.api_token_sha256 = None;
+        plain.enrollment_token = None;
         if let Some(wifi) = plain.network.as_mut().and_then(|n| n.wifi.as_mut()) {
             wifi.psk = None;
         }
@@ -232,9 +242,13 @@ impl FleetFile {
                 "fleet.generation = 0: generations start at 1 (raise it to re-provision)".into(),
             );
         }
-        if self.fleet.defaults.name.is_some() || self.fleet.defaults.serial.is_some() {
+        let defaults = &self.fleet.defaults;
+        if defaults.name.is_some()
+            || defaults.serial.is_some()
+            || defaults.enrollment_token.is_some()
+        {
             return Err(
-                "[fleet.defaults] sets name or serial: those belong to a [[box]] entry".into(),
+                "[fleet.defaults] sets name, serial or enrollment_token: those belong to one box (and `appliance stamp` adds the token)".into(),
             );
         }
         self.fleet.defaults.check_network("[fleet.defaults]")?;

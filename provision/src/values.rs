@@ -110,6 +110,12 @@ string_value!(
     check_ssid
 );
 string_value!(
+    /// A box's one-time enrolment token (64 hex digits): `appliance stamp` derives it from the
+    /// fleet's secret; the box proves it holds it when `appliance fleet enroll` asks.
+    EnrollmentToken,
+    check_digest
+);
+string_value!(
     /// A WPA PSK: the 64 hex digits derived from the SSID and passphrase (`appliance wifi-psk`).
     WifiPsk,
     check_digest

@@ -447,6 +447,10 @@ pub struct Dashboard {
     /// Address and port to listen on. Without a password only 127.0.0.1 on the same port is
     /// bound. Default `"0.0.0.0:8000"`.
     pub listen: ListenAddr,
+    /// Address and port of HTTPS, served once the box is provisioned (it then has its own
+    /// certificate) and has a password; `listen` then only redirects other machines here.
+    /// Default `"0.0.0.0:8443"`.
+    pub https_listen: ListenAddr,
     /// Argon2 PHC string of the login password (`supervisor dashboard hash-password`); empty:
     /// no login, loopback only. Default empty.
     pub password_hash: PasswordHash,
@@ -462,6 +466,7 @@ impl Default for Dashboard {
     fn default() -> Self {
         Dashboard {
             listen: ListenAddr(std::net::SocketAddr::from(([0, 0, 0, 0], 8000))),
+            https_listen: ListenAddr(std::net::SocketAddr::from(([0, 0, 0, 0], 8443))),
             password_hash: PasswordHash(String::new()),
             api_token_sha256: Vec::new(),
             sample_interval_s: SampleInterval(5),

@@ -16,6 +16,8 @@ pub enum DashError {
     TooManyAttempts(u64),
     /// The request itself is wrong.
     BadRequest(String),
+    /// The request cannot be served in the box's present state.
+    Conflict(String),
     /// The engine cannot answer now.
     EngineUnavailable(String),
     /// Something on our side failed.
@@ -61,6 +63,7 @@ impl IntoResponse for DashError {
                 response
             }
             DashError::BadRequest(m) => text(StatusCode::BAD_REQUEST, format!("{m}\n")),
+            DashError::Conflict(m) => text(StatusCode::CONFLICT, format!("{m}\n")),
             DashError::EngineUnavailable(m) => {
                 text(StatusCode::SERVICE_UNAVAILABLE, format!("{m}\n"))
             }

@@ -49,6 +49,38 @@ fn number(v: &Value, digits: usize, unit: &str) -> String {
     }
 }
 
+/// Fleet provisioning: which box of which fleet, or why the last file was refused.
+fn provision_line(p: &Value) -> Option<Field> {
+    if p.is_null() {
+        return None;
+    }
+    let (text, level) = if let Some(error) = p["last_error"].as_str() {
+        (
+            format!("provisioning file refused, nothing applied: {error}"),
+            Level::Bad,
+        )
+    } else if p["state"] == "provisioned" {
+        let applied = p["applied_unix"]
+            .as_u64()
+            .map_or_else(|| "at an unknown time".into(), crate::report::civil_date);
+        (
+            format!(
+                "provisioned: box {} of fleet {}, generation {}, applied {applied}",
+                text_of(&p["name"]),
+                text_of(&p["fleet"]),
+                text_of(&p["generation"])
+            ),
+            Level::Ok,
+        )
+    } else {
+        (
+            "not provisioned: the image's defaults (see README, \"Provision a fleet\")".into(),
+            Level::Ok,
+        )
+    };
+    Some(health("h-provision", "provisioning", text, level))
+}
+
 /// `3 d 4 h 5 min` style duration.
 pub fn duration_words(seconds: u64) -> String {
     let (d, h, m) = (seconds / 86_400, seconds / 3600 % 24, seconds / 60 % 60);
@@ -183,6 +215,9 @@ pub fn fields(status: &Value, engine_log: &[String]) -> Vec<Field> {
         format!("overclock: {oc}"),
         oc_level,
     ));
+    if let Some(line) = provision_line(&status["provision"]) {
+        out.push(line);
+    }
     let worst = out
         .iter()
         .filter_map(|f| f.level)

@@ -78,6 +78,9 @@ pub struct App {
     /// No password: loopback only, and the pages need no login.
     open: bool,
     bound: SocketAddr,
+    /// Where HTTPS is served, when it is (provisioned, with a password): plain HTTP then
+    /// answers only this box itself and redirects everyone else there.
+    https: Option<SocketAddr>,
     sessions: auth::Sessions,
     limiter: auth::LoginLimiter,
     /// Password checks running at once: Argon2 takes ~19 MiB and a core each, so a burst of
@@ -160,16 +163,18 @@ impl Handle {
     }
 }
 
-/// Starts the sampler and the server in the background; a port that cannot be bound is logged
-/// and leaves the daemon running without a dashboard.
+/// Starts the sampler and the servers in the background; a port that cannot be bound is logged
+/// and leaves the daemon running without that server.
 pub fn start(sources: Sources) -> Handle {
     let (bound, downgraded) = bind_address(&sources.config.dashboard);
     if let Some(why) = downgraded {
         tracing::warn!("{why}");
     }
+    let tls = https_config(&sources);
     let interval = Duration::from_secs(sources.config.dashboard.sample_interval_s.get());
     let app = Arc::new(App {
         open: !sources.config.dashboard.password_hash.is_set(),
+        https: tls.as_ref().map(|(addr, _)| *addr),
         history: Mutex::new(live::History::new(interval.as_secs())),
         sources,
         bound,
@@ -191,25 +196,83 @@ pub fn start(sources: Sources) -> Handle {
             }
         })
     };
-    let server = tokio::spawn(async move {
-        let listener = match tokio::net::TcpListener::bind(bound).await {
-            Ok(listener) => listener,
-            Err(e) => {
-                tracing::error!(
-                    "dashboard: cannot listen on {bound}: {e}; change [dashboard] listen"
-                );
+    let plain = {
+        let router = routes::router(Arc::clone(&app), false);
+        tokio::spawn(async move {
+            let Some(listener) = bind(bound, "listen").await else {
                 return;
+            };
+            tracing::info!("dashboard on http://{bound}/");
+            let service = router.into_make_service_with_connect_info::<listener::ClientAddr>();
+            if let Err(e) = axum::serve(listener::CappedListener::new(listener), service).await {
+                tracing::error!("dashboard: the server stopped: {e}");
             }
-        };
-        tracing::info!("dashboard on http://{bound}/");
-        let service =
-            routes::router(app).into_make_service_with_connect_info::<listener::ClientAddr>();
-        if let Err(e) = axum::serve(listener::CappedListener::new(listener), service).await {
-            tracing::error!("dashboard: the server stopped: {e}");
+        })
+    };
+    let mut tasks = vec![sampler, plain];
+    if let Some((addr, config)) = tls {
+        let router = routes::router(Arc::clone(&app), true);
+        tasks.push(tokio::spawn(async move {
+            let Some(listener) = bind(addr, "https_listen").await else {
+                return;
+            };
+            let listener = match listener::TlsListener::new(listener, config) {
+                Ok(listener) => listener,
+                Err(e) => {
+                    tracing::error!("dashboard: cannot serve HTTPS on {addr}: {e}");
+                    return;
+                }
+            };
+            tracing::info!("dashboard on https://{addr}/");
+            let service = router.into_make_service_with_connect_info::<listener::ClientAddr>();
+            if let Err(e) = axum::serve(listener, service).await {
+                tracing::error!("dashboard: the HTTPS server stopped: {e}");
+            }
+        }));
+    }
+    Handle { tasks }
+}
+
+async fn bind(addr: SocketAddr, key: &str) -> Option<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => Some(listener),
+        Err(e) => {
+            tracing::error!("dashboard: cannot listen on {addr}: {e}; change [dashboard] {key}");
+            None
         }
-    });
-    Handle {
-        tasks: vec![sampler, server],
+    }
+}
+
+/// HTTPS's address and TLS configuration when the box serves it: provisioned (so it has its
+/// certificate) and with a password (so it serves the network at all).
+fn https_config(sources: &Sources) -> Option<(SocketAddr, Arc<rustls::ServerConfig>)> {
+    let dashboard = &sources.config.dashboard;
+    if !dashboard.password_hash.is_set() {
+        return None;
+    }
+    let (cert, key) = crate::provision::identity::tls_identity(&sources.board)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| {
+            b.with_no_client_auth().with_single_cert(
+                vec![rustls::pki_types::CertificateDer::from(cert)],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.into()),
+            )
+        });
+    match config {
+        Ok(mut config) => {
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Some((dashboard.https_listen.get(), Arc::new(config)))
+        }
+        Err(e) => {
+            tracing::error!(
+                "dashboard: the box's TLS certificate cannot be used ({e}); serving plain HTTP only. \
+                 `supervisor provision apply` makes a new one after the files under {} are removed",
+                crate::provision::PROVISION_DIR
+            );
+            None
+        }
     }
 }
 

@@ -25,15 +25,17 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");
 
-/// Every route, with the security headers and the body limit.
-pub fn router(app: Arc<App>) -> Router {
-    Router::new()
+/// Every route, with the security headers and the body limit. `over_tls`: the router of the
+/// HTTPS listener; the plain one redirects other machines to HTTPS when the box serves it.
+pub fn router(app: Arc<App>, over_tls: bool) -> Router {
+    let routes = Router::new()
         .route("/", get(overview))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/events", get(events))
         .route("/api/status", get(api_status))
         .route("/api/chat", post(api_chat))
+        .route("/api/enroll", post(api_enroll))
         .route("/assets/app.js", get(app_js))
         .route("/assets/style.css", get(style_css))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -41,8 +43,61 @@ pub fn router(app: Arc<App>) -> Router {
             Arc::clone(&app),
             loopback_host,
         ))
-        .layer(axum::middleware::map_response(security_headers))
-        .with_state(app)
+        .layer(axum::middleware::map_response(security_headers));
+    let routes = if app.https.is_some() && !over_tls {
+        routes.layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            redirect_to_https,
+        ))
+    } else {
+        routes
+    };
+    routes.with_state(app)
+}
+
+/// Plain HTTP once HTTPS is served: the box itself (loopback) is still answered, every other
+/// machine is sent to HTTPS, where passwords and cookies are safe on the wire.
+async fn redirect_to_https(
+    State(app): State<Arc<App>>,
+    ConnectInfo(ClientAddr(client)): ConnectInfo<ClientAddr>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(https) = app.https else {
+        return next.run(request).await;
+    };
+    if client.ip().is_loopback() {
+        return next.run(request).await;
+    }
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(host_name)
+        .unwrap_or_else(|| https.ip().to_string());
+    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    Redirect::permanent(&format!("https://{host}:{}{path}", https.port())).into_response()
+}
+
+/// The name part of a `Host` header, if it is a plain host name or IP address (nothing that
+/// could smuggle another URL into the redirect).
+fn host_name(host: &str) -> Option<String> {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            name
+        }
+        _ => host,
+    };
+    let bracketed = name.starts_with('[')
+        && name.ends_with(']')
+        && name[1..name.len() - 1]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.');
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    (bracketed || plain).then(|| name.to_string())
 }
 
 /// Without a password the dashboard trusts its loopback address, so it answers only requests
@@ -140,13 +195,15 @@ impl App {
         }
     }
 
-    /// A fresh session and its `Set-Cookie` value. No `Secure`: the box serves plain HTTP on
-    /// the clinic's network, where a Secure cookie would never be sent back.
+    /// A fresh session and its `Set-Cookie` value, `Secure` once the box serves HTTPS (before
+    /// that it serves plain HTTP, where a Secure cookie would never be sent back; browsers
+    /// send Secure cookies to http://localhost too).
     fn new_session(&self) -> Result<(Session, HeaderValue), DashError> {
         let (id, session) = self.sessions.create().map_err(DashError::Internal)?;
         let cookie = format!(
-            "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-            auth::SESSION_LIFETIME.as_secs()
+            "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}{}",
+            auth::SESSION_LIFETIME.as_secs(),
+            if self.https.is_some() { "; Secure" } else { "" }
         );
         let value =
             HeaderValue::from_str(&cookie).map_err(|e| DashError::Internal(e.to_string()))?;
@@ -268,21 +325,80 @@ async fn api_status(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Response, DashError> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let allowed = match bearer {
-        Some(token) => {
-            auth::token_allowed(token.trim(), &app.sources.config.dashboard.api_token_sha256)
-        }
+    let allowed = if headers.contains_key(header::AUTHORIZATION) {
+        bearer_allowed(&app, &headers)
+    } else {
         // Without a password the pages are open on loopback; so is their JSON.
-        None => app.open || app.session(&headers).is_some(),
+        app.open || app.session(&headers).is_some()
     };
     if !allowed {
         return Err(DashError::Unauthorized);
     }
     Ok(Json(app.status_off_thread().await?).into_response())
+}
+
+/// Whether a request carries an API token the box accepts.
+fn bearer_allowed(app: &App, headers: &HeaderMap) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|token| {
+            auth::token_allowed(token.trim(), &app.sources.config.dashboard.api_token_sha256)
+        })
+}
+
+/// `appliance fleet enroll`: an API token, and a fresh nonce; the answer proves the box holds
+/// its enrolment token and device key (see `provision::enroll`). Once per generation.
+async fn api_enroll(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, DashError> {
+    if !bearer_allowed(&app, &headers) {
+        return Err(DashError::Unauthorized);
+    }
+    #[derive(serde::Deserialize)]
+    struct Request {
+        nonce: String,
+    }
+    let request: Request = serde_json::from_slice(&body)
+        .map_err(|e| DashError::BadRequest(format!("expected {{\"nonce\": \"<hex>\"}}: {e}")))?;
+    let nonce = request.nonce;
+    if !(32..=128).contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(DashError::BadRequest(
+            "the nonce is 32-128 hex digits, fresh for each request".into(),
+        ));
+    }
+    let board = app.sources.board.clone();
+    let answer = tokio::task::spawn_blocking(move || enroll(&board, &nonce))
+        .await
+        .map_err(|e| DashError::Internal(format!("enrolment crashed: {e}")))??;
+    Ok(Json(answer).into_response())
+}
+
+fn enroll(
+    board: &crate::board::Board,
+    nonce: &str,
+) -> Result<provision::enroll::Answer, DashError> {
+    use crate::provision as p;
+    let settings = p::committed_settings(board)
+        .map_err(DashError::Internal)?
+        .ok_or_else(|| DashError::Conflict("this box is not provisioned".into()))?;
+    let mut record = p::read_record(board)
+        .map_err(DashError::Internal)?
+        .unwrap_or_default();
+    if record.enrolled_unix.is_some() {
+        return Err(DashError::Conflict(
+            "this box's enrolment token is spent (it enrolled already); to enrol it again, provision it with a higher generation".into(),
+        ));
+    }
+    let answer = p::identity::enroll_answer(board, &settings, &record, nonce)
+        .map_err(DashError::Conflict)?;
+    record.enrolled_unix = Some(weights::install::now_unix());
+    p::write_record(board, &record).map_err(DashError::Internal)?;
+    tracing::info!("dashboard: enrolled in fleet {}", answer.fleet);
+    Ok(answer)
 }
 
 async fn api_chat(
@@ -341,6 +457,19 @@ mod tests {
         );
         assert_eq!(cookie_id(&headers).as_deref(), Some("abc123"));
         assert_eq!(cookie_id(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn redirects_keep_only_a_plain_host_name() {
+        assert_eq!(
+            host_name("north-1.lan:8000").as_deref(),
+            Some("north-1.lan")
+        );
+        assert_eq!(host_name("192.168.1.20").as_deref(), Some("192.168.1.20"));
+        assert_eq!(host_name("[fd00::20]:8000").as_deref(), Some("[fd00::20]"));
+        for bad in ["evil.example/x", "a@b", "", "[fd00::20", "x y"] {
+            assert_eq!(host_name(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! The supervisor's own settings from provisioning (dashboard password, API tokens, model,
 //! overclock) are read by [`crate::config::Config::for_board`] from the committed file.
 
+pub mod identity;
 pub mod runtime;
 
 use serde::{Deserialize, Serialize};
@@ -31,8 +32,6 @@ use provision::{BoxSettings, Fleet, FleetFile, PROVISION_FILE};
 pub const PROVISION_DIR: &str = "/var/lib/appliance/provision";
 /// The committed settings: this box's entry of the applied file, secrets (hashes) included.
 pub const COMMITTED: &str = "/var/lib/appliance/provision/applied.toml";
-/// The box's ed25519 secret key (hex seed).
-pub const DEVICE_KEY: &str = "/var/lib/appliance/provision/device.key";
 /// The record of what was applied, shown by `status` and the dashboard.
 pub const RECORD: &str = "/var/lib/appliance/provision.json";
 /// A provisioning file larger than this is refused unread (a fleet of thousands fits).
@@ -72,6 +71,11 @@ pub struct Record {
     pub hostname: Option<String>,
     /// The device key's public half (64 hex digits); the secret half never leaves the box.
     pub device_public_key: Option<String>,
+    /// SHA-256 of the TLS certificate the dashboard serves (what `fleet.lock` pins).
+    pub certificate_sha256: Option<String>,
+    /// When `appliance fleet enroll` enrolled this generation (Unix seconds); its token is
+    /// then spent.
+    pub enrolled_unix: Option<u64>,
     /// Why the last file on the boot partition was refused; cleared once a file applies or
     /// the file is gone.
     pub last_error: Option<String>,
@@ -148,13 +152,15 @@ pub fn apply(board: &Board) -> Result<Report, String> {
             }
         },
     };
-    let device_public_key = if committed.is_some() {
-        Some(device_key(board)?)
-    } else {
-        None
-    };
     let settings = committed.as_ref().and_then(|c| c.boxes.first());
+    let (mut device_public_key, mut certificate_sha256) = (None, None);
     if let Some(settings) = settings {
+        device_public_key = Some(identity::public_hex(&identity::device_key(board)?));
+        certificate_sha256 = Some(identity::ensure_tls(
+            board,
+            settings,
+            outcome == Outcome::Applied,
+        )?);
         runtime::realise(board, settings)?;
     }
     let new_record = Record {
@@ -175,6 +181,10 @@ pub fn apply(board: &Board) -> Result<Report, String> {
             .and_then(BoxSettings::effective_hostname)
             .map(|h| h.to_string()),
         device_public_key,
+        certificate_sha256,
+        enrolled_unix: record
+            .enrolled_unix
+            .filter(|_| outcome != Outcome::Applied && committed.is_some()),
         last_error: (outcome == Outcome::Rejected).then(|| message.clone()),
     };
     if read_record(board)?.as_ref() != Some(&new_record) {
@@ -185,6 +195,17 @@ pub fn apply(board: &Board) -> Result<Report, String> {
         message,
         record: new_record,
     })
+}
+
+/// Writes the record (atomically).
+pub fn write_record(board: &Board, record: &Record) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(record).map_err(|e| e.to_string())?;
+    board
+        .create_dir_all(PROVISION_DIR)
+        .map_err(|e| e.to_string())?;
+    board
+        .replace_file(RECORD, format!("{text}\n").as_bytes())
+        .map_err(|e| e.to_string())
 }
 
 /// The record as last written (`None`: provisioning never ran on this box).
@@ -245,16 +266,6 @@ fn read_committed(board: &Board) -> Result<Option<FleetFile>, String> {
         .map_err(|e| format!("{e}; the applied provisioning is damaged: provision the box again"))
 }
 
-fn write_record(board: &Board, record: &Record) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(record).map_err(|e| e.to_string())?;
-    board
-        .create_dir_all(PROVISION_DIR)
-        .map_err(|e| e.to_string())?;
-    board
-        .replace_file(RECORD, format!("{text}\n").as_bytes())
-        .map_err(|e| e.to_string())
-}
-
 /// The firmware's serial number, if it reports a well-formed one.
 fn board_serial(board: &Board) -> Option<Serial> {
     let raw = board.read_bytes(paths::DT_SERIAL_NUMBER).ok()?;
@@ -307,34 +318,6 @@ fn scrub(board: &Board, path: &str, file: &FleetFile) -> Result<(), String> {
     board
         .replace_file(path, text.as_bytes())
         .map_err(|e| format!("removing the secrets from {path}: {e}"))
-}
-
-/// The device key's public half, made (and stored owner-only) the first time it is needed.
-fn device_key(board: &Board) -> Result<String, String> {
-    if let Some(text) = board.read_optional(DEVICE_KEY).map_err(|e| e.to_string())? {
-        let seed: [u8; 32] = hex::decode(text.trim())
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| format!("{DEVICE_KEY} is damaged (not 64 hex digits)"))?;
-        return Ok(public_hex(&seed));
-    }
-    let mut seed = [0u8; 32];
-    getrandom::fill(&mut seed).map_err(|e| format!("the OS random source failed: {e}"))?;
-    board
-        .create_dir_all(PROVISION_DIR)
-        .map_err(|e| e.to_string())?;
-    board
-        .replace_private_file(DEVICE_KEY, format!("{}\n", hex::encode(seed)).as_bytes())
-        .map_err(|e| e.to_string())?;
-    Ok(public_hex(&seed))
-}
-
-fn public_hex(seed: &[u8; 32]) -> String {
-    hex::encode(
-        ed25519_dalek::SigningKey::from_bytes(seed)
-            .verifying_key()
-            .as_bytes(),
-    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,433 @@
+//! The fleet on the network: enrolment (`fleet.lock`) and a status table of every box.
+//!
+//! Beside `fleet.toml` the tool keeps `fleet.secret` (owner-only; the boxes' enrolment tokens
+//! are derived from it, see `provision::enroll`) and `fleet.lock`: each enrolled box's address,
+//! device public key and the SHA-256 of its TLS certificate. A box that later presents another
+//! certificate (its device key was replaced, or something else answers at its address) is
+//! flagged and told nothing.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::https::{self, Failure};
+use provision::FleetFile;
+use provision::enroll::{self, Answer};
+
+/// The HTTPS port a box serves its dashboard and API on by default.
+pub const DEFAULT_PORT: u16 = 8443;
+
+/// `fleet.lock`: what enrolment learnt about each box.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lock {
+    /// Enrolled boxes.
+    #[serde(default, rename = "box")]
+    pub boxes: Vec<Enrolled>,
+}
+
+/// One enrolled box.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Enrolled {
+    /// Its name in the fleet file.
+    pub name: String,
+    /// Where it answered (`host:port`).
+    pub address: String,
+    /// Its device public key.
+    pub device_public_key: String,
+    /// SHA-256 of its TLS certificate.
+    pub certificate_sha256: String,
+    /// Its board serial, if it reported one.
+    pub serial: Option<String>,
+    /// The generation it was enrolled at.
+    pub generation: u64,
+}
+
+/// The files beside a fleet file.
+pub struct Paths {
+    /// `fleet.toml`.
+    pub fleet: PathBuf,
+    /// `fleet.lock`.
+    pub lock: PathBuf,
+    /// `fleet.secret`.
+    pub secret: PathBuf,
+}
+
+impl Paths {
+    /// The lock and secret beside `fleet`.
+    pub fn beside(fleet: &Path) -> Paths {
+        Paths {
+            fleet: fleet.to_path_buf(),
+            lock: fleet.with_file_name("fleet.lock"),
+            secret: fleet.with_file_name("fleet.secret"),
+        }
+    }
+}
+
+/// The fleet's secret, made (owner-only) the first time a card is stamped.
+pub fn secret(paths: &Paths) -> Result<Vec<u8>, String> {
+    match std::fs::read_to_string(&paths.secret) {
+        Ok(text) => hex::decode(text.trim())
+            .ok()
+            .filter(|s| s.len() == 32)
+            .ok_or_else(|| {
+                format!(
+                    "{} is damaged (not 64 hex digits); restore it from your backup",
+                    paths.secret.display()
+                )
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut secret = vec![0u8; 32];
+            getrandom::fill(&mut secret)
+                .map_err(|e| format!("the OS random source failed: {e}"))?;
+            durable::replace_private(
+                &paths.secret,
+                format!("{}\n", hex::encode(&secret)).as_bytes(),
+            )
+            .map_err(|e| format!("{}: {e}", paths.secret.display()))?;
+            Ok(secret)
+        }
+        Err(e) => Err(format!("{}: {e}", paths.secret.display())),
+    }
+}
+
+/// Reads `fleet.lock` (empty when there is none yet).
+pub fn read_lock(paths: &Paths) -> Result<Lock, String> {
+    match std::fs::read_to_string(&paths.lock) {
+        Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", paths.lock.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Lock::default()),
+        Err(e) => Err(format!("{}: {e}", paths.lock.display())),
+    }
+}
+
+fn write_lock(paths: &Paths, lock: &Lock) -> Result<(), String> {
+    let text = toml::to_string(lock).map_err(|e| e.to_string())?;
+    let text = format!(
+        "# Written by `appliance fleet enroll`: each box's identity as enrolled. A box presenting\n\
+         # another certificate is not trusted. Remove an entry to enrol that box again.\n{text}"
+    );
+    durable::replace(&paths.lock, text.as_bytes())
+        .map_err(|e| format!("{}: {e}", paths.lock.display()))
+}
+
+/// Where box `name` is reached: an explicit `NAME=HOST:PORT`, else where it enrolled, else its
+/// static address or host name on the HTTPS port.
+pub fn address(
+    fleet: &FleetFile,
+    lock: &Lock,
+    name: &str,
+    overrides: &[(String, String)],
+) -> String {
+    if let Some((_, at)) = overrides.iter().find(|(n, _)| n == name) {
+        return at.clone();
+    }
+    if let Some(enrolled) = lock.boxes.iter().find(|b| b.name == name) {
+        return enrolled.address.clone();
+    }
+    let settings = fleet
+        .boxes
+        .iter()
+        .find(|b| b.name.as_ref().is_some_and(|n| n.as_str() == name))
+        .map(|b| b.over(&fleet.fleet.defaults));
+    match settings.as_ref().and_then(|s| s.network.as_ref()?.address) {
+        Some(prefix) if prefix.address.is_ipv6() => format!("[{}]:{DEFAULT_PORT}", prefix.address),
+        Some(prefix) => format!("{}:{DEFAULT_PORT}", prefix.address),
+        None => {
+            let host = settings
+                .as_ref()
+                .and_then(|s| s.effective_hostname().map(|h| h.to_string()))
+                .unwrap_or_else(|| name.to_string());
+            format!("{host}:{DEFAULT_PORT}")
+        }
+    }
+}
+
+/// What enrolling one box came to.
+pub enum EnrolOutcome {
+    /// Enrolled now.
+    Enrolled(Enrolled),
+    /// Not enrolled, and why.
+    Failed(String),
+}
+
+/// Enrols box `name` at `address`: asks for its identity with a fresh nonce and checks the
+/// answer against the token this fleet's secret gives the box.
+pub fn enroll_one(
+    fleet: &FleetFile,
+    secret: &[u8],
+    name: &str,
+    address: &str,
+    api_token: &str,
+) -> EnrolOutcome {
+    let mut nonce = [0u8; 32];
+    if let Err(e) = getrandom::fill(&mut nonce) {
+        return EnrolOutcome::Failed(format!("the OS random source failed: {e}"));
+    }
+    let nonce = hex::encode(nonce);
+    let body = serde_json::json!({ "nonce": nonce }).to_string();
+    let response = match https::request(
+        address,
+        "POST",
+        "/api/enroll",
+        Some(api_token),
+        Some(("application/json", &body)),
+        None,
+    ) {
+        Ok(r) => r,
+        Err(e) => return EnrolOutcome::Failed(e.to_string()),
+    };
+    if response.status != 200 {
+        return EnrolOutcome::Failed(format!(
+            "{address} refused enrolment ({}): {}",
+            response.status,
+            String::from_utf8_lossy(&response.body).trim()
+        ));
+    }
+    let answer: Answer = match serde_json::from_slice(&response.body) {
+        Ok(a) => a,
+        Err(e) => return EnrolOutcome::Failed(format!("{address}: not an enrolment answer: {e}")),
+    };
+    if answer.name != name || answer.fleet != fleet.fleet.name.as_str() {
+        return EnrolOutcome::Failed(format!(
+            "{address} is box {} of fleet {}, not {name} of {}",
+            answer.name, answer.fleet, fleet.fleet.name
+        ));
+    }
+    if answer.certificate_sha256 != response.certificate_sha256 {
+        return EnrolOutcome::Failed(format!(
+            "{address} vouches for certificate {} but presented {}: something is in between",
+            answer.certificate_sha256, response.certificate_sha256
+        ));
+    }
+    let token = enroll::derive_token(secret, fleet.fleet.name.as_str(), name, answer.generation);
+    if let Err(e) = enroll::check(&answer, &nonce, &token) {
+        return EnrolOutcome::Failed(format!("{address}: {e}"));
+    }
+    EnrolOutcome::Enrolled(Enrolled {
+        name: name.to_string(),
+        address: address.to_string(),
+        device_public_key: answer.device_public_key,
+        certificate_sha256: answer.certificate_sha256,
+        serial: answer.serial,
+        generation: answer.generation,
+    })
+}
+
+/// `appliance fleet enroll`: every box not yet in `fleet.lock`, one line each; the lock is
+/// written after each box so an interrupted run keeps what it learnt. Returns how many failed.
+pub fn enroll_all(
+    paths: &Paths,
+    fleet: &FleetFile,
+    api_token: &str,
+    overrides: &[(String, String)],
+    mut say: impl FnMut(&str),
+) -> Result<usize, String> {
+    let secret = secret(paths)?;
+    let mut lock = read_lock(paths)?;
+    let mut failed = 0;
+    for entry in &fleet.boxes {
+        let Some(name) = entry.name.as_ref().map(|n| n.to_string()) else {
+            continue;
+        };
+        if lock.boxes.iter().any(|b| b.name == name) {
+            say(&format!("{name}: already enrolled"));
+            continue;
+        }
+        let at = address(fleet, &lock, &name, overrides);
+        match enroll_one(fleet, &secret, &name, &at, api_token) {
+            EnrolOutcome::Enrolled(enrolled) => {
+                say(&format!(
+                    "{name}: enrolled at {at}, device key {}, certificate {}",
+                    enrolled.device_public_key, enrolled.certificate_sha256
+                ));
+                lock.boxes.push(enrolled);
+                write_lock(paths, &lock)?;
+            }
+            EnrolOutcome::Failed(why) => {
+                failed += 1;
+                say(&format!("{name}: not enrolled: {why}"));
+            }
+        }
+    }
+    Ok(failed)
+}
+
+/// One line of `appliance fleet status`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Row {
+    /// The box.
+    pub name: String,
+    /// Where it was asked.
+    pub address: String,
+    /// Whether it answered.
+    pub reachable: bool,
+    /// `matches`, `MISMATCH` or `not enrolled`.
+    pub identity: String,
+    /// Why it could not be asked, or what went wrong.
+    pub error: Option<String>,
+    /// The OS it runs.
+    pub os: Option<String>,
+    /// The boot partition it booted from.
+    pub boot_partition: Option<u64>,
+    /// The model id.
+    pub model: Option<String>,
+    /// The launch gate's verdict on the model (`approved` when verified).
+    pub model_state: Option<String>,
+    /// The engine's state.
+    pub engine: Option<String>,
+    /// Recent decode speed.
+    pub decode_tokens_per_second: Option<f64>,
+    /// SoC temperature.
+    pub temperature_c: Option<f64>,
+    /// Throttling now, in words (empty: none).
+    pub throttling: Option<Vec<String>>,
+    /// Seconds since boot.
+    pub uptime_s: Option<u64>,
+    /// The applied provisioning generation.
+    pub generation: Option<u64>,
+}
+
+/// Asks box `name` for its status, trusting only its enrolled certificate.
+pub fn status_one(
+    fleet: &FleetFile,
+    lock: &Lock,
+    name: &str,
+    api_token: &str,
+    overrides: &[(String, String)],
+) -> Row {
+    let address = address(fleet, lock, name, overrides);
+    let mut row = Row {
+        name: name.to_string(),
+        address: address.clone(),
+        ..Row::default()
+    };
+    let Some(enrolled) = lock.boxes.iter().find(|b| b.name == name) else {
+        row.identity = "not enrolled".into();
+        row.error = Some("not enrolled: run `appliance fleet enroll` first".into());
+        return row;
+    };
+    let response = https::request(
+        &address,
+        "GET",
+        "/api/status",
+        Some(api_token),
+        None,
+        Some(&enrolled.certificate_sha256),
+    );
+    let response = match response {
+        Ok(r) => r,
+        Err(Failure::IdentityMismatch { presented }) => {
+            row.reachable = true;
+            row.identity = "MISMATCH".into();
+            row.error = Some(format!(
+                "presents certificate {presented}, enrolled was {}: its device key was replaced or another machine answers; not trusted",
+                enrolled.certificate_sha256
+            ));
+            return row;
+        }
+        Err(e) => {
+            row.identity = "unknown".into();
+            row.error = Some(e.to_string());
+            return row;
+        }
+    };
+    row.reachable = true;
+    row.identity = "matches".into();
+    if response.status != 200 {
+        row.error = Some(format!(
+            "status {}: {}",
+            response.status,
+            String::from_utf8_lossy(&response.body).trim()
+        ));
+        return row;
+    }
+    let status: Value = match serde_json::from_slice(&response.body) {
+        Ok(v) => v,
+        Err(e) => {
+            row.error = Some(format!("not a status document: {e}"));
+            return row;
+        }
+    };
+    if status["provision"]["device_public_key"].as_str() != Some(&enrolled.device_public_key) {
+        row.identity = "MISMATCH".into();
+        row.error = Some("its device key is not the enrolled one; not trusted".into());
+        return row;
+    }
+    let board = &status["board"];
+    row.os = board["os"].as_str().map(str::to_string);
+    row.boot_partition = board["boot"]["partition"].as_u64();
+    row.model = status["model"]["id"].as_str().map(str::to_string);
+    row.model_state = status["model"]["state"].as_str().map(str::to_string);
+    row.engine = status["engine"]["state"].as_str().map(str::to_string);
+    row.decode_tokens_per_second = status["engine"]["decode_tokens_per_second"].as_f64();
+    row.temperature_c = board["temperature_c"].as_f64();
+    row.throttling = board["throttle"]["now"].as_array().map(|words| {
+        words
+            .iter()
+            .filter_map(|w| w.as_str().map(str::to_string))
+            .collect()
+    });
+    row.uptime_s = board["uptime_s"].as_u64();
+    row.generation = status["provision"]["generation"].as_u64();
+    row
+}
+
+/// The rows as an aligned table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:16} {:22} {:12} {:26} {:7} {:20} {:10} {:>6} {:>7} {:12} {:>10} {:>4}\n",
+        "BOX",
+        "ADDRESS",
+        "IDENTITY",
+        "OS",
+        "SLOT",
+        "MODEL",
+        "ENGINE",
+        "TOK/S",
+        "TEMP",
+        "THROTTLING",
+        "UPTIME",
+        "GEN"
+    );
+    let dash = || "-".to_string();
+    for r in rows {
+        if let Some(error) = &r.error {
+            out.push_str(&format!(
+                "{:16} {:22} {:12} {error}\n",
+                r.name, r.address, r.identity
+            ));
+            continue;
+        }
+        let model = match (&r.model, &r.model_state) {
+            (Some(m), Some(s)) => format!("{m} ({s})"),
+            (Some(m), None) => m.clone(),
+            _ => dash(),
+        };
+        out.push_str(&format!(
+            "{:16} {:22} {:12} {:26} {:7} {:20} {:10} {:>6} {:>7} {:12} {:>10} {:>4}\n",
+            r.name,
+            r.address,
+            r.identity,
+            r.os.clone().unwrap_or_else(dash),
+            r.boot_partition.map_or_else(dash, |p| format!("p{p}")),
+            model,
+            r.engine.clone().unwrap_or_else(dash),
+            r.decode_tokens_per_second
+                .map_or_else(dash, |t| format!("{t:.1}")),
+            r.temperature_c.map_or_else(dash, |t| format!("{t:.1}°C")),
+            r.throttling
+                .as_ref()
+                .map_or_else(dash, |t| if t.is_empty() {
+                    "none".into()
+                } else {
+                    t.join(",")
+                }),
+            r.uptime_s
+                .map_or_else(dash, |s| format!("{}h{:02}m", s / 3600, s / 60 % 60)),
+            r.generation.map_or_else(dash, |g| g.to_string()),
+        ));
+    }
+    out
+}
