@@ -59,6 +59,18 @@ enum Command {
         /// The card's whole-disk device (e.g. /dev/sdb, /dev/mmcblk0, /dev/nvme1n1).
         device: PathBuf,
     },
+    /// Write a signed provisioning file for a USB stick labelled APPLIANCE into DIR (the
+    /// stick's mount point): boxes that trust the fleet key apply it when it is plugged in.
+    Usb {
+        #[command(flatten)]
+        whom: Whom,
+        /// The fleet's secret signing key (`supervisor weights keygen`; its public key is the
+        /// fleet file's fleet_key).
+        #[arg(long)]
+        key: PathBuf,
+        /// The stick's mount point.
+        dir: PathBuf,
+    },
     /// The fleet on the network.
     Fleet {
         #[command(subcommand)]
@@ -135,6 +147,7 @@ fn main() -> ExitCode {
             device,
         } => stamped(&whom).and_then(|text| flash(&image, &device, &text, &whom)),
         Command::WifiPsk { ssid } => wifi_psk(&ssid),
+        Command::Usb { whom, key, dir } => stamped(&whom).and_then(|text| usb(&text, &key, &dir)),
         Command::Fleet {
             command: FleetCommand::Enroll { reach },
         } => enroll(&reach),
@@ -324,6 +337,27 @@ fn status(args: &Reach, json: bool) -> Result<(), Failure> {
     if untrusted > 0 {
         return Err(failed_count(untrusted, "not trusted (identity mismatch)"));
     }
+    Ok(())
+}
+
+fn usb(text: &str, key: &Path, dir: &Path) -> Result<(), Failure> {
+    let secret =
+        std::fs::read_to_string(key).map_err(|e| bad_input(format!("{}: {e}", key.display())))?;
+    let signature = weights::sign::sign(text.as_bytes(), &secret)
+        .map_err(|e| bad_input(format!("{}: {e}", key.display())))?;
+    let file = dir.join(PROVISION_FILE);
+    let sig = dir.join(format!("{PROVISION_FILE}.sig"));
+    // The signature first: a stick pulled out between the two writes holds an old file with a
+    // signature that does not match it, which boxes refuse, never an unsigned new one.
+    for (path, contents) in [(&sig, signature.as_str()), (&file, text)] {
+        durable::replace(path, contents.as_bytes())
+            .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+    }
+    println!(
+        "{} and {} written; boxes that trust this key apply them when the stick is plugged in",
+        file.display(),
+        sig.display()
+    );
     Ok(())
 }
 

@@ -363,3 +363,45 @@ fn the_documented_example_checks() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_usb_stick_gets_the_file_and_the_fleet_keys_signature() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fleet = fleet_file(dir.path());
+    let (secret, public) = weights::sign::keygen().expect("key");
+    let key = dir.path().join("fleet-key");
+    fs::write(&key, secret).expect("key file");
+    let stick = dir.path().join("stick");
+    fs::create_dir(&stick).expect("stick");
+    let run = appliance(&[
+        "usb",
+        "--fleet",
+        &fleet,
+        "--box",
+        "radiology",
+        "--key",
+        key.to_str().expect("utf8"),
+        stick.to_str().expect("utf8"),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let text = fs::read(stick.join(PROVISION_FILE)).expect("file");
+    let sig = fs::read_to_string(stick.join(format!("{PROVISION_FILE}.sig"))).expect("sig");
+    let trust = weights::sign::Trust::new(&[public], true).expect("trust");
+    trust
+        .check(&text, Some(&sig))
+        .expect("signed by the fleet key");
+    assert!(String::from_utf8_lossy(&text).contains("radiology-llm"));
+
+    let run = appliance(&[
+        "usb",
+        "--fleet",
+        &fleet,
+        "--box",
+        "radiology",
+        "--key",
+        &fleet,
+        stick.to_str().expect("utf8"),
+    ]);
+    assert_eq!(run.status.code(), Some(2), "a fleet file is not a key");
+    assert!(stderr(&run).contains("secret key"), "{}", stderr(&run));
+}

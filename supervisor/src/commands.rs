@@ -87,15 +87,19 @@ pub fn sim_boot(dir: &Path) -> ExitCode {
     }
 }
 
-/// `supervisor provision apply [--json]`: needs only the board, not the configuration (which
+/// `supervisor provision apply [--from DIR] [--json]`: needs only the board, not the configuration (which
 /// provisioning feeds).
-pub fn provision_apply(root: &Path, json: bool) -> ExitCode {
+pub fn provision_apply(root: &Path, from: Option<&str>, json: bool) -> ExitCode {
     use crate::provision::Outcome;
     let board = match Board::open(root) {
         Ok(board) => board,
         Err(e) => return bad_input(e),
     };
-    let report = match crate::provision::apply(&board) {
+    let source = match from {
+        Some(dir) => crate::provision::Source::SignedDir(dir.to_string()),
+        None => crate::provision::Source::BootPartition,
+    };
+    let report = match crate::provision::apply(&board, &source) {
         Ok(report) => report,
         Err(e) => return bad_input(format!("provisioning: {e}")),
     };

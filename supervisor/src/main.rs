@@ -75,6 +75,11 @@ enum ProvisionCommand {
     /// secrets from the boot partition, and set up the running system (every boot, before
     /// networking). Exit 0 applied or nothing to do, 1 file refused, 2 board failure.
     Apply {
+        /// Take the file from this directory (box path; where a USB stick labelled APPLIANCE
+        /// is mounted) instead of the boot partition: it must carry a valid
+        /// appliance-provision.toml.sig by the fleet key the box trusts.
+        #[arg(long, value_name = "DIR")]
+        from: Option<String>,
         /// Print the record as JSON.
         #[arg(long)]
         json: bool,
@@ -257,8 +262,8 @@ fn main() -> ExitCode {
             command: SimCommand::Boot { dir },
         } => commands::sim_boot(&dir),
         Command::Provision {
-            command: ProvisionCommand::Apply { json },
-        } => commands::provision_apply(&cli.root, json),
+            command: ProvisionCommand::Apply { from, json },
+        } => commands::provision_apply(&cli.root, from.as_deref(), json),
         Command::Dashboard { command } => match command {
             DashboardCommand::HashPassword => supervisor::dashboard::cli::hash_password(),
             DashboardCommand::NewToken => supervisor::dashboard::cli::new_token(),

@@ -165,6 +165,7 @@ fn a_good_file_is_applied_whole_and_its_secrets_leave_the_boot_partition() {
     for private in [
         COMMITTED,
         "var/lib/appliance/provision/device.key",
+        "var/lib/appliance/provision/tls-key.der",
         "run/appliance/wpa_supplicant-wlan0.conf",
     ] {
         let mode = std::fs::metadata(board.path(private))
@@ -185,6 +186,10 @@ fn a_good_file_is_applied_whole_and_its_secrets_leave_the_boot_partition() {
     assert_eq!(record["hostname"], "north-1");
     assert_eq!(record["serial"], "10000000a5a5a5a5");
     assert_eq!(record["device_public_key"].as_str().map(str::len), Some(64));
+    assert_eq!(
+        record["certificate_sha256"].as_str().map(str::len),
+        Some(64)
+    );
     assert!(record["last_error"].is_null());
 
     let status = run(&[
@@ -447,4 +452,94 @@ fn a_power_cut_at_any_write_leaves_the_old_or_the_new_state() {
         assert!(cut_at < 50, "provisioning never finished");
     }
     assert!(cut_at > 3, "the cut reached every write ({cut_at})");
+}
+
+#[test]
+fn a_usb_file_counts_only_when_the_trusted_fleet_key_signed_it() {
+    let (fleet_secret, fleet_public) = weights::sign::keygen().expect("fleet key");
+    let (stranger_secret, _) = weights::sign::keygen().expect("another key");
+    let hash = password_hash();
+    let board = Board::new();
+    board.stamp(&format!(
+        "[fleet]\nname = \"clinics\"\ngeneration = 1\n\n[[box]]\nname = \"north-1\"\nfleet_key = \"{fleet_public}\"\n"
+    ));
+    assert!(board.apply().status.success());
+    let boot_file = board.read(BOOT_FILE);
+
+    let stick = board.path("run/appliance-usb/sda1");
+    std::fs::create_dir_all(&stick).expect("stick");
+    let file = stick.join("appliance-provision.toml");
+    let sig = stick.join("appliance-provision.toml.sig");
+    let reprovision = format!(
+        "[fleet]\nname = \"clinics\"\ngeneration = 2\n\n[[box]]\nname = \"north-1\"\nhostname = \"moved\"\npassword_hash = \"{hash}\"\nfleet_key = \"{fleet_public}\"\n"
+    );
+    let from_stick = || {
+        run(&[
+            "--root",
+            board.root.to_str().expect("utf8"),
+            "provision",
+            "apply",
+            "--from",
+            "/run/appliance-usb/sda1",
+        ])
+    };
+    let refused = |what: &str, reason: &str| {
+        let out = from_stick();
+        assert_eq!(out.status.code(), Some(1), "{what}: {}", stderr(&out));
+        assert!(stderr(&out).contains(reason), "{what}: {}", stderr(&out));
+        assert_eq!(board.hostname(), "north-1", "{what}: nothing applied");
+        assert_eq!(board.record()["generation"], 1, "{what}");
+    };
+
+    std::fs::write(&file, &reprovision).expect("write");
+    refused("unsigned", "not signed");
+
+    let by_stranger = weights::sign::sign(reprovision.as_bytes(), &stranger_secret).expect("sign");
+    std::fs::write(&sig, by_stranger).expect("write");
+    refused("signed by a stranger", "not among the box's trusted keys");
+
+    let signature = weights::sign::sign(reprovision.as_bytes(), &fleet_secret).expect("sign");
+    std::fs::write(&sig, &signature).expect("write");
+    std::fs::write(&file, reprovision.replace("moved", "hijacked")).expect("tamper");
+    refused("changed after signing", "does not match");
+
+    std::fs::write(&file, &reprovision).expect("write");
+    let out = from_stick();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(board.hostname(), "moved");
+    assert_eq!(board.record()["generation"], 2);
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("stick file"),
+        reprovision,
+        "the stick is never written"
+    );
+    assert_eq!(
+        board.read(BOOT_FILE),
+        boot_file,
+        "the boot partition is not touched"
+    );
+
+    // A box that trusts no fleet key takes nothing from a stick.
+    let other = Board::new();
+    other.stamp("[fleet]\nname = \"clinics\"\ngeneration = 1\n\n[[box]]\nname = \"south-1\"\n");
+    assert!(other.apply().status.success());
+    let stick = other.path("run/appliance-usb/sda1");
+    std::fs::create_dir_all(&stick).expect("stick");
+    std::fs::write(stick.join("appliance-provision.toml"), &reprovision).expect("write");
+    std::fs::write(stick.join("appliance-provision.toml.sig"), &signature).expect("write");
+    let out = run(&[
+        "--root",
+        other.root.to_str().expect("utf8"),
+        "provision",
+        "apply",
+        "--from",
+        "/run/appliance-usb/sda1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("trusts no fleet key"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(other.hostname(), "south-1");
 }

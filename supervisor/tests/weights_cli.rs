@@ -346,7 +346,7 @@ fn signed_manifests_are_required_when_configured() {
     let out = verify();
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("does not match the manifest"),
+        text(&out.stderr).contains("does not match the signed bytes"),
         "{}",
         text(&out.stderr)
     );

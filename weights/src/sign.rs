@@ -106,7 +106,7 @@ impl Trust {
         let key = bytes32(key_hex, "the signing key")?;
         let Some(trusted) = self.keys.iter().find(|k| k.to_bytes() == key) else {
             return Err(sig_error(format!(
-                "the manifest is signed by {key_hex}, which is not among the box's trusted keys"
+                "it is signed by {key_hex}, which is not among the box's trusted keys"
             )));
         };
         let sig_bytes: [u8; 64] = hex::decode(sig_hex)
@@ -115,7 +115,7 @@ impl Trust {
             .ok_or_else(|| sig_error("the signature must be 128 hex digits".into()))?;
         trusted
             .verify_strict(manifest, &Signature::from_bytes(&sig_bytes))
-            .map_err(|_| sig_error("the signature does not match the manifest: it was changed after signing, or signed with another key".into()))?;
+            .map_err(|_| sig_error("the signature does not match the signed bytes: the manifest or file was changed after signing, or signed with another key".into()))?;
         Ok(Signed::By(key_hex.to_string()))
     }
 }

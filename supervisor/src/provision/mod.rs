@@ -92,16 +92,35 @@ pub struct Report {
     pub record: Record,
 }
 
+/// Where a provisioning file comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `appliance-provision.toml` on the boot partition: trusted because whoever can write the
+    /// card before first boot owns the box; its secrets are removed once applied.
+    BootPartition,
+    /// A directory (box path) where a USB stick labelled `APPLIANCE` is mounted read-only:
+    /// its file counts only with a valid `appliance-provision.toml.sig` by the fleet key the
+    /// box already trusts, so physical access alone cannot re-provision a box.
+    SignedDir(String),
+}
+
 /// Runs one provisioning pass (see the module docs). `Err` is a failure of the board itself
 /// (a write that did not happen); a bad file is an `Ok` report with [`Outcome::Rejected`].
-pub fn apply(board: &Board) -> Result<Report, String> {
+pub fn apply(board: &Board, source: &Source) -> Result<Report, String> {
     let mut committed = read_committed(board)?;
     let serial = board_serial(board);
     let mut record = read_record(board)?.unwrap_or_default();
-    let (outcome, message) = match read_boot_file(board) {
+    let found = match source {
+        Source::BootPartition => read_boot_file(board),
+        Source::SignedDir(dir) => read_signed(board, dir, committed.as_ref()),
+    };
+    let (outcome, message) = match found {
         None => (
             Outcome::NoFile,
-            "no provisioning file on the boot partition".to_string(),
+            match source {
+                Source::BootPartition => "no provisioning file on the boot partition".to_string(),
+                Source::SignedDir(dir) => format!("no {PROVISION_FILE} in {dir}"),
+            },
         ),
         Some((path, text)) => match text.and_then(|t| check(board, &path, &t, serial.as_ref())) {
             Err(reason) => (Outcome::Rejected, reason),
@@ -145,7 +164,7 @@ pub fn apply(board: &Board) -> Result<Report, String> {
                         ),
                     )
                 };
-                if file.has_secrets() {
+                if file.has_secrets() && *source == Source::BootPartition {
                     scrub(board, &path, &file)?;
                 }
                 result
@@ -277,15 +296,53 @@ fn board_serial(board: &Board) -> Option<Serial> {
 fn read_boot_file(board: &Board) -> Option<(String, Result<String, String>)> {
     let boot = board.boot_dir().ok()?;
     let path = format!("{boot}/{PROVISION_FILE}");
-    let meta = std::fs::metadata(board.path(&path)).ok()?;
-    let text = if meta.len() > MAX_FILE_BYTES {
+    let text = read_limited(board, &path)?;
+    Some((path, text))
+}
+
+/// A file of at most [`MAX_FILE_BYTES`] (`None`: there is none).
+fn read_limited(board: &Board, path: &str) -> Option<Result<String, String>> {
+    let meta = std::fs::metadata(board.path(path)).ok()?;
+    Some(if meta.len() > MAX_FILE_BYTES {
         Err(format!(
             "{path} is {} bytes; a provisioning file is at most {MAX_FILE_BYTES}",
             meta.len()
         ))
     } else {
-        board.read(&path).map_err(|e| e.to_string())
-    };
+        board.read(path).map_err(|e| e.to_string())
+    })
+}
+
+/// The provisioning file in `dir` if its signature is by the fleet key this box trusts.
+fn read_signed(
+    board: &Board,
+    dir: &str,
+    committed: Option<&FleetFile>,
+) -> Option<(String, Result<String, String>)> {
+    let path = format!("{}/{PROVISION_FILE}", dir.trim_end_matches('/'));
+    let text = read_limited(board, &path)?.and_then(|text| {
+        let key = committed
+            .and_then(|c| c.boxes.first())
+            .and_then(|s| s.fleet_key.as_ref())
+            .ok_or_else(|| {
+                format!(
+                    "{path}: refused: this box trusts no fleet key yet (its provisioning sets no fleet_key), so it takes no file from a USB stick; provision it from the boot partition"
+                )
+            })?;
+        let signature = board
+            .read_optional(&format!("{path}.sig"))
+            .map_err(|e| e.to_string())?;
+        let trust = weights::sign::Trust::new(&[key.to_string()], true)
+            .map_err(|e| format!("the trusted fleet key: {e}"))?;
+        trust
+            .check(text.as_bytes(), signature.as_deref())
+            .map_err(|e| {
+                format!(
+                    "{path}: refused, not signed by this box's fleet key {key}: {e} (sign it with `appliance usb`)"
+                )
+            })?;
+        Ok(text)
+    });
     Some((path, text))
 }
 
@@ -346,7 +403,12 @@ mod tests {
             Config::default()
         );
 
-        assert_eq!(apply(&board).expect("apply").outcome, Outcome::Applied);
+        assert_eq!(
+            apply(&board, &Source::BootPartition)
+                .expect("apply")
+                .outcome,
+            Outcome::Applied
+        );
         let config = Config::for_board(&board, None).expect("config");
         assert_eq!(config.dashboard.password_hash.as_str(), hash);
         assert_eq!(config.dashboard.api_token_sha256.len(), 1);

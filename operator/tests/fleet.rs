@@ -1,0 +1,322 @@
+//! `appliance fleet enroll` and `appliance fleet status` against two real supervisors, each on
+//! its own simulated board and ports, provisioned from one fleet file: both enrol and show up,
+//! the box whose device key is replaced afterwards is flagged and not trusted, HTTPS login works
+//! with the provisioned password.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use operator::https;
+use serde_json::Value;
+
+const APPLIANCE: &str = env!("CARGO_BIN_EXE_appliance");
+const PASSWORD: &str = "front desk 42";
+
+/// The `supervisor` binary of this build (built here when only this crate's tests run).
+fn supervisor_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let profile_dir = exe.ancestors().nth(2).expect("target/<profile>");
+    let binary = profile_dir.join("supervisor");
+    if !binary.is_file() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--locked", "-p", "supervisor"])
+            .status()
+            .expect("cargo");
+        assert!(status.success(), "building the supervisor");
+    }
+    binary
+}
+
+fn supervisor(args: &[&str], stdin: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(supervisor_binary())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("supervisor");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("stdin");
+    child.wait_with_output().expect("wait")
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// One box: a simulated board provisioned from the fleet file, its supervisor running.
+struct Box_ {
+    root: PathBuf,
+    https: String,
+    plain: String,
+    daemon: Option<Child>,
+}
+
+impl Box_ {
+    fn new(dir: &Path, name: &str, provisioning: &str) -> Box_ {
+        let root = dir.join(name);
+        let root_arg = root.to_str().expect("utf8");
+        assert!(supervisor(&["sim", "init", root_arg], "").status.success());
+        std::fs::write(
+            root.join("boot/firmware/appliance-provision.toml"),
+            provisioning,
+        )
+        .expect("stamp");
+        let applied = supervisor(&["--root", root_arg, "provision", "apply"], "");
+        assert!(applied.status.success(), "{}", text(&applied.stderr));
+        let (plain, https) = (free_port(), free_port());
+        std::fs::write(
+            root.join("etc/appliance/appliance.toml"),
+            format!(
+                "[daemon]\nreverify_interval_s = 0\n\n[engine]\nport = {}\n\n[dashboard]\n\
+                 listen = \"127.0.0.1:{plain}\"\nhttps_listen = \"127.0.0.1:{https}\"\n\
+                 sample_interval_s = 1\n",
+                free_port()
+            ),
+        )
+        .expect("config");
+        let mut b = Box_ {
+            root,
+            https: format!("127.0.0.1:{https}"),
+            plain: format!("127.0.0.1:{plain}"),
+            daemon: None,
+        };
+        b.start();
+        b
+    }
+
+    fn start(&mut self) {
+        let child = Command::new(supervisor_binary())
+            .args(["--root", self.root.to_str().expect("utf8"), "run"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("supervisor run");
+        self.daemon = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while https::request(&self.https, "GET", "/login", None, None, None).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "HTTPS never came up on {}",
+                self.https
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Box_ {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn appliance(args: &[&str], token: &str) -> Output {
+    Command::new(APPLIANCE)
+        .args(args)
+        .env("APPLIANCE_API_TOKEN", token)
+        .output()
+        .expect("appliance")
+}
+
+#[test]
+fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hash = text(&supervisor(&["dashboard", "hash-password"], PASSWORD).stdout)
+        .trim()
+        .to_string();
+    let tokens = text(&supervisor(&["dashboard", "new-token"], "").stdout);
+    let field = |name: &str| {
+        tokens
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .expect(name)
+            .trim()
+            .to_string()
+    };
+    let (token, digest) = (field("token "), field("sha256 "));
+    let fleet_path = dir.path().join("fleet.toml");
+    std::fs::write(
+        &fleet_path,
+        format!(
+            "[fleet]\nname = \"clinics\"\ngeneration = 1\n\n[fleet.defaults]\n\
+             password_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n\n\
+             [[box]]\nname = \"north\"\n\n[[box]]\nname = \"south\"\n"
+        ),
+    )
+    .expect("fleet");
+    let fleet_text = std::fs::read_to_string(&fleet_path).expect("read");
+    let fleet = provision::FleetFile::parse(&fleet_text, "fleet.toml").expect("parse");
+    let secret =
+        operator::fleet::secret(&operator::fleet::Paths::beside(&fleet_path)).expect("secret");
+    let card = |name: &str| {
+        operator::stamp::provisioning_text(&fleet, &operator::stamp::Target::Box(name), &secret)
+            .expect("stamp")
+    };
+    let north = Box_::new(dir.path(), "north", &card("north"));
+    let mut south = Box_::new(dir.path(), "south", &card("south"));
+    let fleet_arg = fleet_path.to_str().expect("utf8");
+    let at_north = format!("north={}", north.https);
+    let at_south = format!("south={}", south.https);
+
+    // HTTPS login with the provisioned password; the cookie is Secure.
+    let login = https::request(
+        &north.https,
+        "POST",
+        "/login",
+        None,
+        Some((
+            "application/x-www-form-urlencoded",
+            "password=front+desk+42",
+        )),
+        None,
+    )
+    .expect("login over HTTPS");
+    assert_eq!(login.status, 303, "{}", text(&login.body));
+    let cookie = login
+        .headers
+        .iter()
+        .find(|(n, _)| n == "set-cookie")
+        .map(|(_, v)| v.clone())
+        .expect("a session cookie");
+    assert!(
+        cookie.contains("Secure") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    // The box itself still reaches the plain port (loopback is not redirected).
+    let plain = std::net::TcpStream::connect(&north.plain);
+    assert!(plain.is_ok(), "plain HTTP still answers on loopback");
+
+    // A wrong API token enrols nothing.
+    let refused = appliance(
+        &[
+            "fleet", "enroll", fleet_arg, "--at", &at_north, "--at", &at_south,
+        ],
+        "not-the-token",
+    );
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stdout));
+    assert!(!dir.path().join("fleet.lock").exists());
+
+    let enrolled = appliance(
+        &[
+            "fleet", "enroll", fleet_arg, "--at", &at_north, "--at", &at_south,
+        ],
+        &token,
+    );
+    assert!(
+        enrolled.status.success(),
+        "{}{}",
+        text(&enrolled.stdout),
+        text(&enrolled.stderr)
+    );
+    let lock = std::fs::read_to_string(dir.path().join("fleet.lock")).expect("fleet.lock");
+    for b in [&north, &south] {
+        let record: Value = serde_json::from_str(
+            &std::fs::read_to_string(b.root.join("var/lib/appliance/provision.json"))
+                .expect("record"),
+        )
+        .expect("json");
+        let key = record["device_public_key"].as_str().expect("device key");
+        assert!(lock.contains(key), "fleet.lock records {key}");
+        assert!(record["enrolled_unix"].is_u64(), "the token is spent");
+    }
+
+    // The token is one-time: enrolling again (lock lost) is refused by the box.
+    std::fs::rename(
+        dir.path().join("fleet.lock"),
+        dir.path().join("fleet.lock.kept"),
+    )
+    .expect("move");
+    let again = appliance(&["fleet", "enroll", fleet_arg, "--at", &at_north], &token);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        text(&again.stdout).contains("spent"),
+        "{}",
+        text(&again.stdout)
+    );
+    std::fs::rename(
+        dir.path().join("fleet.lock.kept"),
+        dir.path().join("fleet.lock"),
+    )
+    .expect("move back");
+
+    let status = appliance(&["fleet", "status", fleet_arg, "--json"], &token);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    let rows: Value = serde_json::from_slice(&status.stdout).expect("json");
+    for (i, name) in ["north", "south"].iter().enumerate() {
+        let row = &rows[i];
+        assert_eq!(row["name"], *name);
+        assert_eq!(row["reachable"], true, "{row}");
+        assert_eq!(row["identity"], "matches", "{row}");
+        assert_eq!(row["generation"], 1, "{row}");
+        assert!(
+            row["engine"].is_string() && row["temperature_c"].is_f64(),
+            "{row}"
+        );
+    }
+
+    // South's device key and certificate are replaced (a swapped board, a wiped data
+    // partition, an impostor): it is flagged, and the token is not sent to it.
+    south.stop();
+    for file in ["device.key", "tls-key.der", "tls-cert.der"] {
+        std::fs::remove_file(south.root.join("var/lib/appliance/provision").join(file))
+            .expect("remove");
+    }
+    let south_root = south.root.to_str().expect("utf8").to_string();
+    assert!(
+        supervisor(&["--root", &south_root, "provision", "apply"], "")
+            .status
+            .success()
+    );
+    south.start();
+    let status = appliance(&["fleet", "status", fleet_arg], &token);
+    assert_eq!(
+        status.status.code(),
+        Some(1),
+        "an untrusted box fails the run"
+    );
+    let table = text(&status.stdout);
+    let line = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(line("north").contains("matches"), "{table}");
+    assert!(line("south").contains("MISMATCH"), "{table}");
+    assert!(
+        text(&status.stderr).contains("not trusted"),
+        "{}",
+        text(&status.stderr)
+    );
+
+    // A box that is down gets a clear line of its own.
+    south.stop();
+    let status = appliance(&["fleet", "status", fleet_arg], &token);
+    let table = text(&status.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("south") && l.contains("unreachable")),
+        "{table}"
+    );
+}
