@@ -432,6 +432,22 @@ fn customize_root(
     for dir in ["boot/firmware", "var/lib/appliance"] {
         fs::create_dir_all(root.join(dir)).map_err(|e| io("creating", &root.join(dir), e))?;
     }
+    // The box never runs with a clock earlier than its image (see the supervisor's clock
+    // floor): SOURCE_DATE_EPOCH for reproducible builds, else now.
+    let built = std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_secs())
+        })
+        .ok_or("the build machine's clock is before 1970")?;
+    write(
+        &root.join("usr/share/appliance/build-time"),
+        &format!("{built}\n"),
+    )?;
     // Empty: systemd makes a transient id on the read-only root at every boot.
     write(&root.join("etc/machine-id"), "")
 }

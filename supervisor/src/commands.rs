@@ -95,6 +95,12 @@ pub fn provision_apply(root: &Path, from: Option<&str>, json: bool) -> ExitCode 
         Ok(board) => board,
         Err(e) => return bad_input(e),
     };
+    // Before anything is recorded: the floor keeps the record's times plausible.
+    match crate::clock::raise_to_floor(&board) {
+        Ok(Some(changed)) => eprintln!("{changed}"),
+        Ok(None) => {}
+        Err(e) => eprintln!("warning: the clock floor could not be kept: {e}"),
+    }
     let source = match from {
         Some(dir) => crate::provision::Source::SignedDir(dir.to_string()),
         None => crate::provision::Source::BootPartition,
@@ -261,6 +267,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
     } else {
         print!("{}", report::facts_text(&status.board, status.simulated));
         print!("{}", report::provision_text(&status.provision));
+        print!("{}", report::clock_text(&status.clock));
         let m = &status.model;
         println!(
             "model: {} {} {}",

@@ -171,6 +171,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     // The re-verification under way: polled beside the signals and the watchdog rather than
     // awaited in their place, so a slow one delays neither, and no second one starts meanwhile.
     let mut pass: Option<Pin<Box<dyn Future<Output = ()> + '_>>> = None;
+    let mut clock_tick = tokio::time::interval(Duration::from_secs(crate::clock::SAVE_INTERVAL_S));
 
     loop {
         tokio::select! {
@@ -181,6 +182,16 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                     notify(&[NotifyState::Watchdog]);
                 } else {
                     tracing::error!("the engine has not passed a health probe for too long; not feeding the watchdog");
+                }
+            }
+            _ = clock_tick.tick() => {
+                let board = board.clone();
+                let recorded = tokio::task::spawn_blocking(move || {
+                    crate::clock::record(&board, crate::clock::SAVE_INTERVAL_S)
+                })
+                .await;
+                if let Ok(Err(e)) = recorded {
+                    tracing::warn!("recording the time on the data partition: {e}");
                 }
             }
             _ = reverify_tick.tick(), if reverify > 0 && pass.is_none() => {

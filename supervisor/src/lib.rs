@@ -10,6 +10,7 @@
 
 pub mod board;
 pub mod bootloader;
+pub mod clock;
 pub mod commands;
 pub mod config;
 pub mod daemon;

@@ -3,7 +3,8 @@
 //! JSON (`status --json`), schema version 1:
 //! `{ "schema_version": 1, "root": str, "simulated": bool, "board": Facts, "model": ModelStatus,
 //! "steps": [StepReport], "engine": EngineStatus, "overclock": OverclockStatus,
-//! "provision": Record }` (`Record` is [`crate::provision::Record`]).
+//! "provision": Record, "clock": ClockStatus }` (`Record` is [`crate::provision::Record`],
+//! `ClockStatus` is [`crate::clock::ClockStatus`]).
 //! where `StepReport` is `{ name, desired, effective, state, reason }` and `state` is one of
 //! `in-place`, `applied`, `pending-reboot`, `not-applicable`, `failed`, `needs-apply`.
 //! `Facts` is documented field by field on [`crate::board::facts::Facts`]. Keys are only ever added.
@@ -42,6 +43,8 @@ pub struct Status {
     pub overclock: crate::overclock::OverclockStatus,
     /// Fleet provisioning: what was applied and when, the device key, why a file was refused.
     pub provision: crate::provision::Record,
+    /// The clock: the time, whether network time synchronised it, the RTC, the floor.
+    pub clock: crate::clock::ClockStatus,
 }
 
 /// The overclock ladder in words: where it stands, then one line per trial.
@@ -101,6 +104,7 @@ pub fn collect(
         engine,
         overclock: crate::overclock::status(board, config),
         provision: provision_record(board),
+        clock: crate::clock::status(board),
     }
 }
 
@@ -260,6 +264,33 @@ fn words_or_none(words: &[&str]) -> String {
     }
 }
 
+/// `YYYY-MM-DD HH:MM UTC` of a Unix time.
+pub fn civil_time(unix: u64) -> String {
+    format!(
+        "{} {:02}:{:02} UTC",
+        civil_date(unix),
+        unix / 3600 % 24,
+        unix / 60 % 60
+    )
+}
+
+/// The clock in words: the time, whether network time synchronised it, the RTC.
+pub fn clock_text(c: &crate::clock::ClockStatus) -> String {
+    format!(
+        "clock: {}, {}; RTC {}\n",
+        civil_time(c.now_unix),
+        if c.synchronized {
+            "synchronised with network time"
+        } else {
+            "NOT synchronised with network time in this boot (check the NTP servers)"
+        },
+        c.rtc_unix.map_or_else(
+            || "absent".to_string(),
+            |t| format!("reads {}", civil_time(t))
+        )
+    )
+}
+
 /// `YYYY-MM-DD` (UTC) of a Unix time.
 pub fn civil_date(unix: u64) -> String {
     // Howard Hinnant's days-to-civil algorithm.
@@ -277,10 +308,14 @@ pub fn civil_date(unix: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::civil_date;
+    use super::{civil_date, civil_time};
 
     #[test]
     fn dates_are_utc_calendar_days() {
+        assert_eq!(
+            civil_time(1_746_662_400 + 3600 + 120),
+            "2025-05-08 01:02 UTC"
+        );
         assert_eq!(civil_date(0), "1970-01-01");
         assert_eq!(civil_date(1_746_662_400), "2025-05-08");
         assert_eq!(civil_date(951_782_400), "2000-02-29");

@@ -543,3 +543,59 @@ fn a_usb_file_counts_only_when_the_trusted_fleet_key_signed_it() {
     );
     assert_eq!(other.hostname(), "south-1");
 }
+
+#[test]
+fn the_clock_never_starts_before_the_build_or_the_last_known_time() {
+    let board = Board::new();
+    let clock = ".appliance-sim-clock";
+    let set = |rel: &str, value: &str| {
+        let path = board.path(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, value).expect("write");
+    };
+    let status = || -> Value {
+        let out = run(&[
+            "--root",
+            board.root.to_str().expect("utf8"),
+            "status",
+            "--json",
+        ]);
+        serde_json::from_slice::<Value>(&out.stdout).expect("status")["clock"].clone()
+    };
+    set("usr/share/appliance/build-time", "1790000000\n");
+    set(clock, "86400\n"); // a dead RTC battery: 1970
+
+    let out = board.apply();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1970-01-02"),
+        "says what it changed: {}",
+        stderr(&out)
+    );
+    assert_eq!(board.read(clock).trim(), "1790000000");
+    assert_eq!(board.read("var/lib/appliance/clock").trim(), "1790000000");
+    let c = status();
+    assert_eq!(c["synchronized"], false, "{c}");
+    assert_eq!(c["floor_unix"], 1_790_000_000u64, "{c}");
+
+    // Network time moved it on; the next boot without network starts from there.
+    set(clock, "1800000000\n");
+    set("run/systemd/timesync/synchronized", "");
+    assert_eq!(status()["synchronized"], true);
+    assert!(board.apply().status.success());
+    board.boot();
+    set(clock, "86400\n");
+    assert!(board.apply().status.success());
+    assert_eq!(board.read(clock).trim(), "1800000000");
+    assert_eq!(
+        status()["synchronized"],
+        false,
+        "a new boot is not synchronised yet"
+    );
+
+    // A clock ahead of the floor is left alone.
+    set(clock, "1900000000\n");
+    let out = board.apply();
+    assert!(!stderr(&out).contains("the clock read"), "{}", stderr(&out));
+    assert_eq!(board.read(clock).trim(), "1900000000");
+}

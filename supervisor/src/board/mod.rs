@@ -320,6 +320,39 @@ impl Board {
             .map_err(|(_, errno)| self.err("locking", box_path, io::Error::from(errno)))
     }
 
+    /// The board's clock in Unix seconds (a simulated board keeps its own, see
+    /// [`sim_firmware::CLOCK`]).
+    pub fn now_unix(&self) -> u64 {
+        if self.simulated {
+            if let Some(t) = sim_firmware::clock(&self.root) {
+                return t;
+            }
+        }
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
+
+    /// Sets the board's clock (root only on a live system).
+    pub fn set_clock(&self, unix: u64) -> BoardResult<()> {
+        if self.simulated {
+            return sim_firmware::set_clock(&self.root, unix)
+                .map_err(|e| self.err("setting the clock of", "/", e));
+        }
+        let seconds = i64::try_from(unix).map_err(|_| {
+            self.err(
+                "setting the clock of",
+                "/",
+                io::Error::new(io::ErrorKind::InvalidInput, "time out of range"),
+            )
+        })?;
+        nix::time::clock_settime(
+            nix::time::ClockId::CLOCK_REALTIME,
+            nix::sys::time::TimeSpec::new(seconds, 0),
+        )
+        .map_err(|e| self.err("setting the clock of", "/", io::Error::from(e)))
+    }
+
     /// Creates a directory and its missing parents (runtime state under `/run`).
     pub fn create_dir_all(&self, box_path: &str) -> BoardResult<()> {
         fs::create_dir_all(self.path(box_path)).map_err(|e| self.err("creating", box_path, e))

@@ -70,3 +70,13 @@ pub const RUN_NETWORK_DIR: &str = "/run/systemd/network";
 pub const RUN_TIMESYNCD_DIR: &str = "/run/systemd/timesyncd.conf.d";
 /// Provisioned files for other daemons (Wi-Fi, SSH), in RAM, made again at every boot.
 pub const RUN_APPLIANCE: &str = "/run/appliance";
+
+/// When the image was built (Unix seconds): the box's clock never starts earlier.
+pub const BUILD_TIME: &str = "/usr/share/appliance/build-time";
+/// The last time the box knew (Unix seconds), on the data partition: the clock never goes back
+/// behind it across a reboot without network time.
+pub const SAVED_CLOCK: &str = "/var/lib/appliance/clock";
+/// systemd-timesyncd creates this once it has synchronised the clock in this boot.
+pub const TIMESYNC_SYNCHRONIZED: &str = "/run/systemd/timesync/synchronized";
+/// The real-time clock (the Pi 5's keeps time with a battery on J5).
+pub const RTC0: &str = "/sys/class/rtc/rtc0";

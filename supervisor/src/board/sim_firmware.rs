@@ -37,6 +37,23 @@ pub const SLOW_WRITES: &str = ".appliance-sim-slow-writes";
 const CPU_FAULT: &str = ".appliance-sim-cpu-fault";
 /// One line per boot.
 pub const BOOT_LOG: &str = ".appliance-sim-boots.log";
+/// The simulated board's clock (Unix seconds), when a test set one; else it is the host's.
+pub const CLOCK: &str = ".appliance-sim-clock";
+
+/// The simulated clock, if one is set.
+pub fn clock(root: &Path) -> Option<u64> {
+    fs::read_to_string(root.join(CLOCK))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Sets the simulated clock.
+pub fn set_clock(root: &Path, unix: u64) -> io::Result<()> {
+    fs::write(root.join(CLOCK), format!("{unix}\n"))
+}
+
 /// Exit status of a process the simulated power cut ended (as if killed by SIGKILL).
 pub const POWER_CUT_EXIT: i32 = 137;
 

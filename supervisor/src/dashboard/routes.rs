@@ -395,7 +395,7 @@ fn enroll(
     }
     let answer = p::identity::enroll_answer(board, &settings, &record, nonce)
         .map_err(DashError::Conflict)?;
-    record.enrolled_unix = Some(weights::install::now_unix());
+    record.enrolled_unix = Some(board.now_unix());
     p::write_record(board, &record).map_err(DashError::Internal)?;
     tracing::info!("dashboard: enrolled in fleet {}", answer.fleet);
     Ok(answer)

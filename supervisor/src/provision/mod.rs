@@ -141,7 +141,7 @@ pub fn apply(board: &Board, source: &Source) -> Result<Report, String> {
                     board
                         .replace_private_file(COMMITTED, one.to_text().as_bytes())
                         .map_err(|e| e.to_string())?;
-                    record.applied_unix = Some(weights::install::now_unix());
+                    record.applied_unix = Some(board.now_unix());
                     committed = Some(one);
                     (
                         Outcome::Applied,
