@@ -31,9 +31,11 @@ enum Cmd {
         #[arg(long)]
         with_model: Option<PathBuf>,
     },
-    /// Boot the built image under QEMU and check the engine answers.
+    /// Stamp a copy of the built image for one box, boot it under QEMU twice and check the
+    /// engine answers and the box took its identity (once).
     QemuTest {
-        /// Host port forwarded to the guest.
+        /// Host port forwarded to the guest's engine; the next two go to its HTTPS and plain
+        /// HTTP dashboard.
         #[arg(long, default_value_t = 18080)]
         port: u16,
         /// Seconds to wait for the engine.
@@ -104,6 +106,11 @@ fn run(cli: Cli) -> Result<(), String> {
             println!(
                 "data partition after first boot: {} MiB",
                 report.data_bytes >> 20
+            );
+            println!(
+                "provisioned as {} (HTTPS login, API token, plain HTTP redirected, boot file scrubbed); second boot served HTTPS {:.0} s after QEMU started and applied nothing again",
+                report.hostname,
+                report.second_boot_to_https.as_secs_f64()
             );
             Ok(())
         }

@@ -1,10 +1,12 @@
 //! The boot smoke test: the built image on QEMU's `virt` machine (Cortex-A76, its own kernel and
-//! initramfs), a copy grown by 512 MiB so first boot has room to grow the data partition. PID 1
-//! logs to the serial console (its status lines stop once a getty owns it): that is how the test
-//! sees multi-user.target (which waits for the supervisor's READY) and that no unit failed. It
-//! passes when the engine the supervisor launched answers a completion through a port forwarded
-//! to 127.0.0.1, and the data partition filled the disk. Only the QEMU process it started is
-//! ever stopped.
+//! initramfs), a copy grown by 512 MiB so first boot has room to grow the data partition, and
+//! stamped for one box ([`crate::stamped`]). PID 1 logs to the serial console (its status lines
+//! stop once a getty owns it): that is how the test sees multi-user.target (which waits for the
+//! supervisor's READY) and that no unit failed. It passes when the engine the supervisor
+//! launched answers a completion through a port forwarded to 127.0.0.1, the data partition
+//! filled the disk, the box took its stamped identity (host name, HTTPS login, API token, plain
+//! HTTP redirected), the boot partition kept none of the stamped secrets, and a second boot
+//! applied nothing again. Only the QEMU process it started is ever stopped.
 
 use std::io::Read;
 use std::path::Path;
@@ -28,6 +30,10 @@ pub struct Report {
     pub completion: String,
     /// Size of the data partition after first boot, in bytes.
     pub data_bytes: u64,
+    /// The host name the box took from its stamped file.
+    pub hostname: String,
+    /// From the second boot's QEMU start to HTTPS answering as provisioned.
+    pub second_boot_to_https: Duration,
 }
 
 /// Kills the QEMU child on every path out.
@@ -40,7 +46,15 @@ impl Drop for Guest {
     }
 }
 
-/// Boots `image` and checks the engine answers; `port` is the host side of the forward.
+/// Host ports forwarded to the guest: the engine (through the test proxy), HTTPS, plain HTTP.
+struct Ports {
+    engine: u16,
+    https: u16,
+    plain: u16,
+}
+
+/// Boots `image` (a stamped copy of it) twice and checks the engine and the provisioning;
+/// `port` is the host side of the engine's forward, the next two HTTPS and plain HTTP.
 pub fn smoke_test(
     definition: &Definition,
     paths: &Paths,
@@ -58,6 +72,7 @@ pub fn smoke_test(
         .open(&disk)
         .and_then(|f| f.set_len(grown))
         .map_err(|e| format!("growing {}: {e}", disk.display()))?;
+    let stamped = crate::stamped::stamp(&disk)?;
     let boot = boot_offset(definition);
     for name in ["vmlinuz", "initrd.img"] {
         let from = format!("{}@@{boot}", disk.display());
@@ -66,80 +81,23 @@ pub fn smoke_test(
             args!["-n", "-o", "-i", from, format!("::/{name}"), dir.join(name)],
         )?;
     }
-    let root = layout::partuuid(definition.layout.disk_id, 2);
-    let append = format!(
-        "console=ttyAMA0 root=PARTUUID={root} rootfstype=ext4 ro rootwait cgroup_enable=memory \
-         systemd.wants=appliance-qemu-test-proxy.socket systemd.log_target=console \
-         systemd.log_level=info"
-    );
-    let serial = dir.join("serial.log");
-    // A previous run's console must not satisfy this one.
-    if serial.exists() {
-        std::fs::remove_file(&serial).map_err(|e| format!("removing {}: {e}", serial.display()))?;
-    }
-    let started = Instant::now();
-    let child = Command::new("qemu-system-aarch64")
-        .args([
-            "-M",
-            "virt",
-            "-cpu",
-            "cortex-a76",
-            "-accel",
-            "tcg",
-            "-smp",
-            "2",
-            "-m",
-            "2048",
-        ])
-        .args(["-display", "none", "-monitor", "none", "-no-reboot"])
-        .arg("-serial")
-        .arg(format!("file:{}", serial.display()))
-        .arg("-kernel")
-        .arg(dir.join("vmlinuz"))
-        .arg("-initrd")
-        .arg(dir.join("initrd.img"))
-        .args(["-append", &append])
-        .arg("-drive")
-        .arg(format!("if=none,file={},format=raw,id=hd0", disk.display()))
-        .args(["-device", "virtio-blk-pci,drive=hd0"])
-        .args([
-            "-netdev",
-            &format!("user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:18080"),
-        ])
-        .args(["-device", "virtio-net-pci,netdev=n0,romfile="])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start qemu-system-aarch64: {e}"))?;
-    eprintln!(
-        "QEMU started (pid {}); serial log {}",
-        child.id(),
-        serial.display()
-    );
-    let mut guest = Guest(child);
+    let ports = Ports {
+        engine: port,
+        https: port.checked_add(1).ok_or("--port too high")?,
+        plain: port.checked_add(2).ok_or("--port too high")?,
+    };
+    let https = format!("127.0.0.1:{}", ports.https);
+    let plain = format!("127.0.0.1:{}", ports.plain);
+
+    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports)?;
     let deadline = started + timeout;
-    let base = format!("http://127.0.0.1:{port}");
+    let boot_to_multi_user = wait_multi_user(&mut guest, &serial, started, deadline, timeout)?;
+    let base = format!("http://127.0.0.1:{}", ports.engine);
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(120)))
         .http_status_as_error(false)
         .build()
         .into();
-    let boot_to_multi_user = loop {
-        exited(&mut guest, &serial)?;
-        // PID 1 logs this when the default target (multi-user) is reached.
-        if console_text(&serial).contains("Startup finished in") {
-            break started.elapsed();
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "multi-user.target not reached within {} s; see {}",
-                timeout.as_secs(),
-                serial.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    };
     let boot_to_engine = loop {
         exited(&mut guest, &serial)?;
         if let Ok(response) = agent.get(format!("{base}/health")).call() {
@@ -170,23 +128,150 @@ pub fn smoke_test(
         return Err(format!("completion answered {}: {text}", response.status()));
     }
     let completion = text;
-    let log = console_text(&serial);
-    let failed: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("[FAILED]") || l.contains("Failed to start "))
-        .collect();
-    if !failed.is_empty() {
-        return Err(format!("units failed during boot:\n{}", failed.join("\n")));
-    }
+    let first = crate::stamped::check_running(&stamped, &https, &plain)?;
+    no_failed_units(&serial)?;
     // Growing the data partition runs before the supervisor starts, so it is done by now.
     drop(guest);
     let data_bytes = data_partition_bytes(&disk)?;
+    crate::stamped::check_scrubbed(&stamped, &disk)?;
+
+    // The second boot must find the generation applied and apply nothing.
+    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports)?;
+    let deadline = started + timeout;
+    wait_multi_user(&mut guest, &serial, started, deadline, timeout)?;
+    let second = loop {
+        exited(&mut guest, &serial)?;
+        if let Ok(seen) = crate::stamped::check_running(&stamped, &https, &plain) {
+            break seen;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the second boot did not serve HTTPS as provisioned within {} s: {}; see {}",
+                timeout.as_secs(),
+                crate::stamped::check_running(&stamped, &https, &plain)
+                    .err()
+                    .unwrap_or_default(),
+                serial.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let second_boot_to_https = started.elapsed();
+    no_failed_units(&serial)?;
+    drop(guest);
+    if second.applied_unix != first.applied_unix {
+        return Err(format!(
+            "the second boot applied the provisioning again (applied at {}, then at {})",
+            first.applied_unix, second.applied_unix
+        ));
+    }
     Ok(Report {
         boot_to_multi_user,
         boot_to_engine,
         completion,
         data_bytes,
+        hostname: first.hostname,
+        second_boot_to_https,
     })
+}
+
+/// Starts QEMU on `disk` with a fresh serial log.
+fn start(
+    definition: &Definition,
+    dir: &Path,
+    disk: &Path,
+    ports: &Ports,
+) -> Result<(Guest, Instant, std::path::PathBuf), String> {
+    let root = layout::partuuid(definition.layout.disk_id, 2);
+    let append = format!(
+        "console=ttyAMA0 root=PARTUUID={root} rootfstype=ext4 ro rootwait cgroup_enable=memory \
+         systemd.wants=appliance-qemu-test-proxy.socket systemd.log_target=console \
+         systemd.log_level=info"
+    );
+    let serial = dir.join("serial.log");
+    // A previous boot's console must not satisfy this one.
+    if serial.exists() {
+        std::fs::remove_file(&serial).map_err(|e| format!("removing {}: {e}", serial.display()))?;
+    }
+    let started = Instant::now();
+    let forwards = format!(
+        "user,id=n0,hostfwd=tcp:127.0.0.1:{}-:18080,hostfwd=tcp:127.0.0.1:{}-:8443,hostfwd=tcp:127.0.0.1:{}-:8000",
+        ports.engine, ports.https, ports.plain
+    );
+    let child = Command::new("qemu-system-aarch64")
+        .args([
+            "-M",
+            "virt",
+            "-cpu",
+            "cortex-a76",
+            "-accel",
+            "tcg",
+            "-smp",
+            "2",
+            "-m",
+            "2048",
+        ])
+        .args(["-display", "none", "-monitor", "none", "-no-reboot"])
+        .arg("-serial")
+        .arg(format!("file:{}", serial.display()))
+        .arg("-kernel")
+        .arg(dir.join("vmlinuz"))
+        .arg("-initrd")
+        .arg(dir.join("initrd.img"))
+        .args(["-append", &append])
+        .arg("-drive")
+        .arg(format!("if=none,file={},format=raw,id=hd0", disk.display()))
+        .args(["-device", "virtio-blk-pci,drive=hd0"])
+        .args(["-netdev", &forwards])
+        .args(["-device", "virtio-net-pci,netdev=n0,romfile="])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start qemu-system-aarch64: {e}"))?;
+    eprintln!(
+        "QEMU started (pid {}); serial log {}",
+        child.id(),
+        serial.display()
+    );
+    Ok((Guest(child), started, serial))
+}
+
+fn wait_multi_user(
+    guest: &mut Guest,
+    serial: &Path,
+    started: Instant,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Duration, String> {
+    loop {
+        exited(guest, serial)?;
+        // PID 1 logs this when the default target (multi-user) is reached.
+        if console_text(serial).contains("Startup finished in") {
+            return Ok(started.elapsed());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "multi-user.target not reached within {} s; see {}",
+                timeout.as_secs(),
+                serial.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn no_failed_units(serial: &Path) -> Result<(), String> {
+    let log = console_text(serial);
+    let failed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("[FAILED]") || l.contains("Failed to start "))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("units failed during boot:\n{}", failed.join("\n")))
+    }
 }
 
 fn boot_offset(definition: &Definition) -> u64 {

@@ -308,13 +308,29 @@ pub fn status_one(
         row.error = Some("not enrolled: run `appliance fleet enroll` first".into());
         return row;
     };
+    // Who answers, before the token goes anywhere: the enrolled device key must vouch for
+    // the certificate this connection presents (a renewed certificate is fine, a new key not).
+    let presented = match identify(&address, &enrolled.device_public_key) {
+        Ok(presented) => presented,
+        Err(Refusal::Untrusted(why)) => {
+            row.reachable = true;
+            row.identity = "MISMATCH".into();
+            row.error = Some(format!("{why}; not trusted"));
+            return row;
+        }
+        Err(Refusal::Unreachable(why)) => {
+            row.identity = "unknown".into();
+            row.error = Some(why);
+            return row;
+        }
+    };
     let response = https::request(
         &address,
         "GET",
         "/api/status",
         Some(api_token),
         None,
-        Some(&enrolled.certificate_sha256),
+        Some(&presented),
     );
     let response = match response {
         Ok(r) => r,
@@ -322,8 +338,7 @@ pub fn status_one(
             row.reachable = true;
             row.identity = "MISMATCH".into();
             row.error = Some(format!(
-                "presents certificate {presented}, enrolled was {}: its device key was replaced or another machine answers; not trusted",
-                enrolled.certificate_sha256
+                "the certificate changed to {presented} between two connections; not trusted"
             ));
             return row;
         }
@@ -372,6 +387,46 @@ pub fn status_one(
     row.uptime_s = board["uptime_s"].as_u64();
     row.generation = status["provision"]["generation"].as_u64();
     row
+}
+
+/// Why a box is not asked for its status.
+enum Refusal {
+    /// It is not the box that enrolled, and why.
+    Untrusted(String),
+    /// It could not be asked, and why.
+    Unreachable(String),
+}
+
+/// Asks the box at `address` who it is: the certificate it presented when the device key
+/// `enrolled` vouches for it.
+fn identify(address: &str, enrolled: &str) -> Result<String, Refusal> {
+    let mut nonce = [0u8; 32];
+    getrandom::fill(&mut nonce)
+        .map_err(|e| Refusal::Unreachable(format!("the OS random source failed: {e}")))?;
+    let nonce = hex::encode(nonce);
+    let body = serde_json::json!({ "nonce": nonce }).to_string();
+    let response = https::request(
+        address,
+        "POST",
+        "/api/identity",
+        None,
+        Some(("application/json", &body)),
+        None,
+    )
+    .map_err(|e| Refusal::Unreachable(e.to_string()))?;
+    let mismatch = Refusal::Untrusted;
+    if response.status != 200 {
+        return Err(mismatch(format!(
+            "it does not say who it is ({}: {})",
+            response.status,
+            String::from_utf8_lossy(&response.body).trim()
+        )));
+    }
+    let identity: enroll::Identity = serde_json::from_slice(&response.body)
+        .map_err(|e| mismatch(format!("not an identity answer: {e}")))?;
+    enroll::check_identity(&identity, &nonce, enrolled, &response.certificate_sha256)
+        .map_err(mismatch)?;
+    Ok(response.certificate_sha256)
 }
 
 /// The rows as an aligned table.

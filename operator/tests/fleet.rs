@@ -171,7 +171,7 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
         operator::stamp::provisioning_text(&fleet, &operator::stamp::Target::Box(name), &secret)
             .expect("stamp")
     };
-    let north = Box_::new(dir.path(), "north", &card("north"));
+    let mut north = Box_::new(dir.path(), "north", &card("north"));
     let mut south = Box_::new(dir.path(), "south", &card("south"));
     let fleet_arg = fleet_path.to_str().expect("utf8");
     let at_north = format!("north={}", north.https);
@@ -273,6 +273,37 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
         );
     }
 
+    // Re-provisioning north (a new generation) renews its certificate; its device key vouches
+    // for the new one, so it is still trusted.
+    let before = std::fs::read(north.root.join("var/lib/appliance/provision/tls-cert.der"))
+        .expect("certificate");
+    north.stop();
+    let mut next = fleet.clone();
+    next.fleet.generation = 2;
+    let gen2 =
+        operator::stamp::provisioning_text(&next, &operator::stamp::Target::Box("north"), &secret)
+            .expect("stamp");
+    std::fs::write(
+        north.root.join("boot/firmware/appliance-provision.toml"),
+        gen2,
+    )
+    .expect("card");
+    let north_root = north.root.to_str().expect("utf8").to_string();
+    assert!(
+        supervisor(&["--root", &north_root, "provision", "apply"], "")
+            .status
+            .success()
+    );
+    north.start();
+    let after = std::fs::read(north.root.join("var/lib/appliance/provision/tls-cert.der"))
+        .expect("certificate");
+    assert_ne!(before, after, "a new generation renews the certificate");
+    let status = appliance(&["fleet", "status", fleet_arg, "--json"], &token);
+    assert!(status.status.success(), "{}", text(&status.stderr));
+    let rows: Value = serde_json::from_slice(&status.stdout).expect("json");
+    assert_eq!(rows[0]["identity"], "matches", "{}", rows[0]);
+    assert_eq!(rows[0]["generation"], 2, "{}", rows[0]);
+
     // South's device key and certificate are replaced (a swapped board, a wiped data
     // partition, an impostor): it is flagged, and the token is not sent to it.
     south.stop();
@@ -303,6 +334,7 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
     };
     assert!(line("north").contains("matches"), "{table}");
     assert!(line("south").contains("MISMATCH"), "{table}");
+    assert!(line("south").contains("enrolled was"), "says why: {table}");
     assert!(
         text(&status.stderr).contains("not trusted"),
         "{}",

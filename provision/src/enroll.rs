@@ -8,7 +8,7 @@
 //! by its device key (it holds the key). The tool checks both and records key and certificate
 //! in `fleet.lock`; the token is never sent.
 
-use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, VerifyingKey};
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
@@ -74,16 +74,66 @@ pub fn check(answer: &Answer, nonce: &str, token: &str) -> Result<(), String> {
             "the box does not hold this box's enrolment token: not the box that was stamped, or stamped with another fleet secret or generation".into(),
         );
     }
-    let key: [u8; 32] = hex::decode(&answer.device_public_key)
+    verify(&answer.device_public_key, &answer.signature, &signed)
+}
+
+/// What the box answers when asked who it is (no token needed, nothing secret in it): its
+/// device key signs the nonce with the certificate it serves, which binds the TLS connection
+/// to the device key even after the certificate is renewed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    /// The device key's public half, 64 hex digits.
+    pub device_public_key: String,
+    /// SHA-256 of the TLS certificate's DER, 64 hex digits.
+    pub certificate_sha256: String,
+    /// ed25519 signature of [`identity_message`] by the device key, hex.
+    pub signature: String,
+}
+
+/// The bytes an identity signature covers.
+pub fn identity_message(nonce: &str, device_public_key: &str, certificate_sha256: &str) -> String {
+    format!("appliance-identity-v1\n{nonce}\n{device_public_key}\n{certificate_sha256}\n")
+}
+
+/// Checks that `identity`, asked with `nonce` over a connection that presented certificate
+/// `presented`, comes from the device key `enrolled`.
+pub fn check_identity(
+    identity: &Identity,
+    nonce: &str,
+    enrolled: &str,
+    presented: &str,
+) -> Result<(), String> {
+    if !identity.device_public_key.eq_ignore_ascii_case(enrolled) {
+        return Err(format!(
+            "it has device key {}, enrolled was {enrolled}: the box was replaced or its data partition wiped, or another machine answers",
+            identity.device_public_key
+        ));
+    }
+    if !identity.certificate_sha256.eq_ignore_ascii_case(presented) {
+        return Err(format!(
+            "its device key vouches for certificate {} but the connection presented {presented}: something is in between",
+            identity.certificate_sha256
+        ));
+    }
+    let signed = identity_message(
+        nonce,
+        &identity.device_public_key,
+        &identity.certificate_sha256,
+    );
+    verify(&identity.device_public_key, &identity.signature, &signed)
+}
+
+fn verify(public_key: &str, signature: &str, message: &str) -> Result<(), String> {
+    let key: [u8; 32] = hex::decode(public_key)
         .ok()
         .and_then(|k| k.try_into().ok())
         .ok_or("the device public key is not 64 hex digits")?;
     let key = VerifyingKey::from_bytes(&key).map_err(|e| format!("the device public key: {e}"))?;
-    let signature: [u8; 64] = hex::decode(&answer.signature)
+    let signature: [u8; 64] = hex::decode(signature)
         .ok()
         .and_then(|s| s.try_into().ok())
         .ok_or("the signature is not 128 hex digits")?;
-    key.verify(signed.as_bytes(), &Signature::from_bytes(&signature))
+    key.verify_strict(message.as_bytes(), &Signature::from_bytes(&signature))
         .map_err(|_| "the device key's signature does not verify".to_string())
 }
 
@@ -134,5 +184,30 @@ mod tests {
         let mut forged = good;
         forged.signature = "00".repeat(64);
         assert!(check(&forged, "n1", &token).is_err(), "a bad signature");
+    }
+
+    #[test]
+    fn an_identity_binds_the_connection_to_the_enrolled_device_key() {
+        let key = SigningKey::from_bytes(&[9; 32]);
+        let public = hex::encode(key.verifying_key().as_bytes());
+        let cert = "e".repeat(64);
+        let identity = Identity {
+            device_public_key: public.clone(),
+            certificate_sha256: cert.clone(),
+            signature: hex::encode(
+                key.sign(identity_message("n", &public, &cert).as_bytes())
+                    .to_bytes(),
+            ),
+        };
+        check_identity(&identity, "n", &public, &cert).expect("genuine");
+        assert!(
+            check_identity(&identity, "m", &public, &cert).is_err(),
+            "replayed"
+        );
+        let other = hex::encode(SigningKey::from_bytes(&[1; 32]).verifying_key().as_bytes());
+        let err = check_identity(&identity, "n", &other, &cert).expect_err("another key");
+        assert!(err.contains("enrolled was"), "{err}");
+        let err = check_identity(&identity, "n", &public, &"f".repeat(64)).expect_err("relayed");
+        assert!(err.contains("in between"), "{err}");
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod enroll;
 pub mod fleet;
+pub mod secrets;
 pub mod values;
 pub mod wifi;
 

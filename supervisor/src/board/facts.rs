@@ -98,6 +98,8 @@ pub struct Facts {
     pub uptime_s: Option<u64>,
     /// The operating system's `PRETTY_NAME` from `/etc/os-release`.
     pub os: Option<String>,
+    /// The running kernel's host name (provisioning sets it).
+    pub hostname: Option<String>,
 }
 
 fn parse_failure(path: &str, what: &str) -> BoardError {
@@ -330,6 +332,7 @@ impl Board {
             boot: self.boot_info().ok(),
             uptime_s: self.uptime_s().ok(),
             os: self.os_pretty_name().ok(),
+            hostname: self.read_value(paths::KERNEL_HOSTNAME).ok(),
         }
     }
 }

@@ -9,10 +9,11 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use argon2::password_hash::{PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::PasswordVerifier;
 use sha2::{Digest, Sha256};
 
 use crate::config::TokenDigest;
+pub use provision::secrets::hash_password;
 
 /// How long a session lives after login, renewed by nothing: a clinic logs in again each day.
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -50,16 +51,6 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// An Argon2id PHC string for `password` with a fresh random salt (the crate's default cost).
-pub fn hash_password(password: &str) -> Result<String, String> {
-    let salt_bytes = random_256()?;
-    let salt = SaltString::encode_b64(&salt_bytes[..16]).map_err(|e| e.to_string())?;
-    argon2::Argon2::default()
-        .hash_password(password.as_bytes(), &salt)
-        .map(|h| h.to_string())
-        .map_err(|e| format!("cannot hash the password: {e}"))
 }
 
 /// Whether `password` matches the PHC string (which config loading already checked).

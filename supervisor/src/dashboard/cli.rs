@@ -53,11 +53,10 @@ pub fn hash_password() -> ExitCode {
 
 /// Prints a fresh API token and its SHA-256 for `api_token_sha256`.
 pub fn new_token() -> ExitCode {
-    match auth::random_256() {
-        Ok(bytes) => {
-            let token = auth::hex(&bytes);
+    match provision::secrets::new_token() {
+        Ok((token, digest)) => {
             println!("token {token}");
-            println!("sha256 {}", auth::sha256_hex(token.as_bytes()));
+            println!("sha256 {digest}");
             eprintln!(
                 "give the token to the client (Authorization: Bearer TOKEN); put only the sha256 in [dashboard] api_token_sha256"
             );

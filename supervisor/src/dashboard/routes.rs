@@ -36,6 +36,7 @@ pub fn router(app: Arc<App>, over_tls: bool) -> Router {
         .route("/api/status", get(api_status))
         .route("/api/chat", post(api_chat))
         .route("/api/enroll", post(api_enroll))
+        .route("/api/identity", post(api_identity))
         .route("/assets/app.js", get(app_js))
         .route("/assets/style.css", get(style_css))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -348,6 +349,43 @@ fn bearer_allowed(app: &App, headers: &HeaderMap) -> bool {
         })
 }
 
+/// The nonce of an enrolment or identity request: 32-128 hex digits.
+fn nonce_of(body: &[u8]) -> Result<String, DashError> {
+    #[derive(serde::Deserialize)]
+    struct Request {
+        nonce: String,
+    }
+    let request: Request = serde_json::from_slice(body)
+        .map_err(|e| DashError::BadRequest(format!("expected {{\"nonce\": \"<hex>\"}}: {e}")))?;
+    let nonce = request.nonce;
+    if !(32..=128).contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(DashError::BadRequest(
+            "the nonce is 32-128 hex digits, fresh for each request".into(),
+        ));
+    }
+    Ok(nonce)
+}
+
+/// `appliance fleet status`, before it sends the API token: the device key vouches for this
+/// connection's certificate (no token needed; nothing secret in the answer).
+async fn api_identity(
+    State(app): State<Arc<App>>,
+    body: axum::body::Bytes,
+) -> Result<Response, DashError> {
+    let nonce = nonce_of(&body)?;
+    let board = app.sources.board.clone();
+    let identity = tokio::task::spawn_blocking(move || {
+        crate::provision::identity::identity_answer(&board, &nonce)
+    })
+    .await
+    .map_err(|e| DashError::Internal(format!("identity crashed: {e}")))?
+    .map_err(DashError::Internal)?
+    .ok_or_else(|| {
+        DashError::Conflict("this box is not provisioned: it has no identity yet".into())
+    })?;
+    Ok(Json(identity).into_response())
+}
+
 /// `appliance fleet enroll`: an API token, and a fresh nonce; the answer proves the box holds
 /// its enrolment token and device key (see `provision::enroll`). Once per generation.
 async fn api_enroll(
@@ -358,18 +396,7 @@ async fn api_enroll(
     if !bearer_allowed(&app, &headers) {
         return Err(DashError::Unauthorized);
     }
-    #[derive(serde::Deserialize)]
-    struct Request {
-        nonce: String,
-    }
-    let request: Request = serde_json::from_slice(&body)
-        .map_err(|e| DashError::BadRequest(format!("expected {{\"nonce\": \"<hex>\"}}: {e}")))?;
-    let nonce = request.nonce;
-    if !(32..=128).contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(DashError::BadRequest(
-            "the nonce is 32-128 hex digits, fresh for each request".into(),
-        ));
-    }
+    let nonce = nonce_of(&body)?;
     let board = app.sources.board.clone();
     let answer = tokio::task::spawn_blocking(move || enroll(&board, &nonce))
         .await

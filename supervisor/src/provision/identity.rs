@@ -129,3 +129,26 @@ pub fn enroll_answer(
         signature: hex::encode(key.sign(signed.as_bytes()).to_bytes()),
     })
 }
+
+/// Who the box is, for a client that asks with `nonce`: the device key signs the nonce with the
+/// certificate the box serves. Nothing secret; `None` before the box has a device key and
+/// certificate (it is not provisioned).
+pub fn identity_answer(
+    board: &Board,
+    nonce: &str,
+) -> Result<Option<provision::enroll::Identity>, String> {
+    if !board.exists(DEVICE_KEY) {
+        return Ok(None);
+    }
+    let Some(cert) = certificate_sha256(board) else {
+        return Ok(None);
+    };
+    let key = device_key(board)?;
+    let public = public_hex(&key);
+    let signed = provision::enroll::identity_message(nonce, &public, &cert);
+    Ok(Some(provision::enroll::Identity {
+        device_public_key: public,
+        certificate_sha256: cert,
+        signature: hex::encode(key.sign(signed.as_bytes()).to_bytes()),
+    }))
+}

@@ -1,0 +1,182 @@
+//! The QEMU test's box identity: a one-box fleet stamped into the test's copy of the image, and
+//! the checks that the box took it up (host name, HTTPS login with the stamped password, the
+//! API token, the boot file scrubbed, nothing re-applied on the next boot).
+
+use std::path::Path;
+
+use operator::https;
+use provision::{FleetFile, PROVISION_FILE};
+use serde_json::Value;
+
+/// The host name the stamped box must take.
+pub const HOSTNAME: &str = "qemu-box";
+
+/// What was stamped, with the secrets the checks present.
+pub struct Stamped {
+    /// The dashboard password.
+    pub password: String,
+    /// The API token.
+    pub token: String,
+    /// What a box must never leave on its boot partition once it has applied the file.
+    secrets: Vec<String>,
+}
+
+/// Writes a fresh one-box provisioning file into the boot partition of `disk`.
+pub fn stamp(disk: &Path) -> Result<Stamped, String> {
+    let (password, _) = provision::secrets::new_token()?;
+    let hash = provision::secrets::hash_password(&password)?;
+    let (token, digest) = provision::secrets::new_token()?;
+    let fleet = FleetFile::parse(
+        &format!(
+            "[fleet]\nname = \"qemu-test\"\ngeneration = 1\n\n[[box]]\nname = \"{HOSTNAME}\"\n\
+             timezone = \"Europe/Berlin\"\npassword_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n"
+        ),
+        "the QEMU test's fleet",
+    )
+    .map_err(|e| e.to_string())?;
+    let (fleet_secret, _) = provision::secrets::new_token()?;
+    let text = operator::stamp::provisioning_text(
+        &fleet,
+        &operator::stamp::Target::Box(HOSTNAME),
+        fleet_secret.as_bytes(),
+    )?;
+    let enrollment = FleetFile::parse(&text, "the stamped file")
+        .map_err(|e| e.to_string())?
+        .boxes
+        .first()
+        .and_then(|b| b.enrollment_token.as_ref())
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    operator::stamp::write_boot_file(disk, PROVISION_FILE, text.as_bytes())?;
+    Ok(Stamped {
+        password,
+        token,
+        secrets: vec![hash, digest, enrollment],
+    })
+}
+
+/// What the box says about itself over HTTPS: the provisioning record and the host name.
+pub struct Seen {
+    /// `provision.applied_unix`.
+    pub applied_unix: u64,
+    /// The kernel's host name.
+    pub hostname: String,
+}
+
+/// Checks the running box at `https` (host:port) and `plain` (its plain HTTP port as another
+/// machine sees it): the API token opens `/api/status`, the password logs in with a Secure
+/// cookie, plain HTTP redirects to HTTPS.
+pub fn check_running(stamped: &Stamped, https: &str, plain: &str) -> Result<Seen, String> {
+    let status = https::request(
+        https,
+        "GET",
+        "/api/status",
+        Some(&stamped.token),
+        None,
+        None,
+    )
+    .map_err(|e| format!("HTTPS /api/status: {e}"))?;
+    if status.status != 200 {
+        return Err(format!(
+            "HTTPS /api/status with the stamped API token answered {}",
+            status.status
+        ));
+    }
+    let doc: Value = serde_json::from_slice(&status.body)
+        .map_err(|e| format!("/api/status is not JSON: {e}"))?;
+    let record = &doc["provision"];
+    if record["state"] != "provisioned"
+        || record["generation"] != 1
+        || !record["last_error"].is_null()
+    {
+        return Err(format!("the box is not provisioned as stamped: {record}"));
+    }
+    let hostname = doc["board"]["hostname"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if hostname != HOSTNAME {
+        return Err(format!("the host name is {hostname:?}, not {HOSTNAME:?}"));
+    }
+    let wrong = https::request(https, "GET", "/api/status", Some("0000"), None, None)
+        .map_err(|e| format!("HTTPS /api/status: {e}"))?;
+    if wrong.status != 401 {
+        return Err(format!("a wrong API token got {}", wrong.status));
+    }
+    let form = format!("password={}", stamped.password);
+    let login = https::request(
+        https,
+        "POST",
+        "/login",
+        None,
+        Some(("application/x-www-form-urlencoded", &form)),
+        None,
+    )
+    .map_err(|e| format!("HTTPS login: {e}"))?;
+    let cookie = login
+        .headers
+        .iter()
+        .find(|(n, _)| n == "set-cookie")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    if login.status != 303 || !cookie.contains("Secure") {
+        return Err(format!(
+            "HTTPS login with the stamped password: {} (cookie {cookie:?})",
+            login.status
+        ));
+    }
+    let redirect = plain_redirect(plain)?;
+    if !redirect.starts_with("https://") {
+        return Err(format!(
+            "plain HTTP did not redirect to HTTPS: {redirect:?}"
+        ));
+    }
+    Ok(Seen {
+        applied_unix: record["applied_unix"].as_u64().unwrap_or_default(),
+        hostname,
+    })
+}
+
+/// The `Location` plain HTTP answers with.
+fn plain_redirect(plain: &str) -> Result<String, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(30)))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into();
+    let response = agent
+        .get(format!("http://{plain}/"))
+        .call()
+        .map_err(|e| format!("plain HTTP: {e}"))?;
+    if response.status().as_u16() != 308 {
+        return Err(format!(
+            "plain HTTP from another machine answered {}, not a redirect",
+            response.status()
+        ));
+    }
+    Ok(response
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// After a boot: the provisioning file on the disk's boot partition holds none of the secrets.
+pub fn check_scrubbed(stamped: &Stamped, disk: &Path) -> Result<(), String> {
+    let text = operator::stamp::read_boot_file(disk, PROVISION_FILE)?
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .ok_or("the provisioning file is gone from the boot partition")?;
+    for secret in stamped.secrets.iter().filter(|s| !s.is_empty()) {
+        if text.contains(secret.as_str()) {
+            return Err(format!(
+                "a secret is still on the boot partition after boot:\n{text}"
+            ));
+        }
+    }
+    if !text.contains(HOSTNAME) {
+        return Err(format!("the scrubbed file lost its settings:\n{text}"));
+    }
+    Ok(())
+}
