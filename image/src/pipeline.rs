@@ -371,6 +371,7 @@ fn customize_root(
     for overlay in &d.overlays.rootfs {
         copy_tree(&paths.repo.join(overlay), root)?;
     }
+    remove_ssh_host_keys(root)?;
     let units = root.join("usr/lib/systemd/system");
     let wants = root.join("etc/systemd/system/multi-user.target.wants");
     fs::create_dir_all(&wants).map_err(|e| io("creating", &wants, e))?;
@@ -450,6 +451,26 @@ fn customize_root(
     )?;
     // Empty: systemd makes a transient id on the read-only root at every boot.
     write(&root.join("etc/machine-id"), "")
+}
+
+/// The SSH host keys a package made while the image was built: every card would share them.
+/// Each box makes its own on its data partition (`/usr/libexec/appliance/ssh-host-key`).
+fn remove_ssh_host_keys(root: &Path) -> Result<(), String> {
+    let dir = root.join("etc/ssh");
+    let Ok(entries) = fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    for entry in entries {
+        let path = entry.map_err(|e| io("listing", &dir, e))?.path();
+        let is_host_key = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("ssh_host_"));
+        if is_host_key {
+            fs::remove_file(&path).map_err(|e| io("removing", &path, e))?;
+        }
+    }
+    Ok(())
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {

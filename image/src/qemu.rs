@@ -32,6 +32,8 @@ pub struct Report {
     pub data_bytes: u64,
     /// The host name the box took from its stamped file.
     pub hostname: String,
+    /// The SSH server's greeting (the stamped file gave the box a key).
+    pub ssh_banner: String,
     /// From the second boot's QEMU start to HTTPS answering as provisioned.
     pub second_boot_to_https: Duration,
 }
@@ -46,11 +48,13 @@ impl Drop for Guest {
     }
 }
 
-/// Host ports forwarded to the guest: the engine (through the test proxy), HTTPS, plain HTTP.
+/// Host ports forwarded to the guest: the engine (through the test proxy), HTTPS, plain HTTP,
+/// SSH.
 struct Ports {
     engine: u16,
     https: u16,
     plain: u16,
+    ssh: u16,
 }
 
 /// Boots `image` (a stamped copy of it) twice and checks the engine and the provisioning;
@@ -85,6 +89,7 @@ pub fn smoke_test(
         engine: port,
         https: port.checked_add(1).ok_or("--port too high")?,
         plain: port.checked_add(2).ok_or("--port too high")?,
+        ssh: port.checked_add(3).ok_or("--port too high")?,
     };
     let https = format!("127.0.0.1:{}", ports.https);
     let plain = format!("127.0.0.1:{}", ports.plain);
@@ -129,6 +134,7 @@ pub fn smoke_test(
     }
     let completion = text;
     let first = crate::stamped::check_running(&stamped, &https, &plain)?;
+    let ssh_banner = crate::stamped::check_ssh(&format!("127.0.0.1:{}", ports.ssh))?;
     no_failed_units(&serial)?;
     // Growing the data partition runs before the supervisor starts, so it is done by now.
     drop(guest);
@@ -171,6 +177,7 @@ pub fn smoke_test(
         completion,
         data_bytes,
         hostname: first.hostname,
+        ssh_banner,
         second_boot_to_https,
     })
 }
@@ -195,8 +202,9 @@ fn start(
     }
     let started = Instant::now();
     let forwards = format!(
-        "user,id=n0,hostfwd=tcp:127.0.0.1:{}-:18080,hostfwd=tcp:127.0.0.1:{}-:8443,hostfwd=tcp:127.0.0.1:{}-:8000",
-        ports.engine, ports.https, ports.plain
+        "user,id=n0,hostfwd=tcp:127.0.0.1:{}-:18080,hostfwd=tcp:127.0.0.1:{}-:8443,hostfwd=tcp:127.0.0.1:{}-:8000,\
+         hostfwd=tcp:127.0.0.1:{}-:22",
+        ports.engine, ports.https, ports.plain, ports.ssh
     );
     let child = Command::new("qemu-system-aarch64")
         .args([

@@ -29,7 +29,9 @@ pub fn stamp(disk: &Path) -> Result<Stamped, String> {
     let fleet = FleetFile::parse(
         &format!(
             "[fleet]\nname = \"qemu-test\"\ngeneration = 1\n\n[[box]]\nname = \"{HOSTNAME}\"\n\
-             timezone = \"Europe/Berlin\"\npassword_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n"
+             timezone = \"Europe/Berlin\"\npassword_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n\
+             ssh_authorized_keys = [\"{}\"]\n",
+            ssh_key()?
         ),
         "the QEMU test's fleet",
     )
@@ -53,6 +55,41 @@ pub fn stamp(disk: &Path) -> Result<Stamped, String> {
         token,
         secrets: vec![hash, digest, enrollment],
     })
+}
+
+/// An OpenSSH ed25519 public key line with a random key (the test only needs the server up).
+fn ssh_key() -> Result<String, String> {
+    use base64::Engine as _;
+    let (random, _) = provision::secrets::new_token()?;
+    let kind = b"ssh-ed25519";
+    let mut blob = Vec::new();
+    blob.extend_from_slice(&(kind.len() as u32).to_be_bytes());
+    blob.extend_from_slice(kind);
+    blob.extend_from_slice(&32u32.to_be_bytes());
+    blob.extend_from_slice(&random.as_bytes()[..32]);
+    Ok(format!(
+        "ssh-ed25519 {} qemu-test",
+        base64::engine::general_purpose::STANDARD.encode(blob)
+    ))
+}
+
+/// The SSH server's greeting at `address`: a box stamped with keys runs one.
+pub fn check_ssh(address: &str) -> Result<String, String> {
+    use std::io::{BufRead, BufReader};
+    let stream =
+        std::net::TcpStream::connect(address).map_err(|e| format!("SSH {address}: {e}"))?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .map_err(|e| e.to_string())?;
+    let mut banner = String::new();
+    BufReader::new(stream)
+        .read_line(&mut banner)
+        .map_err(|e| format!("SSH {address}: {e}"))?;
+    if banner.starts_with("SSH-2.0-") {
+        Ok(banner.trim().to_string())
+    } else {
+        Err(format!("no SSH server greeting at {address}: {banner:?}"))
+    }
 }
 
 /// What the box says about itself over HTTPS: the provisioning record and the host name.

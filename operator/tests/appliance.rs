@@ -76,6 +76,18 @@ fn appliance(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("appliance")
 }
 
+/// `appliance stamp --fleet FLEET WHOM... IMAGE -o OUT`.
+fn stamp(fleet: &str, whom: &[&str], image: &Path, out: &Path) -> Output {
+    let mut args = vec!["stamp", "--fleet", fleet];
+    args.extend_from_slice(whom);
+    args.extend([
+        image.to_str().expect("utf8"),
+        "-o",
+        out.to_str().expect("utf8"),
+    ]);
+    appliance(&args)
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -101,16 +113,7 @@ fn stamping_writes_one_box_into_a_copy_and_leaves_the_image_alone() {
     let img = image(dir.path());
     let original = fs::read(&img).expect("read image");
     let out = dir.path().join("reception.img");
-    let run = appliance(&[
-        "stamp",
-        "--fleet",
-        &fleet,
-        "--box",
-        "reception",
-        img.to_str().expect("utf8"),
-        "-o",
-        out.to_str().expect("utf8"),
-    ]);
+    let run = stamp(&fleet, &["--box", "reception"], &img, &out);
     assert!(run.status.success(), "{}", stderr(&run));
     assert_eq!(
         fs::read(&img).expect("image"),
@@ -163,16 +166,7 @@ fn stamping_writes_one_box_into_a_copy_and_leaves_the_image_alone() {
 
     // Stamping the stamped copy again for another box replaces the file.
     let again = dir.path().join("radiology.img");
-    let run = appliance(&[
-        "stamp",
-        "--fleet",
-        &fleet,
-        "--box",
-        "radiology",
-        out.to_str().expect("utf8"),
-        "-o",
-        again.to_str().expect("utf8"),
-    ]);
+    let run = stamp(&fleet, &["--box", "radiology"], &out, &again);
     assert!(run.status.success(), "{}", stderr(&run));
     let text = boot_file(&again, PROVISION_FILE).expect("file");
     assert!(
@@ -193,15 +187,7 @@ fn one_card_for_the_whole_fleet_lets_each_board_find_itself_by_serial() {
     let fleet = fleet_file(dir.path());
     let img = image(dir.path());
     let out = dir.path().join("fleet.img");
-    let run = appliance(&[
-        "stamp",
-        "--fleet",
-        &fleet,
-        "--all",
-        img.to_str().expect("utf8"),
-        "-o",
-        out.to_str().expect("utf8"),
-    ]);
+    let run = stamp(&fleet, &["--all"], &img, &out);
     assert!(run.status.success(), "{}", stderr(&run));
     let file =
         FleetFile::parse(&boot_file(&out, PROVISION_FILE).expect("file"), "card").expect("parse");
@@ -219,12 +205,8 @@ fn bad_requests_are_refused_and_leave_no_output() {
     let fleet = fleet_file(dir.path());
     let img = image(dir.path());
     let out = dir.path().join("out.img");
-    let img_arg = img.to_str().expect("utf8");
-    let out_arg = out.to_str().expect("utf8");
 
-    let run = appliance(&[
-        "stamp", "--fleet", &fleet, "--box", "nobody", img_arg, "-o", out_arg,
-    ]);
+    let run = stamp(&fleet, &["--box", "nobody"], &img, &out);
     assert_eq!(run.status.code(), Some(2));
     assert!(
         stderr(&run).contains("reception, radiology"),
@@ -240,16 +222,12 @@ fn bad_requests_are_refused_and_leave_no_output() {
             .replace("timezone", "time_zone"),
     )
     .expect("write");
-    let run = appliance(&[
-        "stamp",
-        "--fleet",
+    let run = stamp(
         broken.to_str().expect("utf8"),
-        "--box",
-        "reception",
-        img_arg,
-        "-o",
-        out_arg,
-    ]);
+        &["--box", "reception"],
+        &img,
+        &out,
+    );
     assert_eq!(run.status.code(), Some(2));
     assert!(
         stderr(&run).contains("time_zone") && stderr(&run).contains("line"),
@@ -263,30 +241,13 @@ fn bad_requests_are_refused_and_leave_no_output() {
         "[fleet]\nname = \"f\"\ngeneration = 1\n[[box]]\nname = \"a\"\n[[box]]\nname = \"b\"\n",
     )
     .expect("write");
-    let run = appliance(&[
-        "stamp",
-        "--fleet",
-        no_serials.to_str().expect("utf8"),
-        "--all",
-        img_arg,
-        "-o",
-        out_arg,
-    ]);
+    let run = stamp(no_serials.to_str().expect("utf8"), &["--all"], &img, &out);
     assert_eq!(run.status.code(), Some(2));
     assert!(stderr(&run).contains("serial"), "{}", stderr(&run));
 
     let not_an_image = dir.path().join("notes.txt");
     fs::write(&not_an_image, vec![b'x'; 4096]).expect("write");
-    let run = appliance(&[
-        "stamp",
-        "--fleet",
-        &fleet,
-        "--box",
-        "reception",
-        not_an_image.to_str().expect("utf8"),
-        "-o",
-        out_arg,
-    ]);
+    let run = stamp(&fleet, &["--box", "reception"], &not_an_image, &out);
     assert_eq!(run.status.code(), Some(1));
     assert!(stderr(&run).contains("partition table"), "{}", stderr(&run));
     assert!(!out.exists(), "no output from a refused stamp");

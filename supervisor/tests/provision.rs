@@ -53,6 +53,18 @@ impl Board {
         ])
     }
 
+    /// `provision apply --from DIR`: a USB stick mounted at `DIR`.
+    fn apply_from(&self, dir: &str) -> Output {
+        run(&[
+            "--root",
+            self.root.to_str().expect("utf8"),
+            "provision",
+            "apply",
+            "--from",
+            dir,
+        ])
+    }
+
     fn record(&self) -> Value {
         serde_json::from_str(&self.read(RECORD)).expect("provision.json")
     }
@@ -473,16 +485,7 @@ fn a_usb_file_counts_only_when_the_trusted_fleet_key_signed_it() {
     let reprovision = format!(
         "[fleet]\nname = \"clinics\"\ngeneration = 2\n\n[[box]]\nname = \"north-1\"\nhostname = \"moved\"\npassword_hash = \"{hash}\"\nfleet_key = \"{fleet_public}\"\n"
     );
-    let from_stick = || {
-        run(&[
-            "--root",
-            board.root.to_str().expect("utf8"),
-            "provision",
-            "apply",
-            "--from",
-            "/run/appliance-usb/sda1",
-        ])
-    };
+    let from_stick = || board.apply_from("/run/appliance-usb/sda1");
     let refused = |what: &str, reason: &str| {
         let out = from_stick();
         assert_eq!(out.status.code(), Some(1), "{what}: {}", stderr(&out));
@@ -527,14 +530,7 @@ fn a_usb_file_counts_only_when_the_trusted_fleet_key_signed_it() {
     std::fs::create_dir_all(&stick).expect("stick");
     std::fs::write(stick.join("appliance-provision.toml"), &reprovision).expect("write");
     std::fs::write(stick.join("appliance-provision.toml.sig"), &signature).expect("write");
-    let out = run(&[
-        "--root",
-        other.root.to_str().expect("utf8"),
-        "provision",
-        "apply",
-        "--from",
-        "/run/appliance-usb/sda1",
-    ]);
+    let out = other.apply_from("/run/appliance-usb/sda1");
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("trusts no fleet key"),
