@@ -60,12 +60,22 @@ fn replace_with_mode(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> 
 
 /// Flushes a directory's entries (renames, creations) to disk.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    match File::open(dir)?.sync_all() {
-        // Some filesystems (e.g. vfat through some drivers) refuse fsync on directories; the
-        // rename has still been issued and the data itself is already flushed.
+    let handle = File::open(dir)?;
+    let synced = match handle.sync_all() {
+        // Some filesystems refuse fsync on directories; FAT is handled below either way.
         Err(e) if e.kind() == io::ErrorKind::InvalidInput => Ok(()),
         other => other,
+    };
+    // On FAT (the boot partition) a directory fsync does not write the directory entry and
+    // the allocation table together: a power cut soon after can leave the new clusters
+    // allocated and the old entry pointing at freed ones. Flushing the whole (small)
+    // filesystem writes both.
+    let on_fat = nix::sys::statfs::fstatfs(&handle)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::MSDOS_SUPER_MAGIC);
+    if on_fat {
+        nix::unistd::syncfs(&handle).map_err(io::Error::from)?;
     }
+    synced
 }
 
 #[cfg(test)]

@@ -108,10 +108,11 @@ fn run(cli: Cli) -> Result<(), String> {
                 report.data_bytes >> 20
             );
             println!(
-                "provisioned as {} (HTTPS login, API token, plain HTTP redirected, boot file scrubbed, SSH: {}); second boot served HTTPS {:.0} s after QEMU started and applied nothing again",
+                "provisioned as {} (HTTPS login, API token, plain HTTP redirected, boot file scrubbed, SSH: {}); second boot served HTTPS {:.0} s after QEMU started and applied nothing again; a third boot with the signed USB stick served its generation {:.0} s after QEMU started",
                 report.hostname,
                 report.ssh_banner,
-                report.second_boot_to_https.as_secs_f64()
+                report.second_boot_to_https.as_secs_f64(),
+                report.usb_to_https.as_secs_f64()
             );
             Ok(())
         }

@@ -119,7 +119,7 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> String {
 }
 
 /// Installs missing host tools from the host's apt sources (as root), or says which to install.
-fn host_tools(tools: &[(&str, &str)]) -> Result<(), String> {
+pub(crate) fn host_tools(tools: &[(&str, &str)]) -> Result<(), String> {
     let missing: Vec<&str> = tools
         .iter()
         .filter(|(program, _)| !have(program))

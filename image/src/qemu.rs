@@ -18,6 +18,7 @@ use crate::definition::Definition;
 use crate::layout;
 use crate::pipeline::Paths;
 use crate::run::run;
+use crate::stamped::{HOSTNAME, HOSTNAME_FROM_STICK};
 
 /// What the smoke test saw.
 #[derive(Debug)]
@@ -36,6 +37,9 @@ pub struct Report {
     pub ssh_banner: String,
     /// From the second boot's QEMU start to HTTPS answering as provisioned.
     pub second_boot_to_https: Duration,
+    /// From the third boot's QEMU start (the signed USB stick plugged in) to HTTPS answering
+    /// as the stick's generation.
+    pub usb_to_https: Duration,
 }
 
 /// Kills the QEMU child on every path out.
@@ -47,6 +51,15 @@ impl Drop for Guest {
         let _ = self.0.wait();
     }
 }
+
+/// What the test runs on the host: the emulator, FAT tools (kernel out of the boot partition,
+/// the USB stick), the partition table reader.
+const HOST_TOOLS: [(&str, &str); 4] = [
+    ("qemu-system-aarch64", "qemu-system-arm"),
+    ("mcopy", "mtools"),
+    ("mkfs.vfat", "dosfstools"),
+    ("sfdisk", "fdisk"),
+];
 
 /// Host ports forwarded to the guest: the engine (through the test proxy), HTTPS, plain HTTP,
 /// SSH.
@@ -66,6 +79,7 @@ pub fn smoke_test(
     port: u16,
     timeout: Duration,
 ) -> Result<Report, String> {
+    crate::pipeline::host_tools(&HOST_TOOLS)?;
     let dir = paths.out.join("qemu");
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let disk = dir.join("disk.img");
@@ -94,7 +108,7 @@ pub fn smoke_test(
     let https = format!("127.0.0.1:{}", ports.https);
     let plain = format!("127.0.0.1:{}", ports.plain);
 
-    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports)?;
+    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, None)?;
     let deadline = started + timeout;
     let boot_to_multi_user = wait_multi_user(&mut guest, &serial, started, deadline, timeout)?;
     let base = format!("http://127.0.0.1:{}", ports.engine);
@@ -133,7 +147,7 @@ pub fn smoke_test(
         return Err(format!("completion answered {}: {text}", response.status()));
     }
     let completion = text;
-    let first = crate::stamped::check_running(&stamped, &https, &plain)?;
+    let first = crate::stamped::check_running(&stamped, &https, &plain, HOSTNAME, 1)?;
     let ssh_banner = crate::stamped::check_ssh(&format!("127.0.0.1:{}", ports.ssh))?;
     no_failed_units(&serial)?;
     // Growing the data partition runs before the supervisor starts, so it is done by now.
@@ -142,26 +156,11 @@ pub fn smoke_test(
     crate::stamped::check_scrubbed(&stamped, &disk)?;
 
     // The second boot must find the generation applied and apply nothing.
-    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports)?;
+    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, None)?;
     let deadline = started + timeout;
     wait_multi_user(&mut guest, &serial, started, deadline, timeout)?;
-    let second = loop {
-        exited(&mut guest, &serial)?;
-        if let Ok(seen) = crate::stamped::check_running(&stamped, &https, &plain) {
-            break seen;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the second boot did not serve HTTPS as provisioned within {} s: {}; see {}",
-                timeout.as_secs(),
-                crate::stamped::check_running(&stamped, &https, &plain)
-                    .err()
-                    .unwrap_or_default(),
-                serial.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_secs(2));
-    };
+    let check = || crate::stamped::check_running(&stamped, &https, &plain, HOSTNAME, 1);
+    let second = serving(&mut guest, &serial, deadline, "the second boot", &check)?;
     let second_boot_to_https = started.elapsed();
     no_failed_units(&serial)?;
     drop(guest);
@@ -171,6 +170,23 @@ pub fn smoke_test(
             first.applied_unix, second.applied_unix
         ));
     }
+
+    // In the field: a USB stick labelled APPLIANCE with generation 2, signed by the fleet key.
+    let stick = crate::stamped::usb_stick(&stamped, &dir)?;
+    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, Some(&stick))?;
+    let deadline = started + timeout;
+    wait_multi_user(&mut guest, &serial, started, deadline, timeout)?;
+    let check = || crate::stamped::check_running(&stamped, &https, &plain, HOSTNAME_FROM_STICK, 2);
+    serving(
+        &mut guest,
+        &serial,
+        deadline,
+        "the USB stick's generation",
+        &check,
+    )?;
+    let usb_to_https = started.elapsed();
+    no_failed_units(&serial)?;
+    drop(guest);
     Ok(Report {
         boot_to_multi_user,
         boot_to_engine,
@@ -179,15 +195,41 @@ pub fn smoke_test(
         hostname: first.hostname,
         ssh_banner,
         second_boot_to_https,
+        usb_to_https,
     })
 }
 
-/// Starts QEMU on `disk` with a fresh serial log.
+/// Polls `check` until it passes (the box serves as expected), QEMU exits or `deadline` passes.
+fn serving<T>(
+    guest: &mut Guest,
+    serial: &Path,
+    deadline: Instant,
+    what: &str,
+    check: &dyn Fn() -> Result<T, String>,
+) -> Result<T, String> {
+    loop {
+        exited(guest, serial)?;
+        let last = match check() {
+            Ok(seen) => return Ok(seen),
+            Err(e) => e,
+        };
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{what}: the box did not serve as expected in time: {last}; see {}",
+                serial.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// Starts QEMU on `disk` with a fresh serial log, with `stick` as a USB mass-storage device.
 fn start(
     definition: &Definition,
     dir: &Path,
     disk: &Path,
     ports: &Ports,
+    stick: Option<&Path>,
 ) -> Result<(Guest, Instant, std::path::PathBuf), String> {
     let root = layout::partuuid(definition.layout.disk_id, 2);
     let append = format!(
@@ -206,7 +248,17 @@ fn start(
          hostfwd=tcp:127.0.0.1:{}-:22",
         ports.engine, ports.https, ports.plain, ports.ssh
     );
-    let child = Command::new("qemu-system-aarch64")
+    let mut qemu = Command::new("qemu-system-aarch64");
+    if let Some(stick) = stick {
+        qemu.args(["-device", "qemu-xhci,id=xhci"])
+            .arg("-drive")
+            .arg(format!(
+                "if=none,file={},format=raw,id=stick",
+                stick.display()
+            ))
+            .args(["-device", "usb-storage,bus=xhci.0,drive=stick"]);
+    }
+    let child = qemu
         .args([
             "-M",
             "virt",

@@ -1,6 +1,7 @@
 //! The QEMU test's box identity: a one-box fleet stamped into the test's copy of the image, and
 //! the checks that the box took it up (host name, HTTPS login with the stamped password, the
-//! API token, the boot file scrubbed, nothing re-applied on the next boot).
+//! API token, the boot file scrubbed, nothing re-applied on the next boot), and a USB stick
+//! labelled `APPLIANCE` whose file, signed by the fleet key, re-provisions it in the field.
 
 use std::path::Path;
 
@@ -10,6 +11,8 @@ use serde_json::Value;
 
 /// The host name the stamped box must take.
 pub const HOSTNAME: &str = "qemu-box";
+/// The host name the USB stick's generation gives it.
+pub const HOSTNAME_FROM_STICK: &str = "qemu-box-2";
 
 /// What was stamped, with the secrets the checks present.
 pub struct Stamped {
@@ -19,6 +22,12 @@ pub struct Stamped {
     pub token: String,
     /// What a box must never leave on its boot partition once it has applied the file.
     secrets: Vec<String>,
+    /// The fleet as stamped (generation 1).
+    fleet: FleetFile,
+    /// The fleet's secret the enrolment tokens come from.
+    fleet_secret: String,
+    /// The fleet key's secret key file (its public half is the stamped `fleet_key`).
+    fleet_key: String,
 }
 
 /// Writes a fresh one-box provisioning file into the boot partition of `disk`.
@@ -26,9 +35,11 @@ pub fn stamp(disk: &Path) -> Result<Stamped, String> {
     let (password, _) = provision::secrets::new_token()?;
     let hash = provision::secrets::hash_password(&password)?;
     let (token, digest) = provision::secrets::new_token()?;
+    let (fleet_key, fleet_public) = weights::sign::keygen().map_err(|e| e.to_string())?;
     let fleet = FleetFile::parse(
         &format!(
             "[fleet]\nname = \"qemu-test\"\ngeneration = 1\n\n[[box]]\nname = \"{HOSTNAME}\"\n\
+             fleet_key = \"{fleet_public}\"\n\
              timezone = \"Europe/Berlin\"\npassword_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n\
              ssh_authorized_keys = [\"{}\"]\n",
             ssh_key()?
@@ -54,7 +65,45 @@ pub fn stamp(disk: &Path) -> Result<Stamped, String> {
         password,
         token,
         secrets: vec![hash, digest, enrollment],
+        fleet,
+        fleet_secret,
+        fleet_key,
     })
+}
+
+/// A 16 MiB FAT image labelled `APPLIANCE` holding generation 2 (host name
+/// [`HOSTNAME_FROM_STICK`]) and its signature by the fleet key, as `appliance usb` writes them.
+pub fn usb_stick(stamped: &Stamped, dir: &Path) -> Result<std::path::PathBuf, String> {
+    let mut next = stamped.fleet.clone();
+    next.fleet.generation = 2;
+    if let Some(entry) = next.boxes.first_mut() {
+        entry.hostname = Some(HOSTNAME_FROM_STICK.parse()?);
+    }
+    let text = operator::stamp::provisioning_text(
+        &next,
+        &operator::stamp::Target::Box(HOSTNAME),
+        stamped.fleet_secret.as_bytes(),
+    )?;
+    let signature =
+        weights::sign::sign(text.as_bytes(), &stamped.fleet_key).map_err(|e| e.to_string())?;
+    let stick = dir.join("usb-stick.img");
+    let _ = std::fs::remove_file(&stick);
+    crate::run::run(
+        "mkfs.vfat",
+        crate::args!["-n", "APPLIANCE", "-C", &stick, "16384"],
+    )?;
+    for (name, contents) in [
+        (PROVISION_FILE.to_string(), text),
+        (format!("{PROVISION_FILE}.sig"), signature),
+    ] {
+        let file = dir.join(&name);
+        std::fs::write(&file, contents).map_err(|e| format!("{}: {e}", file.display()))?;
+        crate::run::run(
+            "mcopy",
+            crate::args!["-i", &stick, &file, format!("::/{name}")],
+        )?;
+    }
+    Ok(stick)
 }
 
 /// An OpenSSH ed25519 public key line with a random key (the test only needs the server up).
@@ -101,9 +150,15 @@ pub struct Seen {
 }
 
 /// Checks the running box at `https` (host:port) and `plain` (its plain HTTP port as another
-/// machine sees it): the API token opens `/api/status`, the password logs in with a Secure
-/// cookie, plain HTTP redirects to HTTPS.
-pub fn check_running(stamped: &Stamped, https: &str, plain: &str) -> Result<Seen, String> {
+/// machine sees it): provisioned with `generation` under `hostname`, the API token opens
+/// `/api/status`, the password logs in with a Secure cookie, plain HTTP redirects to HTTPS.
+pub fn check_running(
+    stamped: &Stamped,
+    https: &str,
+    plain: &str,
+    hostname: &str,
+    generation: u64,
+) -> Result<Seen, String> {
     let status = https::request(
         https,
         "GET",
@@ -123,17 +178,19 @@ pub fn check_running(stamped: &Stamped, https: &str, plain: &str) -> Result<Seen
         .map_err(|e| format!("/api/status is not JSON: {e}"))?;
     let record = &doc["provision"];
     if record["state"] != "provisioned"
-        || record["generation"] != 1
+        || record["generation"] != generation
         || !record["last_error"].is_null()
     {
-        return Err(format!("the box is not provisioned as stamped: {record}"));
+        return Err(format!(
+            "the box is not provisioned with generation {generation}: {record}"
+        ));
     }
-    let hostname = doc["board"]["hostname"]
+    let seen = doc["board"]["hostname"]
         .as_str()
         .unwrap_or_default()
         .to_string();
-    if hostname != HOSTNAME {
-        return Err(format!("the host name is {hostname:?}, not {HOSTNAME:?}"));
+    if seen != hostname {
+        return Err(format!("the host name is {seen:?}, not {hostname:?}"));
     }
     let wrong = https::request(https, "GET", "/api/status", Some("0000"), None, None)
         .map_err(|e| format!("HTTPS /api/status: {e}"))?;
@@ -170,7 +227,7 @@ pub fn check_running(stamped: &Stamped, https: &str, plain: &str) -> Result<Seen
     }
     Ok(Seen {
         applied_unix: record["applied_unix"].as_u64().unwrap_or_default(),
-        hostname,
+        hostname: seen,
     })
 }
 
