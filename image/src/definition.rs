@@ -29,10 +29,18 @@ pub struct Rootfs {
     pub suite: String,
     /// The kernel package, optionally `package/suite`.
     pub kernel: String,
+    /// Archive components the packages come from (`main`, `non-free-firmware` for device
+    /// firmware). Default `["main"]`.
+    #[serde(default = "main_only")]
+    pub components: Vec<String>,
     /// Further packages.
     pub packages: Vec<String>,
     /// Device-tree blobs for the boot partition, from the kernel package.
     pub device_trees: Vec<String>,
+}
+
+fn main_only() -> Vec<String> {
+    vec!["main".to_string()]
 }
 
 /// The build chroot.
@@ -132,6 +140,12 @@ impl Definition {
                     "package \"{package}\" is not a Debian package name"
                 ));
             }
+        }
+        if self.rootfs.components.is_empty() {
+            return Err("rootfs.components is empty: list at least \"main\"".into());
+        }
+        for component in &self.rootfs.components {
+            word("rootfs.components entry", component)?;
         }
         for dtb in &self.rootfs.device_trees {
             word("rootfs.device_trees entry", dtb)?;

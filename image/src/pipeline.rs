@@ -179,10 +179,11 @@ fn key(parts: &[&str]) -> String {
         .collect()
 }
 
-fn sources(suite: &str, mirror: &str, backports: bool) -> Vec<OsString> {
-    let mut list = args![format!("deb {mirror} {suite} main")];
+fn sources(suite: &str, mirror: &str, backports: bool, components: &[String]) -> Vec<OsString> {
+    let components = components.join(" ");
+    let mut list = args![format!("deb {mirror} {suite} {components}")];
     if backports {
-        list.push(format!("deb {mirror} {suite}-backports main").into());
+        list.push(format!("deb {mirror} {suite}-backports {components}").into());
     }
     list
 }
@@ -217,7 +218,12 @@ fn builder_chroot(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
         &b.suite,
         &partial
     ];
-    command.extend(sources(&b.suite, mirror, b.rust_from_backports));
+    command.extend(sources(
+        &b.suite,
+        mirror,
+        b.rust_from_backports,
+        &["main".to_string()],
+    ));
     run("mmdebstrap", command)?;
     fs::write(partial.join(".complete"), "").map_err(|e| io("marking", &partial, e))?;
     fs::rename(&partial, &dir).map_err(|e| io("placing", &dir, e))?;
@@ -330,7 +336,7 @@ fn package_rootfs(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
     let joined = packages.join(",");
     let tarball = paths.cache.join(format!(
         "rootfs-{}.tar.zst",
-        key(&[&r.suite, &joined, mirror])
+        key(&[&r.suite, &joined, mirror, &r.components.join(" ")])
     ));
     if tarball.exists() {
         return Ok(tarball);
@@ -348,7 +354,7 @@ fn package_rootfs(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
         &r.suite,
         &partial
     ];
-    command.extend(sources(&r.suite, mirror, backports));
+    command.extend(sources(&r.suite, mirror, backports, &r.components));
     run("mmdebstrap", command)?;
     fs::rename(&partial, &tarball).map_err(|e| io("placing", &tarball, e))?;
     Ok(tarball)

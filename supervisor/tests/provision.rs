@@ -166,7 +166,7 @@ fn a_good_file_is_applied_whole_and_its_secrets_leave_the_boot_partition() {
         std::fs::read_link(board.path("run/appliance/localtime")).expect("localtime link"),
         Path::new("/usr/share/zoneinfo/Europe/Berlin")
     );
-    let wpa = board.read("run/appliance/wpa_supplicant-wlan0.conf");
+    let wpa = board.read("run/appliance/wpa_supplicant.conf");
     assert!(wpa.contains(&format!("psk={PSK}")), "{wpa}");
     assert!(wpa.contains(&format!("ssid={}", hex_of("Clinic"))), "{wpa}");
     assert_eq!(
@@ -178,7 +178,7 @@ fn a_good_file_is_applied_whole_and_its_secrets_leave_the_boot_partition() {
         COMMITTED,
         "var/lib/appliance/provision/device.key",
         "var/lib/appliance/provision/tls-key.der",
-        "run/appliance/wpa_supplicant-wlan0.conf",
+        "run/appliance/wpa_supplicant.conf",
     ] {
         let mode = std::fs::metadata(board.path(private))
             .expect("stat")

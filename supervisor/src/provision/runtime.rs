@@ -17,8 +17,9 @@ pub const WIRED_NETWORK: &str = "/run/systemd/network/10-appliance-wired.network
 pub const WIFI_NETWORK: &str = "/run/systemd/network/10-appliance-wifi.network";
 /// The NTP servers.
 pub const TIMESYNCD_DROPIN: &str = "/run/systemd/timesyncd.conf.d/50-appliance.conf";
-/// The Wi-Fi network to join (owner-only: it holds the PSK).
-pub const WPA_SUPPLICANT_CONF: &str = "/run/appliance/wpa_supplicant-wlan0.conf";
+/// The Wi-Fi network to join (owner-only: it holds the PSK), read by `appliance-wifi@.service`
+/// for whichever wireless interface the board has.
+pub const WPA_SUPPLICANT_CONF: &str = "/run/appliance/wpa_supplicant.conf";
 /// Keys that may log in over SSH.
 pub const SSH_AUTHORIZED_KEYS: &str = "/run/appliance/ssh/authorized_keys";
 
