@@ -59,6 +59,11 @@ pub fn boot_partition(disk: &mut File, disk_len: u64) -> Result<Partition, Strin
     Ok(Partition { start, len, kind })
 }
 
+/// A disk's or image's length (a block device's `metadata().len()` is 0, its end is not).
+pub fn disk_len(file: &mut File) -> io::Result<u64> {
+    file.seek(SeekFrom::End(0))
+}
+
 /// One partition of a disk read and written as if it were the whole file: every access is
 /// kept inside it.
 pub struct PartitionFile<'a> {

@@ -119,7 +119,7 @@ pub fn write_and_verify(
         .map_err(at(device))?;
     let meta = target.metadata().map_err(at(device))?;
     if meta.file_type().is_block_device() {
-        let capacity = crate::stamp::disk_len(&mut target).map_err(at(device))?;
+        let capacity = crate::disk::disk_len(&mut target).map_err(at(device))?;
         if capacity < total {
             return Err(format!(
                 "{} holds {capacity} bytes; the image needs {total}",

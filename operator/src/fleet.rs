@@ -161,22 +161,9 @@ pub fn enroll_one(
     address: &str,
     api_token: &str,
 ) -> EnrolOutcome {
-    let mut nonce = [0u8; 32];
-    if let Err(e) = getrandom::fill(&mut nonce) {
-        return EnrolOutcome::Failed(format!("the OS random source failed: {e}"));
-    }
-    let nonce = hex::encode(nonce);
-    let body = serde_json::json!({ "nonce": nonce }).to_string();
-    let response = match https::request(
-        address,
-        "POST",
-        "/api/enroll",
-        Some(api_token),
-        Some(("application/json", &body)),
-        None,
-    ) {
-        Ok(r) => r,
-        Err(e) => return EnrolOutcome::Failed(e.to_string()),
+    let (nonce, response) = match with_nonce(address, "/api/enroll", Some(api_token)) {
+        Ok(asked) => asked,
+        Err(e) => return EnrolOutcome::Failed(e),
     };
     if response.status != 200 {
         return EnrolOutcome::Failed(format!(
@@ -397,23 +384,34 @@ enum Refusal {
     Unreachable(String),
 }
 
-/// Asks the box at `address` who it is: the certificate it presented when the device key
-/// `enrolled` vouches for it.
-fn identify(address: &str, enrolled: &str) -> Result<String, Refusal> {
+/// POSTs a fresh nonce (`{"nonce": hex}`) to `path` on the box at `address`, any certificate
+/// accepted (the answer is what proves who it is); returns the nonce and the answer.
+fn with_nonce(
+    address: &str,
+    path: &str,
+    api_token: Option<&str>,
+) -> Result<(String, https::Response), String> {
     let mut nonce = [0u8; 32];
-    getrandom::fill(&mut nonce)
-        .map_err(|e| Refusal::Unreachable(format!("the OS random source failed: {e}")))?;
+    getrandom::fill(&mut nonce).map_err(|e| format!("the OS random source failed: {e}"))?;
     let nonce = hex::encode(nonce);
     let body = serde_json::json!({ "nonce": nonce }).to_string();
     let response = https::request(
         address,
         "POST",
-        "/api/identity",
-        None,
+        path,
+        api_token,
         Some(("application/json", &body)),
         None,
     )
-    .map_err(|e| Refusal::Unreachable(e.to_string()))?;
+    .map_err(|e| e.to_string())?;
+    Ok((nonce, response))
+}
+
+/// Asks the box at `address` who it is: the certificate it presented when the device key
+/// `enrolled` vouches for it.
+fn identify(address: &str, enrolled: &str) -> Result<String, Refusal> {
+    let (nonce, response) =
+        with_nonce(address, "/api/identity", None).map_err(Refusal::Unreachable)?;
     let mismatch = Refusal::Untrusted;
     if response.status != 200 {
         return Err(mismatch(format!(

@@ -1,10 +1,10 @@
 //! Writing a provisioning file into an image's boot partition without mounting it.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::disk::{PartitionFile, boot_partition};
+use crate::disk::{PartitionFile, boot_partition, disk_len};
 use provision::{FleetFile, PROVISION_FILE};
 
 /// What a box should be stamped with.
@@ -57,18 +57,22 @@ pub fn provisioning_text(
     ))
 }
 
-/// Writes `name` with `contents` into the boot partition of the disk or image at `disk`,
-/// replacing a file of that name.
-pub fn write_boot_file(disk: &Path, name: &str, contents: &[u8]) -> Result<(), String> {
+/// Runs `work` on the FAT filesystem of the boot partition of the disk or image at `disk`
+/// (opened for writing when `write`), then closes it and, after writing, syncs the disk.
+fn with_boot_fs<T>(
+    disk: &Path,
+    write: bool,
+    work: impl FnOnce(&BootFs<'_>) -> Result<T, String>,
+) -> Result<T, String> {
     let at = |e: std::io::Error| format!("{}: {e}", disk.display());
     let mut file = OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(write)
         .open(disk)
         .map_err(at)?;
     let len = disk_len(&mut file).map_err(at)?;
     let part = boot_partition(&mut file, len).map_err(|e| format!("{}: {e}", disk.display()))?;
-    {
+    let result = {
         let fs =
             fatfs::FileSystem::new(PartitionFile::new(&mut file, part), fatfs::FsOptions::new())
                 .map_err(|e| {
@@ -77,6 +81,23 @@ pub fn write_boot_file(disk: &Path, name: &str, contents: &[u8]) -> Result<(), S
                         disk.display()
                     )
                 })?;
+        let result = work(&fs)?;
+        fs.unmount()
+            .map_err(|e| format!("{}: closing the boot partition: {e}", disk.display()))?;
+        result
+    };
+    if write {
+        file.sync_all().map_err(at)?;
+    }
+    Ok(result)
+}
+
+type BootFs<'a> = fatfs::FileSystem<PartitionFile<'a>>;
+
+/// Writes `name` with `contents` into the boot partition of the disk or image at `disk`,
+/// replacing a file of that name.
+pub fn write_boot_file(disk: &Path, name: &str, contents: &[u8]) -> Result<(), String> {
+    with_boot_fs(disk, true, |fs| {
         let mut out = fs.root_dir().create_file(name).map_err(|e| {
             format!(
                 "{}: creating {name} on the boot partition: {e}",
@@ -91,36 +112,22 @@ pub fn write_boot_file(disk: &Path, name: &str, contents: &[u8]) -> Result<(), S
                     "{}: writing {name} on the boot partition (full?): {e}",
                     disk.display()
                 )
-            })?;
-        drop(out);
-        fs.unmount()
-            .map_err(|e| format!("{}: closing the boot partition: {e}", disk.display()))?;
-    }
-    file.sync_all().map_err(at)
+            })
+    })
 }
 
 /// The contents of `name` in the boot partition of `disk`, if it is there.
 pub fn read_boot_file(disk: &Path, name: &str) -> Result<Option<Vec<u8>>, String> {
-    let at = |e: std::io::Error| format!("{}: {e}", disk.display());
-    let mut file = File::open(disk).map_err(at)?;
-    let len = disk_len(&mut file).map_err(at)?;
-    let part = boot_partition(&mut file, len).map_err(|e| format!("{}: {e}", disk.display()))?;
-    let fs = fatfs::FileSystem::new(PartitionFile::new(&mut file, part), fatfs::FsOptions::new())
-        .map_err(|e| {
-        format!(
-            "{}: the boot partition is not a readable FAT filesystem: {e}",
-            disk.display()
-        )
-    })?;
-    let root = fs.root_dir();
-    let Ok(mut found) = root.open_file(name) else {
-        return Ok(None);
-    };
-    let mut bytes = Vec::new();
-    found
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: reading {name}: {e}", disk.display()))?;
-    Ok(Some(bytes))
+    with_boot_fs(disk, false, |fs| {
+        let Ok(mut found) = fs.root_dir().open_file(name) else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::new();
+        found
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("{}: reading {name}: {e}", disk.display()))?;
+        Ok(Some(bytes))
+    })
 }
 
 /// `appliance stamp`: `out` becomes a copy of `image` whose boot partition holds `text` as the
@@ -156,10 +163,4 @@ fn temporary_beside(out: &Path) -> Result<PathBuf, String> {
     tmp.push(name);
     tmp.push(format!(".tmp-{}", std::process::id()));
     Ok(out.with_file_name(tmp))
-}
-
-/// A disk's or image's length (a block device's `metadata().len()` is 0, its end is not).
-pub fn disk_len(file: &mut File) -> std::io::Result<u64> {
-    use std::io::Seek;
-    file.seek(std::io::SeekFrom::End(0))
 }

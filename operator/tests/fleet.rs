@@ -201,9 +201,22 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
         cookie.contains("Secure") && cookie.contains("HttpOnly"),
         "{cookie}"
     );
-    // The box itself still reaches the plain port (loopback is not redirected).
-    let plain = std::net::TcpStream::connect(&north.plain);
-    assert!(plain.is_ok(), "plain HTTP still answers on loopback");
+    // The box itself is still served on the plain port (loopback is not redirected).
+    let answer = {
+        use std::io::{Read, Write};
+        let mut plain = std::net::TcpStream::connect(&north.plain).expect("plain port");
+        plain
+            .write_all(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut answer = String::new();
+        plain.read_to_string(&mut answer).expect("answer");
+        answer
+    };
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "plain HTTP serves loopback, not a redirect: {}",
+        answer.lines().next().unwrap_or_default()
+    );
 
     // A wrong API token enrols nothing.
     let refused = appliance(

@@ -109,7 +109,8 @@ pub enum Source {
 pub fn apply(board: &Board, source: &Source) -> Result<Report, String> {
     let mut committed = read_committed(board)?;
     let serial = board_serial(board);
-    let mut record = read_record(board)?.unwrap_or_default();
+    let stored = read_record(board)?;
+    let mut record = stored.clone().unwrap_or_default();
     let found = match source {
         Source::BootPartition => read_boot_file(board),
         Source::SignedDir(dir) => read_signed(board, dir, committed.as_ref()),
@@ -206,7 +207,7 @@ pub fn apply(board: &Board, source: &Source) -> Result<Report, String> {
             .filter(|_| outcome != Outcome::Applied && committed.is_some()),
         last_error: (outcome == Outcome::Rejected).then(|| message.clone()),
     };
-    if read_record(board)?.as_ref() != Some(&new_record) {
+    if stored.as_ref() != Some(&new_record) {
         write_record(board, &new_record)?;
     }
     Ok(Report {
