@@ -10,7 +10,7 @@ use minijinja::{Environment, ErrorKind, Value, context};
 use serde::{Deserialize, Serialize};
 
 use crate::model_file::ModelFile;
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Budget, Stopped, Tokenizer};
 
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,8 +128,9 @@ impl ChatTemplate {
         text.strip_prefix(self.bos.as_str()).unwrap_or(text)
     }
 
-    /// The token ids of `messages` rendered with the generation cue: special tokens in the
-    /// rendering are recognised, and BOS appears once whoever writes it.
+    /// The token ids of `messages` rendered with the generation cue: the template's special
+    /// tokens are recognised, the messages' text is only text, and BOS appears once whoever
+    /// writes it.
     pub fn prompt_ids(
         &self,
         tokenizer: &Tokenizer,
@@ -146,13 +147,63 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, String> {
-        let text = self.render(messages, add_generation_prompt)?;
+        self.ids_within(
+            tokenizer,
+            messages,
+            add_generation_prompt,
+            &Budget::UNLIMITED,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// [`ChatTemplate::ids`] within `budget`.
+    pub fn ids_within(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        budget: &Budget<'_>,
+    ) -> Result<Vec<u32>, PromptError> {
+        // A message that writes `<|im_end|>` must not end its turn: its text stays text.
+        let protected: Vec<Message> = messages
+            .iter()
+            .map(|m| Message {
+                role: tokenizer.protect(&m.role).into_owned(),
+                content: tokenizer.protect(&m.content).into_owned(),
+            })
+            .collect();
+        let text = self
+            .render(&protected, add_generation_prompt)
+            .map_err(PromptError::Template)?;
         let text = if tokenizer.adds_bos() {
             self.strip_bos(&text)
         } else {
             &text
         };
-        Ok(tokenizer.encode(text, true))
+        tokenizer
+            .encode_rendered(text, budget)
+            .map_err(PromptError::Stopped)
+    }
+}
+
+/// Why a chat's prompt could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptError {
+    /// The template refused the messages (or failed).
+    Template(String),
+    /// Tokenizing stopped early.
+    Stopped(Stopped),
+}
+
+impl std::fmt::Display for PromptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PromptError::Template(e) => f.write_str(e),
+            PromptError::Stopped(Stopped::TooLong { max_tokens }) => {
+                write!(f, "the prompt is longer than {max_tokens} tokens")
+            }
+            PromptError::Stopped(Stopped::Cancelled) => f.write_str("cancelled"),
+        }
     }
 }
 

@@ -286,12 +286,36 @@ impl Knobs {
     }
 }
 
-/// The messages as the chat template takes them; a 400 for an empty chat or non-text parts.
+/// Most messages in one chat: more than any context holds (each renders to a few tokens at
+/// least), few enough that a template never spends long on them.
+pub const MAX_MESSAGES: usize = 2048;
+
+/// Longest role (`system`, `user`, `assistant`, `tool`, … are all far shorter).
+pub const MAX_ROLE_BYTES: usize = 64;
+
+/// The messages as the chat template takes them; a 400 for an empty or oversized chat, an
+/// oversized role or non-text parts, before any work is done on them.
 pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     if sent.is_empty() {
         return Err(ApiError::bad_request(
             "messages must hold at least one message",
         ));
+    }
+    if sent.len() > MAX_MESSAGES {
+        return Err(ApiError::bad_request(format!(
+            "messages holds {} messages; at most {MAX_MESSAGES} are accepted (start a new chat)",
+            sent.len()
+        )));
+    }
+    if let Some((i, m)) = sent
+        .iter()
+        .enumerate()
+        .find(|(_, m)| m.role.len() > MAX_ROLE_BYTES || m.role.is_empty())
+    {
+        return Err(ApiError::bad_request(format!(
+            "messages[{i}].role must be 1 to {MAX_ROLE_BYTES} bytes (system, user, assistant, …), not {} bytes",
+            m.role.len()
+        )));
     }
     sent.iter()
         .enumerate()

@@ -10,6 +10,7 @@ pub mod worker;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -24,8 +25,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::chat::{ChatTemplate, Message};
-use crate::tokenizer::Tokenizer;
+use crate::chat::{ChatTemplate, Message, PromptError};
+use crate::tokenizer::{Budget, Stopped, Tokenizer};
 use api::{ApiError, ChatRequest, CompletionRequest, Knobs};
 use worker::{Event, Finish, Job, Summary, Worker};
 
@@ -237,20 +238,55 @@ fn check_text_size(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Runs tokenization on a blocking thread, so a long prompt never stalls other connections.
+/// Runs tokenization on a blocking thread, so a long prompt never stalls other connections,
+/// within a budget of the context's tokens. When the client goes away (the handler's future
+/// is dropped), the work stops at its next piece instead of running to the end for nobody.
 async fn tokenize_off_thread(
     state: &AppState,
-    work: impl FnOnce(&Ready) -> Result<Vec<u32>, ApiError> + Send + 'static,
+    work: impl FnOnce(&Ready, &Budget<'_>) -> Result<Vec<u32>, PromptError> + Send + 'static,
 ) -> Result<Vec<u32>, ApiError> {
     let ready = Arc::clone(&state.ready);
-    tokio::task::spawn_blocking(move || match ready.get() {
-        Some(r) => work(r),
-        None => Err(ApiError::unavailable(
-            "the model is loading; try again shortly",
-        )),
+    let gone = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+    let cancelled = Arc::clone(&gone.0);
+    let tokenized = tokio::task::spawn_blocking(move || {
+        let Some(r) = ready.get() else {
+            return Err(ApiError::unavailable(
+                "the model is loading; try again shortly",
+            ));
+        };
+        // The prompt must leave room for at least one generated token.
+        let budget = Budget {
+            max_tokens: r.context.saturating_sub(1),
+            cancelled: &|| cancelled.load(Ordering::Relaxed),
+        };
+        work(r, &budget).map_err(|e| match e {
+            PromptError::Template(e) => ApiError::bad_request(e),
+            PromptError::Stopped(Stopped::TooLong { .. }) => too_long(r.context),
+            // Nobody reads this answer.
+            PromptError::Stopped(Stopped::Cancelled) => {
+                ApiError::bad_request("the client went away")
+            }
+        })
     })
     .await
-    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    drop(gone);
+    tokenized
+}
+
+/// Sets its flag when dropped: the request it belongs to is over.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+fn too_long(context: usize) -> ApiError {
+    ApiError::bad_request(format!(
+        "the prompt is longer than the context of {context} tokens (shorten it or start a new chat)"
+    ))
 }
 
 fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
@@ -270,11 +306,15 @@ async fn chat_completions(
     let request: ChatRequest = api::parse(&body)?;
     let ready = ready(&state)?;
     let messages = chat_messages(ready, &request)?;
-    check_text_size(ready, messages.iter().map(|m| m.content.len()).sum())?;
-    let prompt = tokenize_off_thread(&state, move |r| {
-        r.template
-            .prompt_ids(&r.tokenizer, &messages)
-            .map_err(ApiError::bad_request)
+    check_text_size(
+        ready,
+        messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum(),
+    )?;
+    let prompt = tokenize_off_thread(&state, move |r, budget| {
+        r.template.ids_within(&r.tokenizer, &messages, true, budget)
     })
     .await?;
     let mut started = start(ready, prompt, &request.knobs)?;
@@ -329,7 +369,12 @@ async fn completion_prompt(
     }
     check_text_size(ready, request.prompt.len())?;
     let text = request.prompt.clone();
-    tokenize_off_thread(state, move |r| Ok(r.tokenizer.encode(&text, true))).await
+    tokenize_off_thread(state, move |r, budget| {
+        r.tokenizer
+            .encode_within(&text, true, budget)
+            .map_err(PromptError::Stopped)
+    })
+    .await
 }
 
 async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {

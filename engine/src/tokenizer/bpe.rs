@@ -18,7 +18,9 @@ const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|
 /// A byte-level BPE model: pre-tokenizer regexes applied in sequence, and merge ranks.
 pub struct Bpe {
     splits: Vec<Regex>,
-    ranks: HashMap<(String, String), usize>,
+    /// Merge ranks by the joined text, each with the byte length of its left part: a lookup
+    /// borrows the joined symbols straight from the piece, allocating nothing.
+    ranks: HashMap<String, Vec<(usize, usize)>>,
 }
 
 /// GPT-2's reversible byte → character table: printable bytes map to themselves, the others to
@@ -69,18 +71,22 @@ impl Bpe {
             .iter()
             .map(|p| Regex::new(p).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut ranks = HashMap::with_capacity(merges.len());
+        let mut ranks: HashMap<String, Vec<(usize, usize)>> = HashMap::with_capacity(merges.len());
         for (rank, merge) in merges.iter().enumerate() {
             let (a, b) = merge
                 .split_once(' ')
                 .ok_or_else(|| format!("merge {rank} ({merge:?}) is not two symbols"))?;
-            ranks.entry((a.to_string(), b.to_string())).or_insert(rank);
+            let splits = ranks.entry(format!("{a}{b}")).or_default();
+            // The first listing of a pair is its rank.
+            if !splits.iter().any(|&(left, _)| left == a.len()) {
+                splits.push((a.len(), rank));
+            }
         }
         Ok(Bpe { splits, ranks })
     }
 
     /// Splits `text` by each regex in turn: matches and the text between them become pieces.
-    fn pre_tokenize<'t>(&self, text: &'t str) -> Vec<&'t str> {
+    pub fn pre_tokenize<'t>(&self, text: &'t str) -> Vec<&'t str> {
         let mut pieces = vec![text];
         for re in &self.splits {
             let mut next = Vec::with_capacity(pieces.len());
@@ -103,28 +109,28 @@ impl Bpe {
         pieces
     }
 
-    /// Appends the ids of `text` (no special tokens in it) to `out`.
-    pub fn encode(&self, text: &str, ids: &HashMap<String, u32>, out: &mut Vec<u32>) {
-        for piece in self.pre_tokenize(text) {
-            let mut symbols: Vec<String> =
-                piece.bytes().map(|b| byte_char(b).to_string()).collect();
-            // Lowest merge rank first.
-            super::merge_pairs(&mut symbols, |a, b| {
-                self.ranks
-                    .get(&(a.to_string(), b.to_string()))
-                    .map(|&r| -(r as f64))
-            });
-            for symbol in symbols {
-                match ids.get(&symbol) {
-                    Some(&id) => out.push(id),
-                    None => {
-                        // Every single byte character is in a byte-level vocabulary.
-                        out.extend(
-                            symbol
-                                .chars()
-                                .filter_map(|c| ids.get(&c.to_string()).copied()),
-                        );
-                    }
+    /// Appends the ids of one pre-tokenized `piece` to `out`.
+    pub fn encode_piece(&self, piece: &str, ids: &HashMap<String, u32>, out: &mut Vec<u32>) {
+        let mapped: String = piece.bytes().map(byte_char).collect();
+        // Lowest merge rank first.
+        let symbols = super::merge::merge(&mapped, |left, _, joined| {
+            self.ranks
+                .get(joined)?
+                .iter()
+                .find(|&&(split, _)| split == left.len())
+                .map(|&(_, rank)| -(rank as f64))
+        });
+        for symbol in symbols {
+            match ids.get(symbol) {
+                Some(&id) => out.push(id),
+                None => {
+                    // Every single byte character is in a byte-level vocabulary.
+                    let mut one = [0u8; 4];
+                    out.extend(
+                        symbol
+                            .chars()
+                            .filter_map(|c| ids.get(&*c.encode_utf8(&mut one)).copied()),
+                    );
                 }
             }
         }

@@ -3,32 +3,81 @@
 //! special tokens recognised in templated prompts.
 
 mod bpe;
+mod merge;
+mod protect;
 mod spm;
 mod stream;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::ops::Range;
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use gguf::arrays;
 
 pub use bpe::Bpe;
 pub use spm::Spm;
 pub use stream::TextStream;
 
-/// Merges adjacent symbols while any pair has a priority, highest priority first and the
-/// leftmost pair on ties (how both BPE and SentencePiece merge).
-fn merge_pairs(symbols: &mut Vec<String>, priority: impl Fn(&str, &str) -> Option<f64>) {
-    loop {
-        let mut best: Option<(f64, usize)> = None;
-        for i in 0..symbols.len().saturating_sub(1) {
-            if let Some(p) = priority(&symbols[i], &symbols[i + 1]) {
-                if best.is_none_or(|(q, _)| p > q) {
-                    best = Some((p, i));
-                }
-            }
+/// Why tokenizing stopped before the end of the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// The text holds more than the budget's tokens.
+    TooLong {
+        /// The budget that was exceeded.
+        max_tokens: usize,
+    },
+    /// The caller no longer wants the answer (its client went away).
+    Cancelled,
+}
+
+/// Limits on one tokenization, checked as it goes: a text far longer than the context is
+/// refused after `max_tokens`, not after all of it.
+pub struct Budget<'a> {
+    /// Tokens at most.
+    pub max_tokens: usize,
+    /// Asked between pieces; `true` stops the work.
+    pub cancelled: &'a dyn Fn() -> bool,
+}
+
+impl Budget<'_> {
+    /// No limit: nothing stops the work.
+    pub const UNLIMITED: Budget<'static> = Budget {
+        max_tokens: usize::MAX,
+        cancelled: &|| false,
+    };
+
+    fn check(&self, tokens: usize) -> Result<(), Stopped> {
+        if tokens > self.max_tokens {
+            return Err(Stopped::TooLong {
+                max_tokens: self.max_tokens,
+            });
         }
-        let Some((_, i)) = best else { return };
-        let right = symbols.remove(i + 1);
-        symbols[i].push_str(&right);
+        if (self.cancelled)() {
+            return Err(Stopped::Cancelled);
+        }
+        Ok(())
+    }
+}
+
+/// Some of the special tokens, found leftmost and then longest first (as llama.cpp partitions
+/// a text), in one pass over the text however many there are.
+struct SpecialSet {
+    automaton: AhoCorasick,
+    /// Pattern i is `specials[index[i]]`.
+    index: Vec<usize>,
+}
+
+impl SpecialSet {
+    fn new(specials: &[(String, u32, bool)], keep: fn(bool) -> bool) -> Result<SpecialSet, String> {
+        let index: Vec<usize> = (0..specials.len())
+            .filter(|&i| keep(specials[i].2))
+            .collect();
+        let automaton = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(index.iter().map(|&i| specials[i].0.as_str()))
+            .map_err(|e| format!("special tokens: {e}"))?;
+        Ok(SpecialSet { automaton, index })
     }
 }
 
@@ -44,9 +93,15 @@ use crate::model_file::ModelFile;
 pub struct Tokenizer {
     tokens: Vec<String>,
     ids: HashMap<String, u32>,
-    /// Tokens matched verbatim in the text, longest first: user-defined ones always (as
-    /// llama.cpp does), control ones only when `special` is on. The flag marks control tokens.
+    /// Special tokens: text, id and whether it is a control token. User-defined ones are
+    /// matched verbatim in every text (as llama.cpp does), control ones only when asked.
     specials: Vec<(String, u32, bool)>,
+    /// Finds every special token.
+    all_specials: SpecialSet,
+    /// User-defined tokens only.
+    user_specials: SpecialSet,
+    /// Control tokens only: what a chat message's text is protected from.
+    control_specials: SpecialSet,
     algorithm: Algorithm,
     add_bos: Option<u32>,
 }
@@ -82,7 +137,7 @@ impl Tokenizer {
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
-        let mut specials: Vec<(String, u32, bool)> = tokens
+        let specials: Vec<(String, u32, bool)> = tokens
             .iter()
             .zip(&types)
             .enumerate()
@@ -90,7 +145,9 @@ impl Tokenizer {
             .map(|(i, (t, ty))| (t.clone(), i as u32, *ty == CONTROL))
             .filter(|(t, _, _)| !t.is_empty())
             .collect();
-        specials.sort_by_key(|s| std::cmp::Reverse(s.0.len()));
+        let all_specials = SpecialSet::new(&specials, |_| true)?;
+        let user_specials = SpecialSet::new(&specials, |control| !control)?;
+        let control_specials = SpecialSet::new(&specials, |control| control)?;
         let add_bos = match (
             h.get("tokenizer.ggml.add_bos_token"),
             h.get("tokenizer.ggml.bos_token_id"),
@@ -123,6 +180,9 @@ impl Tokenizer {
             tokens,
             ids,
             specials,
+            all_specials,
+            user_specials,
+            control_specials,
             algorithm,
             add_bos,
         })
@@ -131,35 +191,97 @@ impl Tokenizer {
     /// Token ids of `text`; with `special`, control tokens written in the text become their ids
     /// (user-defined tokens always do).
     pub fn encode(&self, text: &str, special: bool) -> Vec<u32> {
-        let mut out: Vec<u32> = self.add_bos.into_iter().collect();
-        let mut rest = text;
-        while !rest.is_empty() {
-            let next = self
-                .specials
-                .iter()
-                .filter(|(_, _, control)| special || !control)
-                .filter_map(|(s, id, _)| rest.find(s.as_str()).map(|at| (at, s.len(), *id)))
-                .min_by_key(|&(at, len, _)| (at, usize::MAX - len));
-            let (plain, tail) = match next {
-                Some((at, len, id)) => {
-                    let (plain, after) = rest.split_at(at);
-                    self.encode_plain(plain, &mut out);
-                    out.push(id);
-                    ("", &after[len..])
-                }
-                None => (rest, ""),
-            };
-            self.encode_plain(plain, &mut out);
-            rest = tail;
-        }
-        out
+        // Without a budget nothing can stop it.
+        self.encode_within(text, special, &Budget::UNLIMITED)
+            .unwrap_or_default()
     }
 
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
-        match &self.algorithm {
-            Algorithm::Bpe(bpe) => bpe.encode(text, &self.ids, out),
-            Algorithm::Spm(spm) => spm.encode(text, &self.ids, out),
+    /// [`Tokenizer::encode`] within `budget`.
+    pub fn encode_within(
+        &self,
+        text: &str,
+        special: bool,
+        budget: &Budget<'_>,
+    ) -> Result<Vec<u32>, Stopped> {
+        self.encode_parts(text, special, &[], budget)
+    }
+
+    /// A chat message's `text` made safe to render into a template: control-token texts in it
+    /// stay text when the rendering is read by [`Tokenizer::encode_rendered`].
+    pub fn protect<'t>(&self, text: &'t str) -> Cow<'t, str> {
+        protect::wrap(text, &self.control_specials.automaton)
+    }
+
+    /// Token ids of a rendered chat template: its control tokens recognised, except inside
+    /// what [`Tokenizer::protect`] wrapped, which is tokenized as the plain text it is.
+    pub fn encode_rendered(
+        &self,
+        rendered: &str,
+        budget: &Budget<'_>,
+    ) -> Result<Vec<u32>, Stopped> {
+        let (text, protected) = protect::unwrap(rendered);
+        self.encode_parts(&text, true, &protected, budget)
+    }
+
+    /// Splits `text` at special tokens (none starting or ending inside a `protected` range,
+    /// unless it is a user-defined token wholly inside one) and encodes the text between them.
+    fn encode_parts(
+        &self,
+        text: &str,
+        special: bool,
+        protected: &[Range<usize>],
+        budget: &Budget<'_>,
+    ) -> Result<Vec<u32>, Stopped> {
+        let automaton = if special {
+            &self.all_specials
+        } else {
+            &self.user_specials
+        };
+        let mut out: Vec<u32> = self.add_bos.into_iter().collect();
+        let (mut plain_from, mut search_from) = (0, 0);
+        while search_from < text.len() {
+            let input = aho_corasick::Input::new(text).span(search_from..text.len());
+            let Some(m) = automaton.automaton.find(input) else {
+                break;
+            };
+            let (_, id, control) = &self.specials[automaton.index[m.pattern().as_usize()]];
+            if !honoured(m.range(), *control, protected) {
+                // Look again from the next character: a shorter token may start there.
+                search_from =
+                    m.start() + text[m.start()..].chars().next().map_or(1, char::len_utf8);
+                continue;
+            }
+            self.encode_plain(&text[plain_from..m.start()], &mut out, budget)?;
+            out.push(*id);
+            budget.check(out.len())?;
+            (plain_from, search_from) = (m.end(), m.end());
         }
+        self.encode_plain(&text[plain_from..], &mut out, budget)?;
+        Ok(out)
+    }
+
+    fn encode_plain(
+        &self,
+        text: &str,
+        out: &mut Vec<u32>,
+        budget: &Budget<'_>,
+    ) -> Result<(), Stopped> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        match &self.algorithm {
+            Algorithm::Bpe(bpe) => {
+                for piece in bpe.pre_tokenize(text) {
+                    bpe.encode_piece(piece, &self.ids, out);
+                    budget.check(out.len())?;
+                }
+            }
+            Algorithm::Spm(spm) => {
+                spm.encode(text, &self.ids, out);
+                budget.check(out.len())?;
+            }
+        }
+        Ok(())
     }
 
     /// End-of-generation ids: EOS and EOT when the model names them, and (as llama.cpp does)
@@ -214,4 +336,19 @@ impl Tokenizer {
             Algorithm::Spm(_) => spm::token_bytes(token),
         }
     }
+}
+
+/// Whether a special-token match at `range` counts as the token: never when it touches text a
+/// chat message brought, except a user-defined token (read in every text) wholly inside it.
+fn honoured(range: Range<usize>, control: bool, protected: &[Range<usize>]) -> bool {
+    // The first protected range that ends after the match starts is the only one to check
+    // against its start; any later one that begins before the match ends overlaps too.
+    let first = protected.partition_point(|p| p.end <= range.start);
+    let Some(p) = protected.get(first) else {
+        return true;
+    };
+    if p.start >= range.end {
+        return true;
+    }
+    !control && p.start <= range.start && range.end <= p.end
 }

@@ -42,14 +42,13 @@ impl Spm {
             normalized.push(SPACE);
         }
         normalized.extend(text.chars().map(|c| if c == ' ' { SPACE } else { c }));
-        let mut symbols: Vec<String> = normalized.chars().map(String::from).collect();
         // Highest vocabulary score first.
-        super::merge_pairs(&mut symbols, |a, b| {
-            ids.get(&format!("{a}{b}"))
+        let symbols = super::merge::merge(&normalized, |_, _, joined| {
+            ids.get(joined)
                 .map(|&id| f64::from(self.scores.get(id as usize).copied().unwrap_or(0.0)))
         });
         for symbol in symbols {
-            match ids.get(&symbol) {
+            match ids.get(symbol) {
                 Some(&id) => out.push(id),
                 None => out.extend(symbol.bytes().filter_map(|b| self.byte_ids[usize::from(b)])),
             }
