@@ -58,7 +58,7 @@ enum Command {
         #[arg(short = 't', long, value_parser = thread_count)]
         threads: Option<usize>,
         /// Context length in tokens.
-        #[arg(short = 'c', long, default_value_t = 4096)]
+        #[arg(short = 'c', long, default_value_t = 4096, value_parser = context_size)]
         ctx_size: usize,
         /// JSON output: {"prompt_tokens":[…],"tokens":[…],"text":"…","stop":"eos|limit"}.
         #[arg(long)]
@@ -93,14 +93,18 @@ enum Command {
         #[arg(short = 't', long, value_parser = thread_count)]
         threads: Option<usize>,
         /// Context per conversation, in tokens.
-        #[arg(short = 'c', long, default_value_t = 4096)]
+        #[arg(short = 'c', long, default_value_t = 4096, value_parser = context_size)]
         ctx_size: usize,
         /// Requests that may wait behind the running one; more get 503 with Retry-After.
-        #[arg(long, default_value_t = 8)]
-        queue: usize,
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+        queue: u16,
         /// Require `Authorization: Bearer KEY` (also from ENGINE_API_KEY).
         #[arg(long, env = "ENGINE_API_KEY", hide_env_values = true)]
         api_key: Option<String>,
+        /// Requests with `X-Engine-Control: KEY` skip the users' queue (for the supervisor's
+        /// health probe and its own requests); only from the environment, never argv.
+        #[arg(skip = std::env::var("ENGINE_CONTROL_KEY").ok())]
+        control_key: Option<String>,
         /// A file holding the system prompt for chats that bring none (prefilled at start).
         #[arg(long)]
         system_prompt: Option<PathBuf>,
@@ -276,6 +280,7 @@ fn main() -> ExitCode {
             ctx_size,
             queue,
             api_key,
+            control_key,
             system_prompt,
             alias,
             cache_mib,
@@ -294,8 +299,9 @@ fn main() -> ExitCode {
                 listen: std::net::SocketAddr::new(host, port),
                 threads: threads.unwrap_or_else(available_cpus),
                 context: ctx_size,
-                queue,
+                queue: usize::from(queue),
                 api_key: api_key.filter(|k| !k.is_empty()),
+                control_key: control_key.filter(|k| !k.is_empty()),
                 system_prompt,
                 model_id: alias,
                 cache_mib,
@@ -404,6 +410,20 @@ fn available_cpus() -> usize {
 /// Most threads accepted: far beyond any board this runs on, and small enough that per-thread
 /// buffers can never overflow an allocation.
 const MAX_THREADS: usize = 256;
+
+/// Largest context accepted: far beyond any model this runs, small enough that the sizes
+/// derived from it cannot overflow.
+const MAX_CONTEXT: usize = 1 << 20;
+
+/// `-c`: a context length from 16 to [`MAX_CONTEXT`] tokens.
+fn context_size(arg: &str) -> Result<usize, String> {
+    match arg.parse::<usize>() {
+        Ok(n) if (16..=MAX_CONTEXT).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{arg}` is not a context length: give a whole number of tokens from 16 to {MAX_CONTEXT}"
+        )),
+    }
+}
 
 /// `-t`: a thread count from 1 to [`MAX_THREADS`].
 fn thread_count(arg: &str) -> Result<usize, String> {

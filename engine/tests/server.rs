@@ -32,9 +32,14 @@ fn free_port() -> u16 {
 }
 
 fn start(extra: &[&str]) -> Server {
+    start_with_env(extra, &[])
+}
+
+fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
     let model = common::smollm2();
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .envs(env.iter().copied())
         .args(["serve", "-m"])
         .arg(&model)
         .args(["--port", &port.to_string(), "-t", "2"])
@@ -392,6 +397,115 @@ fn a_full_queue_answers_503_with_retry_after() {
             .all(|r| r.to_ascii_lowercase().contains("retry-after: 1"))
     );
     assert!(responses.iter().any(|r| r.starts_with("HTTP/1.0 200")));
+}
+
+/// One raw HTTP/1.0 request with extra header lines; the whole response.
+fn raw_request(port: u16, path: &str, headers: &str, body: &str) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("send");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).expect("read");
+    raw
+}
+
+/// The supervisor's own requests (its health probe) carry the control key and are never
+/// refused because users filled the queue; a wrong key is just a user.
+#[test]
+fn control_requests_skip_a_full_user_queue() {
+    let server = start_with_env(&["--queue", "1"], &[("ENGINE_CONTROL_KEY", "box-secret")]);
+    let port = server.port;
+    let long = chat(
+        "Write a long story about a lighthouse.",
+        json!({ "max_tokens": 200, "ignore_eos": true }),
+    )
+    .to_string();
+    // One running, one waiting: the users' queue is full.
+    let users: Vec<_> = (0..2)
+        .map(|_| {
+            let body = long.clone();
+            std::thread::spawn(move || raw_request(port, "/v1/chat/completions", "", &body))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !activity(&server).0 {
+        assert!(Instant::now() < deadline, "the first request never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let probe = r#"{"prompt":"Hello","n_predict":1,"temperature":0}"#;
+    let stranger = raw_request(port, "/completion", "X-Engine-Control: guessed\r\n", probe);
+    assert!(stranger.starts_with("HTTP/1.0 503"), "{stranger}");
+    let control = raw_request(
+        port,
+        "/completion",
+        "X-Engine-Control: box-secret\r\n",
+        probe,
+    );
+    assert!(control.starts_with("HTTP/1.0 200"), "{control}");
+    for user in users {
+        let answer = user.join().expect("thread");
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    }
+}
+
+/// Prompts built to burn CPU before being refused are refused at once: a run of one character
+/// far longer than the context (quadratic merging took minutes), a huge role, a flood of empty
+/// messages. The bound is generous; the old code took 54 to 311 s.
+#[test]
+fn hostile_prompts_are_refused_quickly() {
+    let server = start(&["-c", "8192"]);
+    let port = server.port;
+    let cases = [
+        (
+            "/v1/completions",
+            json!({ "prompt": "x".repeat(65_536) }),
+            "context",
+        ),
+        (
+            "/completion",
+            json!({ "prompt": "7".repeat(100_000) }),
+            "context",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(&"x".repeat(100_000), json!({})),
+            "context",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({ "messages": [{ "role": "r".repeat(50_000), "content": "hi" }] }),
+            "role",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({ "messages": vec![json!({ "role": "user", "content": "" }); 20_000] }),
+            "messages",
+        ),
+    ];
+    for (path, body, names) in cases {
+        let started = Instant::now();
+        let answer = raw_request(port, path, "", &body.to_string());
+        let took = started.elapsed();
+        assert!(answer.starts_with("HTTP/1.0 400"), "{path}: {answer}");
+        assert!(
+            answer.contains(names),
+            "{path}: the error names {names}: {answer}"
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{path}: refused only after {took:?}"
+        );
+    }
+    let (status, _) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat("hi", json!({ "max_tokens": 2 })),
+    );
+    assert_eq!(status, 200);
 }
 
 /// The official `openai` Python client (installed by .ci/run) against the server.

@@ -28,7 +28,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use crate::chat::{ChatTemplate, Message, PromptError};
 use crate::tokenizer::{Budget, Stopped, Tokenizer};
 use api::{ApiError, ChatRequest, CompletionRequest, Knobs};
-use worker::{Event, Finish, Job, Summary, Worker};
+use worker::{Event, Finish, Job, Lane, Summary, Worker};
 
 /// What the handlers need once the model is loaded.
 pub struct Ready {
@@ -53,7 +53,12 @@ pub struct AppState {
     pub model_id: Arc<str>,
     /// SHA-256 of the API key, when one is required.
     pub api_key_sha256: Option<[u8; 32]>,
+    /// SHA-256 of the control key, when the engine has one (its supervisor's requests).
+    pub control_key_sha256: Option<[u8; 32]>,
 }
+
+/// The header that carries the control key.
+pub const CONTROL_HEADER: &str = "x-engine-control";
 
 /// Default `max_tokens` when a request gives none.
 const DEFAULT_MAX_TOKENS: usize = 512;
@@ -100,10 +105,26 @@ pub fn key_hash(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
+/// The lane of a request: the control lane when it carries the control key.
+fn lane(state: &AppState, headers: &HeaderMap) -> Lane {
+    let given = headers
+        .get(CONTROL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|k| key_hash(k.trim()));
+    match (state.control_key_sha256, given) {
+        (Some(expected), Some(given)) if given == expected => Lane::Control,
+        _ => Lane::User,
+    }
+}
+
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(expected) = state.api_key_sha256 else {
         return Ok(());
     };
+    // The control key is a secret of the same strength, given only to the supervisor.
+    if lane(state, headers) == Lane::Control {
+        return Ok(());
+    }
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -160,7 +181,7 @@ struct Started {
     prompt_tokens: usize,
 }
 
-fn start(ready: &Ready, prompt: Vec<u32>, knobs: &Knobs) -> Result<Started, ApiError> {
+fn start(ready: &Ready, prompt: Vec<u32>, knobs: &Knobs, lane: Lane) -> Result<Started, ApiError> {
     if prompt.len() >= ready.context {
         return Err(ApiError::bad_request(format!(
             "the prompt is {} tokens long; the context holds {} (shorten it or start a new chat)",
@@ -178,6 +199,7 @@ fn start(ready: &Ready, prompt: Vec<u32>, knobs: &Knobs) -> Result<Started, ApiE
             max_tokens: knobs.limit(DEFAULT_MAX_TOKENS)?,
             stop: knobs.stops()?,
             ignore_eos: knobs.ignore_eos,
+            lane,
             events,
         })
         .map_err(|refused| match refused {
@@ -301,6 +323,7 @@ fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, A
 
 async fn chat_completions(
     State(state): State<AppState>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let request: ChatRequest = api::parse(&body)?;
@@ -317,7 +340,7 @@ async fn chat_completions(
         r.template.ids_within(&r.tokenizer, &messages, true, budget)
     })
     .await?;
-    let mut started = start(ready, prompt, &request.knobs)?;
+    let mut started = start(ready, prompt, &request.knobs, lane(&state, &headers))?;
     let (id, created, model) = (id("chatcmpl"), now(), state.model_id.to_string());
     if !request.knobs.stream {
         let (text, summary) = collect(&mut started).await?;
@@ -377,11 +400,15 @@ async fn completion_prompt(
     .await
 }
 
-async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let request: CompletionRequest = api::parse(&body)?;
     let ready = ready(&state)?;
     let prompt = completion_prompt(&state, ready, &request).await?;
-    let mut started = start(ready, prompt, &request.knobs)?;
+    let mut started = start(ready, prompt, &request.knobs, lane(&state, &headers))?;
     let (id, created, model) = (id("cmpl"), now(), state.model_id.to_string());
     if !request.knobs.stream {
         let (text, summary) = collect(&mut started).await?;
@@ -417,12 +444,13 @@ async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Respo
 /// llama.cpp's native endpoint: `content`, `stop`, `timings`, …
 async fn native_completion(
     State(state): State<AppState>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let request: CompletionRequest = api::parse(&body)?;
     let ready = ready(&state)?;
     let prompt = completion_prompt(&state, ready, &request).await?;
-    let mut started = start(ready, prompt, &request.knobs)?;
+    let mut started = start(ready, prompt, &request.knobs, lane(&state, &headers))?;
     if request.knobs.stream {
         let first = json!({ "content": "", "stop": false });
         return Ok(stream(
@@ -575,6 +603,8 @@ pub struct ServeConfig {
     pub queue: usize,
     /// Required bearer key (mandatory beyond loopback).
     pub api_key: Option<String>,
+    /// The key whose requests skip the users' queue (given by the supervisor).
+    pub control_key: Option<String>,
     /// System prompt for chats that bring none.
     pub system_prompt: Option<String>,
     /// The id clients see in `/v1/models`.
@@ -608,6 +638,12 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
         ready: Arc::new(OnceLock::new()),
         model_id,
         api_key_sha256: config.api_key.as_deref().map(|k| key_hash(k.trim())),
+        control_key_sha256: config
+            .control_key
+            .as_deref()
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(key_hash),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -5,8 +5,9 @@
 //! Prefix cache: the cache of the last conversation is kept with its tokens; a request that
 //! starts with them only prefills the rest (reported as `cache_n`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -29,9 +30,25 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Keep generating past end-of-generation tokens (llama.cpp's `ignore_eos`).
     pub ignore_eos: bool,
+    /// Which queue it waits in.
+    pub lane: Lane,
     /// Where the text and the end go.
     pub events: UnboundedSender<Event>,
 }
+
+/// The two queues: the users' (bounded by `--queue`) and the box's own (the supervisor's
+/// health probe, its dashboard chat, its overclock check), which is served first and never
+/// refused because users filled theirs: a full queue must not look like a dead engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// A user's request.
+    User,
+    /// A request carrying the control key.
+    Control,
+}
+
+/// Control requests waiting at most (the supervisor sends one or two at a time).
+const CONTROL_QUEUE: usize = 8;
 
 /// What a request hears back, in order: text deltas, then `Done` or `Failed`.
 #[derive(Debug)]
@@ -157,9 +174,40 @@ pub enum Refused {
 /// The handle requests are submitted through.
 #[derive(Clone)]
 pub struct Worker {
-    queue: SyncSender<Job>,
+    queue: Sender<Job>,
+    waiting: Arc<Waiting>,
     speeds: Arc<Mutex<Speeds>>,
     progress: Arc<Progress>,
+}
+
+/// Jobs submitted and not yet started, per lane, against each lane's bound.
+struct Waiting {
+    user: AtomicUsize,
+    user_bound: usize,
+    control: AtomicUsize,
+}
+
+impl Waiting {
+    fn count(&self, lane: Lane) -> (&AtomicUsize, usize) {
+        match lane {
+            Lane::User => (&self.user, self.user_bound),
+            Lane::Control => (&self.control, CONTROL_QUEUE),
+        }
+    }
+
+    /// Takes a place in `lane`, unless it is full.
+    fn enter(&self, lane: Lane) -> bool {
+        let (count, bound) = self.count(lane);
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < bound).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn leave(&self, lane: Lane) {
+        self.count(lane).0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Settings of the generation thread.
@@ -185,7 +233,13 @@ impl Worker {
         end_ids: Vec<u32>,
         settings: &Settings,
     ) -> Worker {
-        let (queue, jobs) = std::sync::mpsc::sync_channel(settings.queue.max(1));
+        let (queue, jobs) = std::sync::mpsc::channel();
+        let waiting = Arc::new(Waiting {
+            user: AtomicUsize::new(0),
+            user_bound: settings.queue.max(1),
+            control: AtomicUsize::new(0),
+        });
+        let started = Arc::clone(&waiting);
         let (context, threads) = (settings.context, settings.threads);
         let (cache_bytes, warm) = (settings.cache_bytes, settings.warm.clone());
         let speeds = Arc::new(Mutex::new(Speeds::default()));
@@ -207,12 +261,19 @@ impl Worker {
                     threads,
                     progress: &reported,
                 };
-                runner.run(&jobs, &mut caches, &recorded)
+                let mut queues = Queues {
+                    jobs,
+                    waiting: started,
+                    user: VecDeque::new(),
+                    control: VecDeque::new(),
+                };
+                runner.run(&mut queues, &mut caches, &recorded)
             })
             .map(|_| ())
             .unwrap_or_else(|e| eprintln!("error: cannot start the generation thread: {e}"));
         Worker {
             queue,
+            waiting,
             speeds,
             progress,
         }
@@ -242,10 +303,45 @@ impl Worker {
         if self.progress.stopping() {
             return Err(Refused::Stopped);
         }
-        match self.queue.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(Refused::Full),
-            Err(TrySendError::Disconnected(_)) => Err(Refused::Stopped),
+        let lane = job.lane;
+        if !self.waiting.enter(lane) {
+            return Err(Refused::Full);
+        }
+        self.queue.send(job).map_err(|_| {
+            self.waiting.leave(lane);
+            Refused::Stopped
+        })
+    }
+}
+
+/// The generation thread's side of the queue: the control lane first, then the users' in
+/// the order they came.
+struct Queues {
+    jobs: Receiver<Job>,
+    waiting: Arc<Waiting>,
+    user: VecDeque<Job>,
+    control: VecDeque<Job>,
+}
+
+impl Queues {
+    /// The next job to run, waiting for one; `None` once every [`Worker`] is gone.
+    fn next(&mut self) -> Option<Job> {
+        if self.user.is_empty() && self.control.is_empty() {
+            let job = self.jobs.recv().ok()?;
+            self.sort(job);
+        }
+        while let Ok(job) = self.jobs.try_recv() {
+            self.sort(job);
+        }
+        let job = self.control.pop_front().or_else(|| self.user.pop_front())?;
+        self.waiting.leave(job.lane);
+        Some(job)
+    }
+
+    fn sort(&mut self, job: Job) {
+        match job.lane {
+            Lane::User => self.user.push_back(job),
+            Lane::Control => self.control.push_back(job),
         }
     }
 }
@@ -361,8 +457,8 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    fn run(&self, jobs: &Receiver<Job>, caches: &mut Caches, speeds: &Mutex<Speeds>) {
-        while let Ok(job) = jobs.recv() {
+    fn run(&self, queues: &mut Queues, caches: &mut Caches, speeds: &Mutex<Speeds>) {
+        while let Some(job) = queues.next() {
             if job.events.is_closed() {
                 continue;
             }
