@@ -58,7 +58,7 @@ enum Command {
         #[arg(short = 't', long, value_parser = thread_count)]
         threads: Option<usize>,
         /// Context length in tokens.
-        #[arg(short = 'c', long, default_value_t = 4096, value_parser = context_size)]
+        #[arg(short = 'c', long, default_value_t = 4096)]
         ctx_size: usize,
         /// JSON output: {"prompt_tokens":[…],"tokens":[…],"text":"…","stop":"eos|limit"}.
         #[arg(long)]
@@ -93,7 +93,7 @@ enum Command {
         #[arg(short = 't', long, value_parser = thread_count)]
         threads: Option<usize>,
         /// Context per conversation, in tokens.
-        #[arg(short = 'c', long, default_value_t = 4096, value_parser = context_size)]
+        #[arg(short = 'c', long, default_value_t = 4096)]
         ctx_size: usize,
         /// Requests that may wait behind the running one; more get 503 with Retry-After.
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
@@ -410,20 +410,6 @@ fn available_cpus() -> usize {
 /// Most threads accepted: far beyond any board this runs on, and small enough that per-thread
 /// buffers can never overflow an allocation.
 const MAX_THREADS: usize = 256;
-
-/// Largest context accepted: far beyond any model this runs, small enough that the sizes
-/// derived from it cannot overflow.
-const MAX_CONTEXT: usize = 1 << 20;
-
-/// `-c`: a context length from 16 to [`MAX_CONTEXT`] tokens.
-fn context_size(arg: &str) -> Result<usize, String> {
-    match arg.parse::<usize>() {
-        Ok(n) if (16..=MAX_CONTEXT).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "`{arg}` is not a context length: give a whole number of tokens from 16 to {MAX_CONTEXT}"
-        )),
-    }
-}
 
 /// `-t`: a thread count from 1 to [`MAX_THREADS`].
 fn thread_count(arg: &str) -> Result<usize, String> {
