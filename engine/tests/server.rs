@@ -367,17 +367,7 @@ fn a_full_queue_answers_503_with_retry_after() {
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let body = long.clone();
-            std::thread::spawn(move || {
-                let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-                let head = format!(
-                    "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                stream.write_all(head.as_bytes()).expect("send");
-                let mut raw = String::new();
-                stream.read_to_string(&mut raw).expect("read");
-                raw
-            })
+            std::thread::spawn(move || raw_request(port, "/v1/chat/completions", "", &body))
         })
         .collect();
     let responses: Vec<String> = handles
