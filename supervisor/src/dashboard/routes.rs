@@ -264,9 +264,18 @@ async fn login(
         tracing::warn!(client = %client.ip(), "dashboard: login refused, too many failed attempts");
         return Err(DashError::TooManyAttempts(wait));
     }
-    // Refused rather than queued: a burst must not get more guesses than the limiter allows.
-    let Ok(_verifying) = app.verifying.try_acquire() else {
-        return Err(DashError::TooManyAttempts(1));
+    // A client that has failed is refused rather than queued, so a burst gets no more guesses
+    // than the limiter allows; one that has not waits its turn, so strangers keeping the
+    // checks busy cannot turn the owner away.
+    let _verifying = if app.limiter.has_failed(client.ip()) {
+        app.verifying
+            .try_acquire()
+            .map_err(|_| DashError::TooManyAttempts(1))?
+    } else {
+        app.verifying
+            .acquire()
+            .await
+            .map_err(|e| DashError::Internal(format!("password check unavailable: {e}")))?
     };
     let password = form.get("password").cloned().unwrap_or_default();
     let phc = app
