@@ -612,6 +612,47 @@ fn strangers_guessing_from_many_addresses_do_not_lock_the_owner_out() {
 }
 
 #[test]
+fn a_login_from_another_origin_and_two_host_headers_are_refused() {
+    let port = free_port();
+    let hash = supervisor_with_stdin(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
+    let _d = start(
+        &format!(
+            "listen = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\n",
+            hash.trim()
+        ),
+        port,
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let with_origin = |origin: &str| {
+        let request = login_request(port, PASSWORD).replacen(
+            "Content-Type:",
+            &format!("Origin: {origin}\r\nContent-Type:"),
+            1,
+        );
+        raw_from([127, 0, 0, 1], port, &request)
+    };
+    // The right password from a page elsewhere (or an opaque one) logs nobody in.
+    assert_eq!(with_origin("http://evil.example"), 403);
+    assert_eq!(with_origin("null"), 403);
+    assert_eq!(with_origin(&format!("https://127.0.0.1:{port}")), 403);
+    assert_eq!(with_origin(&base), 303, "the box's own page logs in");
+    assert_eq!(
+        raw_from([127, 0, 0, 1], port, &login_request(port, PASSWORD)),
+        303
+    );
+
+    // Two Host headers: refused whichever way round, before any handler judges either.
+    for (first, second) in [("127.0.0.1", "evil.example"), ("evil.example", "127.0.0.1")] {
+        let request = format!(
+            "GET /login HTTP/1.1\r\nHost: {first}:{port}\r\nHost: {second}:{port}\r\nConnection: close\r\n\r\n"
+        );
+        assert_eq!(raw_from([127, 0, 0, 1], port, &request), 400);
+    }
+    let one = format!("GET /login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    assert_eq!(raw_from([127, 0, 0, 1], port, &one), 200);
+}
+
+#[test]
 fn without_a_password_the_dashboard_is_loopback_only_and_says_so() {
     let port = free_port();
     let d = start(&format!("listen = \"0.0.0.0:{port}\"\n"), port);

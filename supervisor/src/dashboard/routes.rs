@@ -4,11 +4,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Form, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Form, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+
+mod origin;
+
+use origin::Served;
 
 use super::auth::{self, Session};
 use super::error::DashError;
@@ -53,7 +57,11 @@ pub fn router(app: Arc<App>, over_tls: bool) -> Router {
     } else {
         routes
     };
-    routes.with_state(app)
+    // Outermost: every check below reads the one Host header.
+    routes
+        .layer(axum::middleware::from_fn(origin::single_host))
+        .layer(Extension(Served { tls: over_tls }))
+        .with_state(app)
 }
 
 /// Plain HTTP once HTTPS is served: the box itself (loopback) is still answered, every other
@@ -254,11 +262,19 @@ async fn login_page(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
 
 async fn login(
     State(app): State<Arc<App>>,
+    Extension(served): Extension<Served>,
     ConnectInfo(ClientAddr(client)): ConnectInfo<ClientAddr>,
+    headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Result<Response, DashError> {
     if app.open {
         return Ok(Redirect::to("/").into_response());
+    }
+    // A login has no session to carry a CSRF token yet: a page elsewhere posting this form
+    // (logging the visitor into an account of the attacker's) is told apart by its Origin.
+    if !origin::same_origin(&headers, served) {
+        tracing::warn!(client = %client.ip(), "dashboard: cross-origin login refused");
+        return Err(DashError::CrossOrigin);
     }
     if let Some(wait) = app.limiter.check(client.ip()) {
         tracing::warn!(client = %client.ip(), "dashboard: login refused, too many failed attempts");
