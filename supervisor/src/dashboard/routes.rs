@@ -462,16 +462,16 @@ async fn api_chat(
     let question: chat::Question = serde_json::from_slice(&body)
         .map_err(|e| DashError::BadRequest(format!("expected {{\"message\": \"...\"}}: {e}")))?;
     let engine = app.sources.engine.borrow().clone();
-    let url = match (engine.state, engine.url) {
-        (crate::engine::Phase::Ready, Some(url)) => url,
-        (state, _) => {
+    let (url, key) = match (engine.state, engine.url, engine.control_key) {
+        (crate::engine::Phase::Ready, Some(url), Some(key)) => (url, key),
+        (state, _, _) => {
             return Err(DashError::EngineUnavailable(format!(
                 "the engine is not ready ({}); try again shortly",
                 crate::report::word(state)
             )));
         }
     };
-    let answer = tokio::task::spawn_blocking(move || chat::ask(&url, &question))
+    let answer = tokio::task::spawn_blocking(move || chat::ask(&url, &key, &question))
         .await
         .map_err(|e| DashError::Internal(format!("the chat request crashed: {e}")))??;
     Ok(Json(answer).into_response())

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use weights::gate::Approved;
 
+use super::control::ControlKey;
 use crate::board::Board;
 use crate::config::Config;
 
@@ -17,6 +18,8 @@ pub struct Launch {
     pub args: Vec<OsString>,
     /// The loopback port it listens on.
     pub port: u16,
+    /// This launch's control key, given to the engine in its environment only.
+    pub control_key: ControlKey,
 }
 
 /// The `engine` binary: the configured one, else `engine` beside the supervisor's own
@@ -39,8 +42,9 @@ fn default_binary() -> PathBuf {
 
 impl Launch {
     /// The command for `approved`: threads and context from the configuration where set,
-    /// else from the manifest (threads never more than the CPUs the supervisor may use).
-    pub fn plan(board: &Board, config: &Config, approved: &Approved) -> Launch {
+    /// else from the manifest (threads never more than the CPUs the supervisor may use), with a
+    /// fresh control key.
+    pub fn plan(board: &Board, config: &Config, approved: &Approved) -> Result<Launch, String> {
         let e = &config.engine;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = match e.threads {
@@ -67,10 +71,11 @@ impl Launch {
             args.push("--system-prompt".into());
             args.push(board.path(prompt).into_os_string());
         }
-        Launch {
+        Ok(Launch {
             program: binary(config),
             args,
             port: e.port,
-        }
+            control_key: ControlKey::generate()?,
+        })
     }
 }

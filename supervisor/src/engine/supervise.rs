@@ -128,10 +128,20 @@ impl Supervisor {
                     continue;
                 }
             };
-            let launch = Launch::plan(&self.board, &self.config, &approved);
-            self.status.model_sha256 = Some(approved.manifest.sha256.clone());
-            self.status.url = Some(format!("http://127.0.0.1:{}", launch.port));
-            match self.run_once(&launch).await {
+            // A launch that cannot even be planned (no random source for its key) counts as a
+            // failed start: backoff, then the crash-loop limit.
+            let outcome = match Launch::plan(&self.board, &self.config, &approved) {
+                Ok(launch) => {
+                    self.status.model_sha256 = Some(approved.manifest.sha256.clone());
+                    self.status.url = Some(format!("http://127.0.0.1:{}", launch.port));
+                    self.run_once(&launch).await
+                }
+                Err(reason) => Outcome::Failed {
+                    reason,
+                    stable: false,
+                },
+            };
+            match outcome {
                 Outcome::Shutdown => {
                     self.set(Phase::Stopped, "stopped with the supervisor".into());
                     return;
@@ -194,6 +204,7 @@ impl Supervisor {
         };
         self.status.pid = Some(running.pid);
         self.status.ready_unix = None;
+        self.status.control_key = Some(launch.control_key.clone());
         tracing::info!(
             pid = running.pid,
             "engine started: {}",
@@ -250,7 +261,8 @@ impl Supervisor {
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
                 _ = probes.tick() => {
                     let previous = last_seen;
-                    let probe = blocking(move || probe::check(port, timeout, previous.as_ref()));
+                    let key = launch.control_key.clone();
+                    let probe = blocking(move || probe::check(port, timeout, previous.as_ref(), &key));
                     match probe.await {
                         Ok(health) => {
                             failed_probes = 0;
@@ -299,6 +311,7 @@ impl Supervisor {
         self.status.last_exit = Some(exit);
         self.status.pid = None;
         self.status.ready_unix = None;
+        self.status.control_key = None;
     }
 
     /// Publishes a new state: to the daemon, and to the runtime file `status` reads.
