@@ -196,6 +196,45 @@ fn the_engine_serves_from_its_cgroup_is_restarted_after_sigkill_and_stops_with_t
 }
 
 #[test]
+fn a_stopped_engine_is_killed_within_the_probe_bound_and_replaced() {
+    let board = board_with_model();
+    let port = free_port();
+    let (interval_s, timeout_ms) = (2u64, 1000u64);
+    board.configure(&format!(
+        "binary = \"{}\"\nport = {port}\nhealth_interval_s = {interval_s}\nhealth_timeout_ms = {timeout_ms}\nrestart_backoff_ms = 100\n",
+        engine_binary().display()
+    ));
+    let mut supervisor = board.run();
+    let ready = |e: &Value| e["state"] == "ready";
+    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), ready));
+
+    // Wedged: a stopped process answers nothing and ignores SIGTERM until continued.
+    let stopped_at = Instant::now();
+    kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).expect("stop the engine");
+    // Noticed within one interval and two probe deadlines, killed at once, reaped.
+    let bound = Duration::from_secs(interval_s) + 2 * Duration::from_millis(timeout_ms);
+    let gone = |pid: u32| kill(Pid::from_raw(pid as i32), None).is_err();
+    while !gone(pid) {
+        assert!(
+            stopped_at.elapsed() < bound + Duration::from_secs(2),
+            "the stopped engine {pid} is still there after {:?}",
+            stopped_at.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let again = board.wait_for("replaced", bound + Duration::from_secs(30), |e| {
+        ready(e) && e["pid"].as_u64() != Some(u64::from(pid))
+    });
+    assert_eq!(again["last_exit"], "killed by signal 9");
+    assert_eq!(again["restarts"], 1);
+    assert!(!chat(port)["choices"].is_null());
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}
+
+#[test]
 fn an_engine_outlives_no_supervisor_even_one_killed_outright() {
     let board = board_with_model();
     board.configure(&format!(

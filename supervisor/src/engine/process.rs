@@ -138,6 +138,16 @@ impl Running {
         describe(self.child.wait().await)
     }
 
+    /// SIGKILL at once, then reaps it; returns how it ended. For a wedged engine: a stopped
+    /// (SIGSTOP) or hung process may never act on SIGTERM, and waiting the grace period for it
+    /// only keeps the box from answering longer.
+    pub async fn kill(mut self) -> String {
+        if let Err(e) = self.child.start_kill() {
+            tracing::warn!("cannot send SIGKILL to the engine ({}): {e}", self.pid);
+        }
+        describe(self.child.wait().await)
+    }
+
     /// SIGTERM, then SIGKILL after `grace`; returns how it ended.
     pub async fn stop(mut self, grace: Duration) -> String {
         let pid = Pid::from_raw(i32::try_from(self.pid).unwrap_or(i32::MAX));

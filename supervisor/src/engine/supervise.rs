@@ -21,7 +21,9 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const READY_POLL: Duration = Duration::from_millis(250);
 /// A run that stayed ready this long was not part of a crash loop: the count starts over.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
-/// Consecutive failed health probes that make the engine count as wedged.
+/// Consecutive failed health probes that make the engine count as wedged. After a failure the
+/// next probe runs at once, not an interval later, so a hang is noticed within one interval
+/// plus this many probe deadlines.
 const PROBE_FAILURES: u32 = 2;
 /// How often a refused model is checked again.
 const GATE_RETRY: Duration = Duration::from_secs(30);
@@ -274,10 +276,13 @@ impl Supervisor {
                             failed_probes += 1;
                             tracing::warn!("engine health probe failed ({failed_probes}): {e}");
                             if failed_probes >= PROBE_FAILURES {
-                                let exit = running.stop(STOP_GRACE).await;
+                                // Wedged: killed outright, since a stopped or hung process may
+                                // never act on SIGTERM and the box should answer again soon.
+                                let exit = running.kill().await;
                                 let stable = ready.elapsed() >= STABLE_AFTER;
                                 return self.failed(format!("stopped answering ({e})"), exit, stable);
                             }
+                            probes.reset_immediately();
                         }
                     }
                 }
