@@ -234,6 +234,80 @@ fn a_stopped_engine_is_killed_within_the_probe_bound_and_replaced() {
     board.wait_no_processes(Duration::from_secs(5));
 }
 
+/// Flips bit 0 of the byte at the middle of `path` in place (same inode, no truncation, as
+/// bit rot or a stray write would), returning its offset.
+fn flip_middle_byte(path: &std::path::Path) -> u64 {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    std::fs::set_permissions(path, Permissions::from_mode(0o644)).expect("writable");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open the model");
+    let middle = file.metadata().expect("stat").len() / 2;
+    let mut byte = [0u8; 1];
+    file.seek(SeekFrom::Start(middle)).expect("seek");
+    file.read_exact(&mut byte).expect("read");
+    byte[0] ^= 0x01;
+    file.seek(SeekFrom::Start(middle)).expect("seek");
+    file.write_all(&byte).expect("write");
+    file.sync_all().expect("sync");
+    middle
+}
+
+#[test]
+fn weights_that_fail_reverification_while_served_stop_the_engine_until_they_verify() {
+    let board = board_with_model();
+    let port = free_port();
+    let reverify_s = 2u64;
+    let config = format!(
+        "[daemon]\nreverify_interval_s = {reverify_s}\n\n[engine]\nbinary = \"{}\"\nport = {port}\nrestart_backoff_ms = 100\n",
+        engine_binary().display()
+    );
+    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let path = PathBuf::from(board.status()["model"]["path"].as_str().expect("installed"));
+    let mut supervisor = board.run();
+    let ready = |e: &Value| e["state"] == "ready";
+    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), ready));
+
+    flip_middle_byte(&path);
+    let flipped_at = Instant::now();
+    let gone = |pid: u32| kill(Pid::from_raw(pid as i32), None).is_err();
+    // One interval to the next pass, then its full hash and the engine's SIGTERM exit.
+    while !gone(pid) {
+        assert!(
+            flipped_at.elapsed() < Duration::from_secs(reverify_s + 8),
+            "the engine {pid} still serves weights that fail verification after {:?}",
+            flipped_at.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let blocked = board.wait_for("blocked", Duration::from_secs(10), |e| {
+        e["state"] == "blocked"
+    });
+    let reason = blocked["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("failed verification while it ran") && reason.contains("chunk"),
+        "{reason}"
+    );
+    assert!(blocked["pid"].is_null());
+    assert!(
+        board.processes().is_empty(),
+        "nothing serves the bad weights"
+    );
+    assert_eq!(board.status()["model"]["state"], "failed");
+
+    // Put right: served again, by a new process on the verified weights.
+    flip_middle_byte(&path);
+    let again = board.wait_for("served again", Duration::from_secs(60), ready);
+    assert_ne!(pid_of(&again), pid);
+    assert!(!chat(port)["choices"].is_null());
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}
+
 #[test]
 fn an_engine_outlives_no_supervisor_even_one_killed_outright() {
     let board = board_with_model();

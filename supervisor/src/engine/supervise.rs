@@ -34,6 +34,7 @@ const STATUS_LOG_LINES: usize = 20;
 pub struct Handle {
     status: watch::Receiver<EngineStatus>,
     shutdown: watch::Sender<bool>,
+    model: watch::Sender<ModelVerdict>,
     heartbeat: Arc<Mutex<Instant>>,
     stale_after: Duration,
     task: JoinHandle<()>,
@@ -57,6 +58,17 @@ impl Handle {
         self.status.borrow().state != Phase::Ready || beat.elapsed() < self.stale_after
     }
 
+    /// What the daemon's periodic re-verification of the model found. `Err(why)` stops a
+    /// running engine at once and keeps it stopped; `Ok` lets a stopped one relaunch at once
+    /// (through the gate, as every launch).
+    pub fn model_checked(&self, verdict: ModelVerdict) {
+        self.model.send_if_modified(|current| {
+            let changed = *current != verdict;
+            *current = verdict;
+            changed
+        });
+    }
+
     /// Stops the engine (SIGTERM, then SIGKILL) and waits for the task to finish.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
@@ -71,6 +83,7 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
     let initial = EngineStatus::new(&config.model.id);
     let (status_tx, status) = watch::channel(initial.clone());
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let (model, model_rx) = watch::channel(Ok(()));
     let heartbeat = Arc::new(Mutex::new(Instant::now()));
     let e = &config.engine;
     let stale_after = Duration::from_secs(3 * e.health_interval_s.max(1))
@@ -83,11 +96,13 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
         publish_to: status_tx,
         heartbeat: Arc::clone(&heartbeat),
         shutdown: shutdown_rx,
+        model: model_rx,
     };
     let task = tokio::spawn(supervisor.run());
     Handle {
         status,
         shutdown,
+        model,
         heartbeat,
         stale_after,
         task,
@@ -102,28 +117,50 @@ struct Supervisor {
     publish_to: watch::Sender<EngineStatus>,
     heartbeat: Arc<Mutex<Instant>>,
     shutdown: watch::Receiver<bool>,
+    model: watch::Receiver<ModelVerdict>,
 }
+
+/// The model's latest re-verification: `Err` with why it failed.
+pub type ModelVerdict = Result<(), String>;
 
 /// How one launch ended.
 enum Outcome {
     Shutdown,
-    Failed { reason: String, stable: bool },
+    Failed {
+        reason: String,
+        stable: bool,
+    },
+    /// Stopped because its weights failed re-verification while it ran.
+    Refused(String),
 }
 
 impl Supervisor {
     async fn run(mut self) {
         let mut failures = 0u32;
+        // Why the last engine was stopped, while its weights stay refused.
+        let mut refused_while_running: Option<String> = None;
         loop {
+            // The gate below is newer than any verdict the daemon sent so far.
+            self.model.borrow_and_update();
             let approved = match self.gate().await {
-                Ok(approved) => approved,
+                Ok(approved) => {
+                    refused_while_running = None;
+                    approved
+                }
                 Err(reason) => {
-                    let reason = format!("not launched: {reason}");
+                    let reason = match &refused_while_running {
+                        Some(why) => format!(
+                            "stopped: its weights failed verification while it ran ({why}); not relaunched: {reason}"
+                        ),
+                        None => format!("not launched: {reason}"),
+                    };
                     if self.status.state != Phase::Blocked || self.status.reason != reason {
                         tracing::error!("the engine is {reason}");
                         self.set(Phase::Blocked, reason);
                     }
-                    // A model installed or repaired later is picked up without a restart.
-                    if self.sleep_or_shutdown(GATE_RETRY).await {
+                    // A model installed or repaired later is picked up without a restart: at
+                    // the next retry, or as soon as the daemon's re-verification passes.
+                    if self.wait_to_gate_again().await {
                         self.set(Phase::Stopped, "stopped with the supervisor".into());
                         return;
                     }
@@ -147,6 +184,14 @@ impl Supervisor {
                 Outcome::Shutdown => {
                     self.set(Phase::Stopped, "stopped with the supervisor".into());
                     return;
+                }
+                Outcome::Refused(why) => {
+                    tracing::error!("engine stopped: its weights failed verification: {why}");
+                    self.set(
+                        Phase::Blocked,
+                        format!("stopped: its weights failed verification while it ran ({why})"),
+                    );
+                    refused_while_running = Some(why);
                 }
                 Outcome::Failed { reason, stable } => {
                     failures = if stable { 1 } else { failures + 1 };
@@ -194,6 +239,7 @@ impl Supervisor {
 
     async fn run_once(&mut self, launch: &Launch) -> Outcome {
         let mut shutdown = self.shutdown.clone();
+        let mut model = self.model.clone();
         let spawned = process::spawn(&self.board, &self.config, launch, &self.logs).await;
         let mut running = match spawned {
             Ok(running) => running,
@@ -223,6 +269,7 @@ impl Supervisor {
                     return self.failed(format!("exited while starting ({exit})"), exit, false);
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
+                why = refused(&mut model) => return self.refuse(running, why).await,
                 _ = tokio::time::sleep(READY_POLL) => {
                     match blocking(move || probe::health(port, READY_POLL * 4)).await {
                         Ok(health) => break health,
@@ -261,6 +308,7 @@ impl Supervisor {
                     return self.failed(format!("exited ({exit})"), exit, stable);
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
+                why = refused(&mut model) => return self.refuse(running, why).await,
                 _ = probes.tick() => {
                     let previous = last_seen;
                     let key = launch.control_key.clone();
@@ -305,6 +353,12 @@ impl Supervisor {
         Outcome::Failed { reason, stable }
     }
 
+    /// Weights that fail verification are not served a moment longer: the engine is stopped.
+    async fn refuse(&mut self, running: Running, why: String) -> Outcome {
+        self.ended(running.stop(STOP_GRACE).await);
+        Outcome::Refused(why)
+    }
+
     async fn shutdown_engine(&mut self, running: Running) -> Outcome {
         tracing::info!("stopping the engine");
         self.ended(running.stop(STOP_GRACE).await);
@@ -340,6 +394,25 @@ impl Supervisor {
         );
     }
 
+    /// Waits for the next gate retry, or for the daemon's re-verification to pass; true when
+    /// shutdown came first.
+    async fn wait_to_gate_again(&mut self) -> bool {
+        let mut model = self.model.clone();
+        let passed = async {
+            while model.changed().await.is_ok() {
+                if model.borrow_and_update().is_ok() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(GATE_RETRY) => false,
+            () = passed => false,
+            _ = stopped(&mut self.shutdown) => true,
+        }
+    }
+
     /// Sleeps; true when shutdown came first.
     async fn sleep_or_shutdown(&mut self, pause: Duration) -> bool {
         tokio::select! {
@@ -356,6 +429,17 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(format!("the probe crashed: {e}")))
+}
+
+/// Resolves with why, once the daemon reports that the model failed re-verification; never
+/// when the daemon's handle is gone.
+async fn refused(model: &mut watch::Receiver<ModelVerdict>) -> String {
+    while model.changed().await.is_ok() {
+        if let Err(why) = &*model.borrow_and_update() {
+            return why.clone();
+        }
+    }
+    std::future::pending().await
 }
 
 /// Resolves once shutdown is asked for (or the daemon's handle is gone).
