@@ -164,7 +164,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     // systemd expects a ping within WatchdogSec; ping at half of it.
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
-    let reverify = config.daemon.reverify_interval_s;
+    let reverify = config.daemon.reverify_interval_s.get();
     let mut reverify_tick = tokio::time::interval(Duration::from_secs(reverify.max(1)));
     // A pass that outlasts the interval is not followed by a burst of catch-up passes.
     reverify_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);

@@ -260,28 +260,12 @@ fn describe(status: std::io::Result<ExitStatus>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weights::gate::Approved;
-    use weights::manifest::Template;
+    use crate::engine::launch::tests::approved;
 
     #[test]
     fn the_control_key_reaches_the_engine_in_its_environment_and_nowhere_else() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let root = dir.path().join("board");
-        crate::board::sim::init(&root, crate::board::sim::Variant::Pi5_8gb).expect("sim");
-        let board = Board::open(&root).expect("board");
-        let config = Config::default();
-        let template = Template {
-            id: Some(config.model.id.clone()),
-            ..Template::default()
-        };
-        let approved = Approved {
-            path: dir.path().join("model.gguf"),
-            manifest: template
-                .build(b"weights", "model.gguf", 1 << 20)
-                .expect("manifest"),
-            signed: weights::sign::Signed::Unsigned,
-            checked: "test".into(),
-        };
+        let (board, config, approved) = approved(dir.path());
         let launch = Launch::plan(&board, &config, &approved).expect("plan");
         let key = launch.control_key.as_str().to_string();
         let command = command(&launch.program, &launch.args, Some(&launch.control_key));

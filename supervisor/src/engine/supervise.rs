@@ -86,8 +86,8 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
     let (model, model_rx) = watch::channel(Ok(()));
     let heartbeat = Arc::new(Mutex::new(Instant::now()));
     let e = &config.engine;
-    let stale_after = Duration::from_secs(3 * e.health_interval_s.max(1))
-        + 2 * Duration::from_millis(e.health_timeout_ms);
+    let stale_after = Duration::from_secs(3 * e.health_interval_s.get())
+        + 2 * Duration::from_millis(e.health_timeout_ms.get());
     let supervisor = Supervisor {
         board,
         config,
@@ -196,7 +196,7 @@ impl Supervisor {
                 Outcome::Failed { reason, stable } => {
                     failures = if stable { 1 } else { failures + 1 };
                     let e = &self.config.engine;
-                    if failures > e.max_restarts {
+                    if failures > e.max_restarts.get() {
                         tracing::error!(
                             "engine failing: {reason}; {failures} failures in a row, not restarting"
                         );
@@ -209,6 +209,7 @@ impl Supervisor {
                     // 1×, 2×, 4×, ... the base pause, at most a minute.
                     let pause = Duration::from_millis(
                         e.restart_backoff_ms
+                            .get()
                             .saturating_mul(1 << (failures - 1).min(16))
                             .min(60_000),
                     );
@@ -261,7 +262,7 @@ impl Supervisor {
         self.set(Phase::Starting, format!("loading {}", self.config.model.id));
 
         let started = Instant::now();
-        let start_timeout = Duration::from_secs(self.config.engine.start_timeout_s);
+        let start_timeout = Duration::from_secs(self.config.engine.start_timeout_s.get());
         let port = launch.port;
         let health = loop {
             tokio::select! {
@@ -294,8 +295,8 @@ impl Supervisor {
 
         let e = &self.config.engine;
         let (interval, timeout) = (
-            Duration::from_secs(e.health_interval_s.max(1)),
-            Duration::from_millis(e.health_timeout_ms),
+            Duration::from_secs(e.health_interval_s.get()),
+            Duration::from_millis(e.health_timeout_ms.get()),
         );
         let mut probes = tokio::time::interval(interval);
         probes.tick().await;
