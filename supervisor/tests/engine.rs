@@ -309,6 +309,67 @@ fn weights_that_fail_reverification_while_served_stop_the_engine_until_they_veri
 }
 
 #[test]
+fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second() {
+    let board = board_with_model();
+    let (port, dashboard) = (free_port(), free_port());
+    let config = format!(
+        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\n\n[dashboard]\nlisten = \"127.0.0.1:{dashboard}\"\n",
+        engine_binary().display()
+    );
+    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let mut supervisor = board.run();
+    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready"));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(300)))
+        .build()
+        .into();
+    // Without a password the dashboard is open on loopback; its page carries the CSRF token.
+    let base = format!("http://127.0.0.1:{dashboard}");
+    let mut page = agent.get(&base).call().expect("the page");
+    let cookie = page
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let page = page.body_mut().read_to_string().expect("page");
+    let csrf = page
+        .split("name=\"csrf-token\" content=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("csrf token")
+        .to_string();
+    // The longest question the box accepts, about a thousand tokens: many prompt slices, each
+    // of which can outlast a probe interval.
+    let question = "x ".repeat(1000);
+    let body = serde_json::json!({ "message": question }).to_string();
+    let mut answer = agent
+        .post(format!("{base}/api/chat"))
+        .header("content-type", "application/json")
+        .header("cookie", &cookie)
+        .header("x-csrf-token", &csrf)
+        .send(body)
+        .expect("chat");
+    let status = answer.status().as_u16();
+    let text = answer.body_mut().read_to_string().expect("answer");
+    assert_eq!(status, 200, "{text}");
+    let reply: Value = serde_json::from_str(&text).expect("json");
+    assert!(
+        reply["usage"]["prompt_tokens"].as_u64() > Some(1000),
+        "{reply}"
+    );
+    let engine = board.status()["engine"].clone();
+    assert_eq!(pid_of(&engine), pid, "the same engine answered: {engine:#}");
+    assert_eq!(engine["restarts"], 0);
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}
+
+#[test]
 fn an_engine_outlives_no_supervisor_even_one_killed_outright() {
     let board = board_with_model();
     board.configure(&format!(

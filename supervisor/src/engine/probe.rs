@@ -2,10 +2,12 @@
 //! Blocking calls, run off the async runtime.
 //!
 //! A busy engine is a healthy engine: while it generates, the probe's own completion would wait
-//! behind the user's answer, so then progress (`tokens_processed` growing between probes) is the
-//! proof of life; only an idle engine is asked for a one-token completion.
+//! behind the user's answer, so then progress (`tokens_processed` growing) is the proof of life;
+//! only an idle engine is asked for a one-token completion. Progress is judged over time, not
+//! from one probe to the next: the engine counts a long prompt's tokens a slice (128 tokens) at
+//! a time, and on a loaded board one slice can take longer than a probe interval.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -103,26 +105,58 @@ pub fn complete_one_token(
     }
 }
 
-/// One health probe. `previous` is what the last successful probe saw: a busy engine must have
-/// processed tokens since then. An idle one must complete a token within `timeout` or say its
-/// queue is full (503: answering, so alive); when that completion fails but the engine
-/// processed tokens meanwhile (a user's request arrived first and the probe's waited behind
-/// it), it is busy, not dead.
-pub fn check(
-    port: u16,
-    timeout: Duration,
-    previous: Option<&Health>,
-    key: &ControlKey,
-) -> Result<Health, String> {
+/// The shortest time a busy engine may go without counting a token before it is taken for
+/// wedged: well above the slowest slice of a long prompt seen on a loaded board (seconds).
+pub const MIN_STALL: Duration = Duration::from_secs(30);
+
+/// When a busy engine's token count last moved, across probes.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    tokens: u64,
+    moved_at: Instant,
+}
+
+impl Progress {
+    /// What a probe at `now` saw.
+    pub fn new(health: &Health, now: Instant) -> Progress {
+        Progress {
+            tokens: health.tokens_processed,
+            moved_at: now,
+        }
+    }
+
+    /// The progress after a probe at `now` saw `health`, or why the engine counts as wedged: busy
+    /// with no token counted for `stall_limit` or longer. An idle engine has nothing to count.
+    pub fn update(
+        self,
+        health: &Health,
+        now: Instant,
+        stall_limit: Duration,
+    ) -> Result<Progress, String> {
+        if !health.busy || health.tokens_processed != self.tokens {
+            return Ok(Progress::new(health, now));
+        }
+        let still = now.saturating_duration_since(self.moved_at);
+        if still >= stall_limit {
+            return Err(format!(
+                "busy, but no token processed for {} s ({} in all)",
+                still.as_secs(),
+                health.tokens_processed
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// One health probe: the engine answers `/health` within `timeout`, and, when idle, completes a
+/// token within `timeout` or says its queue is full (503: answering, so alive); when that
+/// completion fails but the engine processed tokens meanwhile (a user's request arrived first
+/// and the probe's waited behind it), it is busy, not dead. Whether a busy engine progresses is
+/// [`Progress`]'s to judge.
+pub fn check(port: u16, timeout: Duration, key: &ControlKey) -> Result<Health, String> {
     let before = health(port, timeout)?;
     if before.busy {
-        return match previous {
-            Some(p) if p.busy && before.tokens_processed <= p.tokens_processed => Err(format!(
-                "busy, but no token processed since the last probe ({} in all)",
-                before.tokens_processed
-            )),
-            _ => Ok(before),
-        };
+        return Ok(before);
     }
     match complete_one_token(port, timeout, key) {
         Ok(Completion::Generated | Completion::QueueFull) => health(port, timeout),
@@ -185,10 +219,44 @@ mod tests {
     }
 
     #[test]
+    fn a_busy_engine_is_wedged_only_after_the_stall_limit_without_a_token() {
+        let busy = |tokens| Health {
+            busy: true,
+            tokens_processed: tokens,
+            ..Health::default()
+        };
+        let t0 = Instant::now();
+        let limit = Duration::from_secs(30);
+        let progress = Progress::new(&busy(100), t0);
+        // A long prompt's slice still running after several probe intervals: not wedged.
+        let progress = progress
+            .update(&busy(100), t0 + Duration::from_secs(29), limit)
+            .expect("still within the limit");
+        // A slice done: the clock starts over.
+        let progress = progress
+            .update(&busy(228), t0 + Duration::from_secs(29), limit)
+            .expect("progress");
+        let progress = progress
+            .update(&busy(228), t0 + Duration::from_secs(58), limit)
+            .expect("29 s since the last token");
+        let e = progress
+            .update(&busy(228), t0 + Duration::from_secs(59), limit)
+            .expect_err("30 s without a token");
+        assert!(e.contains("no token processed for 30 s"), "{e}");
+        // Idle is never stalled.
+        let idle = Health::default();
+        assert!(
+            progress
+                .update(&idle, t0 + Duration::from_secs(600), limit)
+                .is_ok()
+        );
+    }
+
+    #[test]
     fn a_full_queue_is_an_engine_answering_not_a_dead_one() {
         let key = ControlKey::generate().expect("key");
         let (port, seen) = stand_in(503);
-        let health = check(port, Duration::from_secs(5), None, &key).expect("alive");
+        let health = check(port, Duration::from_secs(5), &key).expect("alive");
         assert_eq!(health.tokens_processed, 7);
         let requests = seen.lock().expect("log").clone();
         let completion = requests
@@ -203,7 +271,7 @@ mod tests {
         );
         // Any other failure still counts.
         let (port, _) = stand_in(500);
-        let e = check(port, Duration::from_secs(5), None, &key).expect_err("failing");
+        let e = check(port, Duration::from_secs(5), &key).expect_err("failing");
         assert!(e.contains("answered 500"), "{e}");
     }
 }

@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 
 use super::launch::Launch;
 use super::logs::LogRing;
-use super::probe::{self, Health};
+use super::probe::{self, Health, Progress};
 use super::process::{self, Running};
 use super::state::{EngineStatus, Phase};
 use crate::board::Board;
@@ -21,9 +21,9 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const READY_POLL: Duration = Duration::from_millis(250);
 /// A run that stayed ready this long was not part of a crash loop: the count starts over.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
-/// Consecutive failed health probes that make the engine count as wedged. After a failure the
-/// next probe runs at once, not an interval later, so a hang is noticed within one interval
-/// plus this many probe deadlines.
+/// Consecutive health probes without an answer that make the engine count as wedged. After a
+/// failure the next probe runs at once, not an interval later, so a hang is noticed within one
+/// interval plus this many probe deadlines.
 const PROBE_FAILURES: u32 = 2;
 /// How often a refused model is checked again.
 const GATE_RETRY: Duration = Duration::from_secs(30);
@@ -298,10 +298,13 @@ impl Supervisor {
             Duration::from_secs(e.health_interval_s.get()),
             Duration::from_millis(e.health_timeout_ms.get()),
         );
+        // Busy without a token for two intervals, and never less than the slowest step a long
+        // prompt takes, before a busy engine counts as wedged.
+        let stall_limit = (2 * interval).max(probe::MIN_STALL);
         let mut probes = tokio::time::interval(interval);
         probes.tick().await;
         let mut failed_probes = 0;
-        let mut last_seen = Some(health);
+        let mut progress = Progress::new(&health, Instant::now());
         loop {
             tokio::select! {
                 exit = running.exited() => {
@@ -311,14 +314,22 @@ impl Supervisor {
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
                 why = refused(&mut model) => return self.refuse(running, why).await,
                 _ = probes.tick() => {
-                    let previous = last_seen;
                     let key = launch.control_key.clone();
-                    let probe = blocking(move || probe::check(port, timeout, previous.as_ref(), &key));
+                    let probe = blocking(move || probe::check(port, timeout, &key));
                     match probe.await {
                         Ok(health) => {
                             failed_probes = 0;
                             self.record(&health);
-                            last_seen = Some(health);
+                            match progress.update(&health, Instant::now(), stall_limit) {
+                                Ok(moved) => progress = moved,
+                                Err(e) => {
+                                    // Already judged over many probes: no second chance.
+                                    tracing::warn!("engine health probe failed: {e}");
+                                    let exit = running.kill().await;
+                                    let stable = ready.elapsed() >= STABLE_AFTER;
+                                    return self.failed(format!("stopped answering ({e})"), exit, stable);
+                                }
+                            }
                             self.set(Phase::Ready, "serving".into());
                         }
                         Err(e) => {
