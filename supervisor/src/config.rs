@@ -650,6 +650,8 @@ macro_rules! ranged_setting {
     };
 }
 
+pub(crate) use ranged_setting;
+
 ranged_setting!(
     /// Tokens of context: 0 (the manifest's) or 16 to 1 Mi.
     ContextTokens(usize), "context", 0 | 16..=1_048_576,
@@ -821,7 +823,6 @@ impl Config {
                 )));
             }
         }
-        config.overclock.check().map_err(fail)?;
         Ok(config)
     }
 
