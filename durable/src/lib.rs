@@ -3,9 +3,12 @@
 //! The new contents go to a temporary file in the same directory, which is flushed to disk and then
 //! renamed over the target; the directory is flushed last so the rename itself survives a power
 //! cut. A reader therefore sees either the old file or the new one, never a mix.
+//!
+//! [`read_bounded`] is the other side: every read of a small state, manifest or pointer file
+//! that someone else could have replaced (a FIFO, a device, a gigabyte of text) goes through it.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -56,6 +59,98 @@ fn replace_with_mode(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> 
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Whether [`read_bounded`] opens a symbolic link's target or refuses the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// Follow it (a path an operator typed).
+    Follow,
+    /// Refuse it (files we wrote ourselves, where a link means someone else put it there).
+    Refuse,
+}
+
+/// Reads the whole regular file at `path`, refusing anything that could hang or exhaust the
+/// reader: a FIFO or device (opened non-blocking, so opening a FIFO without a writer does not
+/// wait, then refused by `fstat` of the opened descriptor, so it cannot be swapped after a
+/// check), a directory, a symbolic link when `links` is [`Links::Refuse`], and more than `max`
+/// bytes (at most `max + 1` are ever read, so a huge file costs no huge allocation).
+///
+/// Errors carry the path and say what was found: `InvalidInput` for a file that is not a
+/// regular file, `InvalidData` for one that is too large.
+pub fn read_bounded(path: &Path, max: u64, links: Links) -> io::Result<Vec<u8>> {
+    let mut flags = nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC;
+    if links == Links::Refuse {
+        flags |= nix::libc::O_NOFOLLOW;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+        .map_err(|e| {
+            if links == Links::Refuse && e.raw_os_error() == Some(nix::libc::ELOOP) {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is a symbolic link, not a regular file (replace it with the file itself)",
+                        path.display()
+                    ),
+                )
+            } else {
+                io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+            }
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {}, not a regular file",
+                path.display(),
+                file_kind(&meta.file_type())
+            ),
+        ));
+    }
+    let too_large = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} is larger than {max} bytes, more than such a file can be",
+                path.display()
+            ),
+        )
+    };
+    if meta.len() > max {
+        return Err(too_large());
+    }
+    // The size can still grow between fstat and read: the bound is on what is read.
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    if bytes.len() as u64 > max {
+        return Err(too_large());
+    }
+    Ok(bytes)
+}
+
+fn file_kind(kind: &fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// Flushes a directory's entries (renames, creations) to disk.
@@ -118,6 +213,55 @@ mod tests {
         let mode = fs::metadata(&target).expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(fs::read_to_string(&target).expect("read"), "secret");
+    }
+
+    /// Runs `f` on another thread and fails the test instead of hanging when it blocks.
+    fn within_5s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+            .expect("read_bounded blocked")
+    }
+
+    #[test]
+    fn bounded_read_refuses_a_fifo_without_waiting_for_a_writer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("manifest.toml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .expect("mkfifo");
+        let e = within_5s(move || read_bounded(&fifo, 1024, Links::Follow)).expect_err("fifo");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("FIFO"), "{e}");
+    }
+
+    #[test]
+    fn bounded_read_refuses_directories_links_when_asked_and_large_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = read_bounded(dir.path(), 1024, Links::Follow).expect_err("dir");
+        assert!(e.to_string().contains("a directory"), "{e}");
+
+        let big = dir.path().join("current");
+        fs::write(&big, vec![b'a'; 4097]).expect("seed");
+        let e = read_bounded(&big, 4096, Links::Follow).expect_err("large");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("larger than 4096 bytes"), "{e}");
+
+        let small = dir.path().join("small");
+        fs::write(&small, b"v1\n").expect("seed");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&small, &link).expect("symlink");
+        assert_eq!(
+            read_bounded(&link, 4096, Links::Follow).expect("followed"),
+            b"v1\n"
+        );
+        let e = read_bounded(&link, 4096, Links::Refuse).expect_err("link");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(
+            read_bounded(&small, 3, Links::Refuse).expect("exact"),
+            b"v1\n"
+        );
     }
 
     #[test]

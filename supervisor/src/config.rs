@@ -42,41 +42,44 @@ pub struct Engine {
     /// The `engine` binary. Default unset: `engine` beside the supervisor's executable, else
     /// on `PATH`.
     pub binary: Option<String>,
-    /// Threads; 0 takes the model manifest's value (at most the CPUs available). Default 0.
-    pub threads: usize,
-    /// Context per conversation in tokens; 0 takes the model manifest's value. Default 0.
-    pub context: usize,
-    /// Loopback port the engine listens on (it is never bound beyond loopback). Default 8080.
-    pub port: u16,
+    /// Threads; 0 takes the model manifest's value (at most the CPUs available), else 1 up to
+    /// the CPUs available. Default 0.
+    pub threads: Threads,
+    /// Context per conversation in tokens; 0 takes the model manifest's value, else 16 to
+    /// 1048576 and at most what the manifest gives. Default 0.
+    pub context: ContextTokens,
+    /// Loopback port the engine listens on (it is never bound beyond loopback), 1-65535.
+    /// Default 8080.
+    pub port: Port,
     /// A file (box path) holding the system prompt for chats that bring none. Default unset.
     pub system_prompt: Option<String>,
     /// Pause before the first restart; doubled for each further failure in a row, at most a
-    /// minute. Default 1000.
-    pub restart_backoff_ms: u64,
+    /// minute; 1-60000. Default 1000.
+    pub restart_backoff_ms: BackoffMs,
     /// Failures in a row (crashes, or starts that never became healthy) before the supervisor
-    /// stops restarting and reports "engine failing". Default 5.
-    pub max_restarts: u32,
-    /// Seconds the engine gets to answer `/health` after it starts. Default 120.
-    pub start_timeout_s: u64,
-    /// Seconds between health probes (a one-token completion). Default 30.
-    pub health_interval_s: u64,
-    /// Deadline of one health probe in milliseconds. Default 10000.
-    pub health_timeout_ms: u64,
+    /// stops restarting and reports "engine failing", 0-1000. Default 5.
+    pub max_restarts: MaxRestarts,
+    /// Seconds the engine gets to answer `/health` after it starts, 1-3600. Default 120.
+    pub start_timeout_s: StartTimeoutS,
+    /// Seconds between health probes (a one-token completion), 1-3600. Default 30.
+    pub health_interval_s: HealthIntervalS,
+    /// Deadline of one health probe in milliseconds, 100-600000. Default 10000.
+    pub health_timeout_ms: HealthTimeoutMs,
 }
 
 impl Default for Engine {
     fn default() -> Self {
         Engine {
             binary: None,
-            threads: 0,
-            context: 0,
-            port: 8080,
+            threads: Threads(0),
+            context: ContextTokens(0),
+            port: Port(8080),
             system_prompt: None,
-            restart_backoff_ms: 1000,
-            max_restarts: 5,
-            start_timeout_s: 120,
-            health_interval_s: 30,
-            health_timeout_ms: 10_000,
+            restart_backoff_ms: BackoffMs(1000),
+            max_restarts: MaxRestarts(5),
+            start_timeout_s: StartTimeoutS(120),
+            health_interval_s: HealthIntervalS(30),
+            health_timeout_ms: HealthTimeoutMs(10_000),
         }
     }
 }
@@ -94,8 +97,9 @@ pub struct Model {
     /// mtime with the install record and hashes every chunk only every
     /// `full_verify_interval_hours`. Default `"full"`.
     pub reverify: Reverify,
-    /// Hours between full verifications in `fast` mode. Default 168 (a week).
-    pub full_verify_interval_hours: u64,
+    /// Hours between full verifications in `fast` mode (and of the daemon's re-checks),
+    /// 1-87600. Default 168 (a week).
+    pub full_verify_interval_hours: FullVerifyHours,
     /// Refuse manifests without a valid signature from a trusted key. Default false (a present
     /// signature must still verify).
     pub require_signature: bool,
@@ -109,7 +113,7 @@ impl Default for Model {
             id: "smollm2-135m-instruct-q4_1".into(),
             data_dir: weights::install::DEFAULT_DATA_DIR.into(),
             reverify: Reverify::Full,
-            full_verify_interval_hours: 168,
+            full_verify_interval_hours: FullVerifyHours(168),
             require_signature: false,
             trusted_keys: Vec::new(),
         }
@@ -289,15 +293,15 @@ pub struct EngineCgroup {
     /// `cpu.weight`, 1–10000. Default 10000: the engine wins every CPU contest.
     pub cpu_weight: CpuWeight,
     /// `memory.max` is total RAM minus this many MiB (left to the OS and the supervisor), unless
-    /// `memory_max_mib` is set. Default 1024.
-    pub memory_reserve_mib: u64,
+    /// `memory_max_mib` is set; 0-1073741824. Default 1024.
+    pub memory_reserve_mib: ReserveMib,
     /// An explicit `memory.max` in MiB instead of RAM minus the reserve, at least 64 and at
     /// most the board's RAM. Default unset.
     pub memory_max_mib: Option<MemoryMib>,
     /// `memory.low` in MiB: memory the kernel keeps for the engine under pressure, effective only
     /// if every ancestor grants at least as much; at most `memory_max_mib` when both are set.
     /// Default unset (no protection; an earlier value is cleared).
-    pub memory_low_mib: Option<u64>,
+    pub memory_low_mib: Option<MemoryLowMib>,
     /// How the limits are applied. Default `"auto"`.
     pub backend: CgroupBackend,
 }
@@ -307,7 +311,7 @@ impl Default for EngineCgroup {
         EngineCgroup {
             slice: SliceName("appliance-engine.slice".into()),
             cpu_weight: CpuWeight(10_000),
-            memory_reserve_mib: 1024,
+            memory_reserve_mib: ReserveMib(1024),
             memory_max_mib: None,
             memory_low_mib: None,
             backend: CgroupBackend::Auto,
@@ -428,14 +432,14 @@ impl From<SliceName> for String {
 #[serde(deny_unknown_fields, default)]
 pub struct Daemon {
     /// Seconds between re-verifications of the tuned state (another service may undo it); drift
-    /// is logged and repaired. 0 turns re-verification off. Default 300.
-    pub reverify_interval_s: u64,
+    /// is logged and repaired. 0 turns re-verification off, else 1-86400. Default 300.
+    pub reverify_interval_s: ReverifyIntervalS,
 }
 
 impl Default for Daemon {
     fn default() -> Self {
         Daemon {
-            reverify_interval_s: 300,
+            reverify_interval_s: ReverifyIntervalS(300),
         }
     }
 }
@@ -489,11 +493,13 @@ impl ListenAddr {
 impl TryFrom<String> for ListenAddr {
     type Error = String;
     fn try_from(text: String) -> Result<Self, Self::Error> {
-        text.parse().map(ListenAddr).map_err(|_| {
-            format!(
-                "invalid listen \"{text}\": use an IP address and port such as \"0.0.0.0:8000\""
-            )
-        })
+        match text.parse::<std::net::SocketAddr>() {
+            // Port 0 would bind a random port nobody could find.
+            Ok(addr) if addr.port() != 0 => Ok(ListenAddr(addr)),
+            _ => Err(format!(
+                "invalid listen \"{text}\": use an IP address and a port 1-65535 such as \"0.0.0.0:8000\""
+            )),
+        }
     }
 }
 
@@ -608,6 +614,131 @@ impl From<SampleInterval> for u64 {
     }
 }
 
+/// Declares an integer setting whose allowed values are checked as the file is read, so a value
+/// out of range is refused with its key and line (the TOML error carries both) instead of
+/// reaching the engine or a timer.
+macro_rules! ranged_setting {
+    ($(#[$doc:meta])* $name:ident($int:ty), $key:literal, $($allowed:pat_param)|+, $words:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "i64", into = "i64")]
+        pub struct $name($int);
+
+        impl $name {
+            /// The value.
+            pub fn get(self) -> $int {
+                self.0
+            }
+        }
+
+        impl TryFrom<i64> for $name {
+            type Error = String;
+            fn try_from(n: i64) -> Result<Self, Self::Error> {
+                match <$int>::try_from(n) {
+                    Ok(v @ ($($allowed)|+)) => Ok($name(v)),
+                    _ => Err(format!(concat!("invalid ", $key, " {}: allowed is ", $words), n)),
+                }
+            }
+        }
+
+        impl From<$name> for i64 {
+            fn from(v: $name) -> i64 {
+                // Every allowed value is far inside i64.
+                i64::try_from(v.0).unwrap_or(i64::MAX)
+            }
+        }
+    };
+}
+
+pub(crate) use ranged_setting;
+
+ranged_setting!(
+    /// Tokens of context: 0 (the manifest's) or 16 to 1 Mi.
+    ContextTokens(usize), "context", 0 | 16..=1_048_576,
+    "0 (the model manifest's value) or an integer 16-1048576"
+);
+ranged_setting!(
+    /// A TCP port, 1-65535.
+    Port(u16), "port", 1..=65535, "an integer 1-65535"
+);
+ranged_setting!(
+    /// The first restart's pause in milliseconds, 1-60000.
+    BackoffMs(u64), "restart_backoff_ms", 1..=60_000, "an integer 1-60000 (milliseconds)"
+);
+ranged_setting!(
+    /// Failures in a row allowed before giving up, 0-1000.
+    MaxRestarts(u32), "max_restarts", 0..=1000, "an integer 0-1000"
+);
+ranged_setting!(
+    /// Seconds to become healthy, 1-3600.
+    StartTimeoutS(u64), "start_timeout_s", 1..=3600, "an integer 1-3600 (seconds)"
+);
+ranged_setting!(
+    /// Seconds between health probes, 1-3600.
+    HealthIntervalS(u64), "health_interval_s", 1..=3600, "an integer 1-3600 (seconds)"
+);
+ranged_setting!(
+    /// One health probe's deadline in milliseconds, 100-600000.
+    HealthTimeoutMs(u64), "health_timeout_ms", 100..=600_000,
+    "an integer 100-600000 (milliseconds)"
+);
+ranged_setting!(
+    /// Hours between full verifications, 1-87600 (ten years).
+    FullVerifyHours(u64), "full_verify_interval_hours", 1..=87_600, "an integer 1-87600 (hours)"
+);
+ranged_setting!(
+    /// Seconds between the daemon's re-verifications: 0 (never) or 1-86400.
+    ReverifyIntervalS(u64), "reverify_interval_s", 0..=86_400,
+    "0 (never) or an integer 1-86400 (seconds)"
+);
+ranged_setting!(
+    /// MiB left to the OS, 0 up to 1 TiB (the board's RAM is checked when tuning).
+    ReserveMib(u64), "memory_reserve_mib", 0..=1_073_741_824,
+    "an integer 0-1073741824 (MiB; it must also leave part of the board's RAM)"
+);
+ranged_setting!(
+    /// `memory.low` in MiB, 0 up to 1 TiB.
+    MemoryLowMib(u64), "memory_low_mib", 0..=1_073_741_824, "an integer 0-1073741824 (MiB)"
+);
+
+/// Engine threads: 0 (the manifest's value) or 1 up to the CPUs this machine lets the
+/// supervisor use; more only slows every token (threads wait for CPUs) or, absurdly many,
+/// aborts the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Threads(usize);
+
+impl Threads {
+    /// The count; 0 for the manifest's.
+    pub fn get(self) -> usize {
+        self.0
+    }
+}
+
+/// The CPUs this process may run on (affinity and cgroup quota included).
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl TryFrom<i64> for Threads {
+    type Error = String;
+    fn try_from(n: i64) -> Result<Self, Self::Error> {
+        let cpus = available_cpus();
+        match usize::try_from(n) {
+            Ok(t) if t <= cpus => Ok(Threads(t)),
+            _ => Err(format!(
+                "invalid threads {n}: allowed is 0 (the model manifest's value) or an integer 1-{cpus} (the CPUs available here)"
+            )),
+        }
+    }
+}
+
+impl From<Threads> for i64 {
+    fn from(t: Threads) -> i64 {
+        i64::try_from(t.0).unwrap_or(i64::MAX)
+    }
+}
+
 /// A configuration file that cannot be used, with what is wrong and where.
 #[derive(Debug)]
 pub struct ConfigError {
@@ -684,19 +815,13 @@ impl Config {
             .map_err(|e: toml::de::Error| fail(format!("after applying overrides: {e}")))?;
         let engine = &config.tuning.engine;
         if let (Some(low), Some(max)) = (engine.memory_low_mib, engine.memory_max_mib) {
+            let low = low.get();
             if low > max.get() {
                 return Err(fail(format!(
                     "tuning.engine.memory_low_mib = {low} exceeds memory_max_mib = {}; protection above the limit is void",
                     max.get()
                 )));
             }
-        }
-        config.overclock.check().map_err(fail)?;
-        if config.engine.port == 0 {
-            return Err(fail(
-                "engine.port = 0: the engine needs a fixed port the supervisor can probe; use 1-65535"
-                    .into(),
-            ));
         }
         Ok(config)
     }
@@ -764,7 +889,7 @@ mod tests {
         let mut all = Config::default();
         all.tuning.engine.memory_max_mib = Some(MemoryMib(64));
         all.model.trusted_keys = vec![PublicKey("0".repeat(64))];
-        all.tuning.engine.memory_low_mib = Some(1);
+        all.tuning.engine.memory_low_mib = Some(MemoryLowMib(1));
         all.dashboard.api_token_sha256 = vec![TokenDigest("0".repeat(64))];
         let table = toml::Table::try_from(&all).expect("serialize");
         let mut names = Vec::new();
@@ -805,6 +930,93 @@ mod tests {
         assert!(err.contains("performance"), "{err}");
         let err = parse("[tuning.engine]\nslice = \"../etc\"\n").expect_err("refused");
         assert!(err.contains("slice"), "{err}");
+    }
+
+    #[test]
+    fn every_number_has_a_range_and_each_bound_is_enforced_with_key_and_line() {
+        let cpus = available_cpus();
+        let over_cpus = (cpus + 1).to_string();
+        let cpus = cpus.to_string();
+        // (table, key, accepted values at and inside the bounds, refused values just outside)
+        let cases: &[(&str, &str, &[&str], &[&str])] = &[
+            (
+                "engine",
+                "threads",
+                &["0", "1", &cpus],
+                &["-1", &over_cpus, "4294967296"],
+            ),
+            (
+                "engine",
+                "context",
+                &["0", "16", "1048576"],
+                &["1", "15", "1048577", "-1"],
+            ),
+            ("engine", "port", &["1", "65535"], &["0", "65536", "-1"]),
+            (
+                "engine",
+                "restart_backoff_ms",
+                &["1", "60000"],
+                &["0", "60001"],
+            ),
+            ("engine", "max_restarts", &["0", "1000"], &["-1", "1001"]),
+            ("engine", "start_timeout_s", &["1", "3600"], &["0", "3601"]),
+            (
+                "engine",
+                "health_interval_s",
+                &["1", "3600"],
+                &["0", "3601"],
+            ),
+            (
+                "engine",
+                "health_timeout_ms",
+                &["100", "600000"],
+                &["99", "600001", "0"],
+            ),
+            (
+                "model",
+                "full_verify_interval_hours",
+                &["1", "87600"],
+                &["0", "87601"],
+            ),
+            (
+                "daemon",
+                "reverify_interval_s",
+                &["0", "1", "86400"],
+                &["-1", "86401"],
+            ),
+            (
+                "tuning.engine",
+                "memory_reserve_mib",
+                &["0", "1073741824"],
+                &["-1", "1073741825"],
+            ),
+            (
+                "tuning.engine",
+                "memory_low_mib",
+                &["0", "1073741824"],
+                &["-1", "1073741825"],
+            ),
+        ];
+        for (table, key, good, bad) in cases {
+            for value in *good {
+                let text = format!("[{table}]\n{key} = {value}\n");
+                assert!(parse(&text).is_ok(), "{text}: {:?}", parse(&text).err());
+            }
+            for value in *bad {
+                let text = format!("# a comment first\n[{table}]\n{key} = {value}\n");
+                let err = parse(&text).expect_err(&text);
+                assert!(
+                    err.contains(&format!("invalid {key} {value}: allowed is"))
+                        && err.contains("line 3"),
+                    "{text}: {err}"
+                );
+            }
+        }
+        for listen in ["listen", "https_listen"] {
+            let err =
+                parse(&format!("[dashboard]\n{listen} = \"0.0.0.0:0\"\n")).expect_err("port 0");
+            assert!(err.contains("1-65535") && err.contains("line 2"), "{err}");
+        }
     }
 
     #[test]
@@ -860,7 +1072,7 @@ mod tests {
         let config = Config::from_files(&[system.clone(), provisioning.clone()]).expect("merged");
         assert_eq!(config.tuning.system_swap, SystemSwap::Off);
         assert_eq!(config.tuning.engine.cpu_weight.get(), 500);
-        assert_eq!(config.tuning.engine.memory_reserve_mib, 2048);
+        assert_eq!(config.tuning.engine.memory_reserve_mib.get(), 2048);
 
         std::fs::write(
             &provisioning,

@@ -1,7 +1,8 @@
 //! `supervisor run`: the long-running daemon. It tunes the board, tells systemd it is ready,
 //! launches and supervises the engine, feeds systemd's watchdog while the engine is healthy,
 //! and re-verifies the tuned state on a schedule, repairing and logging drift (a governor
-//! another service reset, a cgroup limit someone changed). SIGTERM or SIGINT stop the engine
+//! another service reset, a cgroup limit someone changed) and the model (weights that fail stop
+//! the engine until they verify again). SIGTERM or SIGINT stop the engine
 //! (SIGTERM, then SIGKILL) before the daemon exits.
 
 use std::future::Future;
@@ -163,7 +164,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     // systemd expects a ping within WatchdogSec; ping at half of it.
     let watchdog = sd_notify::watchdog_enabled().map(|d| d / 2);
     let mut watchdog_tick = tokio::time::interval(watchdog.unwrap_or(Duration::from_secs(3600)));
-    let reverify = config.daemon.reverify_interval_s;
+    let reverify = config.daemon.reverify_interval_s.get();
     let mut reverify_tick = tokio::time::interval(Duration::from_secs(reverify.max(1)));
     // A pass that outlasts the interval is not followed by a burst of catch-up passes.
     reverify_tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -233,6 +234,13 @@ async fn reverify_pass(
         tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
     }
     let (model, verdict) = check_model(board, config, crate::model::between_boots(config)).await;
+    // Only verified weights run, also while running: a failed check stops the engine now,
+    // a passing one lets a stopped engine relaunch (through the gate) without waiting.
+    engine.model_checked(if verdict.state == "verified" {
+        Ok(())
+    } else {
+        Err(verdict.reason.clone())
+    });
     let e = engine.status();
     let status = format!("{}; {model}; engine {}", summary(&reports), e.reason);
     notify(&[NotifyState::Status(&status)]);

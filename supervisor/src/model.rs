@@ -55,7 +55,11 @@ pub fn reverify(config: &Config) -> gate::Reverify {
 /// The daemon's periodic re-check: cheap, and in full on the configured schedule.
 pub fn between_boots(config: &Config) -> gate::Reverify {
     gate::Reverify::Fast {
-        full_every_s: config.model.full_verify_interval_hours.saturating_mul(3600),
+        full_every_s: config
+            .model
+            .full_verify_interval_hours
+            .get()
+            .saturating_mul(3600),
     }
 }
 

@@ -615,6 +615,18 @@ fn bad_config_files_exit_2_naming_file_key_and_line() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("line 1"));
 
+    // A thread count no machine has: refused before any engine is started with it.
+    std::fs::write(&file, "[engine]\nport = 8080\nthreads = 4294967296\n").expect("write");
+    let out = supervisor(&["config", "check", file.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(file.to_str().expect("utf8"))
+            && stderr.contains("line 3")
+            && stderr.contains("invalid threads 4294967296: allowed is 0"),
+        "{stderr}"
+    );
+
     let documented = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../overlays/rootfs/etc/appliance/appliance.toml"

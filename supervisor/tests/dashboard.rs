@@ -555,6 +555,103 @@ fn login_sessions_tokens_csrf_live_events_and_the_rate_limit() {
     assert!(r.header("set-cookie").is_none());
 }
 
+/// A raw HTTP/1.1 request from the loopback address `from` (the whole of 127/8 is this
+/// machine) to the dashboard on `port`; returns the status code.
+fn raw_from(from: [u8; 4], port: u16, request: &str) -> u16 {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    let source = std::net::SocketAddr::from((from, 0));
+    socket
+        .bind(&source.into())
+        .expect("bind the source address");
+    let target = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    socket.connect(&target.into()).expect("connect");
+    let mut stream: std::net::TcpStream = socket.into();
+    stream.write_all(request.as_bytes()).expect("request");
+    let line = status_line(&mut stream, Duration::from_secs(30));
+    line.split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {line:?}"))
+}
+
+fn login_request(port: u16, password: &str) -> String {
+    let body = format!("password={}", password.replace(' ', "+"));
+    format!(
+        "POST /login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[test]
+fn strangers_guessing_from_many_addresses_do_not_lock_the_owner_out() {
+    let port = free_port();
+    let hash = supervisor_with_stdin(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
+    let _d = start(
+        &format!(
+            "listen = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\n",
+            hash.trim()
+        ),
+        port,
+    );
+    // More failures than the global budget, each address under its own limit.
+    for i in 0..35u8 {
+        let status = raw_from([127, 0, 1, i + 1], port, &login_request(port, "guess"));
+        assert!(status == 401 || status == 429, "guess {i}: {status}");
+    }
+    // An address that has failed is held to the global limit, even with the right password...
+    assert_eq!(
+        raw_from([127, 0, 1, 1], port, &login_request(port, PASSWORD)),
+        429
+    );
+    // ...but the owner, who has not failed, gets in from a fresh address.
+    assert_eq!(
+        raw_from([127, 0, 2, 1], port, &login_request(port, PASSWORD)),
+        303
+    );
+}
+
+#[test]
+fn a_login_from_another_origin_and_two_host_headers_are_refused() {
+    let port = free_port();
+    let hash = supervisor_with_stdin(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
+    let _d = start(
+        &format!(
+            "listen = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\n",
+            hash.trim()
+        ),
+        port,
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let with_origin = |origin: &str| {
+        let request = login_request(port, PASSWORD).replacen(
+            "Content-Type:",
+            &format!("Origin: {origin}\r\nContent-Type:"),
+            1,
+        );
+        raw_from([127, 0, 0, 1], port, &request)
+    };
+    // The right password from a page elsewhere (or an opaque one) logs nobody in.
+    assert_eq!(with_origin("http://evil.example"), 403);
+    assert_eq!(with_origin("null"), 403);
+    assert_eq!(with_origin(&format!("https://127.0.0.1:{port}")), 403);
+    assert_eq!(with_origin(&base), 303, "the box's own page logs in");
+    assert_eq!(
+        raw_from([127, 0, 0, 1], port, &login_request(port, PASSWORD)),
+        303
+    );
+
+    // Two Host headers: refused whichever way round, before any handler judges either.
+    for (first, second) in [("127.0.0.1", "evil.example"), ("evil.example", "127.0.0.1")] {
+        let request = format!(
+            "GET /login HTTP/1.1\r\nHost: {first}:{port}\r\nHost: {second}:{port}\r\nConnection: close\r\n\r\n"
+        );
+        assert_eq!(raw_from([127, 0, 0, 1], port, &request), 400);
+    }
+    let one = format!("GET /login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    assert_eq!(raw_from([127, 0, 0, 1], port, &one), 200);
+}
+
 #[test]
 fn without_a_password_the_dashboard_is_loopback_only_and_says_so() {
     let port = free_port();

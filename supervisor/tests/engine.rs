@@ -196,6 +196,180 @@ fn the_engine_serves_from_its_cgroup_is_restarted_after_sigkill_and_stops_with_t
 }
 
 #[test]
+fn a_stopped_engine_is_killed_within_the_probe_bound_and_replaced() {
+    let board = board_with_model();
+    let port = free_port();
+    let (interval_s, timeout_ms) = (2u64, 1000u64);
+    board.configure(&format!(
+        "binary = \"{}\"\nport = {port}\nhealth_interval_s = {interval_s}\nhealth_timeout_ms = {timeout_ms}\nrestart_backoff_ms = 100\n",
+        engine_binary().display()
+    ));
+    let mut supervisor = board.run();
+    let ready = |e: &Value| e["state"] == "ready";
+    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), ready));
+
+    // Wedged: a stopped process answers nothing and ignores SIGTERM until continued.
+    let stopped_at = Instant::now();
+    kill(Pid::from_raw(pid as i32), Signal::SIGSTOP).expect("stop the engine");
+    // Noticed within one interval and two probe deadlines, killed at once, reaped.
+    let bound = Duration::from_secs(interval_s) + 2 * Duration::from_millis(timeout_ms);
+    let gone = |pid: u32| kill(Pid::from_raw(pid as i32), None).is_err();
+    while !gone(pid) {
+        assert!(
+            stopped_at.elapsed() < bound + Duration::from_secs(2),
+            "the stopped engine {pid} is still there after {:?}",
+            stopped_at.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let again = board.wait_for("replaced", bound + Duration::from_secs(30), |e| {
+        ready(e) && e["pid"].as_u64() != Some(u64::from(pid))
+    });
+    assert_eq!(again["last_exit"], "killed by signal 9");
+    assert_eq!(again["restarts"], 1);
+    assert!(!chat(port)["choices"].is_null());
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}
+
+/// Flips bit 0 of the byte at the middle of `path` in place (same inode, no truncation, as
+/// bit rot or a stray write would), returning its offset.
+fn flip_middle_byte(path: &std::path::Path) -> u64 {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    std::fs::set_permissions(path, Permissions::from_mode(0o644)).expect("writable");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("open the model");
+    let middle = file.metadata().expect("stat").len() / 2;
+    let mut byte = [0u8; 1];
+    file.seek(SeekFrom::Start(middle)).expect("seek");
+    file.read_exact(&mut byte).expect("read");
+    byte[0] ^= 0x01;
+    file.seek(SeekFrom::Start(middle)).expect("seek");
+    file.write_all(&byte).expect("write");
+    file.sync_all().expect("sync");
+    middle
+}
+
+#[test]
+fn weights_that_fail_reverification_while_served_stop_the_engine_until_they_verify() {
+    let board = board_with_model();
+    let port = free_port();
+    let reverify_s = 2u64;
+    let config = format!(
+        "[daemon]\nreverify_interval_s = {reverify_s}\n\n[engine]\nbinary = \"{}\"\nport = {port}\nrestart_backoff_ms = 100\n",
+        engine_binary().display()
+    );
+    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let path = PathBuf::from(board.status()["model"]["path"].as_str().expect("installed"));
+    let mut supervisor = board.run();
+    let ready = |e: &Value| e["state"] == "ready";
+    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), ready));
+
+    flip_middle_byte(&path);
+    let flipped_at = Instant::now();
+    let gone = |pid: u32| kill(Pid::from_raw(pid as i32), None).is_err();
+    // One interval to the next pass, then its full hash and the engine's SIGTERM exit.
+    while !gone(pid) {
+        assert!(
+            flipped_at.elapsed() < Duration::from_secs(reverify_s + 8),
+            "the engine {pid} still serves weights that fail verification after {:?}",
+            flipped_at.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let blocked = board.wait_for("blocked", Duration::from_secs(10), |e| {
+        e["state"] == "blocked"
+    });
+    let reason = blocked["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("failed verification while it ran") && reason.contains("chunk"),
+        "{reason}"
+    );
+    assert!(blocked["pid"].is_null());
+    assert!(
+        board.processes().is_empty(),
+        "nothing serves the bad weights"
+    );
+    assert_eq!(board.status()["model"]["state"], "failed");
+
+    // Put right: served again, by a new process on the verified weights.
+    flip_middle_byte(&path);
+    let again = board.wait_for("served again", Duration::from_secs(60), ready);
+    assert_ne!(pid_of(&again), pid);
+    assert!(!chat(port)["choices"].is_null());
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}
+
+#[test]
+fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second() {
+    let board = board_with_model();
+    let (port, dashboard) = (free_port(), free_port());
+    let config = format!(
+        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\n\n[dashboard]\nlisten = \"127.0.0.1:{dashboard}\"\n",
+        engine_binary().display()
+    );
+    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let mut supervisor = board.run();
+    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready"));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(300)))
+        .build()
+        .into();
+    // Without a password the dashboard is open on loopback; its page carries the CSRF token.
+    let base = format!("http://127.0.0.1:{dashboard}");
+    let mut page = agent.get(&base).call().expect("the page");
+    let cookie = page
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let page = page.body_mut().read_to_string().expect("page");
+    let csrf = page
+        .split("name=\"csrf-token\" content=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("csrf token")
+        .to_string();
+    // The longest question the box accepts, about a thousand tokens: many prompt slices, each
+    // of which can outlast a probe interval.
+    let question = "x ".repeat(1000);
+    let body = serde_json::json!({ "message": question }).to_string();
+    let mut answer = agent
+        .post(format!("{base}/api/chat"))
+        .header("content-type", "application/json")
+        .header("cookie", &cookie)
+        .header("x-csrf-token", &csrf)
+        .send(body)
+        .expect("chat");
+    let status = answer.status().as_u16();
+    let text = answer.body_mut().read_to_string().expect("answer");
+    assert_eq!(status, 200, "{text}");
+    let reply: Value = serde_json::from_str(&text).expect("json");
+    assert!(
+        reply["usage"]["prompt_tokens"].as_u64() > Some(1000),
+        "{reply}"
+    );
+    let engine = board.status()["engine"].clone();
+    assert_eq!(pid_of(&engine), pid, "the same engine answered: {engine:#}");
+    assert_eq!(engine["restarts"], 0);
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}
+
+#[test]
 fn an_engine_outlives_no_supervisor_even_one_killed_outright() {
     let board = board_with_model();
     board.configure(&format!(

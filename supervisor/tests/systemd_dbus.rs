@@ -239,7 +239,8 @@ async fn apply_through_systemd_is_verified_from_the_cgroup_files() {
 
     let mut config = Config::default();
     config.tuning.engine.backend = CgroupBackend::Systemd;
-    config.tuning.engine.memory_low_mib = Some(512);
+    config.tuning.engine.memory_low_mib =
+        Some(supervisor::config::MemoryLowMib::try_from(512).expect("in range"));
     let backend = Backend::resolve(config.tuning.engine.backend, &board);
     assert_eq!(backend, Backend::Systemd);
     let steps = tune::steps(&config, backend);

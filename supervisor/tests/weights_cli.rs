@@ -21,6 +21,27 @@ fn run(args: &[&str]) -> Output {
         .expect("run supervisor")
 }
 
+/// [`run`], killing the command and failing the test when it takes longer than 10 s (hung).
+fn run_within_10s(args: &[&str]) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run supervisor");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("supervisor {args:?} hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -391,4 +412,37 @@ fn a_malformed_manifest_is_bad_input() {
         "{}",
         text(&out.stderr)
     );
+}
+
+#[test]
+fn a_directory_or_fifo_as_the_manifest_is_bad_input() {
+    let (dir, root) = board();
+    let model = dir.path().join("model.gguf");
+    std::fs::write(&model, b"GGUF").expect("write");
+    let fifo = dir.path().join("fifo.toml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    for (manifest, found) in [
+        (
+            dir.path().to_path_buf(),
+            "is a directory, not a regular file",
+        ),
+        (fifo, "is a FIFO (named pipe), not a regular file"),
+    ] {
+        // A FIFO without a writer would block a plain open: the command must not wait.
+        let out = run_within_10s(&[
+            "--root",
+            &root,
+            "weights",
+            "install",
+            model.to_str().expect("utf8"),
+            "--manifest",
+            manifest.to_str().expect("utf8"),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(&format!("{} {found}", manifest.display())),
+            "{stderr}"
+        );
+    }
 }

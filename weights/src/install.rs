@@ -16,7 +16,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use durable::Links;
+
 use crate::hash::{sha256, to_hex, write_synced};
+use crate::manifest::{MAX_MANIFEST_BYTES, read_limited};
 use crate::sign::{Signed, Trust};
 use crate::verify::{Mapped, verify_file};
 use crate::{Error, ErrorKind, Manifest, patch};
@@ -34,6 +37,13 @@ pub const SIGNATURE: &str = "manifest.toml.sig";
 /// The install record inside a version directory.
 pub const RECORD: &str = "installed.toml";
 
+/// Most a signature file can hold (an ed25519 signature is 88 characters of base64).
+const MAX_SIGNATURE_BYTES: u64 = 4096;
+/// Most an install record can hold (a few numbers and one hash).
+const MAX_RECORD_BYTES: u64 = 4096;
+/// Most `current` can hold (one version directory name).
+const MAX_CURRENT_BYTES: u64 = 4096;
+
 /// A manifest together with its exact text and signature, checked against the box's trust.
 #[derive(Debug, Clone)]
 pub struct Approval {
@@ -50,10 +60,25 @@ pub struct Approval {
 impl Approval {
     /// Reads `path` and `path.sig`, checks the signature against `trust`, then parses.
     pub fn load(path: &Path, trust: &Trust) -> Result<Approval, Error> {
-        let text = Manifest::read_text(path)?;
+        Approval::load_with(path, trust, Links::Follow)
+    }
+
+    /// [`Approval::load`] for the copy in a version directory, which the install wrote itself,
+    /// so a symbolic link there was put by someone else and is refused.
+    fn load_installed(path: &Path, trust: &Trust) -> Result<Approval, Error> {
+        Approval::load_with(path, trust, Links::Refuse)
+    }
+
+    fn load_with(path: &Path, trust: &Trust, links: Links) -> Result<Approval, Error> {
+        let text = read_limited(path, MAX_MANIFEST_BYTES, "manifest", links)?;
         let sig_path = sig_path(path);
-        let signature = if sig_path.exists() {
-            Some(crate::manifest::read_limited(&sig_path, 4096, "signature")?)
+        let signature = if fs::symlink_metadata(&sig_path).is_ok() {
+            Some(read_limited(
+                &sig_path,
+                MAX_SIGNATURE_BYTES,
+                "signature",
+                links,
+            )?)
         } else {
             None
         };
@@ -134,7 +159,7 @@ impl Record {
 
     /// Reads a record file.
     pub fn read(path: &Path) -> Result<Record, Error> {
-        let text = crate::manifest::read_limited(path, 4096, "install record")?;
+        let text = read_limited(path, MAX_RECORD_BYTES, "install record", Links::Refuse)?;
         toml::from_str(&text)
             .map_err(|e| Error::new(ErrorKind::Io, format!("{}: {e}", path.display())))
     }
@@ -156,25 +181,32 @@ pub fn model_dir(data_dir: &Path, id: &str) -> PathBuf {
 /// The version directory `current` names, if any.
 pub fn current_version(model_dir: &Path) -> Result<Option<String>, Error> {
     let path = model_dir.join(CURRENT);
-    match fs::read_to_string(&path) {
-        Ok(text) => {
-            let version = text.trim().to_string();
-            let valid = !version.is_empty()
-                && !version.starts_with('.')
-                && version
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-');
-            if valid {
-                Ok(Some(version))
-            } else {
-                Err(Error::new(
-                    ErrorKind::Io,
-                    format!("{} is corrupt: {text:?}", path.display()),
-                ))
-            }
+    let bytes = match durable::read_bounded(&path, MAX_CURRENT_BYTES, Links::Refuse) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{e} (it should name one version directory; reinstall the model to rewrite it)"
+                ),
+            ));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let version = text.trim().to_string();
+    let valid = !version.is_empty()
+        && !version.starts_with('.')
+        && version
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if valid {
+        Ok(Some(version))
+    } else {
+        Err(Error::new(
+            ErrorKind::Io,
+            format!("{} is corrupt: {text:?}", path.display()),
+        ))
     }
 }
 
@@ -202,7 +234,7 @@ pub fn current_dir(data_dir: &Path, id: &str) -> Result<PathBuf, Error> {
 pub fn installed(data_dir: &Path, id: &str, trust: &Trust) -> Result<(Approval, PathBuf), Error> {
     let vdir = current_dir(data_dir, id)?;
     let manifest_path = vdir.join(MANIFEST);
-    let approval = Approval::load(&manifest_path, trust)?;
+    let approval = Approval::load_installed(&manifest_path, trust)?;
     if approval.manifest.id != id {
         return Err(Error::new(
             ErrorKind::Mismatch,
@@ -367,8 +399,20 @@ fn unique_suffix() -> String {
 fn already_installed(dir: &Path, approval: &Approval) -> Option<PathBuf> {
     let version = current_version(dir).ok()??;
     let vdir = dir.join(version);
-    let installed_text = fs::read_to_string(vdir.join(MANIFEST)).ok()?;
-    let installed_sig = fs::read_to_string(vdir.join(SIGNATURE)).ok();
+    let installed_text = read_limited(
+        &vdir.join(MANIFEST),
+        MAX_MANIFEST_BYTES,
+        "manifest",
+        Links::Refuse,
+    )
+    .ok()?;
+    let installed_sig = read_limited(
+        &vdir.join(SIGNATURE),
+        MAX_SIGNATURE_BYTES,
+        "signature",
+        Links::Refuse,
+    )
+    .ok();
     // A manifest signed since it was installed is installed again, with its signature.
     if installed_text != approval.text || installed_sig != approval.signature {
         return None;

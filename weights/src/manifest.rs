@@ -228,7 +228,7 @@ impl Manifest {
     /// Reads a manifest file's text, refusing to read more than [`MAX_MANIFEST_BYTES`] (a
     /// device or pipe reports no size, so the limit is on what is read).
     pub fn read_text(path: &std::path::Path) -> Result<String, Error> {
-        read_limited(path, MAX_MANIFEST_BYTES, "manifest")
+        read_limited(path, MAX_MANIFEST_BYTES, "manifest", durable::Links::Follow)
     }
 
     /// Checks every field against the others.
@@ -460,25 +460,21 @@ impl Template {
     }
 }
 
-/// Reads at most `limit` bytes of UTF-8 text from `path`, refusing anything longer.
+/// Reads at most `limit` bytes of UTF-8 text from the regular file `path`, refusing anything
+/// longer and anything that is not a regular file (a FIFO would hang the reader, a device
+/// never end): those are bad input, [`ErrorKind::BadManifest`], like a malformed manifest.
 pub(crate) fn read_limited(
     path: &std::path::Path,
     limit: u64,
     what: &str,
+    links: durable::Links,
 ) -> Result<String, Error> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)
-        .map_err(|e| Error::io(format!("reading {what} {}", path.display()), e))?;
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(format!("reading {what} {}", path.display()), e))?;
-    if bytes.len() as u64 > limit {
-        return Err(bad(format!(
-            "{}: more than {limit} bytes is too large for a {what}",
-            path.display()
-        )));
-    }
+    let bytes = durable::read_bounded(path, limit, links).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
+            bad(format!("{what}: {e}"))
+        }
+        _ => Error::new(ErrorKind::Io, format!("reading {what} {e}")),
+    })?;
     String::from_utf8(bytes)
         .map_err(|_| bad(format!("{}: the {what} is not UTF-8 text", path.display())))
 }

@@ -16,14 +16,28 @@ pub struct Mapped {
 }
 
 impl Mapped {
-    /// Maps `path` read-only.
+    /// Maps the regular file `path` read-only. It is opened non-blocking and checked on the
+    /// opened descriptor, so a FIFO in its place is refused at once instead of hanging here.
     pub fn open(path: &Path) -> Result<Mapped, Error> {
-        let file =
-            File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-        let len = file
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        let meta = file
             .metadata()
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
-            .len();
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        if !meta.is_file() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "{} is not a regular file (give the model file itself)",
+                    path.display()
+                ),
+            ));
+        }
+        let len = meta.len();
         if len == 0 {
             return Ok(Mapped { map: None });
         }

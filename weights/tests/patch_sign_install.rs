@@ -287,6 +287,62 @@ fn the_gate_catches_tampering_fast_by_stat_and_full_by_hash() {
     assert_eq!(err.kind, ErrorKind::NotInstalled);
 }
 
+/// Runs `f` on another thread and fails instead of hanging the test run when it blocks.
+fn within_10s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the gate hung")
+}
+
+#[test]
+fn the_gate_refuses_a_fifo_manifest_quickly() {
+    let Fixture {
+        dir: _dir,
+        data,
+        manifest: _,
+        installed,
+    } = fixture(1000);
+    let manifest = installed.path.with_file_name(install::MANIFEST);
+    std::fs::remove_file(&manifest).expect("rm");
+    nix::unistd::mkfifo(&manifest, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .expect("mkfifo");
+    let err =
+        within_10s(move || gate::check(&data, "test-model", Reverify::Full, &open_trust(), 0))
+            .expect_err("a FIFO is no manifest");
+    assert_eq!(err.kind, ErrorKind::BadManifest);
+    assert!(
+        err.message
+            .contains("manifest.toml is a FIFO (named pipe), not a regular file"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn the_gate_refuses_a_huge_current_without_reading_it() {
+    let Fixture {
+        dir: _dir,
+        data,
+        manifest: _,
+        installed: _,
+    } = fixture(1000);
+    let current = install::model_dir(&data, "test-model").join(CURRENT);
+    std::fs::write(&current, vec![b'a'; 2 << 20]).expect("write");
+    let err = gate::check(&data, "test-model", Reverify::Full, &open_trust(), 0)
+        .expect_err("2 MB is no pointer");
+    assert_eq!(err.kind, ErrorKind::Io);
+    assert!(
+        err.message.contains("current is larger than 4096 bytes"),
+        "{}",
+        err.message
+    );
+    // Short enough to print: the text of the file is not in it.
+    assert!(err.message.len() < 500, "{}", err.message);
+}
+
 #[test]
 fn signatures_are_enforced() {
     let dir = tempfile::tempdir().expect("tempdir");

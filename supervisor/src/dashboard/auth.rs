@@ -4,7 +4,7 @@
 //! Session ids are 256 random bits; only their SHA-256 is kept, so a memory dump does not hand
 //! out live sessions. Every session carries its own CSRF token, checked on every POST.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -21,11 +21,15 @@ pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 const MAX_SESSIONS: usize = 64;
 /// Failed logins allowed per client address in [`WINDOW`] before 429.
 pub const FAILURES_PER_CLIENT: usize = 5;
-/// Failed logins allowed from all clients together in [`WINDOW`] before 429, so guessing from
-/// many addresses is slowed as well.
+/// Failed logins from all clients together in [`WINDOW`] past which a client that has failed
+/// itself gets no further try, so guessing from many addresses is slowed as well. A client that
+/// has not failed is never refused by it: strangers' guesses must not lock the owner out.
 pub const FAILURES_GLOBAL: usize = 30;
 /// The rate limit's sliding window.
 pub const WINDOW: Duration = Duration::from_secs(60);
+/// Failures remembered at most (the oldest are forgotten first): bounds the limiter's memory
+/// while still counting far more guesses than Argon2 lets a window hold.
+const MAX_REMEMBERED_FAILURES: usize = 4096;
 
 /// 32 random bytes from the OS.
 pub fn random_256() -> Result<[u8; 32], String> {
@@ -137,7 +141,21 @@ impl Sessions {
 /// Failed login attempts in the last [`WINDOW`], per client and overall.
 #[derive(Debug, Default)]
 pub struct LoginLimiter {
-    failures: Mutex<Vec<(IpAddr, Instant)>>,
+    failures: Mutex<VecDeque<(IpAddr, Instant)>>,
+}
+
+/// The address a client is counted under: an IPv6 client by its /64 (one subscriber's share,
+/// where every address is the same client), an IPv4-mapped one as IPv4.
+fn client_key(client: IpAddr) -> IpAddr {
+    match client {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(
+                u128::from(v6) & !((1u128 << 64) - 1),
+            )),
+        },
+    }
 }
 
 impl LoginLimiter {
@@ -147,9 +165,18 @@ impl LoginLimiter {
     }
 
     fn check_at(&self, client: IpAddr, now: Instant) -> Option<u64> {
+        let client = client_key(client);
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         failures.retain(|(_, t)| now.duration_since(*t) < WINDOW);
-        let wait_for = |times: Vec<Instant>, limit: usize| -> Option<u64> {
+        let mine: Vec<Instant> = failures
+            .iter()
+            .filter(|(ip, _)| *ip == client)
+            .map(|(_, t)| *t)
+            .collect();
+        if mine.is_empty() {
+            return None;
+        }
+        let wait_for = |times: &[Instant], limit: usize| -> Option<u64> {
             if times.len() < limit {
                 return None;
             }
@@ -158,19 +185,26 @@ impl LoginLimiter {
             let left = WINDOW.saturating_sub(now.duration_since(oldest));
             Some(left.as_secs().max(1))
         };
-        let mine: Vec<Instant> = failures
-            .iter()
-            .filter(|(ip, _)| *ip == client)
-            .map(|(_, t)| *t)
-            .collect();
         let all: Vec<Instant> = failures.iter().map(|(_, t)| *t).collect();
         match (
-            wait_for(mine, FAILURES_PER_CLIENT),
-            wait_for(all, FAILURES_GLOBAL),
+            wait_for(&mine, FAILURES_PER_CLIENT),
+            wait_for(&all, FAILURES_GLOBAL),
         ) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Whether `client` has failed within the window (and so is held to the global limit and
+    /// gets no queued password check).
+    pub fn has_failed(&self, client: IpAddr) -> bool {
+        let client = client_key(client);
+        let now = Instant::now();
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|(ip, t)| *ip == client && now.duration_since(*t) < WINDOW)
     }
 
     /// Counts a failed attempt.
@@ -181,10 +215,10 @@ impl LoginLimiter {
     fn failed_at(&self, client: IpAddr, now: Instant) {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         failures.retain(|(_, t)| now.duration_since(*t) < WINDOW);
-        // The global limit bounds this list.
-        if failures.len() < FAILURES_GLOBAL * 2 {
-            failures.push((client, now));
+        if failures.len() >= MAX_REMEMBERED_FAILURES {
+            failures.pop_front();
         }
+        failures.push_back((client_key(client), now));
     }
 }
 
@@ -259,6 +293,35 @@ mod tests {
             let ip: IpAddr = [10, 0, (i / 200) as u8, (i % 200) as u8].into();
             limiter.failed_at(ip, t0);
         }
-        assert!(limiter.check_at(b, t0).is_some(), "many addresses together");
+        assert_eq!(
+            limiter.check_at(b, t0),
+            None,
+            "a client that has not failed is never locked out by others"
+        );
+        limiter.failed_at(b, t0);
+        assert!(
+            limiter.check_at(b, t0).is_some(),
+            "one that has failed is held to the global limit"
+        );
+        assert!(limiter.has_failed(b) && !limiter.has_failed(a));
+    }
+
+    #[test]
+    fn an_ipv6_client_is_counted_by_its_64() {
+        let limiter = LoginLimiter::default();
+        let t0 = Instant::now();
+        for i in 0..FAILURES_PER_CLIENT as u16 {
+            let ip: IpAddr = [0x2001, 0xdb8, 0, 1, 0, 0, 0, i + 1].into();
+            limiter.failed_at(ip, t0);
+        }
+        let same_64: IpAddr = [0x2001, 0xdb8, 0, 1, 0xffff, 0, 0, 9].into();
+        let other_64: IpAddr = [0x2001, 0xdb8, 0, 2, 0, 0, 0, 1].into();
+        assert!(limiter.check_at(same_64, t0).is_some());
+        assert_eq!(limiter.check_at(other_64, t0), None);
+        let mapped: IpAddr = std::net::Ipv4Addr::new(192, 168, 1, 10)
+            .to_ipv6_mapped()
+            .into();
+        limiter.failed_at([192, 168, 1, 10].into(), t0);
+        assert!(limiter.has_failed(mapped));
     }
 }

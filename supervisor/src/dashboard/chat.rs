@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::DashError;
+use crate::engine::{ControlKey, control};
 
 /// Longest question accepted, in characters.
 pub const MAX_QUESTION: usize = 2000;
@@ -25,7 +26,9 @@ pub struct Question {
 }
 
 /// Asks the engine at `base_url` (loopback) and returns its answer and the engine's response.
-pub fn ask(base_url: &str, question: &Question) -> Result<Value, DashError> {
+/// The request carries the launch's control key: the owner trying the box is served even while
+/// users fill the engine's queue.
+pub fn ask(base_url: &str, key: &ControlKey, question: &Question) -> Result<Value, DashError> {
     let message = question.message.trim();
     if message.is_empty() {
         return Err(DashError::BadRequest("the question is empty".into()));
@@ -50,6 +53,7 @@ pub fn ask(base_url: &str, question: &Question) -> Result<Value, DashError> {
     let mut response = agent
         .post(&url)
         .header("content-type", "application/json")
+        .header(control::HEADER, key.as_str())
         .send(body.to_string())
         .map_err(|e| unavailable(e.to_string()))?;
     let status = response.status().as_u16();

@@ -12,6 +12,8 @@ pub enum DashError {
     Unauthorized,
     /// A POST whose CSRF token is missing or wrong.
     Csrf,
+    /// A login posted from a page of another origin.
+    CrossOrigin,
     /// Too many failed logins; try again after this many seconds.
     TooManyAttempts(u64),
     /// The request itself is wrong.
@@ -50,6 +52,11 @@ impl IntoResponse for DashError {
             DashError::Csrf => text(
                 StatusCode::FORBIDDEN,
                 "the form's security token is missing or wrong; reload the page and try again\n"
+                    .into(),
+            ),
+            DashError::CrossOrigin => text(
+                StatusCode::FORBIDDEN,
+                "a login must come from this dashboard's own page (its Origin is another site)\n"
                     .into(),
             ),
             DashError::TooManyAttempts(seconds) => {

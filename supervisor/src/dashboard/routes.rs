@@ -4,11 +4,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Form, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Form, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+
+mod origin;
+
+use origin::Served;
 
 use super::auth::{self, Session};
 use super::error::DashError;
@@ -53,7 +57,11 @@ pub fn router(app: Arc<App>, over_tls: bool) -> Router {
     } else {
         routes
     };
-    routes.with_state(app)
+    // Outermost: every check below reads the one Host header.
+    routes
+        .layer(axum::middleware::from_fn(origin::single_host))
+        .layer(Extension(Served { tls: over_tls }))
+        .with_state(app)
 }
 
 /// Plain HTTP once HTTPS is served: the box itself (loopback) is still answered, every other
@@ -254,19 +262,36 @@ async fn login_page(State(app): State<Arc<App>>, headers: HeaderMap) -> Response
 
 async fn login(
     State(app): State<Arc<App>>,
+    Extension(served): Extension<Served>,
     ConnectInfo(ClientAddr(client)): ConnectInfo<ClientAddr>,
+    headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Result<Response, DashError> {
     if app.open {
         return Ok(Redirect::to("/").into_response());
     }
+    // A login has no session to carry a CSRF token yet: a page elsewhere posting this form
+    // (logging the visitor into an account of the attacker's) is told apart by its Origin.
+    if !origin::same_origin(&headers, served) {
+        tracing::warn!(client = %client.ip(), "dashboard: cross-origin login refused");
+        return Err(DashError::CrossOrigin);
+    }
     if let Some(wait) = app.limiter.check(client.ip()) {
         tracing::warn!(client = %client.ip(), "dashboard: login refused, too many failed attempts");
         return Err(DashError::TooManyAttempts(wait));
     }
-    // Refused rather than queued: a burst must not get more guesses than the limiter allows.
-    let Ok(_verifying) = app.verifying.try_acquire() else {
-        return Err(DashError::TooManyAttempts(1));
+    // A client that has failed is refused rather than queued, so a burst gets no more guesses
+    // than the limiter allows; one that has not waits its turn, so strangers keeping the
+    // checks busy cannot turn the owner away.
+    let _verifying = if app.limiter.has_failed(client.ip()) {
+        app.verifying
+            .try_acquire()
+            .map_err(|_| DashError::TooManyAttempts(1))?
+    } else {
+        app.verifying
+            .acquire()
+            .await
+            .map_err(|e| DashError::Internal(format!("password check unavailable: {e}")))?
     };
     let password = form.get("password").cloned().unwrap_or_default();
     let phc = app
@@ -437,16 +462,16 @@ async fn api_chat(
     let question: chat::Question = serde_json::from_slice(&body)
         .map_err(|e| DashError::BadRequest(format!("expected {{\"message\": \"...\"}}: {e}")))?;
     let engine = app.sources.engine.borrow().clone();
-    let url = match (engine.state, engine.url) {
-        (crate::engine::Phase::Ready, Some(url)) => url,
-        (state, _) => {
+    let (url, key) = match (engine.state, engine.url, engine.control_key) {
+        (crate::engine::Phase::Ready, Some(url), Some(key)) => (url, key),
+        (state, _, _) => {
             return Err(DashError::EngineUnavailable(format!(
                 "the engine is not ready ({}); try again shortly",
                 crate::report::word(state)
             )));
         }
     };
-    let answer = tokio::task::spawn_blocking(move || chat::ask(&url, &question))
+    let answer = tokio::task::spawn_blocking(move || chat::ask(&url, &key, &question))
         .await
         .map_err(|e| DashError::Internal(format!("the chat request crashed: {e}")))??;
     Ok(Json(answer).into_response())

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use weights::gate::Approved;
 
+use super::control::ControlKey;
 use crate::board::Board;
-use crate::config::Config;
+use crate::config::{Config, available_cpus};
 
 /// How the engine is started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +18,8 @@ pub struct Launch {
     pub args: Vec<OsString>,
     /// The loopback port it listens on.
     pub port: u16,
+    /// This launch's control key, given to the engine in its environment only.
+    pub control_key: ControlKey,
 }
 
 /// The `engine` binary: the configured one, else `engine` beside the supervisor's own
@@ -39,23 +42,31 @@ fn default_binary() -> PathBuf {
 
 impl Launch {
     /// The command for `approved`: threads and context from the configuration where set,
-    /// else from the manifest (threads never more than the CPUs the supervisor may use).
-    pub fn plan(board: &Board, config: &Config, approved: &Approved) -> Launch {
+    /// else from the manifest (threads never more than the CPUs the supervisor may use), with a
+    /// fresh control key. A configured context above the manifest's is refused: the manifest
+    /// is what the model was approved to run with.
+    pub fn plan(board: &Board, config: &Config, approved: &Approved) -> Result<Launch, String> {
         let e = &config.engine;
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = match e.threads {
-            0 => (approved.manifest.engine.threads as usize).clamp(1, cores),
+        let threads = match e.threads.get() {
+            0 => (approved.manifest.engine.threads as usize).clamp(1, available_cpus()),
             n => n,
         };
-        let context = match e.context {
-            0 => approved.manifest.engine.context as usize,
+        let allowed = approved.manifest.engine.context as usize;
+        let context = match e.context.get() {
+            0 => allowed,
+            n if allowed > 0 && n > allowed => {
+                return Err(format!(
+                    "not started: [engine] context = {n} is more than the {allowed} tokens model {}'s manifest allows; lower it, or set 0 to take the manifest's",
+                    approved.manifest.id
+                ));
+            }
             n => n,
         };
         let mut args: Vec<OsString> = vec!["serve".into(), "--model".into()];
         args.push(approved.path.clone().into_os_string());
         for (flag, value) in [
             ("--host", "127.0.0.1".to_string()),
-            ("--port", e.port.to_string()),
+            ("--port", e.port.get().to_string()),
             ("--threads", threads.to_string()),
             ("--ctx-size", context.to_string()),
             ("--alias", config.model.id.clone()),
@@ -67,10 +78,70 @@ impl Launch {
             args.push("--system-prompt".into());
             args.push(board.path(prompt).into_os_string());
         }
-        Launch {
+        Ok(Launch {
             program: binary(config),
             args,
-            port: e.port,
-        }
+            port: e.port.get(),
+            control_key: ControlKey::generate()?,
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use weights::manifest::Template;
+
+    /// A simulated board under `dir`, the default configuration, and an approval of a stand-in
+    /// model whose manifest says 4 threads and 4096 tokens of context.
+    pub(crate) fn approved(dir: &Path) -> (Board, Config, Approved) {
+        let root = dir.join("board");
+        crate::board::sim::init(&root, crate::board::sim::Variant::Pi5_8gb).expect("sim");
+        let board = Board::open(&root).expect("board");
+        let config = Config::default();
+        let template = Template {
+            id: Some(config.model.id.clone()),
+            ..Template::default()
+        };
+        let approved = Approved {
+            path: dir.join("model.gguf"),
+            manifest: template
+                .build(b"weights", "model.gguf", 1 << 20)
+                .expect("manifest"),
+            signed: weights::sign::Signed::Unsigned,
+            checked: "test".into(),
+        };
+        (board, config, approved)
+    }
+
+    fn flag<'a>(launch: &'a Launch, name: &str) -> Option<&'a std::ffi::OsStr> {
+        let at = launch.args.iter().position(|a| a == name)?;
+        launch.args.get(at + 1).map(OsString::as_os_str)
+    }
+
+    #[test]
+    fn the_context_comes_from_the_manifest_and_never_exceeds_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (board, mut config, approved) = approved(dir.path());
+        assert_eq!(approved.manifest.engine.context, 4096);
+        let launch = Launch::plan(&board, &config, &approved).expect("plan");
+        assert_eq!(flag(&launch, "--ctx-size"), Some("4096".as_ref()));
+        config.engine.context = toml::from_str::<Config>("[engine]\ncontext = 2048\n")
+            .expect("config")
+            .engine
+            .context;
+        let launch = Launch::plan(&board, &config, &approved).expect("plan");
+        assert_eq!(flag(&launch, "--ctx-size"), Some("2048".as_ref()));
+        config.engine.context = toml::from_str::<Config>("[engine]\ncontext = 8192\n")
+            .expect("config")
+            .engine
+            .context;
+        let e = Launch::plan(&board, &config, &approved).expect_err("above the manifest");
+        assert!(
+            e.contains("context = 8192 is more than the 4096 tokens"),
+            "{e}"
+        );
     }
 }

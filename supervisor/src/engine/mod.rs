@@ -5,6 +5,7 @@
 //! stopped with SIGTERM then SIGKILL. Its state is published to a runtime file that
 //! `supervisor status` reads, its output kept in a bounded ring for the dashboard.
 
+pub mod control;
 mod launch;
 mod logs;
 mod probe;
@@ -12,6 +13,7 @@ mod process;
 mod state;
 mod supervise;
 
+pub use control::ControlKey;
 pub use launch::{Launch, binary};
 pub use logs::LogRing;
 pub use process::{Finished, run_to_end};

@@ -2,12 +2,16 @@
 //! Blocking calls, run off the async runtime.
 //!
 //! A busy engine is a healthy engine: while it generates, the probe's own completion would wait
-//! behind the user's answer, so then progress (`tokens_processed` growing between probes) is the
-//! proof of life; only an idle engine is asked for a one-token completion.
+//! behind the user's answer, so then progress (`tokens_processed` growing) is the proof of life;
+//! only an idle engine is asked for a one-token completion. Progress is judged over time, not
+//! from one probe to the next: the engine counts a long prompt's tokens a slice (128 tokens) at
+//! a time, and on a loaded board one slice can take longer than a probe interval.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+
+use super::control::{self, ControlKey};
 
 /// The engine's answer to `/health`.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -58,13 +62,28 @@ pub fn health(port: u16, timeout: Duration) -> Result<Health, String> {
     serde_json::from_str(&body).map_err(|e| format!("{url}: unexpected answer: {e}"))
 }
 
-/// A one-token greedy completion: the engine is healthy only if it can still generate.
-pub fn complete_one_token(port: u16, timeout: Duration) -> Result<(), String> {
+/// How the engine answered the probe's completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// It generated the token.
+    Generated,
+    /// 503: its request queue is full. It is alive and answering; only too busy to take more.
+    QueueFull,
+}
+
+/// A one-token greedy completion: the engine is healthy only if it can still generate. It
+/// carries the launch's control key, so an engine that knows it serves it ahead of users.
+pub fn complete_one_token(
+    port: u16,
+    timeout: Duration,
+    key: &ControlKey,
+) -> Result<Completion, String> {
     let url = format!("http://127.0.0.1:{port}/completion");
     let body = r#"{"prompt":"Hello","n_predict":1,"temperature":0}"#;
     let mut response = agent(timeout)
         .post(&url)
         .header("content-type", "application/json")
+        .header(control::HEADER, key.as_str())
         .send(body)
         .map_err(|e| format!("{url}: {e}"))?;
     let status = response.status().as_u16();
@@ -72,34 +91,75 @@ pub fn complete_one_token(port: u16, timeout: Duration) -> Result<(), String> {
         .body_mut()
         .read_to_string()
         .map_err(|e| format!("{url}: {e}"))?;
+    if status == 503 {
+        return Ok(Completion::QueueFull);
+    }
     if status != 200 {
         return Err(format!("{url} answered {status}: {}", text.trim()));
     }
     let answer: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{url}: unexpected answer: {e}"))?;
     match answer.get("tokens_predicted").and_then(|n| n.as_u64()) {
-        Some(_) => Ok(()),
+        Some(_) => Ok(Completion::Generated),
         None => Err(format!("{url}: no tokens_predicted in the answer")),
     }
 }
 
-/// One health probe. `previous` is what the last successful probe saw: a busy engine must have
-/// processed tokens since then. An idle one must complete a token within `timeout`; when that
+/// The shortest time a busy engine may go without counting a token before it is taken for
+/// wedged: well above the slowest slice of a long prompt seen on a loaded board (seconds).
+pub const MIN_STALL: Duration = Duration::from_secs(30);
+
+/// When a busy engine's token count last moved, across probes.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    tokens: u64,
+    moved_at: Instant,
+}
+
+impl Progress {
+    /// What a probe at `now` saw.
+    pub fn new(health: &Health, now: Instant) -> Progress {
+        Progress {
+            tokens: health.tokens_processed,
+            moved_at: now,
+        }
+    }
+
+    /// The progress after a probe at `now` saw `health`, or why the engine counts as wedged: busy
+    /// with no token counted for `stall_limit` or longer. An idle engine has nothing to count.
+    pub fn update(
+        self,
+        health: &Health,
+        now: Instant,
+        stall_limit: Duration,
+    ) -> Result<Progress, String> {
+        if !health.busy || health.tokens_processed != self.tokens {
+            return Ok(Progress::new(health, now));
+        }
+        let still = now.saturating_duration_since(self.moved_at);
+        if still >= stall_limit {
+            return Err(format!(
+                "busy, but no token processed for {} s ({} in all)",
+                still.as_secs(),
+                health.tokens_processed
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// One health probe: the engine answers `/health` within `timeout`, and, when idle, completes a
+/// token within `timeout` or says its queue is full (503: answering, so alive); when that
 /// completion fails but the engine processed tokens meanwhile (a user's request arrived first
-/// and the probe's waited behind it, or the queue was full), it is busy, not dead.
-pub fn check(port: u16, timeout: Duration, previous: Option<&Health>) -> Result<Health, String> {
+/// and the probe's waited behind it), it is busy, not dead. Whether a busy engine progresses is
+/// [`Progress`]'s to judge.
+pub fn check(port: u16, timeout: Duration, key: &ControlKey) -> Result<Health, String> {
     let before = health(port, timeout)?;
     if before.busy {
-        return match previous {
-            Some(p) if p.busy && before.tokens_processed <= p.tokens_processed => Err(format!(
-                "busy, but no token processed since the last probe ({} in all)",
-                before.tokens_processed
-            )),
-            _ => Ok(before),
-        };
+        return Ok(before);
     }
-    match complete_one_token(port, timeout) {
-        Ok(()) => health(port, timeout),
+    match complete_one_token(port, timeout, key) {
+        Ok(Completion::Generated | Completion::QueueFull) => health(port, timeout),
         Err(e) => {
             let after = health(port, timeout)?;
             if after.tokens_processed > before.tokens_processed {
@@ -108,5 +168,110 @@ pub fn check(port: u16, timeout: Duration, previous: Option<&Health>) -> Result<
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::{Arc, Mutex};
+
+    /// A stand-in engine on loopback: `/health` says idle, `/completion` answers `status`.
+    /// Returns its port and the requests it saw (request line and headers).
+    fn stand_in(completion_status: u16) -> (u16, Arc<Mutex<Vec<String>>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut head = String::new();
+                let mut length = 0usize;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some(n) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = n.trim().parse().unwrap_or(0);
+                    }
+                    head.push_str(&line);
+                }
+                let mut body = vec![0u8; length];
+                let _ = std::io::Read::read_exact(&mut reader, &mut body);
+                let (status, text) = if head.starts_with("GET /health") {
+                    (200, r#"{"busy":false,"tokens_processed":7}"#.to_string())
+                } else {
+                    (completion_status, r#"{"error":"queue full"}"#.to_string())
+                };
+                log.lock().expect("log").push(head);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+            }
+        });
+        (port, seen)
+    }
+
+    #[test]
+    fn a_busy_engine_is_wedged_only_after_the_stall_limit_without_a_token() {
+        let busy = |tokens| Health {
+            busy: true,
+            tokens_processed: tokens,
+            ..Health::default()
+        };
+        let t0 = Instant::now();
+        let limit = Duration::from_secs(30);
+        let progress = Progress::new(&busy(100), t0);
+        // A long prompt's slice still running after several probe intervals: not wedged.
+        let progress = progress
+            .update(&busy(100), t0 + Duration::from_secs(29), limit)
+            .expect("still within the limit");
+        // A slice done: the clock starts over.
+        let progress = progress
+            .update(&busy(228), t0 + Duration::from_secs(29), limit)
+            .expect("progress");
+        let progress = progress
+            .update(&busy(228), t0 + Duration::from_secs(58), limit)
+            .expect("29 s since the last token");
+        let e = progress
+            .update(&busy(228), t0 + Duration::from_secs(59), limit)
+            .expect_err("30 s without a token");
+        assert!(e.contains("no token processed for 30 s"), "{e}");
+        // Idle is never stalled.
+        let idle = Health::default();
+        assert!(
+            progress
+                .update(&idle, t0 + Duration::from_secs(600), limit)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_full_queue_is_an_engine_answering_not_a_dead_one() {
+        let key = ControlKey::generate().expect("key");
+        let (port, seen) = stand_in(503);
+        let health = check(port, Duration::from_secs(5), &key).expect("alive");
+        assert_eq!(health.tokens_processed, 7);
+        let requests = seen.lock().expect("log").clone();
+        let completion = requests
+            .iter()
+            .find(|r| r.starts_with("POST /completion"))
+            .expect("the probe asked for a token");
+        assert!(
+            completion
+                .to_ascii_lowercase()
+                .contains(&format!("x-engine-control: {}", key.as_str())),
+            "{completion}"
+        );
+        // Any other failure still counts.
+        let (port, _) = stand_in(500);
+        let e = check(port, Duration::from_secs(5), &key).expect_err("failing");
+        assert!(e.contains("answered 500"), "{e}");
     }
 }

@@ -15,6 +15,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Child;
 
+use super::control::{self, ControlKey};
 use super::launch::Launch;
 use super::logs::LogRing;
 use crate::board::{Board, paths};
@@ -28,9 +29,17 @@ pub struct Running {
 }
 
 /// The command every engine process is started from: arguments as a vector, nothing on stdin,
-/// output piped to the supervisor, and SIGTERM when the supervisor dies, even by SIGKILL.
-fn command(program: &Path, args: &[OsString]) -> std::process::Command {
+/// output piped to the supervisor, and SIGTERM when the supervisor dies, even by SIGKILL. A
+/// server gets its control key in the environment, where other users cannot read it.
+fn command(
+    program: &Path,
+    args: &[OsString],
+    control_key: Option<&ControlKey>,
+) -> std::process::Command {
     let mut command = std::process::Command::new(program);
+    if let Some(key) = control_key {
+        command.env(control::ENV, key.as_str());
+    }
     command
         .args(args)
         .stdin(Stdio::null())
@@ -78,7 +87,11 @@ pub async fn spawn(
     launch: &Launch,
     logs: &Arc<LogRing>,
 ) -> Result<Running, String> {
-    let mut command = tokio::process::Command::from(command(&launch.program, &launch.args));
+    let mut command = tokio::process::Command::from(command(
+        &launch.program,
+        &launch.args,
+        Some(&launch.control_key),
+    ));
     command.kill_on_drop(true);
     let mut child = command
         .spawn()
@@ -125,6 +138,16 @@ impl Running {
         describe(self.child.wait().await)
     }
 
+    /// SIGKILL at once, then reaps it; returns how it ended. For a wedged engine: a stopped
+    /// (SIGSTOP) or hung process may never act on SIGTERM, and waiting the grace period for it
+    /// only keeps the box from answering longer.
+    pub async fn kill(mut self) -> String {
+        if let Err(e) = self.child.start_kill() {
+            tracing::warn!("cannot send SIGKILL to the engine ({}): {e}", self.pid);
+        }
+        describe(self.child.wait().await)
+    }
+
     /// SIGTERM, then SIGKILL after `grace`; returns how it ended.
     pub async fn stop(mut self, grace: Duration) -> String {
         let pid = Pid::from_raw(i32::try_from(self.pid).unwrap_or(i32::MAX));
@@ -166,7 +189,7 @@ pub fn run_to_end(
     limit: Duration,
     stop: &dyn Fn() -> bool,
 ) -> Result<Finished, String> {
-    let mut child = command(program, args)
+    let mut child = command(program, args, None)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
     // Both pipes are drained while the engine runs, so a chatty engine cannot block on them.
@@ -231,5 +254,46 @@ fn describe(status: std::io::Result<ExitStatus>) -> String {
             _ => s.to_string(),
         },
         Err(e) => format!("cannot wait for the engine: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::launch::tests::approved;
+
+    #[test]
+    fn the_control_key_reaches_the_engine_in_its_environment_and_nowhere_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (board, config, approved) = approved(dir.path());
+        let launch = Launch::plan(&board, &config, &approved).expect("plan");
+        let key = launch.control_key.as_str().to_string();
+        let command = command(&launch.program, &launch.args, Some(&launch.control_key));
+        let env: Vec<_> = command.get_envs().collect();
+        assert!(
+            env.contains(&(
+                std::ffi::OsStr::new(control::ENV),
+                Some(std::ffi::OsStr::new(&key))
+            )),
+            "{env:?}"
+        );
+        assert!(
+            command
+                .get_args()
+                .all(|a| !a.to_string_lossy().contains(&key)),
+            "the key is not on the command line"
+        );
+        assert!(
+            !format!("{launch:?}").contains(&key),
+            "nor in a debug print"
+        );
+        let next = Launch::plan(&board, &config, &approved).expect("plan");
+        assert_ne!(
+            next.control_key, launch.control_key,
+            "fresh for every launch"
+        );
+        // The one-shot `engine generate` serves nothing and gets no key.
+        let one_shot = super::command(&launch.program, &launch.args, None);
+        assert!(one_shot.get_envs().all(|(name, _)| name != control::ENV));
     }
 }

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::control::ControlKey;
 use crate::board::Board;
 
 /// Where the running daemon publishes the engine's state (a tmpfs on the box).
@@ -57,6 +58,10 @@ pub struct EngineStatus {
     pub recent_log: Vec<String>,
     /// The daemon that published this.
     pub supervisor_pid: Option<u32>,
+    /// The running engine's control key, for the dashboard's requests to it: in memory only,
+    /// never in the published file or `status --json`.
+    #[serde(skip)]
+    pub control_key: Option<ControlKey>,
 }
 
 impl EngineStatus {
@@ -77,6 +82,7 @@ impl EngineStatus {
             decode_tokens_per_second: None,
             recent_log: Vec::new(),
             supervisor_pid: Some(std::process::id()),
+            control_key: None,
         }
     }
 

@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 
 use super::launch::Launch;
 use super::logs::LogRing;
-use super::probe::{self, Health};
+use super::probe::{self, Health, Progress};
 use super::process::{self, Running};
 use super::state::{EngineStatus, Phase};
 use crate::board::Board;
@@ -21,7 +21,9 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const READY_POLL: Duration = Duration::from_millis(250);
 /// A run that stayed ready this long was not part of a crash loop: the count starts over.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
-/// Consecutive failed health probes that make the engine count as wedged.
+/// Consecutive health probes without an answer that make the engine count as wedged. After a
+/// failure the next probe runs at once, not an interval later, so a hang is noticed within one
+/// interval plus this many probe deadlines.
 const PROBE_FAILURES: u32 = 2;
 /// How often a refused model is checked again.
 const GATE_RETRY: Duration = Duration::from_secs(30);
@@ -32,6 +34,7 @@ const STATUS_LOG_LINES: usize = 20;
 pub struct Handle {
     status: watch::Receiver<EngineStatus>,
     shutdown: watch::Sender<bool>,
+    model: watch::Sender<ModelVerdict>,
     heartbeat: Arc<Mutex<Instant>>,
     stale_after: Duration,
     task: JoinHandle<()>,
@@ -55,6 +58,17 @@ impl Handle {
         self.status.borrow().state != Phase::Ready || beat.elapsed() < self.stale_after
     }
 
+    /// What the daemon's periodic re-verification of the model found. `Err(why)` stops a
+    /// running engine at once and keeps it stopped; `Ok` lets a stopped one relaunch at once
+    /// (through the gate, as every launch).
+    pub fn model_checked(&self, verdict: ModelVerdict) {
+        self.model.send_if_modified(|current| {
+            let changed = *current != verdict;
+            *current = verdict;
+            changed
+        });
+    }
+
     /// Stops the engine (SIGTERM, then SIGKILL) and waits for the task to finish.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
@@ -69,10 +83,11 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
     let initial = EngineStatus::new(&config.model.id);
     let (status_tx, status) = watch::channel(initial.clone());
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let (model, model_rx) = watch::channel(Ok(()));
     let heartbeat = Arc::new(Mutex::new(Instant::now()));
     let e = &config.engine;
-    let stale_after = Duration::from_secs(3 * e.health_interval_s.max(1))
-        + 2 * Duration::from_millis(e.health_timeout_ms);
+    let stale_after = Duration::from_secs(3 * e.health_interval_s.get())
+        + 2 * Duration::from_millis(e.health_timeout_ms.get());
     let supervisor = Supervisor {
         board,
         config,
@@ -81,11 +96,13 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
         publish_to: status_tx,
         heartbeat: Arc::clone(&heartbeat),
         shutdown: shutdown_rx,
+        model: model_rx,
     };
     let task = tokio::spawn(supervisor.run());
     Handle {
         status,
         shutdown,
+        model,
         heartbeat,
         stale_after,
         task,
@@ -100,46 +117,86 @@ struct Supervisor {
     publish_to: watch::Sender<EngineStatus>,
     heartbeat: Arc<Mutex<Instant>>,
     shutdown: watch::Receiver<bool>,
+    model: watch::Receiver<ModelVerdict>,
 }
+
+/// The model's latest re-verification: `Err` with why it failed.
+pub type ModelVerdict = Result<(), String>;
 
 /// How one launch ended.
 enum Outcome {
     Shutdown,
-    Failed { reason: String, stable: bool },
+    Failed {
+        reason: String,
+        stable: bool,
+    },
+    /// Stopped because its weights failed re-verification while it ran.
+    Refused(String),
 }
 
 impl Supervisor {
     async fn run(mut self) {
         let mut failures = 0u32;
+        // Why the last engine was stopped, while its weights stay refused.
+        let mut refused_while_running: Option<String> = None;
         loop {
+            // The gate below is newer than any verdict the daemon sent so far.
+            self.model.borrow_and_update();
             let approved = match self.gate().await {
-                Ok(approved) => approved,
+                Ok(approved) => {
+                    refused_while_running = None;
+                    approved
+                }
                 Err(reason) => {
-                    let reason = format!("not launched: {reason}");
+                    let reason = match &refused_while_running {
+                        Some(why) => format!(
+                            "stopped: its weights failed verification while it ran ({why}); not relaunched: {reason}"
+                        ),
+                        None => format!("not launched: {reason}"),
+                    };
                     if self.status.state != Phase::Blocked || self.status.reason != reason {
                         tracing::error!("the engine is {reason}");
                         self.set(Phase::Blocked, reason);
                     }
-                    // A model installed or repaired later is picked up without a restart.
-                    if self.sleep_or_shutdown(GATE_RETRY).await {
+                    // A model installed or repaired later is picked up without a restart: at
+                    // the next retry, or as soon as the daemon's re-verification passes.
+                    if self.wait_to_gate_again().await {
                         self.set(Phase::Stopped, "stopped with the supervisor".into());
                         return;
                     }
                     continue;
                 }
             };
-            let launch = Launch::plan(&self.board, &self.config, &approved);
-            self.status.model_sha256 = Some(approved.manifest.sha256.clone());
-            self.status.url = Some(format!("http://127.0.0.1:{}", launch.port));
-            match self.run_once(&launch).await {
+            // A launch that cannot even be planned (no random source for its key) counts as a
+            // failed start: backoff, then the crash-loop limit.
+            let outcome = match Launch::plan(&self.board, &self.config, &approved) {
+                Ok(launch) => {
+                    self.status.model_sha256 = Some(approved.manifest.sha256.clone());
+                    self.status.url = Some(format!("http://127.0.0.1:{}", launch.port));
+                    self.run_once(&launch).await
+                }
+                Err(reason) => Outcome::Failed {
+                    reason,
+                    stable: false,
+                },
+            };
+            match outcome {
                 Outcome::Shutdown => {
                     self.set(Phase::Stopped, "stopped with the supervisor".into());
                     return;
                 }
+                Outcome::Refused(why) => {
+                    tracing::error!("engine stopped: its weights failed verification: {why}");
+                    self.set(
+                        Phase::Blocked,
+                        format!("stopped: its weights failed verification while it ran ({why})"),
+                    );
+                    refused_while_running = Some(why);
+                }
                 Outcome::Failed { reason, stable } => {
                     failures = if stable { 1 } else { failures + 1 };
                     let e = &self.config.engine;
-                    if failures > e.max_restarts {
+                    if failures > e.max_restarts.get() {
                         tracing::error!(
                             "engine failing: {reason}; {failures} failures in a row, not restarting"
                         );
@@ -152,6 +209,7 @@ impl Supervisor {
                     // 1×, 2×, 4×, ... the base pause, at most a minute.
                     let pause = Duration::from_millis(
                         e.restart_backoff_ms
+                            .get()
                             .saturating_mul(1 << (failures - 1).min(16))
                             .min(60_000),
                     );
@@ -182,6 +240,7 @@ impl Supervisor {
 
     async fn run_once(&mut self, launch: &Launch) -> Outcome {
         let mut shutdown = self.shutdown.clone();
+        let mut model = self.model.clone();
         let spawned = process::spawn(&self.board, &self.config, launch, &self.logs).await;
         let mut running = match spawned {
             Ok(running) => running,
@@ -194,6 +253,7 @@ impl Supervisor {
         };
         self.status.pid = Some(running.pid);
         self.status.ready_unix = None;
+        self.status.control_key = Some(launch.control_key.clone());
         tracing::info!(
             pid = running.pid,
             "engine started: {}",
@@ -202,7 +262,7 @@ impl Supervisor {
         self.set(Phase::Starting, format!("loading {}", self.config.model.id));
 
         let started = Instant::now();
-        let start_timeout = Duration::from_secs(self.config.engine.start_timeout_s);
+        let start_timeout = Duration::from_secs(self.config.engine.start_timeout_s.get());
         let port = launch.port;
         let health = loop {
             tokio::select! {
@@ -210,6 +270,7 @@ impl Supervisor {
                     return self.failed(format!("exited while starting ({exit})"), exit, false);
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
+                why = refused(&mut model) => return self.refuse(running, why).await,
                 _ = tokio::time::sleep(READY_POLL) => {
                     match blocking(move || probe::health(port, READY_POLL * 4)).await {
                         Ok(health) => break health,
@@ -234,13 +295,16 @@ impl Supervisor {
 
         let e = &self.config.engine;
         let (interval, timeout) = (
-            Duration::from_secs(e.health_interval_s.max(1)),
-            Duration::from_millis(e.health_timeout_ms),
+            Duration::from_secs(e.health_interval_s.get()),
+            Duration::from_millis(e.health_timeout_ms.get()),
         );
+        // Busy without a token for two intervals, and never less than the slowest step a long
+        // prompt takes, before a busy engine counts as wedged.
+        let stall_limit = (2 * interval).max(probe::MIN_STALL);
         let mut probes = tokio::time::interval(interval);
         probes.tick().await;
         let mut failed_probes = 0;
-        let mut last_seen = Some(health);
+        let mut progress = Progress::new(&health, Instant::now());
         loop {
             tokio::select! {
                 exit = running.exited() => {
@@ -248,24 +312,37 @@ impl Supervisor {
                     return self.failed(format!("exited ({exit})"), exit, stable);
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
+                why = refused(&mut model) => return self.refuse(running, why).await,
                 _ = probes.tick() => {
-                    let previous = last_seen;
-                    let probe = blocking(move || probe::check(port, timeout, previous.as_ref()));
+                    let key = launch.control_key.clone();
+                    let probe = blocking(move || probe::check(port, timeout, &key));
                     match probe.await {
                         Ok(health) => {
                             failed_probes = 0;
                             self.record(&health);
-                            last_seen = Some(health);
+                            match progress.update(&health, Instant::now(), stall_limit) {
+                                Ok(moved) => progress = moved,
+                                Err(e) => {
+                                    // Already judged over many probes: no second chance.
+                                    tracing::warn!("engine health probe failed: {e}");
+                                    let exit = running.kill().await;
+                                    let stable = ready.elapsed() >= STABLE_AFTER;
+                                    return self.failed(format!("stopped answering ({e})"), exit, stable);
+                                }
+                            }
                             self.set(Phase::Ready, "serving".into());
                         }
                         Err(e) => {
                             failed_probes += 1;
                             tracing::warn!("engine health probe failed ({failed_probes}): {e}");
                             if failed_probes >= PROBE_FAILURES {
-                                let exit = running.stop(STOP_GRACE).await;
+                                // Wedged: killed outright, since a stopped or hung process may
+                                // never act on SIGTERM and the box should answer again soon.
+                                let exit = running.kill().await;
                                 let stable = ready.elapsed() >= STABLE_AFTER;
                                 return self.failed(format!("stopped answering ({e})"), exit, stable);
                             }
+                            probes.reset_immediately();
                         }
                     }
                 }
@@ -288,6 +365,12 @@ impl Supervisor {
         Outcome::Failed { reason, stable }
     }
 
+    /// Weights that fail verification are not served a moment longer: the engine is stopped.
+    async fn refuse(&mut self, running: Running, why: String) -> Outcome {
+        self.ended(running.stop(STOP_GRACE).await);
+        Outcome::Refused(why)
+    }
+
     async fn shutdown_engine(&mut self, running: Running) -> Outcome {
         tracing::info!("stopping the engine");
         self.ended(running.stop(STOP_GRACE).await);
@@ -299,6 +382,7 @@ impl Supervisor {
         self.status.last_exit = Some(exit);
         self.status.pid = None;
         self.status.ready_unix = None;
+        self.status.control_key = None;
     }
 
     /// Publishes a new state: to the daemon, and to the runtime file `status` reads.
@@ -322,6 +406,25 @@ impl Supervisor {
         );
     }
 
+    /// Waits for the next gate retry, or for the daemon's re-verification to pass; true when
+    /// shutdown came first.
+    async fn wait_to_gate_again(&mut self) -> bool {
+        let mut model = self.model.clone();
+        let passed = async {
+            while model.changed().await.is_ok() {
+                if model.borrow_and_update().is_ok() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(GATE_RETRY) => false,
+            () = passed => false,
+            _ = stopped(&mut self.shutdown) => true,
+        }
+    }
+
     /// Sleeps; true when shutdown came first.
     async fn sleep_or_shutdown(&mut self, pause: Duration) -> bool {
         tokio::select! {
@@ -338,6 +441,17 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(format!("the probe crashed: {e}")))
+}
+
+/// Resolves with why, once the daemon reports that the model failed re-verification; never
+/// when the daemon's handle is gone.
+async fn refused(model: &mut watch::Receiver<ModelVerdict>) -> String {
+    while model.changed().await.is_ok() {
+        if let Err(why) = &*model.borrow_and_update() {
+            return why.clone();
+        }
+    }
+    std::future::pending().await
 }
 
 /// Resolves once shutdown is asked for (or the daemon's handle is gone).

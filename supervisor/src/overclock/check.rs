@@ -66,7 +66,7 @@ pub fn run(
     let units = AtomicU64::new(0);
     let wrong = AtomicU64::new(0);
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(oc.check_seconds);
+    let deadline = started + Duration::from_secs(oc.check_seconds.get());
     let mut max_temperature: Option<f64> = None;
     let mut throttle_seen = 0u32;
     let mut failure: Option<String> = None;
@@ -89,11 +89,11 @@ pub fn run(
             match board.temperature_c() {
                 Ok(c) => {
                     max_temperature = Some(max_temperature.map_or(c, |m: f64| m.max(c)));
-                    if c > f64::from(oc.temperature_limit_c) {
+                    if c > f64::from(oc.temperature_limit_c.get()) {
                         failure = Some(format!(
                             "{c:.1} °C after {:.0} s, over the {} °C limit",
                             started.elapsed().as_secs_f64(),
-                            oc.temperature_limit_c
+                            oc.temperature_limit_c.get()
                         ));
                     }
                 }
@@ -209,7 +209,7 @@ fn engine_output_sha256(
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut args: Vec<OsString> = vec!["generate".into(), "--model".into()];
     args.push(approved.path.clone().into_os_string());
-    let tokens = config.overclock.engine_tokens.to_string();
+    let tokens = config.overclock.engine_tokens.get().to_string();
     let threads = threads.to_string();
     for arg in [
         "--prompt",

@@ -89,18 +89,18 @@ pub struct Overclock {
     /// The candidates, climbed in order until the first failure. Default 2600, 2700, 2800,
     /// 2900, 3000 MHz at stock voltage.
     pub steps: Ladder,
-    /// MHz taken off the highest passing step for the clock the box keeps. Default 100.
-    pub margin_mhz: u32,
-    /// Seconds of verified all-core load per trial. Default 300.
-    pub check_seconds: u64,
-    /// The SoC temperature a trial must stay at or below, °C (the firmware throttles from 80).
-    /// Default 80.
-    pub temperature_limit_c: u32,
+    /// MHz taken off the highest passing step for the clock the box keeps, 0-1000. Default 100.
+    pub margin_mhz: MarginMhz,
+    /// Seconds of verified all-core load per trial, 1-86400. Default 300.
+    pub check_seconds: CheckSeconds,
+    /// The SoC temperature a trial must stay at or below, 40-85 °C (the firmware throttles from
+    /// 80). Default 80.
+    pub temperature_limit_c: TemperatureLimitC,
     /// Compare the engine's greedy output for a fixed prompt with the one taken at stock clock.
     /// Default true (needs the configured model installed and verified).
     pub engine_check: bool,
-    /// Tokens the engine generates for that comparison. Default 64.
-    pub engine_tokens: u32,
+    /// Tokens the engine generates for that comparison, 1-4096. Default 64.
+    pub engine_tokens: EngineTokens,
 }
 
 impl Default for Overclock {
@@ -114,39 +114,32 @@ impl Default for Overclock {
         Overclock {
             enabled: false,
             steps: Ladder(steps),
-            margin_mhz: 100,
-            check_seconds: 300,
-            temperature_limit_c: 80,
+            margin_mhz: MarginMhz(100),
+            check_seconds: CheckSeconds(300),
+            temperature_limit_c: TemperatureLimitC(80),
             engine_check: true,
-            engine_tokens: 64,
+            engine_tokens: EngineTokens(64),
         }
     }
 }
 
-impl Overclock {
-    /// Range checks that serde's types cannot express, as "key: what is wrong".
-    pub fn check(&self) -> Result<(), String> {
-        if self.check_seconds == 0 || self.check_seconds > 86_400 {
-            return Err(format!(
-                "overclock.check_seconds = {} is outside 1-86400",
-                self.check_seconds
-            ));
-        }
-        if !(40..=85).contains(&self.temperature_limit_c) {
-            return Err(format!(
-                "overclock.temperature_limit_c = {} is outside 40-85 (the firmware throttles from 80 and stops at 85)",
-                self.temperature_limit_c
-            ));
-        }
-        if self.engine_tokens == 0 || self.engine_tokens > 4096 {
-            return Err(format!(
-                "overclock.engine_tokens = {} is outside 1-4096",
-                self.engine_tokens
-            ));
-        }
-        Ok(())
-    }
-}
+crate::config::ranged_setting!(
+    /// MHz taken off the highest passing step, 0-1000.
+    MarginMhz(u32), "margin_mhz", 0..=1000, "an integer 0-1000 (MHz)"
+);
+crate::config::ranged_setting!(
+    /// Seconds of load per trial, 1-86400.
+    CheckSeconds(u64), "check_seconds", 1..=86_400, "an integer 1-86400 (seconds)"
+);
+crate::config::ranged_setting!(
+    /// The temperature limit, 40-85 °C (the firmware throttles from 80 and stops at 85).
+    TemperatureLimitC(u32), "temperature_limit_c", 40..=85,
+    "an integer 40-85 (°C; the firmware throttles from 80 and stops at 85)"
+);
+crate::config::ranged_setting!(
+    /// Tokens for the engine comparison, 1-4096.
+    EngineTokens(u32), "engine_tokens", 1..=4096, "an integer 1-4096"
+);
 
 #[cfg(test)]
 mod tests {
@@ -182,14 +175,42 @@ mod tests {
 
     #[test]
     fn ranges_are_checked() {
-        let mut o = Overclock::default();
-        assert!(o.check().is_ok());
-        o.temperature_limit_c = 95;
-        assert!(o.check().expect_err("hot").contains("temperature_limit_c"));
-        o = Overclock {
-            check_seconds: 0,
-            ..Overclock::default()
-        };
-        assert!(o.check().expect_err("zero").contains("check_seconds"));
+        for (text, needle) in [
+            (
+                "temperature_limit_c = 95",
+                "invalid temperature_limit_c 95: allowed is",
+            ),
+            (
+                "temperature_limit_c = 39",
+                "invalid temperature_limit_c 39: allowed is",
+            ),
+            ("check_seconds = 0", "invalid check_seconds 0: allowed is"),
+            (
+                "check_seconds = 86401",
+                "invalid check_seconds 86401: allowed is",
+            ),
+            ("engine_tokens = 0", "invalid engine_tokens 0: allowed is"),
+            (
+                "engine_tokens = 4097",
+                "invalid engine_tokens 4097: allowed is",
+            ),
+            ("margin_mhz = 1001", "invalid margin_mhz 1001: allowed is"),
+            ("margin_mhz = -1", "invalid margin_mhz -1: allowed is"),
+        ] {
+            let err = parse(&format!("enabled = false\n{text}\n")).expect_err(text);
+            assert!(err.contains(needle) && err.contains("line 2"), "{err}");
+        }
+        for text in [
+            "temperature_limit_c = 40",
+            "temperature_limit_c = 85",
+            "check_seconds = 1",
+            "check_seconds = 86400",
+            "engine_tokens = 1",
+            "engine_tokens = 4096",
+            "margin_mhz = 0",
+            "margin_mhz = 1000",
+        ] {
+            assert!(parse(text).is_ok(), "{text}");
+        }
     }
 }

@@ -237,7 +237,7 @@ fn boot(board: &Board, config: &Config, tryboot: bool) -> Result<Outcome, String
             "no overclock ladder was ever started".into(),
         ));
     };
-    let margin = config.overclock.margin_mhz;
+    let margin = config.overclock.margin_mhz.get();
     let flag_known = board.boot_info().is_ok();
     if let Some(trial) = record.running_mut() {
         let candidate = trial.candidate;
@@ -337,7 +337,7 @@ fn check_trial(guard: &mut Guard, record: Record) -> Result<Outcome, String> {
         {
             trial.status = TrialStatus::Aborted;
             trial.reason = format!("not run: {e}");
-            record.finish(config.overclock.margin_mhz);
+            record.finish(config.overclock.margin_mhz.get());
             record.message = format!(
                 "stopped before checking {candidate}: {e}; {}",
                 record.message
@@ -377,7 +377,7 @@ fn check_trial(guard: &mut Guard, record: Record) -> Result<Outcome, String> {
         TrialStatus::Failed
     };
     let reason = trial.reason.clone();
-    record.finish(config.overclock.margin_mhz);
+    record.finish(config.overclock.margin_mhz.get());
     record.message = format!(
         "{candidate} {}: {reason}; {}",
         if inconclusive { "not judged" } else { "failed" },
@@ -411,7 +411,7 @@ fn climb(guard: &mut Guard, mut record: Record, stale_boot: bool) -> Result<Outc
         }
         tracing::info!(
             "overclock: taking the reference at stock clock ({} s of verified load)",
-            oc.check_seconds
+            oc.check_seconds.get()
         );
         let (report, now) =
             guard.unlocked(|| check::run(board, config, None, &|| should_stop(board, config)))?;
@@ -435,13 +435,13 @@ fn climb(guard: &mut Guard, mut record: Record, stale_boot: bool) -> Result<Outc
         record = now;
     }
     let Some(candidate) = record.next_candidate(&oc.steps) else {
-        record.finish(oc.margin_mhz);
+        record.finish(oc.margin_mhz.get());
         tracing::info!("overclock: {}", record.message);
         store::save(board, config, &record)?;
         return settle(board, &record, stale_boot);
     };
     if let Err(e) = watchdog_armed(board) {
-        record.finish(oc.margin_mhz);
+        record.finish(oc.margin_mhz.get());
         record.message = format!("stopped before trying {candidate}: {e}; {}", record.message);
         store::save(board, config, &record)?;
         return match settle(board, &record, stale_boot)? {
@@ -466,7 +466,7 @@ fn climb(guard: &mut Guard, mut record: Record, stale_boot: bool) -> Result<Outc
     if let Err(e) = board.reboot(true) {
         // Nothing was tried: take the trial back rather than count it as a failure.
         record.trials.pop();
-        record.finish(oc.margin_mhz);
+        record.finish(oc.margin_mhz.get());
         record.message = format!("could not reboot into {candidate}: {e}; {}", record.message);
         store::save(board, config, &record)?;
         bootfiles::neutralize_tryboot(board)?;

@@ -391,8 +391,8 @@ impl MemoryMaxStep {
                     )),
                 };
             }
-            None if t.config.memory_reserve_mib < total_mib => {
-                total_mib - t.config.memory_reserve_mib
+            None if t.config.memory_reserve_mib.get() < total_mib => {
+                total_mib - t.config.memory_reserve_mib.get()
             }
             None => {
                 return Plan {
@@ -401,7 +401,7 @@ impl MemoryMaxStep {
                     verdict: Verdict::Failed(format!(
                         "memory_reserve_mib = {} leaves nothing of the board's {total_mib} MiB; \
                          lower it or set memory_max_mib",
-                        t.config.memory_reserve_mib
+                        t.config.memory_reserve_mib.get()
                     )),
                 };
             }
@@ -440,7 +440,11 @@ impl MemoryLowStep {
     fn plan_view(&self, view: &View) -> Plan {
         let t = &self.0;
         // Unset means no protection: a value left from an earlier configuration is cleared.
-        let want = t.config.memory_low_mib.unwrap_or(0).saturating_mul(MIB);
+        let want = t
+            .config
+            .memory_low_mib
+            .map_or(0, |m| m.get())
+            .saturating_mul(MIB);
         if let Some(plan) = t.without_memory_controller(view, show_mib(want)) {
             return plan;
         }
