@@ -525,8 +525,10 @@ impl Runner<'_> {
             None => (KvCache::on_threads(&model.hparams, context, threads)?, 0),
         };
         let started = Instant::now();
-        // In slices, so a client that leaves during a long prompt frees the engine soon.
-        let slice = 4 * crate::model::MAX_BATCH;
+        // One pass at a time (the same passes `forward` would make of the whole prompt), so a
+        // client that leaves during a long prompt frees the engine soon and the progress the
+        // health probe reads grows at least every pass.
+        let slice = crate::model::MAX_BATCH;
         let mut at = cache_n;
         while at < prompt.len() {
             if job.events.is_closed() {
