@@ -22,6 +22,9 @@ pub enum DashError {
     EngineUnavailable(String),
     /// Something on our side failed.
     Internal(String),
+    /// Refused before any handler ran, by the connection guard: a body too large (413) or too
+    /// slow to arrive (408).
+    Refused(StatusCode, String),
 }
 
 impl IntoResponse for DashError {
@@ -67,6 +70,7 @@ impl IntoResponse for DashError {
             DashError::EngineUnavailable(m) => {
                 text(StatusCode::SERVICE_UNAVAILABLE, format!("{m}\n"))
             }
+            DashError::Refused(status, m) => text(status, format!("{m}\n")),
             DashError::Internal(m) => {
                 tracing::error!("dashboard: {m}");
                 text(StatusCode::INTERNAL_SERVER_ERROR, format!("{m}\n"))
