@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,50 +17,92 @@ use crate::registry::InFlight;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The request body stopped arriving: no frame within the frame timeout, or not all of it
-/// within the whole-body timeout.
-#[derive(Debug)]
-pub(crate) struct BodyTimeout;
+/// Why a request body was cut off; the server answers 408 or 413 whatever the handler made of
+/// the error it read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No frame within the frame timeout, or not all of it within the whole-body timeout.
+    TimedOut,
+    /// More than the limit arrived (a body without a declared length, e.g. chunked).
+    TooLarge,
+}
 
-impl std::fmt::Display for BodyTimeout {
+impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the request body did not arrive in time")
+        f.write_str(match self {
+            Refusal::TimedOut => "the request body did not arrive in time",
+            Refusal::TooLarge => "the request body is too large",
+        })
     }
 }
 
-impl std::error::Error for BodyTimeout {}
+impl std::error::Error for Refusal {}
 
-/// A request body that fails with [`BodyTimeout`] when the client stalls, and records that it
-/// did so the server can answer 408 whatever the handler made of the error. The clocks start
-/// when the handler first reads, not when the headers arrived.
-pub(crate) struct TimedBody<B> {
-    inner: B,
-    frame_timeout: Duration,
-    whole_timeout: Duration,
-    frame: Option<Pin<Box<Sleep>>>,
-    whole: Option<Pin<Box<Sleep>>>,
-    timed_out: Arc<AtomicBool>,
-}
+/// Where a body records its [`Refusal`] for the server to read after the handler.
+#[derive(Debug, Default)]
+pub(crate) struct Verdict(AtomicU8);
 
-impl<B> TimedBody<B> {
-    pub(crate) fn new(
-        inner: B,
-        frame_timeout: Duration,
-        whole_timeout: Duration,
-        timed_out: Arc<AtomicBool>,
-    ) -> TimedBody<B> {
-        TimedBody {
-            inner,
-            frame_timeout,
-            whole_timeout,
-            frame: None,
-            whole: None,
-            timed_out,
+impl Verdict {
+    fn set(&self, refusal: Refusal) {
+        let code = match refusal {
+            Refusal::TimedOut => 1,
+            Refusal::TooLarge => 2,
+        };
+        self.0.store(code, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> Option<Refusal> {
+        match self.0.load(Ordering::Relaxed) {
+            1 => Some(Refusal::TimedOut),
+            2 => Some(Refusal::TooLarge),
+            _ => None,
         }
     }
 }
 
-impl<B> Body for TimedBody<B>
+/// What a request body may be.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyLimits {
+    pub(crate) frame_timeout: Duration,
+    pub(crate) whole_timeout: Duration,
+    pub(crate) max: u64,
+    pub(crate) drain: u64,
+}
+
+/// A request body read under the body limits: it fails with a [`Refusal`] when the client
+/// stalls or sends more than the limit. Past the limit it first reads and discards the rest
+/// (up to the drain limit), so the 413 is not lost to a reset. The clocks start when the
+/// handler first reads, not when the headers arrived.
+pub(crate) struct GuardedBody<B> {
+    inner: B,
+    limits: BodyLimits,
+    received: u64,
+    draining: bool,
+    frame: Option<Pin<Box<Sleep>>>,
+    whole: Option<Pin<Box<Sleep>>>,
+    verdict: Arc<Verdict>,
+}
+
+impl<B> GuardedBody<B> {
+    pub(crate) fn new(inner: B, limits: BodyLimits, verdict: Arc<Verdict>) -> GuardedBody<B> {
+        GuardedBody {
+            inner,
+            limits,
+            received: 0,
+            draining: false,
+            frame: None,
+            whole: None,
+            verdict,
+        }
+    }
+
+    fn refuse(&self, refusal: Refusal) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.verdict.set(refusal);
+        Poll::Ready(Some(Err(Box::new(refusal))))
+    }
+}
+
+impl<B> Body for GuardedBody<B>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -73,25 +115,45 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let now = Instant::now();
-        let whole = this
-            .whole
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(now + this.whole_timeout)));
-        let frame = this
-            .frame
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(now + this.frame_timeout)));
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(next) => {
-                frame.as_mut().reset(now + this.frame_timeout);
-                Poll::Ready(next.map(|r| r.map_err(Into::into)))
-            }
-            Poll::Pending => {
-                if frame.as_mut().poll(cx).is_ready() || whole.as_mut().poll(cx).is_ready() {
-                    this.timed_out.store(true, Ordering::Relaxed);
-                    return Poll::Ready(Some(Err(Box::new(BodyTimeout))));
+        loop {
+            let now = Instant::now();
+            let limits = this.limits;
+            let whole = this.whole.get_or_insert_with(|| {
+                Box::pin(tokio::time::sleep_until(now + limits.whole_timeout))
+            });
+            let frame = this.frame.get_or_insert_with(|| {
+                Box::pin(tokio::time::sleep_until(now + limits.frame_timeout))
+            });
+            let next = match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(next) => next,
+                Poll::Pending => {
+                    if frame.as_mut().poll(cx).is_ready() || whole.as_mut().poll(cx).is_ready() {
+                        return this.refuse(Refusal::TimedOut);
+                    }
+                    return Poll::Pending;
                 }
-                Poll::Pending
+            };
+            frame.as_mut().reset(now + limits.frame_timeout);
+            let Some(Ok(next)) = next else {
+                if this.draining {
+                    // Drained to its end (or the client gave up): now the 413.
+                    return this.refuse(Refusal::TooLarge);
+                }
+                return Poll::Ready(next.map(|r| r.map_err(Into::into)));
+            };
+            let size = next.data_ref().map_or(0, |d| d.len() as u64);
+            this.received = this.received.saturating_add(size);
+            if this.draining {
+                if this.received > limits.drain {
+                    return this.refuse(Refusal::TooLarge);
+                }
+                continue;
             }
+            if this.received > limits.max {
+                this.draining = true;
+                continue;
+            }
+            return Poll::Ready(Some(Ok(next)));
         }
     }
 
@@ -107,7 +169,7 @@ where
 /// Reads and discards `body` so the answer to an oversized request reaches the client: closing
 /// with unread bytes in the socket's receive buffer makes the kernel send a reset, and the
 /// client loses the answer. Gives up at the first error or timeout (the caller closes anyway).
-pub(crate) async fn drain<B>(body: TimedBody<B>)
+pub(crate) async fn drain<B>(body: GuardedBody<B>)
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,

@@ -5,7 +5,6 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
@@ -16,7 +15,7 @@ use tokio::sync::watch;
 use tower_service::Service;
 
 use crate::Shared;
-use crate::body::{self, TimedBody, Tracked};
+use crate::body::{self, BodyLimits, GuardedBody, Refusal, Tracked, Verdict};
 use crate::handshake::Handshake;
 use crate::registry::{Activity, Admitted};
 
@@ -136,8 +135,8 @@ pub(crate) async fn run<C, H>(
 }
 
 /// One request: counted in flight until its response body is sent, refused with a readable
-/// 413 when its declared body is too large, its body read under the body timeouts, the app's
-/// answer replaced by a 408 when the client stalled.
+/// 413 when its body is too large (declared, or found so while reading), its body read under
+/// the body timeouts, the app's answer replaced by our 408 or 413 when the body was cut off.
 async fn handle<C, H>(
     connection: &Connection<C, H>,
     request: Request<Incoming>,
@@ -148,13 +147,18 @@ where
     let in_flight = connection.activity.begin();
     let shared = &connection.shared;
     let limits = &shared.limits;
-    let timed_out = Arc::new(AtomicBool::new(false));
+    let verdict = Arc::new(Verdict::default());
     let (mut parts, incoming) = request.into_parts();
-    let body = TimedBody::new(
-        incoming,
-        limits.body_frame_timeout,
-        limits.body_timeout,
-        Arc::clone(&timed_out),
+    let body_limits = BodyLimits {
+        frame_timeout: limits.body_frame_timeout,
+        whole_timeout: limits.body_timeout,
+        max: limits.max_body,
+        drain: limits.drain_limit,
+    };
+    let body = GuardedBody::new(incoming, body_limits, Arc::clone(&verdict));
+    let too_large = format!(
+        "the request body is too large: at most {} bytes are accepted",
+        limits.max_body
     );
     let response = match declared_length(&parts.headers) {
         Some(length) if length > limits.max_body => {
@@ -162,11 +166,10 @@ where
             if !expects_continue(&parts.headers) && length <= limits.drain_limit {
                 body::drain(body).await;
             }
-            let message = format!(
-                "the request body is {length} bytes; at most {} are accepted",
-                limits.max_body
-            );
-            closing((shared.error_body)(StatusCode::PAYLOAD_TOO_LARGE, &message))
+            closing((shared.error_body)(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &too_large,
+            ))
         }
         _ => {
             parts
@@ -177,11 +180,16 @@ where
                 Ok(response) => response,
                 Err(never) => match never {},
             };
-            if timed_out.load(Ordering::Relaxed) {
-                let message = "the request body did not arrive in time";
-                closing((shared.error_body)(StatusCode::REQUEST_TIMEOUT, message))
-            } else {
-                response
+            match verdict.get() {
+                None => response,
+                Some(Refusal::TimedOut) => {
+                    let message = Refusal::TimedOut.to_string();
+                    closing((shared.error_body)(StatusCode::REQUEST_TIMEOUT, &message))
+                }
+                Some(Refusal::TooLarge) => closing((shared.error_body)(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &too_large,
+                )),
             }
         }
     };

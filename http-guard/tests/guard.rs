@@ -323,7 +323,7 @@ fn a_stalled_body_is_answered_408_after_the_body_timeout() {
 }
 
 #[test]
-fn a_ten_mib_body_gets_a_413_the_client_reads() {
+fn a_ten_mib_body_declared_or_chunked_gets_a_413_the_client_reads() {
     let server = start(patient());
     let body = vec![b'x'; 10 << 20];
     let mut stream = connect(server.addr);
@@ -343,7 +343,29 @@ fn a_ten_mib_body_gets_a_413_the_client_reads() {
         "{reply:?}"
     );
     assert!(
-        reply.contains("guard says: the request body is 10485760 bytes"),
+        reply.contains("guard says: the request body is too large: at most 1048576 bytes"),
+        "{reply:?}"
+    );
+
+    // Without a declared length (chunked), the limit is found while reading: the same answer,
+    // read by the client, and never the app's.
+    let mut stream = connect(server.addr);
+    stream
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .expect("headers");
+    let chunk = [b'y'; 64 << 10];
+    for _ in 0..160 {
+        write!(stream, "{:x}\r\n", chunk.len()).expect("chunk size");
+        stream
+            .write_all(&chunk)
+            .expect("the chunks are read by the server");
+        stream.write_all(b"\r\n").expect("chunk end");
+    }
+    stream.write_all(b"0\r\n\r\n").expect("last chunk");
+    let reply = answer(&mut stream);
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply:?}");
+    assert!(
+        reply.contains("guard says: the request body is too large"),
         "{reply:?}"
     );
 
