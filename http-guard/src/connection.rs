@@ -86,7 +86,11 @@ pub(crate) async fn run<C, H>(
     // The header timeout runs from when the connection starts waiting for a request head,
     // so it bounds slow headers and (with the idle timeout below) idle keep-alives.
     http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(limits.header_timeout)
+        // The head's size is checked however it arrived; the buffer bound caps what a
+        // half-open connection holds (hyper panics on one under its 8 KiB minimum).
+        .max_header_size(limits.max_header_bytes)
+        .max_buf_size(limits.max_header_bytes.max(8192));
     let conn = http.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let mut stopping = false;

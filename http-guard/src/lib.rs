@@ -55,7 +55,11 @@ pub struct Limits {
     pub body_frame_timeout: Duration,
     /// Time for a whole request body, from when the app starts reading it.
     pub body_timeout: Duration,
-    /// The largest declared `Content-Length` passed to the app.
+    /// The largest request head (request line and headers) read; larger ones get 431. Also
+    /// the most hyper buffers per connection, so it bounds the memory half-open ones hold.
+    pub max_header_bytes: usize,
+    /// The largest request body passed to the app: a larger declared `Content-Length` is
+    /// refused before the app runs, a larger body without one when it is found so.
     pub max_body: u64,
     /// The largest oversized body read (and discarded) so its 413 can be read; beyond it the
     /// connection is closed after the answer.
@@ -72,6 +76,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             body_frame_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
+            max_header_bytes: 64 << 10,
             max_body: 1 << 20,
             drain_limit: 16 << 20,
         }

@@ -304,6 +304,23 @@ fn slow_headers_and_idle_connections_are_closed_after_their_timeouts() {
 }
 
 #[test]
+fn an_oversized_request_head_is_refused() {
+    let server = start(patient());
+    let mut stream = connect(server.addr);
+    let filler = "a".repeat(100 << 10);
+    // The server may stop reading (and answer) before all of it is sent.
+    let _ = write!(
+        stream,
+        "GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: {filler}\r\n\r\n"
+    );
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 431"), "{reply:?}");
+    server.shut_down();
+}
+
+#[test]
 fn a_stalled_body_is_answered_408_after_the_body_timeout() {
     let server = start(Limits {
         body_frame_timeout: Duration::from_millis(300),
