@@ -278,7 +278,7 @@ fn read_events(base: &str, cookie: &str, count: usize) -> Vec<Value> {
     events
 }
 
-/// The dashboard's cap on open connections (`dashboard::MAX_CONNECTIONS`).
+/// The dashboard's cap on open connections (`dashboard::listener::MAX_CONNECTIONS`).
 const CONNECTION_CAP: usize = 64;
 
 #[test]

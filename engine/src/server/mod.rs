@@ -619,8 +619,8 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
 /// What clients may hold of the server. Under the supervisor it serves loopback, where the
 /// probe and the dashboard's chat share one address with anyone else on the box; with
 /// `--api-key` it serves the LAN. Generation is one request at a time behind a short queue, so
-/// connections beyond these only wait: the cap bounds descriptors and memory, and idle ones
-/// (slowloris, forgotten keep-alives) are evicted for new clients, never a running answer.
+/// more connections than these could only wait: the cap bounds descriptors and memory, and idle
+/// ones (slowloris, forgotten keep-alives) are evicted for new clients, never a running answer.
 fn connection_limits() -> http_guard::Limits {
     http_guard::Limits {
         max_connections: 128,

@@ -22,8 +22,8 @@ pub enum DashError {
     EngineUnavailable(String),
     /// Something on our side failed.
     Internal(String),
-    /// Refused before any handler ran, by the connection guard: a body too large (413) or too
-    /// slow to arrive (408).
+    /// Refused by the connection guard (`http-guard`): a body too large (413) or too slow to
+    /// arrive (408).
     Refused(StatusCode, String),
 }
 
