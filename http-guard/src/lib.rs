@@ -47,9 +47,11 @@ pub struct Limits {
     pub per_client: usize,
     /// Time for the TLS handshake (plain TCP has none).
     pub handshake_timeout: Duration,
-    /// Time for a request's headers, from when the connection starts waiting for them.
+    /// Time for a request's head, from when the connection starts waiting for it: hyper 1.12
+    /// arms it right after the previous response, so it also closes idle keep-alives.
     pub header_timeout: Duration,
-    /// Time a connection may spend with no request in flight.
+    /// Time a connection may spend with no request in flight, counted by the guard itself: a
+    /// bound that holds whatever hyper's header timer covers (today that is sooner).
     pub idle_timeout: Duration,
     /// Time between two pieces of a request body.
     pub body_frame_timeout: Duration,
