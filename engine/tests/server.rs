@@ -1,6 +1,6 @@
 //! `engine serve` end to end on the real SmolLM2: the OpenAI endpoints (plain and streamed),
-//! llama.cpp's /completion, bad requests, API keys, the queue limit, and a real client (the
-//! `openai` Python package).
+//! llama.cpp's /completion, bad requests, API keys, the queue limit, slowloris and oversized
+//! bodies, and a real client (the `openai` Python package).
 
 mod common;
 
@@ -316,6 +316,67 @@ fn bad_requests_get_openai_style_errors() {
         &chat("hi", json!({ "max_tokens": 2 })),
     );
     assert_eq!(status, 200);
+}
+
+#[test]
+fn slowloris_and_oversized_bodies_leave_the_server_answering() {
+    let server = start(&[]);
+    // More held half-open connections (headers begun, never ended) than the server keeps
+    // open, from the address the next client uses too: it is answered anyway.
+    let attack: Vec<TcpStream> = (0..160)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+            stream
+                .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+                .expect("partial headers");
+            stream
+        })
+        .collect();
+    let started = Instant::now();
+    let answer = request(&server, "GET", "/health", None, None);
+    assert!(
+        matches!(answer, Some((200, _))),
+        "not answered during the attack: {answer:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // Held connections are bounded: the longest idle made room and was closed.
+    let mut first = &attack[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut byte = [0u8; 1];
+    assert!(
+        matches!(first.read(&mut byte), Ok(0) | Err(_)),
+        "the longest-idle half-open connection was kept"
+    );
+    drop(attack);
+
+    // A 10 MiB body: a 413 in OpenAI's shape that the client reads, not a reset.
+    let body = vec![b'x'; 10 << 20];
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .expect("headers");
+    stream.write_all(&body).expect("the body is read");
+    let mut raw = String::new();
+    stream
+        .read_to_string(&mut raw)
+        .expect("the answer, not a reset");
+    assert!(raw.starts_with("HTTP/1.1 413"), "{raw:?}");
+    let (_, text) = raw.split_once("\r\n\r\n").expect("a body");
+    let error: Value = serde_json::from_str(text).expect("json error");
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
+    assert_eq!(error["error"]["code"], 413, "{text}");
 }
 
 #[test]

@@ -49,11 +49,21 @@ impl ApiError {
         }
     }
 
+    /// Any other status, e.g. the connection guard's 413 and 408.
+    pub fn with_status(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
     fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::BAD_REQUEST => "invalid_request_error",
             StatusCode::UNAUTHORIZED => "authentication_error",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
+            // 413, 408: what the client sent is at fault, as for a 400.
+            s if s.is_client_error() => "invalid_request_error",
             _ => "server_error",
         }
     }

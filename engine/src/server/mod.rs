@@ -686,16 +686,34 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
                 }
             }
         };
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(stop)
-            .await
-            .map_err(|e| format!("server: {e}"))?;
+        http_guard::Server::new(connection_limits(), |peer| peer, guard_error)
+            .serve(listener, router(state), stop)
+            .await;
         let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
         match failed {
             Some(e) => Err(e),
             None => Ok(()),
         }
     })
+}
+
+/// What clients may hold of the server. Under the supervisor it serves loopback, where the
+/// probe and the dashboard's chat share one address with anyone else on the box; with
+/// `--api-key` it serves the LAN. Generation is one request at a time behind a short queue, so
+/// more connections than these could only wait: the cap bounds descriptors and memory, and idle
+/// ones (slowloris, forgotten keep-alives) are evicted for new clients, never a running answer.
+fn connection_limits() -> http_guard::Limits {
+    http_guard::Limits {
+        max_connections: 128,
+        per_client: 32,
+        max_body: MAX_BODY_BYTES as u64,
+        ..http_guard::Limits::default()
+    }
+}
+
+/// The connection guard's refusals (413, 408) in the API's error shape.
+fn guard_error(status: axum::http::StatusCode, message: &str) -> Response {
+    ApiError::with_status(status, message).into_response()
 }
 
 /// How long connections get to finish after SIGTERM before the process exits regardless (a

@@ -24,6 +24,9 @@ pub enum DashError {
     EngineUnavailable(String),
     /// Something on our side failed.
     Internal(String),
+    /// Refused by the connection guard (`http-guard`): a body too large (413) or too slow to
+    /// arrive (408).
+    Refused(StatusCode, String),
 }
 
 impl IntoResponse for DashError {
@@ -74,6 +77,7 @@ impl IntoResponse for DashError {
             DashError::EngineUnavailable(m) => {
                 text(StatusCode::SERVICE_UNAVAILABLE, format!("{m}\n"))
             }
+            DashError::Refused(status, m) => text(status, format!("{m}\n")),
             DashError::Internal(m) => {
                 tracing::error!("dashboard: {m}");
                 text(StatusCode::INTERNAL_SERVER_ERROR, format!("{m}\n"))

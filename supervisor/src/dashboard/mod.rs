@@ -203,10 +203,7 @@ pub fn start(sources: Sources) -> Handle {
                 return;
             };
             tracing::info!("dashboard on http://{bound}/");
-            let service = router.into_make_service_with_connect_info::<listener::ClientAddr>();
-            if let Err(e) = axum::serve(listener::CappedListener::new(listener), service).await {
-                tracing::error!("dashboard: the server stopped: {e}");
-            }
+            listener::serve_plain(listener, router).await;
         })
     };
     let mut tasks = vec![sampler, plain];
@@ -216,18 +213,8 @@ pub fn start(sources: Sources) -> Handle {
             let Some(listener) = bind(addr, "https_listen").await else {
                 return;
             };
-            let listener = match listener::TlsListener::new(listener, config) {
-                Ok(listener) => listener,
-                Err(e) => {
-                    tracing::error!("dashboard: cannot serve HTTPS on {addr}: {e}");
-                    return;
-                }
-            };
             tracing::info!("dashboard on https://{addr}/");
-            let service = router.into_make_service_with_connect_info::<listener::ClientAddr>();
-            if let Err(e) = axum::serve(listener, service).await {
-                tracing::error!("dashboard: the HTTPS server stopped: {e}");
-            }
+            listener::serve_tls(listener, router, config).await;
         }));
     }
     Handle { tasks }

@@ -22,7 +22,7 @@ use super::{App, chat, live, pages};
 /// The session cookie's name.
 pub const COOKIE: &str = "appliance_session";
 /// Largest request body: a login form or a chat question.
-const BODY_LIMIT: usize = 16 * 1024;
+pub(super) const BODY_LIMIT: usize = 16 * 1024;
 /// No inline scripts or styles; everything from this origin only.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
                    connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";

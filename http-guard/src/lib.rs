@@ -1,0 +1,200 @@
+//! Serves an axum [`Router`] to untrusted clients over HTTP/1.1 (hyper), so that no client can
+//! make the server unanswerable for the others:
+//!
+//! - **timeouts** on the TLS handshake, on request headers (slowloris), on each body frame and
+//!   the whole body, and on time without a request in flight;
+//! - **a connection cap that evicts**: at [`Limits::max_connections`] a new connection closes
+//!   the one idle longest (waiting for its first request or between keep-alive requests),
+//!   never one whose request is being handled or whose response is still being sent (e.g. a
+//!   stream of server-sent events); attacker and user may share an address, so a per-address
+//!   cap alone could not keep the user served;
+//! - **a per-client cap**: at [`Limits::per_client`] a client's new connection closes that
+//!   client's own longest-idle one, or is itself closed if all of them are busy;
+//! - **a readable 413**: a declared body over [`Limits::max_body`] is read and discarded (up to
+//!   [`Limits::drain_limit`]) before the answer, so the close is not a reset that loses it;
+//! - graceful shutdown: stop accepting, let requests in flight finish.
+//!
+//! The app's own error shape is kept: 408 and 413 bodies come from the app's [`ErrorBody`],
+//! and the connection's client address reaches handlers as `ConnectInfo<C>` of the app's type.
+
+mod body;
+mod connection;
+mod handshake;
+mod registry;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::Response;
+use tokio::net::TcpListener;
+
+#[cfg(feature = "tls")]
+pub use handshake::Tls;
+pub use handshake::{Handshake, PlainTcp};
+
+use registry::Registry;
+
+/// What one server allows its clients.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Connections open at once (including handshakes in progress).
+    pub max_connections: usize,
+    /// Connections open at once from one IP address.
+    pub per_client: usize,
+    /// Time for the TLS handshake (plain TCP has none).
+    pub handshake_timeout: Duration,
+    /// Time for a request's head, from when the connection starts waiting for it: hyper 1.12
+    /// arms it right after the previous response, so it also closes idle keep-alives.
+    pub header_timeout: Duration,
+    /// Time a connection may spend with no request in flight, counted by the guard itself: a
+    /// bound that holds whatever hyper's header timer covers (today that is sooner).
+    pub idle_timeout: Duration,
+    /// Time between two pieces of a request body.
+    pub body_frame_timeout: Duration,
+    /// Time for a whole request body, from when the app starts reading it.
+    pub body_timeout: Duration,
+    /// The largest request head (request line and headers) read; larger ones get 431. Also
+    /// the most hyper buffers per connection, so it bounds the memory half-open ones hold.
+    pub max_header_bytes: usize,
+    /// The largest request body passed to the app: a larger declared `Content-Length` is
+    /// refused before the app runs, a larger body without one when it is found so.
+    pub max_body: u64,
+    /// The largest oversized body read (and discarded) so its 413 can be read; beyond it the
+    /// connection is closed after the answer.
+    pub drain_limit: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 64,
+            per_client: 16,
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_frame_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            max_header_bytes: 64 << 10,
+            max_body: 1 << 20,
+            drain_limit: 16 << 20,
+        }
+    }
+}
+
+/// The app's error response for a status and a message (413, 408), in the app's own shape.
+pub type ErrorBody = fn(StatusCode, &str) -> Response;
+
+/// A configured server; [`Server::serve`] runs it.
+pub struct Server<C, H = PlainTcp> {
+    limits: Limits,
+    handshake: H,
+    connect_info: fn(SocketAddr) -> C,
+    error_body: ErrorBody,
+}
+
+impl<C> Server<C, PlainTcp>
+where
+    C: Clone + Send + Sync + 'static,
+{
+    /// Plain HTTP under `limits`; handlers see `ConnectInfo(connect_info(peer))`.
+    pub fn new(limits: Limits, connect_info: fn(SocketAddr) -> C, error_body: ErrorBody) -> Self {
+        Server {
+            limits,
+            handshake: PlainTcp,
+            connect_info,
+            error_body,
+        }
+    }
+}
+
+impl<C, H> Server<C, H>
+where
+    C: Clone + Send + Sync + 'static,
+    H: Handshake,
+{
+    /// The same server with another handshake, e.g. [`Tls`].
+    pub fn with_handshake<H2: Handshake>(self, handshake: H2) -> Server<C, H2> {
+        Server {
+            limits: self.limits,
+            handshake,
+            connect_info: self.connect_info,
+            error_body: self.error_body,
+        }
+    }
+
+    /// Serves `router` on `listener` until `shutdown` completes, then stops accepting and
+    /// returns once every connection has finished its request in flight and closed.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        router: Router,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let shared = Arc::new(Shared {
+            registry: Mutex::new(Registry::new(
+                self.limits.max_connections,
+                self.limits.per_client,
+            )),
+            limits: self.limits,
+            handshake: self.handshake,
+            error_body: self.error_body,
+            router,
+        });
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut connections = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => accepted,
+            };
+            while connections.try_join_next().is_some() {}
+            let (tcp, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors, typically: wait for some to close rather than spin.
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Some(admitted) = shared.registry().admit(peer.ip(), Instant::now()) else {
+                tracing::debug!("{peer}: every connection busy at the cap; closed");
+                continue;
+            };
+            // Streamed answers are many small writes; do not hold them back for coalescing.
+            let _ = tcp.set_nodelay(true);
+            connections.spawn(connection::run(
+                Arc::clone(&shared),
+                tcp,
+                peer,
+                (self.connect_info)(peer),
+                admitted,
+                stopped.clone(),
+            ));
+        }
+        drop(listener);
+        let _ = stop.send(true);
+        while connections.join_next().await.is_some() {}
+    }
+}
+
+/// What the accept loop and every connection share.
+struct Shared<H> {
+    limits: Limits,
+    handshake: H,
+    error_body: ErrorBody,
+    router: Router,
+    registry: Mutex<Registry>,
+}
+
+impl<H> Shared<H> {
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        // Every registry operation leaves it consistent; a panic elsewhere must not stop us.
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
