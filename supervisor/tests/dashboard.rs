@@ -503,6 +503,16 @@ fn login_sessions_tokens_csrf_live_events_and_the_rate_limit() {
     assert!(r.header("set-cookie").is_none());
 }
 
+/// The first line of the answer on `stream`, waiting at most `limit`.
+fn status_line(stream: &mut std::net::TcpStream, limit: Duration) -> String {
+    stream.set_read_timeout(Some(limit)).expect("timeout");
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .expect("an answer");
+    line
+}
+
 /// A raw HTTP/1.1 request from the loopback address `from` (the whole of 127/8 is this
 /// machine) to the dashboard on `port`; returns the status code.
 fn raw_from(from: [u8; 4], port: u16, request: &str) -> u16 {
