@@ -471,22 +471,24 @@ fn control_requests_skip_a_full_user_queue() {
     let port = server.port;
     let long = chat(
         "Write a long story about a lighthouse.",
-        json!({ "max_tokens": 200, "ignore_eos": true }),
+        json!({ "max_tokens": 400, "ignore_eos": true }),
     )
     .to_string();
     // One running, one waiting: the users' queue is full.
-    let users: Vec<_> = (0..2)
-        .map(|_| {
-            let body = long.clone();
-            std::thread::spawn(move || raw_request(port, "/v1/chat/completions", "", &body))
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !activity(&server).0 {
-        assert!(Instant::now() < deadline, "the first request never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    let user = |wait_for: &dyn Fn() -> bool, what: &str| {
+        let body = long.clone();
+        let sent = std::thread::spawn(move || raw_request(port, "/v1/chat/completions", "", &body));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !wait_for() {
+            assert!(Instant::now() < deadline, "the {what} request never did");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sent
+    };
+    let users = [
+        user(&|| activity(&server).0, "first (running)"),
+        user(&|| queued(&server) == 1, "second (waiting)"),
+    ];
     let probe = r#"{"prompt":"Hello","n_predict":1,"temperature":0}"#;
     let stranger = raw_request(port, "/completion", "X-Engine-Control: guessed\r\n", probe);
     assert!(stranger.starts_with("HTTP/1.0 503"), "{stranger}");
@@ -637,6 +639,15 @@ fn activity(server: &Server) -> (bool, u64) {
         (Some(busy), Some(tokens)) => (busy, tokens),
         _ => panic!("no busy or tokens_processed: {health}"),
     }
+}
+
+/// Users' requests waiting, as `/health` reports them.
+fn queued(server: &Server) -> u64 {
+    let (_, body) = request(server, "GET", "/health", None, None).expect("health");
+    let health: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body}"));
+    health["queued"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no queued: {health}"))
 }
 
 /// Polls `/health` until the generation thread is idle, or panics after `limit`; the tokens

@@ -152,6 +152,7 @@ async fn health(State(state): State<AppState>) -> Response {
                 "status": "ok",
                 "busy": activity.busy,
                 "tokens_processed": activity.tokens_processed,
+                "queued": activity.queued,
                 "speeds": ready.worker.speeds(),
             }))
             .into_response()

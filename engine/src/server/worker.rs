@@ -142,6 +142,8 @@ pub struct Activity {
     pub busy: bool,
     /// Tokens evaluated or generated since start (prompt and output): grows while work is done.
     pub tokens_processed: u64,
+    /// Users' requests waiting behind the running one.
+    pub queued: usize,
 }
 
 /// The counters behind [`Activity`], shared with the generation thread.
@@ -284,6 +286,7 @@ impl Worker {
         Activity {
             busy: self.progress.busy.load(Ordering::Relaxed),
             tokens_processed: self.progress.tokens.load(Ordering::Relaxed),
+            queued: self.waiting.user.load(Ordering::Relaxed),
         }
     }
 

@@ -151,9 +151,12 @@ async fn security_headers(mut response: Response) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // Not `no-referrer`: under it a browser sends `Origin: null` even with a same-origin form,
+    // and the login's Origin check could not tell the box's own form from a stranger's.
+    // `same-origin` still tells other sites nothing.
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers

@@ -35,6 +35,13 @@ pub fn same_origin(headers: &HeaderMap, served: Served) -> bool {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return true;
     };
+    // A page served before its referrer policy allowed an Origin still posts `null`; the
+    // browser's own `Sec-Fetch-Site` (no page can set it) then says whose form it was.
+    if origin.as_bytes() == b"null" {
+        return headers
+            .get("sec-fetch-site")
+            .is_some_and(|site| site.as_bytes() == b"same-origin");
+    }
     let (Ok(origin), Some(Ok(host))) = (
         origin.to_str(),
         headers.get(header::HOST).map(|h| h.to_str()),
@@ -109,5 +116,13 @@ mod tests {
             !same_origin(&headers(&[("origin", "http://box.local")]), plain),
             "no Host to compare with"
         );
+        assert!(same_origin(
+            &headers(&[host, ("origin", "null"), ("sec-fetch-site", "same-origin")]),
+            plain
+        ));
+        for site in ["cross-site", "same-site", "none"] {
+            let cross = [host, ("origin", "null"), ("sec-fetch-site", site)];
+            assert!(!same_origin(&headers(&cross), plain), "{site}");
+        }
     }
 }
