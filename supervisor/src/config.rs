@@ -761,12 +761,18 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// The largest configuration file read (the documented one is a few KiB).
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 fn read_table(file: &Path) -> Result<toml::Table, ConfigError> {
     let fail = |message: String| ConfigError {
         file: file.to_path_buf(),
         message,
     };
-    let text = std::fs::read_to_string(file).map_err(|e| fail(e.to_string()))?;
+    // A FIFO or a huge file in place of the configuration must not hang or exhaust the daemon.
+    let bytes = durable::read_bounded(file, MAX_CONFIG_BYTES, durable::Links::Follow)
+        .map_err(|e| fail(e.to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|_| fail("not valid UTF-8 text".into()))?;
     // Typing each file on its own reports errors with that file's own line numbers.
     toml::from_str::<Config>(&text).map_err(|e| fail(e.to_string().trim_end().to_string()))?;
     toml::from_str::<toml::Table>(&text).map_err(|e| fail(e.to_string()))

@@ -734,3 +734,57 @@ fn steps_turned_off_read_nothing_and_cannot_fail() {
         "an unreadable swap list is null, not off"
     );
 }
+
+/// Runs the supervisor with `args`, killing it if it has not finished within `limit`.
+fn supervisor_within(args: &[&str], limit: std::time::Duration) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run supervisor");
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("supervisor {args:?} still running after {limit:?}: it hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// A FIFO or an outsized file where the supervisor reads a file (its configuration, a record on
+/// the data partition) is an error, never a hang or an out-of-memory abort.
+#[test]
+fn fifos_and_huge_files_in_place_of_files_are_errors_not_hangs() {
+    let limit = std::time::Duration::from_secs(20);
+    let fifo = |path: &Path| {
+        let _ = std::fs::remove_file(path);
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("appliance.toml");
+    fifo(&config);
+    let out = supervisor_within(&["config", "check", config.to_str().expect("utf8")], limit);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("FIFO"), "{}", text(&out.stderr));
+
+    let sim = Sim::new("pi5-8gb");
+    std::fs::create_dir_all(sim.path("var/lib/appliance")).expect("data dir");
+    for make in [&|p: &Path| fifo(p) as _, &|p: &Path| {
+        std::fs::write(p, vec![b'7'; 40 << 20]).expect("huge") as _
+    }] as [&dyn Fn(&Path); 2]
+    {
+        let clock = sim.path("var/lib/appliance/clock");
+        let _ = std::fs::remove_file(&clock);
+        make(&clock);
+        let root = sim.root.to_str().expect("utf8").to_string();
+        let out = supervisor_within(&["--root", &root, "status", "--json"], limit);
+        assert!(out.status.success(), "status: {}", text(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).expect("status is JSON");
+    }
+}

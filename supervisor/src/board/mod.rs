@@ -52,6 +52,10 @@ pub struct Board {
     simulated: bool,
 }
 
+/// The largest file the supervisor reads from the board: bootloader images are 2 MiB, every
+/// other file it reads (attributes, boot files, records) is far smaller.
+pub const MAX_FILE_BYTES: u64 = 32 << 20;
+
 impl Board {
     /// Opens the board rooted at `root`; a tree written by [`sim::init`] is recognised by its marker.
     pub fn open(root: &Path) -> BoardResult<Board> {
@@ -122,9 +126,12 @@ impl Board {
             .to_string())
     }
 
-    /// Reads a file's raw bytes.
+    /// Reads a regular file's raw bytes (at most [`MAX_FILE_BYTES`]): a FIFO, device or
+    /// directory someone left where a file belongs, or a file grown huge, is an error rather
+    /// than a hang or an out-of-memory abort of the daemon.
     pub fn read_bytes(&self, box_path: &str) -> BoardResult<Vec<u8>> {
-        fs::read(self.path(box_path)).map_err(|e| self.err("reading", box_path, e))
+        durable::read_bounded(&self.path(box_path), MAX_FILE_BYTES, durable::Links::Follow)
+            .map_err(|e| self.err("reading", box_path, e))
     }
 
     /// Reads a file if it exists; `Ok(None)` when it does not.
