@@ -8,6 +8,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+use common::supervisor_within;
+
 const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
 
 struct Sim {
@@ -733,28 +736,6 @@ fn steps_turned_off_read_nothing_and_cannot_fail() {
         Value::Null,
         "an unreadable swap list is null, not off"
     );
-}
-
-/// Runs the supervisor with `args`, killing it if it has not finished within `limit`.
-fn supervisor_within(args: &[&str], limit: std::time::Duration) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run supervisor");
-    let deadline = std::time::Instant::now() + limit;
-    while child.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("supervisor {args:?} still running after {limit:?}: it hung");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("output")
 }
 
 /// A FIFO or an outsized file where the supervisor reads a file (its configuration, a record on

@@ -533,6 +533,18 @@ fn raw_from(from: [u8; 4], port: u16, request: &str) -> u16 {
         .unwrap_or_else(|| panic!("no status in {line:?}"))
 }
 
+/// The daemon with its dashboard on every address of `port`, behind [`PASSWORD`].
+fn start_with_password(port: u16) -> Daemon {
+    let hash = supervisor_with_stdin(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
+    start(
+        &format!(
+            "listen = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\n",
+            hash.trim()
+        ),
+        port,
+    )
+}
+
 fn login_request(port: u16, password: &str) -> String {
     let body = format!("password={}", password.replace(' ', "+"));
     format!(
@@ -544,14 +556,7 @@ fn login_request(port: u16, password: &str) -> String {
 #[test]
 fn strangers_guessing_from_many_addresses_do_not_lock_the_owner_out() {
     let port = free_port();
-    let hash = supervisor_with_stdin(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
-    let _d = start(
-        &format!(
-            "listen = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\n",
-            hash.trim()
-        ),
-        port,
-    );
+    let _d = start_with_password(port);
     // More failures than the global budget, each address under its own limit.
     for i in 0..35u8 {
         let status = raw_from([127, 0, 1, i + 1], port, &login_request(port, "guess"));
@@ -572,14 +577,7 @@ fn strangers_guessing_from_many_addresses_do_not_lock_the_owner_out() {
 #[test]
 fn a_login_from_another_origin_and_two_host_headers_are_refused() {
     let port = free_port();
-    let hash = supervisor_with_stdin(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
-    let _d = start(
-        &format!(
-            "listen = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\n",
-            hash.trim()
-        ),
-        port,
-    );
+    let _d = start_with_password(port);
     let base = format!("http://127.0.0.1:{port}");
     let with_origin = |origin: &str| {
         let request = login_request(port, PASSWORD).replacen(

@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
@@ -21,25 +23,9 @@ fn run(args: &[&str]) -> Output {
         .expect("run supervisor")
 }
 
-/// [`run`], killing the command and failing the test when it takes longer than 10 s (hung).
+/// [`run`], failing the test when it takes longer than 10 s (hung).
 fn run_within_10s(args: &[&str]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run supervisor");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while child.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("supervisor {args:?} hung");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
+    common::supervisor_within(args, std::time::Duration::from_secs(10))
 }
 
 fn text(b: &[u8]) -> String {

@@ -34,6 +34,29 @@ pub fn supervisor_with_stdin(args: &[&str], stdin: &str) -> String {
     String::from_utf8(out.stdout).expect("utf8")
 }
 
+/// Runs the supervisor with `args`, killing it and failing the test if it has not finished
+/// within `limit` (it hung).
+pub fn supervisor_within(args: &[&str], limit: std::time::Duration) -> std::process::Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run supervisor");
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("supervisor {args:?} still running after {limit:?}: it hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
