@@ -732,4 +732,10 @@ fn without_a_password_the_dashboard_is_loopback_only_and_says_so() {
         answer.contains("text/plain") && answer.contains("at most 16384"),
         "{answer:?}"
     );
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("x-content-type-options: nosniff"),
+        "the guard's answer carries the security headers too: {answer:?}"
+    );
 }

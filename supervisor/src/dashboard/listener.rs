@@ -36,7 +36,9 @@ fn limits() -> http_guard::Limits {
 
 /// The guard's refusals (413, 408) in the dashboard's own error shape.
 fn refused(status: StatusCode, message: &str) -> Response {
-    DashError::Refused(status, message.to_string()).into_response()
+    super::routes::with_security_headers(
+        DashError::Refused(status, message.to_string()).into_response(),
+    )
 }
 
 /// Serves plain HTTP until the task is aborted.

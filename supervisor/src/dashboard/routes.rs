@@ -141,7 +141,12 @@ fn addressed_to_loopback(headers: &HeaderMap) -> bool {
     )
 }
 
-async fn security_headers(mut response: Response) -> Response {
+async fn security_headers(response: Response) -> Response {
+    with_security_headers(response)
+}
+
+/// Every answer's security headers, also on the connection guard's own refusals.
+pub(super) fn with_security_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
