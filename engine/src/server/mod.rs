@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -84,13 +84,19 @@ pub fn router(state: AppState) -> Router {
 /// Largest request body: a full context of text with room to spare.
 const MAX_BODY_BYTES: usize = 1 << 20;
 
+/// Checks the key and decides the request's lane once, before its body is read; handlers
+/// read the lane from the request's extensions.
 async fn require_key(
     State(state): State<AppState>,
-    request: axum::extract::Request,
+    mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match authorize(&state, request.headers()) {
-        Ok(()) => next.run(request).await,
+    let lane = lane(&state, request.headers());
+    match authorize(&state, request.headers(), lane) {
+        Ok(()) => {
+            request.extensions_mut().insert(lane);
+            next.run(request).await
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -117,12 +123,12 @@ fn lane(state: &AppState, headers: &HeaderMap) -> Lane {
     }
 }
 
-fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+fn authorize(state: &AppState, headers: &HeaderMap, lane: Lane) -> Result<(), ApiError> {
     let Some(expected) = state.api_key_sha256 else {
         return Ok(());
     };
     // The control key is a secret of the same strength, given only to the supervisor.
-    if lane(state, headers) == Lane::Control {
+    if lane == Lane::Control {
         return Ok(());
     }
     let given = headers
@@ -324,7 +330,7 @@ fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, A
 
 async fn chat_completions(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(lane): Extension<Lane>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let request: ChatRequest = api::parse(&body)?;
@@ -341,7 +347,7 @@ async fn chat_completions(
         r.template.ids_within(&r.tokenizer, &messages, true, budget)
     })
     .await?;
-    let mut started = start(ready, prompt, &request.knobs, lane(&state, &headers))?;
+    let mut started = start(ready, prompt, &request.knobs, lane)?;
     let (id, created, model) = (id("chatcmpl"), now(), state.model_id.to_string());
     if !request.knobs.stream {
         let (text, summary) = collect(&mut started).await?;
@@ -403,13 +409,13 @@ async fn completion_prompt(
 
 async fn completions(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(lane): Extension<Lane>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let request: CompletionRequest = api::parse(&body)?;
     let ready = ready(&state)?;
     let prompt = completion_prompt(&state, ready, &request).await?;
-    let mut started = start(ready, prompt, &request.knobs, lane(&state, &headers))?;
+    let mut started = start(ready, prompt, &request.knobs, lane)?;
     let (id, created, model) = (id("cmpl"), now(), state.model_id.to_string());
     if !request.knobs.stream {
         let (text, summary) = collect(&mut started).await?;
@@ -445,13 +451,13 @@ async fn completions(
 /// llama.cpp's native endpoint: `content`, `stop`, `timings`, …
 async fn native_completion(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    Extension(lane): Extension<Lane>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let request: CompletionRequest = api::parse(&body)?;
     let ready = ready(&state)?;
     let prompt = completion_prompt(&state, ready, &request).await?;
-    let mut started = start(ready, prompt, &request.knobs, lane(&state, &headers))?;
+    let mut started = start(ready, prompt, &request.knobs, lane)?;
     if request.knobs.stream {
         let first = json!({ "content": "", "stop": false });
         return Ok(stream(
