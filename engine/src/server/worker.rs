@@ -37,7 +37,7 @@ pub struct Job {
 }
 
 /// The two queues: the users' (bounded by `--queue`) and the box's own (the supervisor's
-/// health probe, its dashboard chat, its overclock check), which is served first and never
+/// health probe and its dashboard chat), which is served first and never
 /// refused because users filled theirs: a full queue must not look like a dead engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lane {
