@@ -119,6 +119,12 @@ pub(crate) async fn run<C, H>(
                 return;
             }
             () = admitted.evicted.notified() => {
+                // Chosen while idle, but a request may have begun since: let it finish.
+                if admitted.activity.idle_since().is_none() {
+                    stopping = true;
+                    conn.as_mut().graceful_shutdown();
+                    continue;
+                }
                 tracing::debug!("connection with {peer} evicted to make room");
                 return;
             }
