@@ -574,6 +574,36 @@ fn strangers_guessing_from_many_addresses_do_not_lock_the_owner_out() {
     );
 }
 
+/// A burst of guesses sent at once from one address gets no more password checks than the
+/// per-client limit (give or take the checks already running), however many wait together.
+#[test]
+fn a_burst_of_guesses_gets_no_more_checks_than_the_limit() {
+    let port = free_port();
+    let _d = start_with_password(port);
+    let burst: Vec<_> = (0..12)
+        .map(|_| {
+            std::thread::spawn(move || {
+                raw_from([127, 0, 3, 1], port, &login_request(port, "guess"))
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = burst
+        .into_iter()
+        .map(|t| t.join().expect("thread"))
+        .collect();
+    // The limit (5) plus at most one check already running beside the fifth (two run at once);
+    // before the limit was asked again after waiting for a check, all 12 were checked.
+    let checked = statuses.iter().filter(|&&s| s == 401).count();
+    assert!(
+        checked <= 6,
+        "{checked} wrong passwords checked: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|&s| s == 401 || s == 429),
+        "{statuses:?}"
+    );
+}
+
 #[test]
 fn a_login_from_another_origin_and_two_host_headers_are_refused() {
     let port = free_port();

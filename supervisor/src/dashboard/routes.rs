@@ -301,6 +301,10 @@ async fn login(
             .await
             .map_err(|e| DashError::Internal(format!("password check unavailable: {e}")))?
     };
+    // Asked again now: attempts of a burst that waited for a check may have failed meanwhile.
+    if let Some(wait) = app.limiter.check(client.ip()) {
+        return Err(DashError::TooManyAttempts(wait));
+    }
     let password = form.get("password").cloned().unwrap_or_default();
     let phc = app
         .sources
