@@ -91,7 +91,9 @@ pub fn complete_one_token(
         .body_mut()
         .read_to_string()
         .map_err(|e| format!("{url}: {e}"))?;
-    if status == 503 {
+    // A full queue is an engine answering; any other 503 (shutting down, its generation
+    // thread gone) is an engine that cannot generate.
+    if status == 503 && text.contains("queue is full") {
         return Ok(Completion::QueueFull);
     }
     if status != 200 {
@@ -179,7 +181,7 @@ mod tests {
 
     /// A stand-in engine on loopback: `/health` says idle, `/completion` answers `status`.
     /// Returns its port and the requests it saw (request line and headers).
-    fn stand_in(completion_status: u16) -> (u16, Arc<Mutex<Vec<String>>>) {
+    fn stand_in(completion_status: u16, message: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -205,7 +207,10 @@ mod tests {
                 let (status, text) = if head.starts_with("GET /health") {
                     (200, r#"{"busy":false,"tokens_processed":7}"#.to_string())
                 } else {
-                    (completion_status, r#"{"error":"queue full"}"#.to_string())
+                    (
+                        completion_status,
+                        format!(r#"{{"error":{{"message":"{message}"}}}}"#),
+                    )
                 };
                 log.lock().expect("log").push(head);
                 let _ = write!(
@@ -255,7 +260,7 @@ mod tests {
     #[test]
     fn a_full_queue_is_an_engine_answering_not_a_dead_one() {
         let key = ControlKey::generate().expect("key");
-        let (port, seen) = stand_in(503);
+        let (port, seen) = stand_in(503, "the request queue is full; retry shortly");
         let health = check(port, Duration::from_secs(5), &key).expect("alive");
         assert_eq!(health.tokens_processed, 7);
         let requests = seen.lock().expect("log").clone();
@@ -269,9 +274,12 @@ mod tests {
                 .contains(&format!("x-engine-control: {}", key.as_str())),
             "{completion}"
         );
-        // Any other failure still counts.
-        let (port, _) = stand_in(500);
+        // Any other failure still counts, a 503 that is not a full queue too.
+        let (port, _) = stand_in(500, "generation failed");
         let e = check(port, Duration::from_secs(5), &key).expect_err("failing");
         assert!(e.contains("answered 500"), "{e}");
+        let (port, _) = stand_in(503, "the engine is shutting down");
+        let e = check(port, Duration::from_secs(5), &key).expect_err("cannot generate");
+        assert!(e.contains("answered 503"), "{e}");
     }
 }

@@ -62,11 +62,9 @@ impl Handle {
     /// running engine at once and keeps it stopped; `Ok` lets a stopped one relaunch at once
     /// (through the gate, as every launch).
     pub fn model_checked(&self, verdict: ModelVerdict) {
-        self.model.send_if_modified(|current| {
-            let changed = *current != verdict;
-            *current = verdict;
-            changed
-        });
+        // Every verdict is news, even one equal to the last: the engine may have been
+        // relaunched by the gate since, and a repeated failure must stop it again.
+        let _previous = self.model.send_replace(verdict);
     }
 
     /// Stops the engine (SIGTERM, then SIGKILL) and waits for the task to finish.
