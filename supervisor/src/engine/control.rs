@@ -20,13 +20,9 @@ pub struct ControlKey(String);
 impl ControlKey {
     /// A fresh key from the OS random source.
     pub fn generate() -> Result<ControlKey, String> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(|e| {
-            format!("not started: the OS random source failed making its control key: {e}")
-        })?;
-        Ok(ControlKey(
-            bytes.iter().map(|b| format!("{b:02x}")).collect(),
-        ))
+        let bytes = crate::dashboard::auth::random_256()
+            .map_err(|e| format!("not started: making its control key: {e}"))?;
+        Ok(ControlKey(crate::dashboard::auth::hex(&bytes)))
     }
 
     /// The key itself, for the environment variable and the header.

@@ -161,8 +161,7 @@ impl Running {
                     "the engine did not stop within {} s; killing it",
                     grace.as_secs()
                 );
-                let _ = self.child.start_kill();
-                describe(self.child.wait().await)
+                self.kill().await
             }
         }
     }

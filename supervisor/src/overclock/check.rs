@@ -60,7 +60,7 @@ pub fn run(
     stop: &dyn Fn() -> bool,
 ) -> CheckReport {
     let oc = &config.overclock;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = crate::config::available_cpus();
     let corruption = board.compute_corruption();
     let done = AtomicBool::new(false);
     let units = AtomicU64::new(0);
@@ -206,7 +206,7 @@ fn engine_output_sha256(
     let approved = crate::model::check(board, config, crate::model::reverify(config))
         .map_err(|e| format!("model {} not usable: {e}", config.model.id))?;
     engine_cgroup(board, config)?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = crate::config::available_cpus();
     let mut args: Vec<OsString> = vec!["generate".into(), "--model".into()];
     args.push(approved.path.clone().into_os_string());
     let tokens = config.overclock.engine_tokens.get().to_string();
