@@ -26,7 +26,21 @@ pub fn replace_private(path: &Path, contents: &[u8]) -> io::Result<()> {
     replace_with_mode(path, contents, 0o600)
 }
 
+/// Replaces `path` atomically with everything `source` yields (large files: a kernel, an
+/// initramfs), streamed rather than held in memory.
+pub fn replace_from(path: &Path, source: &mut impl Read) -> io::Result<()> {
+    replace_streaming(path, 0o644, |file| io::copy(source, file).map(|_| ()))
+}
+
 fn replace_with_mode(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    replace_streaming(path, mode, |file| file.write_all(contents))
+}
+
+fn replace_streaming(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -48,7 +62,7 @@ fn replace_with_mode(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> 
             .truncate(true)
             .mode(mode & 0o7777)
             .open(&tmp)?;
-        file.write_all(contents)?;
+        fill(&mut file)?;
         file.sync_all()?;
         drop(file);
         fs::rename(&tmp, path)?;

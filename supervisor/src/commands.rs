@@ -70,6 +70,17 @@ pub fn sim_init(dir: &Path, variant: &str) -> ExitCode {
     }
 }
 
+/// `supervisor sim write-slot DIR SLOT VERSION`.
+pub fn sim_write_slot(dir: &Path, slot: &str, version: &str) -> ExitCode {
+    if !dir.join(sim::MARKER).is_file() {
+        return bad_input(format!("{} is not a simulated board", dir.display()));
+    }
+    match sim::write_slot(dir, slot, version) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => bad_input(format!("writing slot {slot} of {}: {e}", dir.display())),
+    }
+}
+
 /// `supervisor sim boot DIR`.
 pub fn sim_boot(dir: &Path) -> ExitCode {
     if !dir.join(sim::MARKER).is_file() {
@@ -289,6 +300,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         );
         println!("        {}", e.reason);
         print!("{}", report::overclock_text(&status.overclock));
+        print!("{}", report::update_text(&status.update));
         println!();
         print!("{}", report::steps_table(&status.steps));
     }

@@ -31,6 +31,8 @@ pub struct Config {
     pub engine: Engine,
     /// Safe overclock trials.
     pub overclock: crate::overclock::config::Overclock,
+    /// A/B system updates.
+    pub update: crate::update::config::Update,
     /// The web dashboard the daemon serves.
     pub dashboard: Dashboard,
 }

@@ -22,6 +22,8 @@ use crate::dashboard;
 use crate::engine::{self, LogRing};
 use crate::tune::{self, Applier, Backend, Evaluate, State, StepReport};
 
+mod trial;
+
 /// Engine output lines kept in memory for the dashboard.
 const ENGINE_LOG_LINES: usize = 500;
 
@@ -92,6 +94,36 @@ async fn publish_pass(board: &Board, reports: &[StepReport]) {
     }
 }
 
+/// Seconds between looks at an installed update waiting for its reboot window.
+const UPDATE_CHECK_S: u64 = 60;
+
+/// `f(board, config)` on a blocking thread (it writes the data partition or walks the board).
+async fn blocking<T: Send + 'static>(
+    board: &Board,
+    config: &Config,
+    f: fn(&Board, &Config) -> Result<T, String>,
+) -> Result<T, String> {
+    let (board, config) = (board.clone(), config.clone());
+    tokio::task::spawn_blocking(move || f(&board, &config))
+        .await
+        .unwrap_or_else(|e| Err(format!("the task crashed: {e}")))
+}
+
+/// Tells systemd the daemon is up (a reboot is under way) and waits to be stopped by it.
+async fn wait_for_reboot(
+    message: &str,
+    terminate: &mut tokio::signal::unix::Signal,
+    interrupt: &mut tokio::signal::unix::Signal,
+) -> Result<(), String> {
+    // systemd stops this service as part of the reboot.
+    notify(&[NotifyState::Ready, NotifyState::Status(message)]);
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    Ok(())
+}
+
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let backend = Backend::resolve(config.tuning.engine.backend, board);
@@ -102,11 +134,38 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let mut interrupt =
         signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT handler: {e}"))?;
 
-    // Before anything else: this boot may be an overclock trial to check, or the fallback
-    // after one that hung. A check takes minutes, so systemd's start timeout is extended.
+    let started = tokio::time::Instant::now();
+    // Before anything else: this boot may be an update's trial (checked once the daemon is
+    // up), the fallback after one, or an overclock trial to check or the fallback after one.
+    let trial = match blocking(board, config, crate::update::on_boot).await {
+        Ok(crate::update::Boot::Trial(slot)) => {
+            tracing::info!("update: this boot tries slot {slot}; checking it");
+            Some(slot)
+        }
+        Ok(crate::update::Boot::Normal(message)) => {
+            tracing::info!("update: {message}");
+            None
+        }
+        Ok(crate::update::Boot::Rebooting(message)) => {
+            tracing::error!("update: {message}");
+            return wait_for_reboot(&message, &mut terminate, &mut interrupt).await;
+        }
+        Err(e) => {
+            tracing::error!("update: {e}");
+            None
+        }
+    };
+    // A check takes minutes, so systemd's start timeout is extended.
     let overclock = {
         let (board, config) = (board.clone(), config.clone());
-        tokio::task::spawn_blocking(move || crate::overclock::on_boot(&board, &config))
+        tokio::task::spawn_blocking(move || {
+            if trial.is_some() {
+                return Ok(crate::overclock::Outcome::Continue(
+                    "not checked in an update's trial boot".into(),
+                ));
+            }
+            crate::overclock::on_boot(&board, &config)
+        })
     };
     tokio::pin!(overclock);
     let mut extend = tokio::time::interval(Duration::from_secs(10));
@@ -127,13 +186,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     match outcome {
         Ok(crate::overclock::Outcome::Continue(message)) => tracing::info!("overclock: {message}"),
         Ok(crate::overclock::Outcome::Rebooting(message)) => {
-            // systemd stops this service as part of the reboot.
-            notify(&[NotifyState::Ready, NotifyState::Status(&message)]);
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = interrupt.recv() => {}
-            }
-            return Ok(());
+            return wait_for_reboot(&message, &mut terminate, &mut interrupt).await;
         }
         Ok(crate::overclock::Outcome::Stopped(message)) => tracing::error!("overclock: {message}"),
         Err(e) => tracing::error!("overclock: {e}"),
@@ -173,6 +226,13 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     // awaited in their place, so a slow one delays neither, and no second one starts meanwhile.
     let mut pass: Option<Pin<Box<dyn Future<Output = ()> + '_>>> = None;
     let mut clock_tick = tokio::time::interval(Duration::from_secs(crate::clock::SAVE_INTERVAL_S));
+    // The trial boot's health check, then an installed update's reboot when its window opens.
+    let deadline = started + Duration::from_secs(config.update.health_timeout_s.get());
+    let mut trial_check: Option<Pin<Box<dyn Future<Output = ()> + '_>>> = trial.map(|slot| {
+        Box::pin(trial::check(board, config, slot, deadline, &tuned, &engine))
+            as Pin<Box<dyn Future<Output = ()> + '_>>
+    });
+    let mut update_tick = tokio::time::interval(Duration::from_secs(UPDATE_CHECK_S));
 
     loop {
         tokio::select! {
@@ -204,10 +264,24 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                     None => std::future::pending().await,
                 }
             }, if pass.is_some() => pass = None,
+            () = async {
+                match trial_check.as_mut() {
+                    Some(running) => running.await,
+                    None => std::future::pending().await,
+                }
+            }, if trial_check.is_some() => trial_check = None,
+            _ = update_tick.tick(), if trial_check.is_none() => {
+                match blocking(board, config, crate::update::reboot_when_due).await {
+                    Ok(Some(message)) => tracing::info!("update: {message}"),
+                    Ok(None) => {}
+                    Err(e) => tracing::error!("update: {e}"),
+                }
+            }
         }
     }
     // Dropped between two board calls: every write it made is whole, and the next start tunes.
     drop(pass);
+    drop(trial_check);
     tracing::info!("stopping");
     notify(&[NotifyState::Stopping]);
     dashboard.stop();

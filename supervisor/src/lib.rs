@@ -6,9 +6,12 @@
 //! stands in for a real Pi in tests and local runs. It lets the engine run only weights that
 //! match an approved manifest ([`model`], on the `weights` crate), and launches, probes and restarts
 //! the engine on them ([`engine`]). It finds the highest clock the board computes right at, one
-//! tryboot trial at a time under the hardware watchdog ([`overclock`]). The `supervisor` binary is a thin CLI over [`commands`].
+//! tryboot trial at a time under the hardware watchdog ([`overclock`]). It takes signed A/B system
+//! updates through RAUC, commits a new slot only once it is healthy and otherwise lets the
+//! firmware fall back ([`update`]). The `supervisor` binary is a thin CLI over [`commands`].
 
 pub mod board;
+pub mod bootfiles;
 pub mod bootloader;
 pub mod clock;
 pub mod commands;
@@ -21,6 +24,8 @@ pub mod model;
 pub mod overclock;
 pub mod provision;
 pub mod report;
+pub mod state_file;
 pub mod systemd;
 pub mod tune;
+pub mod update;
 pub mod weights_cli;

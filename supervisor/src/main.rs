@@ -62,6 +62,11 @@ enum Command {
         #[command(subcommand)]
         command: OverclockCommand,
     },
+    /// A/B system updates through RAUC: install a bundle, see both slots.
+    Update {
+        #[command(subcommand)]
+        command: UpdateCommand,
+    },
     /// Fleet provisioning from the boot partition's appliance-provision.toml.
     Provision {
         #[command(subcommand)]
@@ -101,6 +106,42 @@ enum OverclockCommand {
     Abort,
     /// What the daemon does first at every boot: check, fail or continue the trial.
     Boot,
+}
+
+#[derive(Subcommand)]
+enum UpdateCommand {
+    /// Both slots (version, good or bad, which runs), the update under way, the last outcome.
+    Status {
+        /// Machine-readable output (the `update` section of `status --json`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Install a signed bundle (a .raucb file or an http(s) URL) into the other slot, then
+    /// reboot into it once; it is kept only if it proves healthy.
+    Install {
+        /// The bundle.
+        source: String,
+        /// Allow a version older than the running one.
+        #[arg(long)]
+        force: bool,
+        /// Leave the reboot to the daemon, inside `[update] window`.
+        #[arg(long)]
+        in_window: bool,
+    },
+    /// Reboot into the installed slot now.
+    Reboot,
+    /// Do not try the installed slot.
+    Cancel,
+    /// RAUC's custom bootloader backend (RAUC calls this).
+    #[command(hide = true)]
+    Backend {
+        /// get-primary | set-primary SLOT | get-state SLOT | set-state SLOT good|bad | get-current
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// RAUC's post-install handler (RAUC calls this with its environment).
+    #[command(hide = true)]
+    PostInstall,
 }
 
 #[derive(Subcommand)]
@@ -214,6 +255,16 @@ enum SimCommand {
         /// The simulated board.
         dir: PathBuf,
     },
+    /// Write a system of VERSION into SLOT's root filesystem of the simulated board in DIR, as
+    /// RAUC would (its device for the slot is `.appliance-sim-slots/SLOT`).
+    WriteSlot {
+        /// The simulated board.
+        dir: PathBuf,
+        /// A or B.
+        slot: String,
+        /// The system version it holds.
+        version: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -258,9 +309,27 @@ fn main() -> ExitCode {
             OverclockCommand::Abort => commands::overclock_abort(&cli.root, config),
             OverclockCommand::Boot => commands::overclock_boot(&cli.root, config),
         },
+        Command::Update { command } => {
+            use supervisor::update::cli;
+            match command {
+                UpdateCommand::Status { json } => cli::status(&cli.root, config, json),
+                UpdateCommand::Install {
+                    source,
+                    force,
+                    in_window,
+                } => cli::install(&cli.root, config, &source, force, in_window),
+                UpdateCommand::Reboot => cli::reboot(&cli.root, config),
+                UpdateCommand::Cancel => cli::cancel(&cli.root, config),
+                UpdateCommand::Backend { args } => cli::backend(&cli.root, config, &args),
+                UpdateCommand::PostInstall => cli::post_install(&cli.root, config),
+            }
+        }
         Command::Sim {
             command: SimCommand::Boot { dir },
         } => commands::sim_boot(&dir),
+        Command::Sim {
+            command: SimCommand::WriteSlot { dir, slot, version },
+        } => commands::sim_write_slot(&dir, &slot, &version),
         Command::Provision {
             command: ProvisionCommand::Apply { from, json },
         } => commands::provision_apply(&cli.root, from.as_deref(), json),

@@ -3,7 +3,8 @@
 //! JSON (`status --json`), schema version 1:
 //! `{ "schema_version": 1, "root": str, "simulated": bool, "board": Facts, "model": ModelStatus,
 //! "steps": [StepReport], "engine": EngineStatus, "overclock": OverclockStatus,
-//! "provision": Record, "clock": ClockStatus }` (`Record` is [`crate::provision::Record`],
+//! "update": UpdateStatus, "provision": Record, "clock": ClockStatus }` (`UpdateStatus` is
+//! [`crate::update::UpdateStatus`]; `update.slots[]` is `{ slot, system_version, state, booted }`) (`Record` is [`crate::provision::Record`],
 //! `ClockStatus` is [`crate::clock::ClockStatus`]).
 //! where `StepReport` is `{ name, desired, effective, state, reason }` and `state` is one of
 //! `in-place`, `applied`, `pending-reboot`, `not-applicable`, `failed`, `needs-apply`.
@@ -41,10 +42,64 @@ pub struct Status {
     pub engine: crate::engine::EngineStatus,
     /// The overclock ladder: phase, every trial with its checks, the clock kept.
     pub overclock: crate::overclock::OverclockStatus,
+    /// A/B updates: both slots, which runs, the update under way, the last outcome.
+    pub update: crate::update::UpdateStatus,
     /// Fleet provisioning: what was applied and when, the device key, why a file was refused.
     pub provision: crate::provision::Record,
     /// The clock: the time, whether network time synchronised it, the RTC, the floor.
     pub clock: crate::clock::ClockStatus,
+}
+
+/// Updates in words: each slot, then the update under way and the last one.
+pub fn update_text(s: &crate::update::UpdateStatus) -> String {
+    let mut out = String::new();
+    if let Some(e) = &s.error {
+        let _ = writeln!(out, "update: {e}");
+    }
+    for slot in &s.slots {
+        let _ = writeln!(
+            out,
+            "slot {}: {:14} {:4}{}{}",
+            slot.slot,
+            slot.system_version.as_deref().unwrap_or("(unknown)"),
+            slot.state,
+            if slot.booted { "  running" } else { "" },
+            if s.committed == Some(slot.slot) {
+                "  committed"
+            } else {
+                ""
+            },
+        );
+    }
+    if let Some(t) = &s.trial {
+        let stage = match (t.prepared_unix, t.rebooted_unix, t.checking_since_unix) {
+            (_, _, Some(_)) => "being checked in its trial boot",
+            (_, Some(_), None) => "rebooting into it",
+            (Some(_), None, None) => "installed, waiting for the reboot",
+            (None, None, None) => "being written",
+        };
+        let _ = writeln!(
+            out,
+            "update: version {} in slot {}: {stage}",
+            t.system_version.as_deref().unwrap_or("?"),
+            t.slot
+        );
+    }
+    if let Some(last) = &s.last {
+        let _ = writeln!(
+            out,
+            "last update: version {} to slot {}: {} ({})",
+            last.system_version.as_deref().unwrap_or("?"),
+            last.slot,
+            match last.result {
+                crate::update::UpdateResult::Committed => "committed",
+                crate::update::UpdateResult::RolledBack => "rolled back",
+                crate::update::UpdateResult::Cancelled => "cancelled",
+            },
+            last.reason
+        );
+    }
+    out
 }
 
 /// The overclock ladder in words: where it stands, then one line per trial.
@@ -103,6 +158,7 @@ pub fn collect(
         steps,
         engine,
         overclock: crate::overclock::status(board, config),
+        update: crate::update::status(board, config),
         provision: provision_record(board),
         clock: crate::clock::status(board),
     }

@@ -361,9 +361,10 @@ fn without_the_memory_controller_cgroup_enable_is_staged_once() {
     let sim = Sim::new("no-memcg");
     let out = sim.apply();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
-    let cmdline = sim.read("boot/firmware/cmdline.txt");
+    // The running slot's command line (A's), which is what the firmware hands the kernel.
+    let cmdline = sim.read("boot/firmware/slot-a/cmdline.txt");
     assert!(
-        cmdline.ends_with(" ro rootwait cgroup_enable=memory"),
+        cmdline.ends_with(" ro rootwait rauc.slot=A cgroup_enable=memory"),
         "{cmdline}"
     );
     assert_eq!(cmdline.lines().count(), 1);
@@ -374,7 +375,7 @@ fn without_the_memory_controller_cgroup_enable_is_staged_once() {
     // Idempotent: the argument is not appended twice.
     sim.apply();
     assert_eq!(
-        sim.read("boot/firmware/cmdline.txt")
+        sim.read("boot/firmware/slot-a/cmdline.txt")
             .matches("cgroup_enable=memory")
             .count(),
         1

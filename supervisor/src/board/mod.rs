@@ -211,6 +211,54 @@ impl Board {
         Ok(())
     }
 
+    /// Replaces `box_path` atomically with a copy of the regular file `source` (a path on the
+    /// running system, e.g. inside a mounted slot), streamed.
+    pub fn copy_file_in(&self, source: &Path, box_path: &str) -> BoardResult<()> {
+        let mut from = fs::File::open(source)
+            .map_err(|e| self.err("opening", &source.display().to_string(), e))?;
+        let is_file = from.metadata().map(|m| m.is_file()).unwrap_or(false);
+        if !is_file {
+            return Err(self.err(
+                "copying",
+                &source.display().to_string(),
+                io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+            ));
+        }
+        self.writing();
+        durable::replace_from(&self.path(box_path), &mut from)
+            .map_err(|e| self.err("replacing", box_path, e))?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// Mounts the block device `device` read-only at the box path `at` until the returned
+    /// guard drops. On a simulated board a slot is a directory: `device` is then a box path
+    /// resolved under the root, and nothing is mounted.
+    pub fn mount_read_only(&self, device: &str, at: &str) -> BoardResult<Mounted> {
+        if self.simulated {
+            return Ok(Mounted {
+                dir: self.path(device),
+                mounted: false,
+            });
+        }
+        self.create_dir_all(at)?;
+        let status = Command::new("mount")
+            .args(["-o", "ro", "--", device, at])
+            .status()
+            .map_err(|e| self.err("running mount for", device, e))?;
+        if !status.success() {
+            return Err(self.err(
+                "mounting",
+                device,
+                io::Error::other(format!("mount exited with {status}")),
+            ));
+        }
+        Ok(Mounted {
+            dir: self.path(at),
+            mounted: true,
+        })
+    }
+
     /// Replaces a file only root may read (keys, the Wi-Fi PSK) atomically.
     pub fn replace_private_file(&self, box_path: &str, contents: &[u8]) -> BoardResult<()> {
         let path = self.path(box_path);
@@ -398,6 +446,27 @@ impl Board {
                 device,
                 io::Error::other(format!("swapoff exited with {status}")),
             ))
+        }
+    }
+}
+
+/// A slot mounted read-only by [`Board::mount_read_only`]; unmounted when dropped.
+pub struct Mounted {
+    dir: PathBuf,
+    mounted: bool,
+}
+
+impl Mounted {
+    /// Where its files are.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg("--").arg(&self.dir).status();
         }
     }
 }

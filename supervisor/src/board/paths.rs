@@ -71,6 +71,8 @@ pub const RUN_TIMESYNCD_DIR: &str = "/run/systemd/timesyncd.conf.d";
 /// Provisioned files for other daemons (Wi-Fi, SSH), in RAM, made again at every boot.
 pub const RUN_APPLIANCE: &str = "/run/appliance";
 
+/// The version of the system in the booted slot, as its image build stamped it.
+pub const SYSTEM_VERSION: &str = "/usr/share/appliance/version";
 /// When the image was built (Unix seconds): the box's clock never starts earlier.
 pub const BUILD_TIME: &str = "/usr/share/appliance/build-time";
 /// The last time the box knew (Unix seconds), on the data partition: the clock never goes back

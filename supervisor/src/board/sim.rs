@@ -171,9 +171,14 @@ fn write_proc(tree: &Tree, variant: Variant) -> io::Result<()> {
     } else {
         format!(" {FIRMWARE_NUMA_ARGS}")
     };
+    // As the image lays it out, the running slot (A) is named on the command line.
     tree.file(
         "proc/cmdline",
-        &format!("{FIRMWARE_CMDLINE}{numa} {user_part}\n"),
+        &format!("{FIRMWARE_CMDLINE}{numa} {user_part} rauc.slot=A\n"),
+    )?;
+    tree.file(
+        super::sim_firmware::FIRMWARE_CMDLINE,
+        &format!("{FIRMWARE_CMDLINE}{numa}\n"),
     )?;
     let (total_kb, available_kb) = if variant == Variant::Pi5_4gb {
         (4_045_104, 3_702_336)
@@ -343,11 +348,18 @@ fn write_device_tree(tree: &Tree, variant: Variant) -> io::Result<()> {
 }
 
 fn write_boot_partition(tree: &Tree, variant: Variant) -> io::Result<()> {
-    // As the image lays it out: the fragments, and config.txt assembled from them.
-    let fragments = [config_txt::Fragment {
-        name: "10-boot.txt".into(),
-        text: "[all]\narm_64bit=1\nkernel=vmlinuz\ninitramfs initrd.img followkernel\n".into(),
-    }];
+    // As the image lays it out: the fragments (one of them choosing slot A's folder), config.txt
+    // assembled from them, and each installed slot's kernel, initramfs and cmdline.txt.
+    let fragments = [
+        config_txt::Fragment {
+            name: "10-boot.txt".into(),
+            text: "[all]\narm_64bit=1\nkernel=vmlinuz\ninitramfs initrd.img followkernel\n".into(),
+        },
+        config_txt::Fragment {
+            name: crate::update::slot::FRAGMENT_NAME.into(),
+            text: crate::update::slot::Slot::A.fragment_text(),
+        },
+    ];
     for fragment in &fragments {
         tree.file(
             &format!(
@@ -365,7 +377,54 @@ fn write_boot_partition(tree: &Tree, variant: Variant) -> io::Result<()> {
     } else {
         format!("{CMDLINE_TXT} cgroup_enable=memory")
     };
-    tree.file("boot/firmware/cmdline.txt", &format!("{cmdline}\n"))
+    tree.file(
+        "boot/firmware/slot-a/cmdline.txt",
+        &format!("{cmdline} rauc.slot=A\n"),
+    )?;
+    write_slot_system(tree, "A", "1")?;
+    for name in ["vmlinuz", "initrd.img", "version"] {
+        let from = tree
+            .0
+            .join(super::sim_firmware::SLOTS)
+            .join("A")
+            .join(SLOT_BOOT_DIR)
+            .join(name);
+        fs::copy(from, tree.0.join("boot/firmware/slot-a").join(name))?;
+    }
+    tree.file(
+        crate::board::paths::SYSTEM_VERSION.trim_start_matches('/'),
+        "1\n",
+    )
+}
+
+/// Where a system keeps its boot folder's files (the image build puts them there).
+const SLOT_BOOT_DIR: &str = crate::update::handler::SLOT_BOOT_DIR;
+
+/// Writes a system of `version` into slot `name`'s root filesystem on the simulated board at
+/// `root`, as RAUC would (`sim write-slot`).
+pub fn write_slot(root: &Path, name: &str, version: &str) -> io::Result<()> {
+    crate::update::slot::Slot::from_bootname(name).map_err(invalid)?;
+    write_slot_system(&Tree(root.to_path_buf()), name, version)
+}
+
+fn write_slot_system(tree: &Tree, name: &str, version: &str) -> io::Result<()> {
+    let base = format!("{}/{name}", super::sim_firmware::SLOTS);
+    tree.file(
+        &format!("{base}/{SLOT_BOOT_DIR}/vmlinuz"),
+        &format!("simulated kernel of version {version}\n"),
+    )?;
+    tree.file(
+        &format!("{base}/{SLOT_BOOT_DIR}/initrd.img"),
+        "simulated initramfs\n",
+    )?;
+    tree.file(
+        &format!("{base}/{SLOT_BOOT_DIR}/version"),
+        &format!("{version}\n"),
+    )?;
+    tree.file(
+        &format!("{base}{}", crate::board::paths::SYSTEM_VERSION),
+        &format!("{version}\n"),
+    )
 }
 
 fn write_firmware(tree: &Tree) -> io::Result<()> {

@@ -10,7 +10,13 @@
 //! - `.appliance-sim-faults.toml` at the board root: `hang_from_mhz` (a boot at that clock or
 //!   above hangs and the watchdog resets the board, which then boots `config.txt`),
 //!   `miscompute_from_mhz` (the CPU silently computes wrong results), `hot_from_mhz` (the SoC
-//!   runs at 86 °C), `throttle_from_mhz` (the firmware caps the Arm clock);
+//!   runs at 86 °C), `throttle_from_mhz` (the firmware caps the Arm clock), `hang_slots`
+//!   (a boot of these system slots hangs: a broken kernel or early userspace);
+//!
+//! A/B slots: the chosen file's `os_prefix` folder is what the firmware loads. A folder without
+//! a kernel does not boot (a hang, for the watchdog); its `cmdline.txt` becomes the kernel's
+//! command line after the firmware's own arguments ([`FIRMWARE_CMDLINE`]), and the slot's root
+//! filesystem is the tree in [`SLOTS`]`/<name>`, from which the version file is taken;
 //! - `.appliance-sim-power-cut` holding N: the power fails right after the Nth durable write
 //!   from now (the process dies; `/run` and any reboot request are lost);
 //! - `.appliance-sim-slow-writes` holding N: every write to the board (a kernel attribute, a
@@ -37,6 +43,10 @@ pub const SLOW_WRITES: &str = ".appliance-sim-slow-writes";
 const CPU_FAULT: &str = ".appliance-sim-cpu-fault";
 /// One line per boot.
 pub const BOOT_LOG: &str = ".appliance-sim-boots.log";
+/// The firmware's own kernel arguments, which precede `cmdline.txt`'s.
+pub const FIRMWARE_CMDLINE: &str = ".appliance-sim-firmware-cmdline";
+/// The slots' root filesystems (`A/`, `B/`), as RAUC's devices on a simulated board.
+pub const SLOTS: &str = ".appliance-sim-slots";
 /// The simulated board's clock (Unix seconds), when a test set one; else it is the host's.
 pub const CLOCK: &str = ".appliance-sim-clock";
 
@@ -66,6 +76,8 @@ struct Faults {
     miscompute_from_mhz: Option<u32>,
     hot_from_mhz: Option<u32>,
     throttle_from_mhz: Option<u32>,
+    #[serde(default)]
+    hang_slots: Vec<String>,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -122,6 +134,30 @@ pub fn compute_corruption(root: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// The kernel's command line and root filesystem of the slot in `folder` (the boot partition
+/// itself without slots), on a board that knows its firmware's arguments.
+fn boot_slot(root: &Path, folder: &Path) -> io::Result<()> {
+    let Ok(firmware) = fs::read_to_string(root.join(FIRMWARE_CMDLINE)) else {
+        return Ok(());
+    };
+    let cmdline = fs::read_to_string(folder.join("cmdline.txt"))?;
+    let line = cmdline.lines().next().unwrap_or("").trim();
+    fs::write(
+        root.join(rel(paths::PROC_CMDLINE)),
+        format!("{} {line}\n", firmware.trim()),
+    )?;
+    let slot = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("rauc.slot="));
+    if let Some(slot) = slot {
+        let version = root.join(SLOTS).join(slot).join(rel(paths::SYSTEM_VERSION));
+        if let Ok(text) = fs::read_to_string(version) {
+            fs::write(root.join(rel(paths::SYSTEM_VERSION)), text)?;
+        }
+    }
+    Ok(())
+}
+
 /// What one simulated boot did, in words (also appended to [`BOOT_LOG`]).
 pub fn boot(root: &Path) -> io::Result<String> {
     let orderly = root.join(REBOOT_REQUESTED).exists();
@@ -151,18 +187,34 @@ pub fn boot(root: &Path) -> io::Result<String> {
                 .parse()
                 .map_err(|_| invalid(format!("{file}: arm_freq={v} is not a number")))?,
         };
-        if faults.hang_from_mhz.is_some_and(|h| mhz >= h) {
+        let prefix = config_txt::setting(&text, "os_prefix")
+            .unwrap_or("")
+            .to_string();
+        let slot = prefix.trim_end_matches('/').to_string();
+        let hang = if faults.hang_from_mhz.is_some_and(|h| mhz >= h) {
+            Some(format!("{file} at {mhz} MHz hung"))
+        } else if !prefix.is_empty() && !boot_dir.join(&prefix).join("vmlinuz").is_file() {
+            Some(format!("{file} names {prefix}, which holds no kernel"))
+        } else if faults
+            .hang_slots
+            .iter()
+            .any(|s| slot == format!("slot-{}", s.to_lowercase()))
+        {
+            Some(format!("{file} boots {slot}, which hangs"))
+        } else {
+            None
+        };
+        if let Some(hang) = hang {
             if !tryboot {
                 return Err(invalid(format!(
-                    "bricked: {file} asks for {mhz} MHz, which hangs, and there is no tryboot to fall back from"
+                    "bricked: {hang}, and there is no tryboot to fall back from"
                 )));
             }
-            story.push_str(&format!(
-                "; {file} at {mhz} MHz hung, the watchdog reset the board"
-            ));
+            story.push_str(&format!("; {hang}, the watchdog reset the board"));
             tryboot = false;
             continue;
         }
+        boot_slot(root, &boot_dir.join(&prefix))?;
         break (file, mhz);
     };
     let base = rel(paths::DT_BOOTLOADER);

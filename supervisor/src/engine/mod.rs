@@ -8,7 +8,7 @@
 pub mod control;
 mod launch;
 mod logs;
-mod probe;
+pub(crate) mod probe;
 mod process;
 mod state;
 mod supervise;

@@ -131,6 +131,12 @@ pub fn start(board: &Board, config: &Config) -> Result<Outcome, String> {
                 .into(),
         );
     }
+    if let Some(trial) = crate::update::pending(board, config)? {
+        return Err(format!(
+            "an update to slot {} is pending; overclocking waits until it is committed or rolled back (`supervisor update cancel` calls off one not yet rebooted into)",
+            trial.slot
+        ));
+    }
     let mut guard = Guard::take(board, config)?;
     let mut record = store::load(board, config)?.unwrap_or_default();
     if record.phase == Phase::Climbing {

@@ -77,9 +77,8 @@ impl Target {
         }
         // Only the memory steps need these; their failure must not fail the cpu steps.
         let mem_total_kib = board.meminfo_kib("MemTotal").map_err(|e| e.to_string());
-        let cmdline_enables_memory = board
-            .boot_dir()
-            .and_then(|boot| board.read(&format!("{boot}/cmdline.txt")))
+        let cmdline_enables_memory = crate::update::slot::cmdline_txt(board)
+            .and_then(|path| board.read(&path))
             .map(|text| enables_memory(&text))
             .map_err(|e| e.to_string());
         Ok(View {

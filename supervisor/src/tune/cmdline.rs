@@ -38,8 +38,7 @@ impl Step for MemoryCgroup {
 
     fn observe(&self, board: &Board) -> Result<Observed, BoardError> {
         let controllers = board.read(&format!("{}/cgroup.controllers", paths::CGROUP_ROOT))?;
-        let boot = board.boot_dir()?;
-        let cmdline_path = format!("{boot}/cmdline.txt");
+        let cmdline_path = crate::update::slot::cmdline_txt(board)?;
         Ok(Observed {
             available: controllers.split_whitespace().any(|c| c == "memory"),
             cmdline_txt: board.read(&cmdline_path)?,

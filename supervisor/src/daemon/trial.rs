@@ -1,0 +1,130 @@
+//! The health check of an update's trial boot: the new slot is kept only once its tuning is
+//! verified, its weights pass the gate, its engine answers a completion and its dashboard
+//! answers, all before the deadline; otherwise the daemon rolls it back and reboots, and the
+//! firmware boots the old slot.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::board::Board;
+use crate::config::Config;
+use crate::dashboard;
+use crate::engine::{self, Phase};
+use crate::tune::State;
+use crate::update::slot::Slot;
+
+/// Pause between looks while something is not healthy yet.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// What is not healthy yet, or `None` when everything is.
+async fn not_healthy(
+    config: &Config,
+    tuned: &watch::Sender<dashboard::Tuned>,
+    engine: &engine::Handle,
+) -> Option<String> {
+    let (failed, model) = {
+        let t = tuned.borrow();
+        let failed = t
+            .steps
+            .iter()
+            .find(|r| r.state == State::Failed)
+            .map(|r| format!("tuning step {} failed: {}", r.name, r.reason));
+        (failed, t.model.clone())
+    };
+    if let Some(why) = failed {
+        return Some(why);
+    }
+    if model.state != "verified" {
+        return Some(format!("the model is {}: {}", model.state, model.reason));
+    }
+    let status = engine.status();
+    if status.state != Phase::Ready {
+        return Some(format!("the engine is not serving: {}", status.reason));
+    }
+    let key = status.control_key?;
+    let port = config.engine.port.get();
+    let answered = tokio::task::spawn_blocking(move || {
+        engine::probe::complete_one_token(port, Duration::from_secs(60), &key)
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the completion crashed: {e}")));
+    match answered {
+        Ok(engine::probe::Completion::Generated) => {}
+        Ok(engine::probe::Completion::QueueFull) => {
+            return Some("the engine's queue is full; no completion yet".into());
+        }
+        Err(e) => return Some(format!("the engine did not answer a completion: {e}")),
+    }
+    dashboard_answers(config).await.err()
+}
+
+/// The dashboard answers HTTP on its plain port over loopback.
+async fn dashboard_answers(config: &Config) -> Result<(), String> {
+    let (bound, _) = dashboard::bind_address(&config.dashboard);
+    let port = bound.port();
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        stream
+            .write_all(
+                format!(
+                    "GET /login HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await?;
+        Ok::<_, std::io::Error>(head)
+    };
+    match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+        Ok(Ok(head)) if head.starts_with(b"HTTP/1.1 ") => Ok(()),
+        Ok(Ok(_)) => Err(format!("the dashboard on {address} does not answer HTTP")),
+        Ok(Err(e)) => Err(format!("the dashboard on {address} does not answer: {e}")),
+        Err(_) => Err(format!(
+            "the dashboard on {address} did not answer within 10 s"
+        )),
+    }
+}
+
+/// Checks until healthy or `deadline`, then commits or rolls back (which reboots).
+pub async fn check(
+    board: &Board,
+    config: &Config,
+    slot: Slot,
+    deadline: Instant,
+    tuned: &watch::Sender<dashboard::Tuned>,
+    engine: &engine::Handle,
+) {
+    let verdict = loop {
+        match not_healthy(config, tuned, engine).await {
+            None => break Ok(()),
+            Some(why) if Instant::now() >= deadline => break Err(why),
+            Some(why) => tracing::info!("update: slot {slot} not healthy yet: {why}"),
+        }
+        tokio::time::sleep(RETRY).await;
+    };
+    let (board, config) = (board.clone(), config.clone());
+    let timeout = config.update.health_timeout_s.get();
+    let done = tokio::task::spawn_blocking(move || match verdict {
+        Ok(()) => crate::update::commit(
+            &board,
+            &config,
+            "tuning verified, weights verified, the engine answered a completion, the dashboard answered",
+        ),
+        Err(why) => crate::update::roll_back(
+            &board,
+            &config,
+            &format!("not healthy within {timeout} s: {why}"),
+        ),
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("the task crashed: {e}")));
+    match done {
+        Ok(message) => tracing::info!("update: {message}"),
+        Err(e) => tracing::error!("update: {e}"),
+    }
+}

@@ -1,0 +1,134 @@
+//! The `supervisor update` subcommands.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use super::backend::{self, Call};
+use super::install::{self, Reboot};
+use crate::board::Board;
+use crate::commands::{EXIT_BAD_INPUT, EXIT_FAILED};
+use crate::config::Config;
+
+fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
+    let fail = |e: String| {
+        eprintln!("error: {e}");
+        ExitCode::from(EXIT_BAD_INPUT)
+    };
+    let board = Board::open(root).map_err(|e| fail(e.to_string()))?;
+    let config = Config::for_board(&board, config).map_err(|e| fail(e.to_string()))?;
+    Ok((board, config))
+}
+
+fn done(result: Result<String, String>) -> ExitCode {
+    match result {
+        Ok(message) => {
+            if !message.is_empty() {
+                println!("{message}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+/// `supervisor update status [--json]`.
+pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let status = super::status(&board, &config);
+    if json {
+        return done(
+            serde_json::to_string_pretty(&status).map_err(|e| format!("cannot encode: {e}")),
+        );
+    }
+    print!("{}", crate::report::update_text(&status));
+    if status.error.is_some() {
+        ExitCode::from(EXIT_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `supervisor update install SOURCE [--force] [--in-window]`.
+pub fn install(
+    root: &Path,
+    config: Option<&Path>,
+    source: &str,
+    force: bool,
+    in_window: bool,
+) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return done(Err(format!("cannot start the async runtime: {e}"))),
+    };
+    let reboot = if in_window {
+        Reboot::InWindow
+    } else {
+        Reboot::Now
+    };
+    done(runtime.block_on(install::install(
+        &board,
+        &config,
+        source,
+        force,
+        reboot,
+        &|line| eprintln!("{line}"),
+    )))
+}
+
+/// `supervisor update reboot`: into the installed slot now.
+pub fn reboot(root: &Path, config: Option<&Path>) -> ExitCode {
+    match load(root, config) {
+        Ok((board, config)) => done(super::reboot_into_trial(&board, &config)),
+        Err(code) => code,
+    }
+}
+
+/// `supervisor update cancel`: the installed slot is not tried.
+pub fn cancel(root: &Path, config: Option<&Path>) -> ExitCode {
+    match load(root, config) {
+        Ok((board, config)) => done(
+            super::cancel(&board, &config, "cancelled by `supervisor update cancel`")
+                .map(|()| "no update is armed".to_string()),
+        ),
+        Err(code) => code,
+    }
+}
+
+/// `supervisor update backend ARGS...`: RAUC's custom bootloader backend.
+pub fn backend(root: &Path, config: Option<&Path>, args: &[String]) -> ExitCode {
+    let call = match Call::parse(args) {
+        Ok(call) => call,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    match load(root, config) {
+        Ok((board, config)) => done(backend::run(&board, &config, call)),
+        Err(code) => code,
+    }
+}
+
+/// `supervisor update post-install`: RAUC's post-install handler, with RAUC's environment.
+pub fn post_install(root: &Path, config: Option<&Path>) -> ExitCode {
+    let env = std::env::vars()
+        .filter(|(k, _)| k.starts_with("RAUC_"))
+        .collect();
+    match load(root, config) {
+        Ok((board, config)) => done(super::handler::post_install(&board, &config, &env)),
+        Err(code) => code,
+    }
+}
