@@ -132,6 +132,8 @@ enum UpdateCommand {
     Reboot,
     /// Do not try the installed slot.
     Cancel,
+    /// What the daemon does first at every boot: recognise a trial boot, record a rollback.
+    Boot,
     /// RAUC's custom bootloader backend (RAUC calls this).
     #[command(hide = true)]
     Backend {
@@ -320,6 +322,7 @@ fn main() -> ExitCode {
                 } => cli::install(&cli.root, config, &source, force, in_window),
                 UpdateCommand::Reboot => cli::reboot(&cli.root, config),
                 UpdateCommand::Cancel => cli::cancel(&cli.root, config),
+                UpdateCommand::Boot => cli::boot(&cli.root, config),
                 UpdateCommand::Backend { args } => cli::backend(&cli.root, config, &args),
                 UpdateCommand::PostInstall => cli::post_install(&cli.root, config),
             }

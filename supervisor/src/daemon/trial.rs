@@ -24,7 +24,19 @@ async fn not_healthy(
     config: &Config,
     tuned: &watch::Sender<dashboard::Tuned>,
     engine: &engine::Handle,
-) -> Option<String> {
+) -> Option<Unhealthy> {
+    let pending = |why: String| Unhealthy {
+        why,
+        for_good: false,
+    };
+    let status = engine.status();
+    // An engine the supervision gave up on will not come back in this boot.
+    if status.state == Phase::Failing {
+        return Some(Unhealthy {
+            why: format!("the engine is failing: {}", status.reason),
+            for_good: true,
+        });
+    }
     let (failed, model) = {
         let t = tuned.borrow();
         let failed = t
@@ -35,14 +47,19 @@ async fn not_healthy(
         (failed, t.model.clone())
     };
     if let Some(why) = failed {
-        return Some(why);
+        return Some(pending(why));
     }
     if model.state != "verified" {
-        return Some(format!("the model is {}: {}", model.state, model.reason));
+        return Some(pending(format!(
+            "the model is {}: {}",
+            model.state, model.reason
+        )));
     }
-    let status = engine.status();
     if status.state != Phase::Ready {
-        return Some(format!("the engine is not serving: {}", status.reason));
+        return Some(pending(format!(
+            "the engine is not serving: {}",
+            status.reason
+        )));
     }
     let key = status.control_key?;
     let port = config.engine.port.get();
@@ -54,11 +71,23 @@ async fn not_healthy(
     match answered {
         Ok(engine::probe::Completion::Generated) => {}
         Ok(engine::probe::Completion::QueueFull) => {
-            return Some("the engine's queue is full; no completion yet".into());
+            return Some(pending(
+                "the engine's queue is full; no completion yet".into(),
+            ));
         }
-        Err(e) => return Some(format!("the engine did not answer a completion: {e}")),
+        Err(e) => {
+            return Some(pending(format!(
+                "the engine did not answer a completion: {e}"
+            )));
+        }
     }
-    dashboard_answers(config).await.err()
+    dashboard_answers(config).await.err().map(pending)
+}
+
+/// Why the new slot is not healthy, and whether waiting could change that.
+struct Unhealthy {
+    why: String,
+    for_good: bool,
 }
 
 /// The dashboard answers HTTP on its plain port over loopback.
@@ -102,24 +131,26 @@ pub async fn check(
     let verdict = loop {
         match not_healthy(config, tuned, engine).await {
             None => break Ok(()),
-            Some(why) if Instant::now() >= deadline => break Err(why),
-            Some(why) => tracing::info!("update: slot {slot} not healthy yet: {why}"),
+            Some(u) if u.for_good => break Err(u.why),
+            Some(u) if Instant::now() >= deadline => {
+                break Err(format!(
+                    "not healthy within {} s: {}",
+                    config.update.health_timeout_s.get(),
+                    u.why
+                ));
+            }
+            Some(u) => tracing::info!("update: slot {slot} not healthy yet: {}", u.why),
         }
         tokio::time::sleep(RETRY).await;
     };
     let (board, config) = (board.clone(), config.clone());
-    let timeout = config.update.health_timeout_s.get();
     let done = tokio::task::spawn_blocking(move || match verdict {
         Ok(()) => crate::update::commit(
             &board,
             &config,
             "tuning verified, weights verified, the engine answered a completion, the dashboard answered",
         ),
-        Err(why) => crate::update::roll_back(
-            &board,
-            &config,
-            &format!("not healthy within {timeout} s: {why}"),
-        ),
+        Err(why) => crate::update::roll_back(&board, &config, &why),
     })
     .await
     .unwrap_or_else(|e| Err(format!("the task crashed: {e}")));

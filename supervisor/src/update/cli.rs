@@ -88,6 +88,17 @@ pub fn install(
     )))
 }
 
+/// `supervisor update boot`: what the daemon does first at every boot.
+pub fn boot(root: &Path, config: Option<&Path>) -> ExitCode {
+    match load(root, config) {
+        Ok((board, config)) => done(super::on_boot(&board, &config).map(|b| match b {
+            super::Boot::Normal(m) | super::Boot::Rebooting(m) => m,
+            super::Boot::Trial(slot) => format!("this boot tries slot {slot}"),
+        })),
+        Err(code) => code,
+    }
+}
+
 /// `supervisor update reboot`: into the installed slot now.
 pub fn reboot(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {

@@ -161,6 +161,7 @@ pub fn arm(board: &Board, config: &Config, target: Slot) -> Result<String, Strin
     let _lock = store::lock(board, config)?;
     let mut record = store::load(board, config)?;
     record.slot_mut(target).bad = false;
+    record.slot_mut(booted).system_version = slot::running_version(board);
     record.trial = Some(Trial {
         slot: target,
         system_version: None,
