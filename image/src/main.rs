@@ -24,12 +24,49 @@ struct Cli {
 enum Cmd {
     /// Check the definition and print the partition table and config.txt.
     Check,
-    /// Build out/<name>.img and its .sha256 (as root: it makes chroots).
+    /// Build out/<name>.img and its .sha256, and the signed update bundle of the same system,
+    /// out/<name>-<version>.raucb (as root: it makes chroots).
     Build {
         /// Put the default model on the data partition (fetched into this cache), as a
         /// provisioned box has it.
         #[arg(long)]
         with_model: Option<PathBuf>,
+        /// The system version (digits and dots); default: the build time, YYYY.MM.DD.HHMMSS.
+        #[arg(long)]
+        version: Option<String>,
+        /// The fleet's PEM private key that signs the bundle (with --signing-cert); without
+        /// both, a development pair in out/keys/ is used (made once).
+        #[arg(long, requires = "signing_cert")]
+        signing_key: Option<PathBuf>,
+        /// The PEM X.509 certificate of the signing key; the image trusts bundles it signed.
+        #[arg(long, requires = "signing_key")]
+        signing_cert: Option<PathBuf>,
+        /// For the rollback test: an engine that exits at once.
+        #[arg(long, hide = true)]
+        test_broken_engine: bool,
+    },
+    /// A/B updates under QEMU, the harness playing the firmware: IMAGE (version V1) installs
+    /// GOOD (V2) from a USB stick, reboots into it and commits; then BROKEN (V3, built with
+    /// --test-broken-engine) rolls back by itself.
+    QemuUpdateTest {
+        /// The image of the first version.
+        #[arg(long)]
+        image: PathBuf,
+        /// A healthy bundle of a newer version.
+        #[arg(long)]
+        bundle: PathBuf,
+        /// A bundle of a still newer version whose engine cannot run.
+        #[arg(long)]
+        broken_bundle: PathBuf,
+        /// The three versions, in order.
+        #[arg(long, num_args = 3, value_names = ["V1", "V2", "V3"])]
+        versions: Vec<String>,
+        /// Host port forwarded to the guest's engine; the next three to HTTPS, HTTP and SSH.
+        #[arg(long, default_value_t = 18090)]
+        port: u16,
+        /// Seconds for each stage (boot, install, check).
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
     },
     /// Stamp a copy of the built image for one box, boot it under QEMU twice and check the
     /// engine answers and the box took its identity (once).
@@ -74,17 +111,60 @@ fn run(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
-        Cmd::Build { with_model } => {
+        Cmd::Build {
+            with_model,
+            version,
+            signing_key,
+            signing_cert,
+            test_broken_engine,
+        } => {
             let options = Options {
                 model_cache: with_model,
+                version,
+                signing: signing_key
+                    .zip(signing_cert)
+                    .map(|(key, cert)| appliance_image::bundle::Signing { key, cert }),
+                broken_engine: test_broken_engine,
             };
             let built = pipeline::build(&definition, &paths, &options)?;
             println!(
-                "{}: {} MiB ({} MiB allocated); root filesystem {} MiB",
+                "{}: version {}, {} MiB ({} MiB allocated); root filesystem {} MiB; update bundle {}",
                 built.image.display(),
+                built.version,
                 built.size >> 20,
                 built.allocated >> 20,
-                built.rootfs_bytes >> 20
+                built.rootfs_bytes >> 20,
+                built.bundle.display()
+            );
+            Ok(())
+        }
+        Cmd::QemuUpdateTest {
+            image,
+            bundle,
+            broken_bundle,
+            versions,
+            port,
+            timeout,
+        } => {
+            let [v1, v2, v3] = versions.as_slice() else {
+                return Err("--versions takes three versions".into());
+            };
+            let report = appliance_image::qemu_update::update_test(
+                &definition,
+                &paths,
+                &image,
+                &bundle,
+                &broken_bundle,
+                [v1, v2, v3],
+                port,
+                Duration::from_secs(timeout),
+            )?;
+            println!(
+                "versions running, in order: {}; version {v2} committed {:.0} s after its stick was plugged in; version {v3} rolled back {:.0} s after its stick was plugged in: {}",
+                report.versions.join(" → "),
+                report.install_to_commit.as_secs_f64(),
+                report.install_to_rollback.as_secs_f64(),
+                report.rollback_reason
             );
             Ok(())
         }

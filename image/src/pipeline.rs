@@ -49,12 +49,19 @@ impl Paths {
     }
 }
 
-/// Extra content for the data partition.
+/// What the build is asked for beyond the definition.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
     /// Install the default model (fetched through its manifest into this cache) onto the data
     /// partition, as a provisioned box would have it.
     pub model_cache: Option<PathBuf>,
+    /// The system version stamped into the root filesystem and the bundle (`None`: the build
+    /// time, see [`crate::bundle::version_from_time`]).
+    pub version: Option<String>,
+    /// The fleet's bundle signing pair (`None`: the checkout's development pair).
+    pub signing: Option<crate::bundle::Signing>,
+    /// For the rollback test only: the engine binary replaced by one that exits at once.
+    pub broken_engine: bool,
 }
 
 /// What a build produced.
@@ -68,6 +75,10 @@ pub struct Built {
     pub size: u64,
     /// Bytes in the root filesystem tree.
     pub rootfs_bytes: u64,
+    /// The signed update bundle of the same build.
+    pub bundle: PathBuf,
+    /// The system version.
+    pub version: String,
 }
 
 const HOST_TOOLS: [(&str, &str); 8] = [
@@ -85,7 +96,14 @@ const HOST_TOOLS: [(&str, &str); 8] = [
 pub fn build(definition: &Definition, paths: &Paths, options: &Options) -> Result<Built, String> {
     let started = Instant::now();
     host_tools(&HOST_TOOLS)?;
+    host_tools(&crate::bundle::HOST_TOOLS)?;
     binfmt()?;
+    let built_unix = build_time()?;
+    let version = match &options.version {
+        Some(v) => checked_version(v)?,
+        None => crate::bundle::version_from_time(built_unix),
+    };
+    let signing = crate::bundle::signing(options.signing.clone(), &paths.out)?;
     let mirror = crate::mirror::mirror()?;
     fs::create_dir_all(&paths.cache).map_err(|e| io("creating", &paths.cache, e))?;
     let builder = builder_chroot(definition, paths, &mirror)?;
@@ -98,10 +116,19 @@ pub fn build(definition: &Definition, paths: &Paths, options: &Options) -> Resul
     let root = work.join("root");
     fs::create_dir_all(&root).map_err(|e| io("creating", &root, e))?;
     run("tar", args!["--zstd", "-xpf", rootfs, "-C", root])?;
-    customize_root(definition, paths, &root, &binaries)?;
+    customize_root(definition, paths, &root, &binaries, built_unix)?;
+    system_identity(definition, &root, &version, &signing, options.broken_engine)?;
     let boot = boot_files(definition, paths, &root, &work.join("boot"))?;
     let data = data_files(paths, &work.join("data"), options)?;
     let image = disk_image(definition, paths, &root, &boot, &data)?;
+    let bundle = crate::bundle::make(
+        definition,
+        &paths.out,
+        &work,
+        &work.join(format!("{}.fs", Role::RootA.label())),
+        &version,
+        &signing,
+    )?;
     let meta = fs::metadata(&image).map_err(|e| io("reading", &image, e))?;
     use std::os::unix::fs::MetadataExt;
     let built = Built {
@@ -109,10 +136,129 @@ pub fn build(definition: &Definition, paths: &Paths, options: &Options) -> Resul
         size: meta.len(),
         rootfs_bytes: tree_bytes(&root),
         image,
+        bundle,
+        version,
     };
     eprintln!("image built in {:.0} s", started.elapsed().as_secs_f64());
     Ok(built)
 }
+
+/// When the image is built (Unix seconds): `SOURCE_DATE_EPOCH` for reproducible builds, else
+/// now.
+fn build_time() -> Result<u64, String> {
+    std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_secs())
+        })
+        .ok_or_else(|| "the build machine's clock is before 1970".to_string())
+}
+
+/// A version RAUC and the supervisor can order: digits, letters and `.-+`, starting with a
+/// digit.
+fn checked_version(v: &str) -> Result<String, String> {
+    let ok = v.len() <= 64
+        && v.starts_with(|c: char| c.is_ascii_digit())
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c));
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(format!(
+            "--version {v:?}: use digits and dots (e.g. 2026.12.1 or 3), at most 64 characters"
+        ))
+    }
+}
+
+/// The system's version, RAUC's configuration and keyring, and the files of its boot folder
+/// (kernel, initramfs, device trees, version), which RAUC's post-install handler copies onto
+/// the boot partition when this system is installed into a slot.
+fn system_identity(
+    d: &Definition,
+    root: &Path,
+    version: &str,
+    signing: &crate::bundle::Signing,
+    broken_engine: bool,
+) -> Result<(), String> {
+    write(
+        &root.join("usr/share/appliance/version"),
+        &format!("{version}\n"),
+    )?;
+    write(
+        &root.join("etc/rauc/system.conf"),
+        &crate::bundle::system_conf(d),
+    )?;
+    fs::copy(&signing.cert, root.join("etc/rauc/keyring.pem"))
+        .map_err(|e| io("copying", &signing.cert, e))?;
+    if broken_engine {
+        let engine = root.join("usr/bin/engine");
+        write(
+            &engine,
+            "#!/bin/sh\necho 'this engine is broken on purpose (appliance-image build --test-broken-engine)' >&2\nexit 1\n",
+        )?;
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&engine, fs::Permissions::from_mode(0o755))
+            .map_err(|e| io("marking executable", &engine, e))?;
+    }
+    slot_boot_dir(d, root, version)
+}
+
+/// `usr/lib/appliance/boot/`: what the firmware loads for a slot holding this system.
+fn slot_boot_dir(d: &Definition, root: &Path, version: &str) -> Result<(), String> {
+    let dir = root.join(SLOT_BOOT_DIR);
+    fs::create_dir_all(&dir).map_err(|e| io("creating", &dir, e))?;
+    let kernel_dir = root.join("boot");
+    let newest = |prefix: &str| -> Result<PathBuf, String> {
+        let mut found: Vec<PathBuf> = fs::read_dir(&kernel_dir)
+            .map_err(|e| io("listing", &kernel_dir, e))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+            })
+            .collect();
+        found.sort();
+        found.pop().ok_or_else(|| {
+            format!("no {prefix}* in the rootfs's /boot: is the kernel package installed?")
+        })
+    };
+    let vmlinuz = newest("vmlinuz-")?;
+    let kernel = vmlinuz
+        .file_name()
+        .map(|n| {
+            n.to_string_lossy()
+                .trim_start_matches("vmlinuz-")
+                .to_string()
+        })
+        .unwrap_or_default();
+    fs::copy(&vmlinuz, dir.join("vmlinuz")).map_err(|e| io("copying", &vmlinuz, e))?;
+    let initrd = newest("initrd.img-")?;
+    fs::copy(&initrd, dir.join("initrd.img")).map_err(|e| io("copying", &initrd, e))?;
+    let candidates = [
+        root.join("usr/lib/modules")
+            .join(&kernel)
+            .join("dtb/broadcom"),
+        root.join(format!("usr/lib/linux-image-{kernel}/broadcom")),
+    ];
+    for dtb in &d.rootfs.device_trees {
+        let source = candidates
+            .iter()
+            .map(|dir| dir.join(dtb))
+            .find(|p| p.is_file())
+            .ok_or_else(|| format!("device tree {dtb} is not in kernel {kernel}"))?;
+        fs::copy(&source, dir.join(dtb)).map_err(|e| io("copying", &source, e))?;
+    }
+    write(&dir.join("version"), &format!("{version}\n"))
+}
+
+/// Where a system keeps its boot folder's files (the supervisor's post-install handler reads
+/// the same path).
+const SLOT_BOOT_DIR: &str = "usr/lib/appliance/boot";
 
 fn io(what: &str, path: &Path, e: std::io::Error) -> String {
     format!("{what} {}: {e}", path.display())
@@ -373,6 +519,7 @@ fn customize_root(
     paths: &Paths,
     root: &Path,
     binaries: &[PathBuf],
+    built: u64,
 ) -> Result<(), String> {
     for overlay in &d.overlays.rootfs {
         copy_tree(&paths.repo.join(overlay), root)?;
@@ -440,17 +587,7 @@ fn customize_root(
         fs::create_dir_all(root.join(dir)).map_err(|e| io("creating", &root.join(dir), e))?;
     }
     // The box never runs with a clock earlier than its image (see the supervisor's clock
-    // floor): SOURCE_DATE_EPOCH for reproducible builds, else now.
-    let built = std::env::var("SOURCE_DATE_EPOCH")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .ok()
-                .map(|d| d.as_secs())
-        })
-        .ok_or("the build machine's clock is before 1970")?;
+    // floor).
     write(
         &root.join("usr/share/appliance/build-time"),
         &format!("{built}\n"),
@@ -492,13 +629,20 @@ pub fn assembled_config_txt(dir: &Path) -> Result<String, String> {
 }
 
 /// The boot partition's files: config.txt and the fragments it is assembled from (the
-/// supervisor regenerates it from them on the box), cmdline.txt, autoboot.txt, kernel,
-/// initramfs and the Pi 5 device trees.
+/// supervisor regenerates it from them on the box), autoboot.txt, and slot A's folder: kernel,
+/// initramfs, device trees and its cmdline.txt (root partition 2, `rauc.slot=A`). Slot B's
+/// folder is made by the first update into it.
 fn boot_files(d: &Definition, paths: &Paths, root: &Path, boot: &Path) -> Result<PathBuf, String> {
     fs::create_dir_all(boot).map_err(|e| io("creating", boot, e))?;
     let fragment_src = paths.repo.join(&d.overlays.config_txt);
     let fragments = config_txt::read_dir(&fragment_src)?;
     let config = config_txt::assemble(&fragments, &fragment_src.display().to_string())?;
+    if config_txt::setting(&config, "os_prefix") != Some("slot-a/") {
+        return Err(format!(
+            "the config.txt fragments in {} must boot slot A (os_prefix=slot-a/, in 15-slot.txt)",
+            fragment_src.display()
+        ));
+    }
     write(&boot.join("config.txt"), &config)?;
     for fragment in &fragments {
         write(
@@ -507,57 +651,15 @@ fn boot_files(d: &Definition, paths: &Paths, root: &Path, boot: &Path) -> Result
         )?;
     }
     let boot_src = paths.repo.join(&d.overlays.boot);
-    let cmdline = fs::read_to_string(boot_src.join("cmdline.txt"))
-        .map_err(|e| io("reading", &boot_src.join("cmdline.txt"), e))?
-        .replace("{root}", &layout::partuuid(d.layout.disk_id, 2));
-    write(&boot.join("cmdline.txt"), &cmdline)?;
     fs::copy(boot_src.join("autoboot.txt"), boot.join("autoboot.txt"))
         .map_err(|e| io("copying", &boot_src.join("autoboot.txt"), e))?;
-    let kernel_dir = root.join("boot");
-    let newest = |prefix: &str| -> Result<PathBuf, String> {
-        let mut found: Vec<PathBuf> = fs::read_dir(&kernel_dir)
-            .map_err(|e| io("listing", &kernel_dir, e))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
-            })
-            .collect();
-        found.sort();
-        found.pop().ok_or_else(|| {
-            format!("no {prefix}* in the rootfs's /boot: is the kernel package installed?")
-        })
-    };
-    let vmlinuz = newest("vmlinuz-")?;
-    let version = vmlinuz
-        .file_name()
-        .map(|n| {
-            n.to_string_lossy()
-                .trim_start_matches("vmlinuz-")
-                .to_string()
-        })
-        .unwrap_or_default();
-    fs::copy(&vmlinuz, boot.join("vmlinuz")).map_err(|e| io("copying", &vmlinuz, e))?;
-    let initrd = newest("initrd.img-")?;
-    fs::copy(&initrd, boot.join("initrd.img")).map_err(|e| io("copying", &initrd, e))?;
-    let candidates = [
-        root.join("usr/lib/modules")
-            .join(&version)
-            .join("dtb/broadcom"),
-        root.join("usr/lib/linux-image-")
-            .join(&version)
-            .join("broadcom"),
-        root.join(format!("usr/lib/linux-image-{version}/broadcom")),
-    ];
-    for dtb in &d.rootfs.device_trees {
-        let source = candidates
-            .iter()
-            .map(|dir| dir.join(dtb))
-            .find(|p| p.is_file())
-            .ok_or_else(|| format!("device tree {dtb} is not in kernel {version}"))?;
-        fs::copy(&source, boot.join(dtb)).map_err(|e| io("copying", &source, e))?;
-    }
+    let slot = boot.join("slot-a");
+    copy_tree(&root.join(SLOT_BOOT_DIR), &slot)?;
+    let cmdline = fs::read_to_string(boot_src.join("cmdline.txt"))
+        .map_err(|e| io("reading", &boot_src.join("cmdline.txt"), e))?
+        .replace("{root}", &layout::partuuid(d.layout.disk_id, 2))
+        .replace("{slot}", "A");
+    write(&slot.join("cmdline.txt"), &cmdline)?;
     Ok(boot.to_path_buf())
 }
 
@@ -654,7 +756,10 @@ fn disk_image(
             )?,
         }
         place(&fs_image, &partial, p.start)?;
-        fs::remove_file(&fs_image).map_err(|e| io("removing", &fs_image, e))?;
+        // The root filesystem image also goes into the update bundle.
+        if p.role != Role::RootA {
+            fs::remove_file(&fs_image).map_err(|e| io("removing", &fs_image, e))?;
+        }
     }
     fs::File::open(&partial)
         .and_then(|f| f.sync_all())

@@ -43,7 +43,7 @@ pub struct Report {
 }
 
 /// Kills the QEMU child on every path out.
-struct Guest(Child);
+pub(crate) struct Guest(pub(crate) Child);
 
 impl Drop for Guest {
     fn drop(&mut self) {
@@ -54,7 +54,7 @@ impl Drop for Guest {
 
 /// What the test runs on the host: the emulator, FAT tools (kernel out of the boot partition,
 /// the USB stick), the partition table reader.
-const HOST_TOOLS: [(&str, &str); 4] = [
+pub(crate) const HOST_TOOLS: [(&str, &str); 4] = [
     ("qemu-system-aarch64", "qemu-system-arm"),
     ("mcopy", "mtools"),
     ("mkfs.vfat", "dosfstools"),
@@ -63,11 +63,11 @@ const HOST_TOOLS: [(&str, &str); 4] = [
 
 /// Host ports forwarded to the guest: the engine (through the test proxy), HTTPS, plain HTTP,
 /// SSH.
-struct Ports {
-    engine: u16,
-    https: u16,
-    plain: u16,
-    ssh: u16,
+pub(crate) struct Ports {
+    pub(crate) engine: u16,
+    pub(crate) https: u16,
+    pub(crate) plain: u16,
+    pub(crate) ssh: u16,
 }
 
 /// Boots `image` (a stamped copy of it) twice and checks the engine and the provisioning;
@@ -91,14 +91,6 @@ pub fn smoke_test(
         .and_then(|f| f.set_len(grown))
         .map_err(|e| format!("growing {}: {e}", disk.display()))?;
     let stamped = crate::stamped::stamp(&disk)?;
-    let boot = boot_offset(definition);
-    for name in ["vmlinuz", "initrd.img"] {
-        let from = format!("{}@@{boot}", disk.display());
-        run(
-            "mcopy",
-            args!["-n", "-o", "-i", from, format!("::/{name}"), dir.join(name)],
-        )?;
-    }
     let ports = Ports {
         engine: port,
         https: port.checked_add(1).ok_or("--port too high")?,
@@ -108,7 +100,7 @@ pub fn smoke_test(
     let https = format!("127.0.0.1:{}", ports.https);
     let plain = format!("127.0.0.1:{}", ports.plain);
 
-    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, None)?;
+    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, None, false)?;
     let deadline = started + timeout;
     let boot_to_multi_user = wait_multi_user(&mut guest, &serial, started, deadline, timeout)?;
     let base = format!("http://127.0.0.1:{}", ports.engine);
@@ -156,7 +148,7 @@ pub fn smoke_test(
     crate::stamped::check_scrubbed(&stamped, &disk)?;
 
     // The second boot must find the generation applied and apply nothing.
-    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, None)?;
+    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, None, false)?;
     let deadline = started + timeout;
     wait_multi_user(&mut guest, &serial, started, deadline, timeout)?;
     let check = || crate::stamped::check_running(&stamped, &https, &plain, HOSTNAME, 1);
@@ -173,7 +165,7 @@ pub fn smoke_test(
 
     // In the field: a USB stick labelled APPLIANCE with generation 2, signed by the fleet key.
     let stick = crate::stamped::usb_stick(&stamped, &dir)?;
-    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, Some(&stick))?;
+    let (mut guest, started, serial) = start(definition, &dir, &disk, &ports, Some(&stick), false)?;
     let deadline = started + timeout;
     wait_multi_user(&mut guest, &serial, started, deadline, timeout)?;
     let check = || crate::stamped::check_running(&stamped, &https, &plain, HOSTNAME_FROM_STICK, 2);
@@ -200,7 +192,7 @@ pub fn smoke_test(
 }
 
 /// Polls `check` until it passes (the box serves as expected), QEMU exits or `deadline` passes.
-fn serving<T>(
+pub(crate) fn serving<T>(
     guest: &mut Guest,
     serial: &Path,
     deadline: Instant,
@@ -223,19 +215,92 @@ fn serving<T>(
     }
 }
 
-/// Starts QEMU on `disk` with a fresh serial log, with `stick` as a USB mass-storage device.
-fn start(
+/// What the Pi 5 firmware boots from `disk`: `tryboot.txt` once when the last reboot asked for
+/// `0 tryboot` (and the file exists), else `config.txt`; the kernel, initramfs and
+/// `cmdline.txt` of the slot folder its `os_prefix` names, copied into `dir`.
+pub(crate) struct Firmware {
+    /// The boot partition's file it read.
+    pub file: &'static str,
+    /// The slot folder (`os_prefix`).
+    pub prefix: String,
+    /// The kernel command line for QEMU: the slot's `cmdline.txt`, with the console on the
+    /// `virt` machine's UART.
+    pub cmdline: String,
+}
+
+pub(crate) fn firmware(
+    definition: &Definition,
+    dir: &Path,
+    disk: &Path,
+    tryboot: bool,
+) -> Result<Firmware, String> {
+    let from = format!("{}@@{}", disk.display(), boot_offset(definition));
+    let read = |name: &str, to: &Path| {
+        run(
+            "mcopy",
+            args!["-n", "-o", "-i", &from, format!("::/{name}"), to],
+        )
+    };
+    let file = if tryboot && read("tryboot.txt", &dir.join("boot-config.txt")).is_ok() {
+        "tryboot.txt"
+    } else {
+        read("config.txt", &dir.join("boot-config.txt"))?;
+        "config.txt"
+    };
+    let config = std::fs::read_to_string(dir.join("boot-config.txt"))
+        .map_err(|e| format!("reading {file}: {e}"))?;
+    let prefix = config_txt::setting(&config, "os_prefix")
+        .unwrap_or("")
+        .to_string();
+    for name in ["vmlinuz", "initrd.img", "cmdline.txt"] {
+        read(&format!("{prefix}{name}"), &dir.join(name))
+            .map_err(|e| format!("{file} boots {prefix:?}, which the firmware cannot load: {e}"))?;
+    }
+    let cmdline = std::fs::read_to_string(dir.join("cmdline.txt"))
+        .map_err(|e| format!("reading {prefix}cmdline.txt: {e}"))?;
+    let cmdline = cmdline
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|w| {
+            if w.starts_with("console=") {
+                "console=ttyAMA0"
+            } else {
+                w
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    Ok(Firmware {
+        file,
+        prefix,
+        cmdline,
+    })
+}
+
+/// Whether the guest's last shutdown asked the firmware for a tryboot (the kernel logs the
+/// reboot command on the console).
+pub(crate) fn asked_for_tryboot(serial: &Path) -> bool {
+    console_text(serial).contains("Restarting system with command '0 tryboot'")
+}
+
+/// Starts QEMU on `disk` with a fresh serial log, with `stick` as a USB mass-storage device,
+/// booting what the firmware would (`tryboot`: the last reboot asked for one).
+pub(crate) fn start(
     definition: &Definition,
     dir: &Path,
     disk: &Path,
     ports: &Ports,
     stick: Option<&Path>,
+    tryboot: bool,
 ) -> Result<(Guest, Instant, std::path::PathBuf), String> {
-    let root = layout::partuuid(definition.layout.disk_id, 2);
+    let boot = firmware(definition, dir, disk, tryboot)?;
+    eprintln!("firmware: {} boots {:?}", boot.file, boot.prefix);
     let append = format!(
-        "console=ttyAMA0 root=PARTUUID={root} rootfstype=ext4 ro rootwait cgroup_enable=memory \
-         systemd.wants=appliance-qemu-test-proxy.socket systemd.log_target=console \
-         systemd.log_level=info"
+        "{} systemd.wants=appliance-qemu-test-proxy.socket systemd.log_target=console \
+         systemd.log_level=info",
+        boot.cmdline
     );
     let serial = dir.join("serial.log");
     // A previous boot's console must not satisfy this one.
@@ -297,7 +362,7 @@ fn start(
     Ok((Guest(child), started, serial))
 }
 
-fn wait_multi_user(
+pub(crate) fn wait_multi_user(
     guest: &mut Guest,
     serial: &Path,
     started: Instant,
@@ -321,7 +386,7 @@ fn wait_multi_user(
     }
 }
 
-fn no_failed_units(serial: &Path) -> Result<(), String> {
+pub(crate) fn no_failed_units(serial: &Path) -> Result<(), String> {
     let log = console_text(serial);
     let failed: Vec<&str> = log
         .lines()
@@ -360,7 +425,7 @@ fn data_partition_bytes(disk: &Path) -> Result<u64, String> {
 }
 
 /// An error if QEMU has exited, with its stderr.
-fn exited(guest: &mut Guest, serial: &Path) -> Result<(), String> {
+pub(crate) fn exited(guest: &mut Guest, serial: &Path) -> Result<(), String> {
     if let Ok(Some(status)) = guest.0.try_wait() {
         let mut err = String::new();
         if let Some(mut e) = guest.0.stderr.take() {

@@ -149,16 +149,8 @@ pub struct Seen {
     pub hostname: String,
 }
 
-/// Checks the running box at `https` (host:port) and `plain` (its plain HTTP port as another
-/// machine sees it): provisioned with `generation` under `hostname`, the API token opens
-/// `/api/status`, the password logs in with a Secure cookie, plain HTTP redirects to HTTPS.
-pub fn check_running(
-    stamped: &Stamped,
-    https: &str,
-    plain: &str,
-    hostname: &str,
-    generation: u64,
-) -> Result<Seen, String> {
+/// The box's `/api/status` document over HTTPS with the stamped API token.
+pub fn api_status(stamped: &Stamped, https: &str) -> Result<Value, String> {
     let status = https::request(
         https,
         "GET",
@@ -174,8 +166,20 @@ pub fn check_running(
             status.status
         ));
     }
-    let doc: Value = serde_json::from_slice(&status.body)
-        .map_err(|e| format!("/api/status is not JSON: {e}"))?;
+    serde_json::from_slice(&status.body).map_err(|e| format!("/api/status is not JSON: {e}"))
+}
+
+/// Checks the running box at `https` (host:port) and `plain` (its plain HTTP port as another
+/// machine sees it): provisioned with `generation` under `hostname`, the API token opens
+/// `/api/status`, the password logs in with a Secure cookie, plain HTTP redirects to HTTPS.
+pub fn check_running(
+    stamped: &Stamped,
+    https: &str,
+    plain: &str,
+    hostname: &str,
+    generation: u64,
+) -> Result<Seen, String> {
+    let doc = api_status(stamped, https)?;
     let record = &doc["provision"];
     if record["state"] != "provisioned"
         || record["generation"] != generation

@@ -128,6 +128,12 @@ enum UpdateCommand {
         #[arg(long)]
         in_window: bool,
     },
+    /// Install the newest signed bundle on a USB stick mounted at DIR (the stick's unit runs
+    /// this); the reboot waits for `[update] window`.
+    InstallStick {
+        /// Where the stick is mounted (a box path).
+        dir: String,
+    },
     /// Reboot into the installed slot now.
     Reboot,
     /// Do not try the installed slot.
@@ -320,6 +326,7 @@ fn main() -> ExitCode {
                     force,
                     in_window,
                 } => cli::install(&cli.root, config, &source, force, in_window),
+                UpdateCommand::InstallStick { dir } => cli::install_stick(&cli.root, config, &dir),
                 UpdateCommand::Reboot => cli::reboot(&cli.root, config),
                 UpdateCommand::Cancel => cli::cancel(&cli.root, config),
                 UpdateCommand::Boot => cli::boot(&cli.root, config),

@@ -22,6 +22,7 @@ const RETRY: Duration = Duration::from_secs(2);
 /// What is not healthy yet, or `None` when everything is.
 async fn not_healthy(
     config: &Config,
+    failing_before: &[String],
     tuned: &watch::Sender<dashboard::Tuned>,
     engine: &engine::Handle,
 ) -> Option<Unhealthy> {
@@ -42,7 +43,7 @@ async fn not_healthy(
         let failed = t
             .steps
             .iter()
-            .find(|r| r.state == State::Failed)
+            .find(|r| r.state == State::Failed && !failing_before.contains(&r.name))
             .map(|r| format!("tuning step {} failed: {}", r.name, r.reason));
         (failed, t.model.clone())
     };
@@ -128,8 +129,18 @@ pub async fn check(
     tuned: &watch::Sender<dashboard::Tuned>,
     engine: &engine::Handle,
 ) {
+    let failing_before = {
+        let (board, config) = (board.clone(), config.clone());
+        tokio::task::spawn_blocking(move || crate::update::pending(&board, &config))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+            .map(|t| t.failing_before)
+            .unwrap_or_default()
+    };
     let verdict = loop {
-        match not_healthy(config, tuned, engine).await {
+        match not_healthy(config, &failing_before, tuned, engine).await {
             None => break Ok(()),
             Some(u) if u.for_good => break Err(u.why),
             Some(u) if Instant::now() >= deadline => {

@@ -156,30 +156,34 @@ mod tests {
             Ok(Call::SetState(Slot::A, false))
         );
         assert_eq!(parse(&["get-state", "B"]), Ok(Call::GetState(Slot::B)));
-        assert!(parse(&[]).unwrap_err().contains("no backend command"));
+        assert!(
+            parse(&[])
+                .expect_err("refused")
+                .contains("no backend command")
+        );
         assert!(
             parse(&["set-primary"])
-                .unwrap_err()
+                .expect_err("refused")
                 .contains("needs a slot")
         );
         assert!(
             parse(&["set-primary", "C"])
-                .unwrap_err()
+                .expect_err("refused")
                 .contains("unknown slot")
         );
         assert!(
             parse(&["set-state", "A", "meh"])
-                .unwrap_err()
+                .expect_err("refused")
                 .contains("good` or `bad")
         );
         assert!(
             parse(&["get-current", "A"])
-                .unwrap_err()
+                .expect_err("refused")
                 .contains("takes 0")
         );
         assert!(
             parse(&["reboot"])
-                .unwrap_err()
+                .expect_err("refused")
                 .contains("unknown backend command")
         );
     }

@@ -66,19 +66,12 @@ pub fn install(
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return done(Err(format!("cannot start the async runtime: {e}"))),
-    };
     let reboot = if in_window {
         Reboot::InWindow
     } else {
         Reboot::Now
     };
-    done(runtime.block_on(install::install(
+    done(block_on(install::install(
         &board,
         &config,
         source,
@@ -86,6 +79,17 @@ pub fn install(
         reboot,
         &|line| eprintln!("{line}"),
     )))
+}
+
+/// Runs `work` on a fresh single-threaded runtime (RAUC is reached over D-Bus).
+fn block_on(
+    work: impl std::future::Future<Output = Result<String, String>>,
+) -> Result<String, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?
+        .block_on(work)
 }
 
 /// `supervisor update boot`: what the daemon does first at every boot.
@@ -97,6 +101,15 @@ pub fn boot(root: &Path, config: Option<&Path>) -> ExitCode {
         })),
         Err(code) => code,
     }
+}
+
+/// `supervisor update install-stick DIR`.
+pub fn install_stick(root: &Path, config: Option<&Path>, dir: &str) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    done(block_on(install::from_stick(&board, &config, dir)))
 }
 
 /// `supervisor update reboot`: into the installed slot now.

@@ -96,3 +96,70 @@ pub async fn install(
         )),
     }
 }
+
+/// `supervisor update install-stick DIR`: the newest bundle on a USB stick mounted at `dir`
+/// (a box path), unless this box already runs it or rolled it back; the reboot waits for the
+/// window.
+pub async fn from_stick(board: &Board, config: &Config, dir: &str) -> Result<String, String> {
+    let host_dir = board.path(dir);
+    let mut bundles: Vec<String> = std::fs::read_dir(&host_dir)
+        .map_err(|e| format!("listing {dir}: {e}"))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".raucb") && !n.starts_with('.'))
+        .collect();
+    bundles.sort();
+    if bundles.is_empty() {
+        return Ok(format!("no update bundle (*.raucb) in {dir}"));
+    }
+    let rauc = Rauc::connect().await?;
+    let mut newest: Option<(String, String)> = None;
+    for name in &bundles {
+        let path = host_dir.join(name).display().to_string();
+        match rauc.info(&path).await {
+            Ok((_, version)) => {
+                if newest
+                    .as_ref()
+                    .is_none_or(|(_, v)| compare_versions(&version, v).is_gt())
+                {
+                    newest = Some((path, version));
+                }
+            }
+            Err(e) => tracing::warn!("{dir}/{name}: {e}"),
+        }
+    }
+    let Some((path, version)) = newest else {
+        return Err(format!(
+            "no bundle in {dir} passed RAUC's check (see the log for each one's reason)"
+        ));
+    };
+    if slot::running_version(board).as_deref() == Some(version.as_str()) {
+        return Ok(format!("version {version} from {dir} is already running"));
+    }
+    let status = super::status(board, config);
+    if let Some(last) = &status.last {
+        if last.system_version.as_deref() == Some(version.as_str())
+            && last.result == super::UpdateResult::RolledBack
+        {
+            // The stick may stay plugged in: the rolled-back version is left alone, not retried.
+            return Ok(format!(
+                "version {version} was rolled back on this box ({}); not installing it again from {dir}",
+                last.reason
+            ));
+        }
+    }
+    if status
+        .trial
+        .as_ref()
+        .is_some_and(|t| t.system_version.as_deref() == Some(version.as_str()))
+    {
+        return Ok(format!(
+            "version {version} is already installed and waiting"
+        ));
+    }
+    install(board, config, &path, false, Reboot::InWindow, &|line| {
+        tracing::info!("update from {dir}: {line}")
+    })
+    .await
+}

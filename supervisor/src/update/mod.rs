@@ -167,6 +167,12 @@ pub fn arm(board: &Board, config: &Config, target: Slot) -> Result<String, Strin
         system_version: None,
         from: booted,
         from_version: slot::running_version(board),
+        failing_before: crate::tune::last_pass::read(board)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.state == crate::tune::State::Failed)
+            .map(|r| r.name.to_string())
+            .collect(),
         armed_unix: now(board),
         prepared_unix: None,
         rebooted_unix: None,

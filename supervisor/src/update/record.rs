@@ -58,6 +58,10 @@ pub struct Trial {
     pub from: Slot,
     /// The version it replaces.
     pub from_version: Option<String>,
+    /// Tuning steps that already failed on the old slot when the update was armed: the new
+    /// one must tune at least as well, not better than the board allows.
+    #[serde(default)]
+    pub failing_before: Vec<String>,
     /// When RAUC made it primary.
     pub armed_unix: u64,
     /// When its boot folder was complete and `tryboot.txt` pointed at it.
@@ -178,6 +182,7 @@ mod tests {
                 system_version: Some("3".into()),
                 from: Slot::A,
                 from_version: Some("2".into()),
+                failing_before: Vec::new(),
                 armed_unix: 1,
                 prepared_unix: Some(1),
                 rebooted_unix: Some(2),
