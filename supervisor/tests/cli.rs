@@ -670,21 +670,34 @@ fn a_missing_root_is_bad_input() {
 }
 
 #[test]
-fn an_old_bootloader_is_reported_not_rewritten() {
+fn an_old_bootloader_gets_the_shipped_image_staged_with_its_own_config() {
     let sim = Sim::new("old-bootloader");
     assert!(!sim.read("proc/cmdline").contains("numa=fake"));
     assert_eq!(sim.apply().status.code(), Some(0));
     let status = sim.status();
-    let step = step(&status, "bootloader.sdram_banklow");
-    assert_eq!(step["state"], "not-applicable");
+    let banklow = step(&status, "bootloader.sdram_banklow");
+    assert_eq!(banklow["state"], "not-applicable");
     assert!(
-        step["reason"]
+        banklow["reason"]
             .as_str()
             .expect("reason")
             .contains("update the bootloader"),
-        "{step}"
+        "{banklow}"
     );
-    assert!(!sim.path("boot/firmware/pieeprom.upd").exists());
+    // Tryboot (updates, overclock trials) needs a recent bootloader: the newest shipped image
+    // is staged, its configuration left as the running bootloader has it.
+    let current = step(&status, "bootloader.current");
+    assert_eq!(current["state"], "pending-reboot", "{current}");
+    let staged = staged_config(&sim);
+    assert!(staged.contains("BOOT_ORDER=0xf461"), "{staged}");
+    assert!(!staged.contains("SDRAM_BANKLOW"), "{staged}");
+    // Once staged, never staged again.
+    let before = std::fs::read(sim.path("boot/firmware/pieeprom.upd")).expect("staged");
+    assert_eq!(sim.apply().status.code(), Some(0));
+    assert_eq!(
+        std::fs::read(sim.path("boot/firmware/pieeprom.upd")).expect("staged"),
+        before
+    );
 }
 
 #[test]

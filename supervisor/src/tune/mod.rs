@@ -7,6 +7,7 @@
 //! reported as `failed`, with what was read.
 
 mod bootloader;
+mod bootloader_current;
 mod cgroup;
 mod cmdline;
 mod edit;
@@ -166,6 +167,8 @@ pub fn steps(config: &Config, backend: Backend) -> Vec<Arc<dyn Evaluate>> {
         Arc::new(swap::SystemSwapStep {
             desired: tuning.system_swap,
         }),
+        // Before the interleave step: whatever either stages carries the newest image.
+        Arc::new(bootloader_current::CurrentStep),
         Arc::new(bootloader::BankLowStep {
             desired: tuning.sdram_banklow,
         }),
