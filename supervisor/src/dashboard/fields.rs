@@ -148,6 +148,76 @@ fn overclock_line(oc: &Value) -> (String, Level) {
     (text, level)
 }
 
+/// The update line from the status document's `update` part: both slots (version, health, which
+/// runs), the update under way, the last one's outcome.
+fn update_line(u: &Value) -> (String, Level) {
+    if u.is_null() {
+        return ("not part of this build".into(), Level::Ok);
+    }
+    let empty = Vec::new();
+    let slots: Vec<String> = u["slots"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|s| {
+            let version = s["system_version"].as_str().unwrap_or("empty");
+            let mut text = format!("slot {} {version}", text_of(&s["slot"]));
+            if s["booted"] == Value::Bool(true) {
+                text.push_str(" (running)");
+            }
+            if s["state"] == "bad" {
+                text.push_str(" (bad)");
+            }
+            text
+        })
+        .collect();
+    let mut text = if slots.is_empty() {
+        "no A/B slots".to_string()
+    } else {
+        slots.join(", ")
+    };
+    let mut level = Level::Ok;
+    let trial = &u["trial"];
+    if !trial.is_null() {
+        let stage = if !trial["checking_since_unix"].is_null() {
+            "being checked"
+        } else if !trial["rebooted_unix"].is_null() {
+            "rebooting into it"
+        } else if !trial["prepared_unix"].is_null() {
+            "installed, waiting for the reboot"
+        } else {
+            "being written"
+        };
+        let _ = write!(
+            text,
+            " — version {} to slot {}: {stage}",
+            text_of(&trial["system_version"]),
+            text_of(&trial["slot"])
+        );
+        level = Level::Warn;
+    }
+    let last = &u["last"];
+    if !last.is_null() {
+        let result = text_of(&last["result"]);
+        let _ = write!(
+            text,
+            " — last update: version {} {}: {}",
+            text_of(&last["system_version"]),
+            result.replace('-', " "),
+            text_of(&last["reason"])
+        );
+        if result == "rolled-back" && level == Level::Ok {
+            level = Level::Warn;
+        }
+    }
+    let error = text_of(&u["error"]);
+    if !error.is_empty() && !slots.is_empty() {
+        let _ = write!(text, " — {error}");
+        level = Level::Bad;
+    }
+    (text, level)
+}
+
 /// Every value the overview shows, from the status document and the engine's recent output.
 pub fn fields(status: &Value, engine_log: &[String]) -> Vec<Field> {
     let mut out = Vec::new();
@@ -214,6 +284,13 @@ pub fn fields(status: &Value, engine_log: &[String]) -> Vec<Field> {
         "overclock",
         format!("overclock: {oc}"),
         oc_level,
+    ));
+    let (update, update_level) = update_line(&status["update"]);
+    out.push(health(
+        "h-update",
+        "updates",
+        format!("updates: {update}"),
+        update_level,
     ));
     if let Some(line) = provision_line(&status["provision"]) {
         out.push(line);
@@ -383,5 +460,25 @@ mod tests {
         );
         status["overclock"]["error"] = json!("cannot read overclock.json");
         assert_eq!(overclock_line(&status["overclock"]).1, Level::Bad);
+    }
+
+    #[test]
+    fn the_update_line_shows_both_slots_and_the_last_outcome() {
+        let update = json!({
+            "booted": "B", "committed": "B", "error": null, "trial": null,
+            "slots": [
+                { "slot": "A", "system_version": "3", "state": "bad", "booted": false },
+                { "slot": "B", "system_version": "2", "state": "good", "booted": true }
+            ],
+            "last": { "slot": "A", "system_version": "3", "from_version": "2",
+                      "result": "rolled-back", "reason": "the engine is failing", "ended_unix": 1 }
+        });
+        let (text, level) = update_line(&update);
+        assert_eq!(
+            text,
+            "slot A 3 (bad), slot B 2 (running) — last update: version 3 rolled back: the engine is failing"
+        );
+        assert_eq!(level, Level::Warn);
+        assert_eq!(update_line(&Value::Null).0, "not part of this build");
     }
 }
