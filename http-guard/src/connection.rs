@@ -159,19 +159,23 @@ where
     let limits = &shared.limits;
     let verdict = Arc::new(Verdict::default());
     let (mut parts, incoming) = request.into_parts();
+    let upload = limits
+        .uploads
+        .iter()
+        .find(|u| parts.method.as_str() == u.method && parts.uri.path() == u.path);
+    let (max_body, whole_timeout) = upload.map_or((limits.max_body, limits.body_timeout), |u| {
+        (u.max_body, u.body_timeout)
+    });
     let body_limits = BodyLimits {
         frame_timeout: limits.body_frame_timeout,
-        whole_timeout: limits.body_timeout,
-        max: limits.max_body,
+        whole_timeout,
+        max: max_body,
         drain: limits.drain_limit,
     };
     let body = GuardedBody::new(incoming, body_limits, Arc::clone(&verdict));
-    let too_large = format!(
-        "the request body is too large: at most {} bytes are accepted",
-        limits.max_body
-    );
+    let too_large = format!("the request body is too large: at most {max_body} bytes are accepted");
     let response = match declared_length(&parts.headers) {
-        Some(length) if length > limits.max_body => {
+        Some(length) if length > max_body => {
             // A client waiting for `100 Continue` has not sent the body: answer at once.
             if !expects_continue(&parts.headers) && length <= limits.drain_limit {
                 body::drain(body).await;

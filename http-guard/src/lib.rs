@@ -66,6 +66,22 @@ pub struct Limits {
     /// The largest oversized body read (and discarded) so its 413 can be read; beyond it the
     /// connection is closed after the answer.
     pub drain_limit: u64,
+    /// Requests that may carry more than `max_body` (an update bundle): by method and exact
+    /// path, each with its own size and whole-body time limit; every other limit still holds.
+    pub uploads: Vec<Upload>,
+}
+
+/// A route that takes a large body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upload {
+    /// The method, e.g. `POST`.
+    pub method: &'static str,
+    /// The exact path, e.g. `/api/update`.
+    pub path: &'static str,
+    /// The largest body passed to the app.
+    pub max_body: u64,
+    /// Time for the whole body.
+    pub body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -81,6 +97,7 @@ impl Default for Limits {
             max_header_bytes: 64 << 10,
             max_body: 1 << 20,
             drain_limit: 16 << 20,
+            uploads: Vec::new(),
         }
     }
 }

@@ -4,9 +4,7 @@
 //! verification runs exactly as on a box.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use supervisor::board::{Board, sim};
 use supervisor::config::{CgroupBackend, Config, SliceName};
@@ -14,63 +12,9 @@ use supervisor::systemd::{PropertyValue, Systemd};
 use supervisor::tune::{self, Applier, Backend, State};
 use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
 
-/// A private bus, stopped when dropped.
-struct Bus {
-    child: Child,
-    address: String,
-    _dir: tempfile::TempDir,
-}
+mod common;
 
-impl Drop for Bus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_bus() -> Bus {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("bus");
-    let config = dir.path().join("bus.conf");
-    std::fs::write(
-        &config,
-        format!(
-            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*"/>
-    <allow receive_sender="*"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>"#,
-            socket.display()
-        ),
-    )
-    .expect("bus config");
-    let child = Command::new("dbus-daemon")
-        .arg(format!("--config-file={}", config.display()))
-        .arg("--nofork")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("dbus-daemon must be installed (Debian package dbus-daemon); .ci/run installs it");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "dbus-daemon did not create its socket"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Bus {
-        child,
-        address: format!("unix:path={}", socket.display()),
-        _dir: dir,
-    }
-}
+use common::start_bus;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Call {

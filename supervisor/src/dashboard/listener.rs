@@ -30,6 +30,12 @@ fn limits() -> http_guard::Limits {
         max_connections: MAX_CONNECTIONS,
         per_client: PER_CLIENT,
         max_body: super::routes::BODY_LIMIT as u64,
+        uploads: vec![http_guard::Upload {
+            method: "POST",
+            path: super::update::PATH,
+            max_body: super::update::MAX_BUNDLE,
+            body_timeout: super::update::UPLOAD_TIMEOUT,
+        }],
         ..http_guard::Limits::default()
     }
 }

@@ -17,6 +17,7 @@ mod listener;
 pub mod live;
 pub mod pages;
 mod routes;
+mod update;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -88,6 +89,8 @@ pub struct App {
     verifying: tokio::sync::Semaphore,
     history: Mutex<live::History>,
     updates: watch::Sender<Arc<String>>,
+    /// Update bundles uploaded, and the install under way.
+    uploads: Arc<update::Uploads>,
 }
 
 impl App {
@@ -180,6 +183,7 @@ pub fn start(sources: Sources) -> Handle {
         bound,
         sessions: auth::Sessions::default(),
         limiter: auth::LoginLimiter::default(),
+        uploads: Arc::default(),
         verifying: tokio::sync::Semaphore::new(2),
         updates: watch::channel(Arc::new(String::new())).0,
     });

@@ -196,6 +196,15 @@ pub fn overview(o: &Overview) -> String {
          <button type=\"submit\" id=\"chat-send\">Send</button></form>\
          <pre id=\"chat-reply\" class=\"reply\"></pre></section>",
     );
+    // Installing updates needs a logged-in owner (a dashboard without a password has none).
+    if o.login {
+        html.push_str(
+            "<section><h2>Install an update</h2>\
+             <form id=\"update-form\"><input type=\"file\" id=\"update-file\" accept=\".raucb\">\
+             <button type=\"submit\" id=\"update-send\">Install</button></form>\
+             <pre id=\"update-progress\" class=\"reply\"></pre></section>",
+        );
+    }
     let log = o
         .fields
         .iter()

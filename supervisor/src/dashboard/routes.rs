@@ -41,6 +41,12 @@ pub fn router(app: Arc<App>, over_tls: bool) -> Router {
         .route("/api/chat", post(api_chat))
         .route("/api/enroll", post(api_enroll))
         .route("/api/identity", post(api_identity))
+        .route(
+            super::update::PATH,
+            post(api_update_upload)
+                .get(api_update_progress)
+                .layer(DefaultBodyLimit::disable()),
+        )
         .route("/assets/app.js", get(app_js))
         .route("/assets/style.css", get(style_css))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -373,6 +379,47 @@ async fn api_status(
         return Err(DashError::Unauthorized);
     }
     Ok(Json(app.status_off_thread().await?).into_response())
+}
+
+/// `POST /api/update`: a bundle as the body, from a session with its CSRF token or with an API
+/// token (the fleet tool). A dashboard without a password takes none: it has no sessions to
+/// tell the box's owner from any page the browser opens.
+async fn api_update_upload(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, DashError> {
+    if headers.contains_key(header::AUTHORIZATION) {
+        if !bearer_allowed(&app, &headers) {
+            return Err(DashError::Unauthorized);
+        }
+    } else {
+        app.require_csrf(&headers, None)?;
+    }
+    let progress = super::update::accept(
+        Arc::clone(&app.uploads),
+        app.sources.board.clone(),
+        app.sources.config.clone(),
+        body,
+    )
+    .await?;
+    Ok((StatusCode::ACCEPTED, Json(progress)).into_response())
+}
+
+/// `GET /api/update`: how the last upload's install is doing.
+async fn api_update_progress(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+) -> Result<Response, DashError> {
+    let allowed = if headers.contains_key(header::AUTHORIZATION) {
+        bearer_allowed(&app, &headers)
+    } else {
+        app.open || app.session(&headers).is_some()
+    };
+    if !allowed {
+        return Err(DashError::Unauthorized);
+    }
+    Ok(Json(app.uploads.progress()).into_response())
 }
 
 /// Whether a request carries an API token the box accepts.

@@ -42,7 +42,7 @@ pub async fn install(
     source: &str,
     force: bool,
     reboot: Reboot,
-    progress: &dyn Fn(&str),
+    progress: &(dyn Fn(&str) + Sync),
 ) -> Result<String, String> {
     let source = source_for_rauc(source)?;
     let (booted, _) = super::slots(board)?;

@@ -78,7 +78,11 @@ impl Rauc {
     }
 
     /// Installs `bundle` into the other slot, calling `progress` with RAUC's progress lines.
-    pub async fn install(&self, bundle: &str, progress: &dyn Fn(&str)) -> Result<(), String> {
+    pub async fn install(
+        &self,
+        bundle: &str,
+        progress: &(dyn Fn(&str) + Sync),
+    ) -> Result<(), String> {
         use futures_util::StreamExt;
         let mut completed = self
             .installer

@@ -4,7 +4,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// The `supervisor` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_supervisor");
@@ -99,4 +100,64 @@ pub fn install_default_model(root: &Path) {
         "fetch-default: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A private bus, stopped when dropped.
+pub struct Bus {
+    child: Child,
+    /// The bus's address, for `DBUS_SYSTEM_BUS_ADDRESS` or a zbus connection.
+    pub address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Bus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A private `dbus-daemon` that lets anyone own any name (fakes of systemd and RAUC).
+pub fn start_bus() -> Bus {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("bus");
+    let config = dir.path().join("bus.conf");
+    std::fs::write(
+        &config,
+        format!(
+            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>"#,
+            socket.display()
+        ),
+    )
+    .expect("bus config");
+    let child = Command::new("dbus-daemon")
+        .arg(format!("--config-file={}", config.display()))
+        .arg("--nofork")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("dbus-daemon must be installed (Debian package dbus-daemon); .ci/run installs it");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "dbus-daemon did not create its socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Bus {
+        child,
+        address: format!("unix:path={}", socket.display()),
+        _dir: dir,
+    }
 }

@@ -58,4 +58,43 @@
       send.disabled = false;
     }
   });
+
+  // An update bundle: sent as the request body, then RAUC's progress polled until it ends.
+  const updateForm = document.getElementById("update-form");
+  if (updateForm) {
+    const file = document.getElementById("update-file");
+    const progress = document.getElementById("update-progress");
+    const button = document.getElementById("update-send");
+    const poll = async () => {
+      const response = await fetch("/api/update");
+      if (!response.ok) return;
+      const p = await response.json();
+      const last = p.error ? "failed: " + p.error : p.done ? p.done : "";
+      progress.textContent = p.lines.join("\n") + (last ? "\n" + last : "");
+      if (p.running) setTimeout(poll, 1000);
+      else button.disabled = false;
+    };
+    updateForm.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      if (!file.files.length) return;
+      button.disabled = true;
+      progress.textContent = "uploading " + file.files[0].name + "…";
+      try {
+        const response = await fetch("/api/update", {
+          method: "POST",
+          headers: { "content-type": "application/octet-stream", "x-csrf-token": csrf },
+          body: file.files[0],
+        });
+        if (response.ok) {
+          poll();
+        } else {
+          progress.textContent = "Error " + response.status + ": " + (await response.text());
+          button.disabled = false;
+        }
+      } catch (err) {
+        progress.textContent = "Error: " + err;
+        button.disabled = false;
+      }
+    });
+  }
 })();

@@ -1,0 +1,183 @@
+//! Update bundles through the dashboard: `POST /api/update` takes a bundle as the raw request
+//! body (a browser's file, or `appliance fleet update`), stores it on the data partition,
+//! and has RAUC install it in the background; `GET /api/update` tells how far it got. The box
+//! then reboots into the new slot (inside `[update] window` when one is set) and keeps it only
+//! if it proves healthy.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use futures_util::StreamExt;
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+
+use super::error::DashError;
+use crate::board::Board;
+use crate::config::Config;
+
+/// The route.
+pub const PATH: &str = "/api/update";
+/// The largest bundle taken (a root filesystem image compressed, well under a slot).
+pub const MAX_BUNDLE: u64 = 4 << 30;
+/// Time for the whole upload (4 GiB at ~2.5 MB/s).
+pub const UPLOAD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Progress lines kept.
+const LINES: usize = 40;
+
+/// How the last upload is doing.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Progress {
+    /// An install is under way.
+    pub running: bool,
+    /// Bytes received of the last upload.
+    pub received: u64,
+    /// RAUC's progress lines and ours, newest last.
+    pub lines: Vec<String>,
+    /// How it ended: what happens next.
+    pub done: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// The uploads' shared state.
+#[derive(Default)]
+pub struct Uploads {
+    progress: Mutex<Progress>,
+}
+
+impl Uploads {
+    /// A copy of the progress.
+    pub fn progress(&self) -> Progress {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn say(&self, line: &str) {
+        let mut p = self.lock();
+        p.lines.push(line.to_string());
+        let extra = p.lines.len().saturating_sub(LINES);
+        p.lines.drain(..extra);
+    }
+
+    fn finish(&self, result: Result<String, String>) {
+        let mut p = self.lock();
+        p.running = false;
+        match result {
+            Ok(done) => p.done = Some(done),
+            Err(e) => p.error = Some(e),
+        }
+    }
+}
+
+/// Where the upload is stored (the data partition: the root is read-only and `/run` is RAM).
+fn upload_path(config: &Config) -> String {
+    format!(
+        "{}/update-upload.raucb",
+        config.model.data_dir.trim_end_matches('/')
+    )
+}
+
+/// Streams `body` into the upload file, then starts the install in the background.
+pub async fn accept(
+    uploads: Arc<Uploads>,
+    board: Board,
+    config: Config,
+    body: Body,
+) -> Result<Progress, DashError> {
+    {
+        let mut p = uploads.lock();
+        if p.running {
+            return Err(DashError::Conflict(
+                "an update is already being installed; see GET /api/update".into(),
+            ));
+        }
+        *p = Progress {
+            running: true,
+            ..Progress::default()
+        };
+    }
+    let stored = store(&uploads, &board, &config, body).await;
+    let path = match stored {
+        Ok(path) => path,
+        Err(e) => {
+            uploads.finish(Err(e.clone()));
+            return Err(DashError::BadRequest(e));
+        }
+    };
+    let progress = uploads.progress();
+    let task_uploads = Arc::clone(&uploads);
+    tokio::spawn(async move {
+        let say = |line: &str| task_uploads.say(line);
+        let source = board.path(&path).display().to_string();
+        let installed = crate::update::install::install(
+            &board,
+            &config,
+            &source,
+            false,
+            crate::update::install::Reboot::InWindow,
+            &say,
+        )
+        .await;
+        // RAUC has copied what it needs (or refused it): the upload's space is given back.
+        let (b, c, p) = (board.clone(), config.clone(), path.clone());
+        let rebooting = tokio::task::spawn_blocking(move || {
+            let _ = b.remove_file(&p);
+            match installed {
+                Ok(message) => crate::update::reboot_when_due(&b, &c).map(|r| r.unwrap_or(message)),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the install task crashed: {e}")));
+        if let Err(e) = &rebooting {
+            tracing::error!("dashboard update: {e}");
+        }
+        task_uploads.finish(rebooting);
+    });
+    Ok(progress)
+}
+
+async fn store(
+    uploads: &Uploads,
+    board: &Board,
+    config: &Config,
+    body: Body,
+) -> Result<String, String> {
+    let path = upload_path(config);
+    let partial = format!("{path}.partial");
+    board
+        .create_dir_all(&config.model.data_dir)
+        .map_err(|e| e.to_string())?;
+    let host = board.path(&partial);
+    let mut file = tokio::fs::File::create(&host)
+        .await
+        .map_err(|e| format!("storing the upload in {partial}: {e}"))?;
+    let mut stream = body.into_data_stream();
+    let mut received: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| format!("the upload broke off after {received} bytes: {e}"))?;
+        received += chunk.len() as u64;
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| format!("storing the upload in {partial}: {e}"))?;
+        uploads.lock().received = received;
+    }
+    if received == 0 {
+        let _ = tokio::fs::remove_file(&host).await;
+        return Err("the request carried no bundle: send the .raucb file as the body".into());
+    }
+    file.sync_all()
+        .await
+        .map_err(|e| format!("storing the upload in {partial}: {e}"))?;
+    drop(file);
+    tokio::fs::rename(&host, board.path(&path))
+        .await
+        .map_err(|e| format!("placing the upload at {path}: {e}"))?;
+    uploads.say(&format!("received {received} bytes"));
+    Ok(path)
+}
