@@ -123,6 +123,7 @@ impl FakeRauc {
         Ok(())
     }
 
+    /// The end of an install: 0 on success.
     #[zbus(signal)]
     async fn completed(emitter: &SignalEmitter<'_>, result: i32) -> zbus::Result<()>;
 
