@@ -94,6 +94,8 @@ impl FakeRauc {
     }
 }
 
+// zbus's macro adds undocumented methods (property change notifiers) to the impl.
+#[allow(missing_docs)]
 #[zbus::interface(name = "de.pengutronix.rauc.Installer")]
 impl FakeRauc {
     async fn info(&self, bundle: String) -> zbus::fdo::Result<(String, String)> {
