@@ -94,54 +94,58 @@ impl FakeRauc {
     }
 }
 
-// zbus's macro adds undocumented methods (property change notifiers) to the impl.
+// zbus's macro adds undocumented methods (signal emitters, property change notifiers).
 #[allow(missing_docs)]
-#[zbus::interface(name = "de.pengutronix.rauc.Installer")]
-impl FakeRauc {
-    async fn info(&self, bundle: String) -> zbus::fdo::Result<(String, String)> {
-        describe(&bundle).map_err(zbus::fdo::Error::Failed)
-    }
+mod interface {
+    use super::*;
 
-    async fn install_bundle(
-        &self,
-        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
-        source: String,
-        _args: std::collections::HashMap<String, OwnedValue>,
-    ) -> zbus::fdo::Result<()> {
-        self.seen
-            .lock()
-            .expect("lock")
-            .installs
-            .push(source.clone());
-        let result = self.install(&source);
-        *self.last_error.lock().expect("lock") = result.clone().err().unwrap_or_default();
-        let code = if result.is_ok() { 0 } else { 1 };
-        // As RAUC: the call returns at once; the signal follows.
-        let emitter = emitter.into_owned();
-        tokio::spawn(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-            let _ = FakeRauc::completed(&emitter, code).await;
-        });
-        Ok(())
-    }
+    #[zbus::interface(name = "de.pengutronix.rauc.Installer")]
+    impl FakeRauc {
+        async fn info(&self, bundle: String) -> zbus::fdo::Result<(String, String)> {
+            describe(&bundle).map_err(zbus::fdo::Error::Failed)
+        }
 
-    /// The end of an install: 0 on success.
-    #[zbus(signal)]
-    async fn completed(emitter: &SignalEmitter<'_>, result: i32) -> zbus::Result<()>;
+        async fn install_bundle(
+            &self,
+            #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+            source: String,
+            _args: std::collections::HashMap<String, OwnedValue>,
+        ) -> zbus::fdo::Result<()> {
+            self.seen
+                .lock()
+                .expect("lock")
+                .installs
+                .push(source.clone());
+            let result = self.install(&source);
+            *self.last_error.lock().expect("lock") = result.clone().err().unwrap_or_default();
+            let code = if result.is_ok() { 0 } else { 1 };
+            // As RAUC: the call returns at once; the signal follows.
+            let emitter = emitter.into_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                let _ = FakeRauc::completed(&emitter, code).await;
+            });
+            Ok(())
+        }
 
-    #[zbus(property)]
-    async fn progress(&self) -> (i32, String, i32) {
-        (50, "Installing".into(), 1)
-    }
+        /// The end of an install: 0 on success.
+        #[zbus(signal)]
+        async fn completed(emitter: &SignalEmitter<'_>, result: i32) -> zbus::Result<()>;
 
-    #[zbus(property)]
-    async fn last_error(&self) -> String {
-        self.last_error.lock().expect("lock").clone()
-    }
+        #[zbus(property)]
+        async fn progress(&self) -> (i32, String, i32) {
+            (50, "Installing".into(), 1)
+        }
 
-    #[zbus(property)]
-    async fn compatible(&self) -> String {
-        "appliance-rpi5".into()
+        #[zbus(property)]
+        async fn last_error(&self) -> String {
+            self.last_error.lock().expect("lock").clone()
+        }
+
+        #[zbus(property)]
+        async fn compatible(&self) -> String {
+            "appliance-rpi5".into()
+        }
     }
 }
 
