@@ -207,7 +207,7 @@ pub fn check_running(
         "POST",
         "/login",
         None,
-        Some(("application/x-www-form-urlencoded", &form)),
+        Some(("application/x-www-form-urlencoded", form.as_bytes())),
         None,
     )
     .map_err(|e| format!("HTTPS login: {e}"))?;

@@ -256,6 +256,12 @@ pub struct Row {
     pub error: Option<String>,
     /// The OS it runs.
     pub os: Option<String>,
+    /// The system slot it runs (A or B).
+    pub slot: Option<String>,
+    /// The system version in that slot.
+    pub system_version: Option<String>,
+    /// How its last update ended: `committed`, `rolled-back` or `cancelled`, with the version.
+    pub last_update: Option<String>,
     /// The boot partition it booted from.
     pub boot_partition: Option<u64>,
     /// The model id.
@@ -373,7 +379,156 @@ pub fn status_one(
     });
     row.uptime_s = board["uptime_s"].as_u64();
     row.generation = status["provision"]["generation"].as_u64();
+    let update = &status["update"];
+    row.slot = update["booted"].as_str().map(str::to_string);
+    row.system_version = update["slots"].as_array().and_then(|slots| {
+        slots
+            .iter()
+            .find(|s| s["booted"] == true)
+            .and_then(|s| s["system_version"].as_str().map(str::to_string))
+    });
+    row.last_update = update["last"]["result"].as_str().map(|result| {
+        format!(
+            "{result} {}",
+            update["last"]["system_version"].as_str().unwrap_or("?")
+        )
+    });
     row
+}
+
+/// How long a box may take from its upload to its update's verdict (the install, the reboot,
+/// the trial boot's health check).
+pub const UPDATE_WAIT: std::time::Duration = std::time::Duration::from_secs(45 * 60);
+
+/// What a rollout brings each box.
+pub struct Rollout<'a> {
+    /// The signed bundle's bytes.
+    pub bundle: &'a [u8],
+    /// How long one box may take from its upload to its verdict.
+    pub wait: std::time::Duration,
+    /// Where progress lines go.
+    pub say: &'a dyn Fn(&str),
+}
+
+/// Updates box `name` with the rollout's bundle: checks it is the enrolled box, uploads the
+/// bundle to its dashboard (pinned to its certificate), waits for the install, then for the
+/// box to come back on the new version committed. `Err` says why it stopped (a rollback
+/// included).
+pub fn update_one(
+    fleet: &FleetFile,
+    lock: &Lock,
+    name: &str,
+    api_token: &str,
+    overrides: &[(String, String)],
+    rollout: &Rollout,
+) -> Result<String, String> {
+    let (bundle, wait, say) = (rollout.bundle, rollout.wait, rollout.say);
+    let before = status_one(fleet, lock, name, api_token, overrides);
+    if let Some(e) = before.error {
+        return Err(format!("{name}: {e}"));
+    }
+    let enrolled = lock
+        .boxes
+        .iter()
+        .find(|b| b.name == name)
+        .ok_or_else(|| format!("{name}: not enrolled"))?;
+    let address = before.address.clone();
+    let presented = identify(&address, &enrolled.device_public_key).map_err(|r| match r {
+        Refusal::Untrusted(why) | Refusal::Unreachable(why) => format!("{name}: {why}"),
+    })?;
+    say(&format!(
+        "{name}: running {} in slot {}; uploading {} MB",
+        before.system_version.as_deref().unwrap_or("?"),
+        before.slot.as_deref().unwrap_or("?"),
+        bundle.len() >> 20
+    ));
+    let ask = |method: &str, path: &str, body: Option<(&str, &[u8])>| {
+        https::request(
+            &address,
+            method,
+            path,
+            Some(api_token),
+            body,
+            Some(&presented),
+        )
+        .map_err(|e| format!("{name}: {e}"))
+    };
+    let upload = ask(
+        "POST",
+        "/api/update",
+        Some(("application/octet-stream", bundle)),
+    )?;
+    if upload.status != 202 {
+        return Err(format!(
+            "{name}: the upload was refused ({}): {}",
+            upload.status,
+            String::from_utf8_lossy(&upload.body).trim()
+        ));
+    }
+    let deadline = std::time::Instant::now() + wait;
+    let progress = loop {
+        let answer = ask("GET", "/api/update", None)?;
+        let p: Value = serde_json::from_slice(&answer.body)
+            .map_err(|e| format!("{name}: not an update progress document: {e}"))?;
+        if p["running"] != true {
+            break p;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("{name}: the install did not end in time"));
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    };
+    if let Some(e) = progress["error"].as_str() {
+        return Err(format!("{name}: the install failed: {e}"));
+    }
+    let target = ask("GET", "/api/status", None)
+        .ok()
+        .and_then(|r| serde_json::from_slice::<Value>(&r.body).ok())
+        .and_then(|s| {
+            s["update"]["trial"]["system_version"]
+                .as_str()
+                .map(str::to_string)
+        });
+    say(&format!(
+        "{name}: installed {}; waiting for it to reboot into it and prove healthy",
+        target.as_deref().unwrap_or("the bundle")
+    ));
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        let row = status_one(fleet, lock, name, api_token, overrides);
+        if row.identity == "MISMATCH" {
+            return Err(format!(
+                "{name}: {}",
+                row.error.unwrap_or_else(|| "identity mismatch".into())
+            ));
+        }
+        let last = row.last_update.clone().unwrap_or_default();
+        let settled = |result: &str| {
+            target.as_deref().map_or(last.starts_with(result), |t| {
+                last == format!("{result} {t}")
+            })
+        };
+        if row.error.is_none() && settled("committed") && row.system_version == target {
+            return Ok(format!(
+                "{name}: running {} in slot {}",
+                row.system_version.unwrap_or_default(),
+                row.slot.unwrap_or_default()
+            ));
+        }
+        if row.error.is_none() && settled("rolled-back") {
+            return Err(format!(
+                "{name}: the update was rolled back; it runs {} again",
+                row.system_version.unwrap_or_default()
+            ));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "{name}: no verdict within {} s (last seen: {})",
+                wait.as_secs(),
+                row.error.unwrap_or(last)
+            ));
+        }
+    }
 }
 
 /// Why a box is not asked for its status.
@@ -400,7 +555,7 @@ fn with_nonce(
         "POST",
         path,
         api_token,
-        Some(("application/json", &body)),
+        Some(("application/json", body.as_bytes())),
         None,
     )
     .map_err(|e| e.to_string())?;
@@ -435,7 +590,7 @@ pub fn table(rows: &[Row]) -> String {
         "ADDRESS",
         "IDENTITY",
         "OS",
-        "SLOT",
+        "SYSTEM",
         "MODEL",
         "ENGINE",
         "TOK/S",
@@ -464,7 +619,11 @@ pub fn table(rows: &[Row]) -> String {
             r.address,
             r.identity,
             r.os.clone().unwrap_or_else(dash),
-            r.boot_partition.map_or_else(dash, |p| format!("p{p}")),
+            match (&r.slot, &r.system_version) {
+                (Some(slot), Some(v)) => format!("{slot} {v}"),
+                (Some(slot), None) => slot.clone(),
+                _ => r.boot_partition.map_or_else(dash, |p| format!("p{p}")),
+            },
             model,
             r.engine.clone().unwrap_or_else(dash),
             r.decode_tokens_per_second

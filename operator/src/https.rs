@@ -123,14 +123,14 @@ impl ServerCertVerifier for Pinned {
 }
 
 /// One request: `method` `path` on `address` (`host:port`), with a bearer token and a body
-/// (content type, text) if given, trusting only the certificate pinned by `pin` (any when
+/// (content type, bytes) if given, trusting only the certificate pinned by `pin` (any when
 /// `None`).
 pub fn request(
     address: &str,
     method: &str,
     path: &str,
     bearer: Option<&str>,
-    body: Option<(&str, &str)>,
+    body: Option<(&str, &[u8])>,
     pin: Option<&str>,
 ) -> Result<Response, Failure> {
     let unreachable = |e: &dyn std::fmt::Display| Failure::Unreachable(format!("{address}: {e}"));
@@ -184,7 +184,7 @@ pub fn request(
     if let Some(token) = bearer {
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
-    let (content_type, body) = body.unwrap_or(("application/json", ""));
+    let (content_type, body) = body.unwrap_or(("application/json", b""));
     if method != "GET" {
         head.push_str(&format!(
             "Content-Type: {content_type}\r\nContent-Length: {}\r\n",
@@ -192,8 +192,8 @@ pub fn request(
         ));
     }
     head.push_str("\r\n");
-    head.push_str(body);
     tls.write_all(head.as_bytes())
+        .and_then(|()| tls.write_all(body))
         .and_then(|()| tls.flush())
         .map_err(|e| unreachable(&e))?;
     let mut raw = Vec::new();

@@ -106,6 +106,18 @@ enum FleetCommand {
         #[command(flatten)]
         reach: Reach,
     },
+    /// Update every box with a signed bundle, one at a time: each must come back on the new
+    /// version, committed, before the next is touched; the first that fails (or rolls back)
+    /// stops the rollout.
+    Update {
+        #[command(flatten)]
+        reach: Reach,
+        /// The bundle (`out/appliance-rpi5-VERSION.raucb` from `appliance-image build`).
+        bundle: PathBuf,
+        /// Seconds each box has from its upload to its verdict.
+        #[arg(long, default_value_t = 2700)]
+        wait: u64,
+    },
     /// Every box: reachable, identity as enrolled, OS and slot, model, engine, speed,
     /// temperature, throttling, uptime, provisioning generation.
     Status {
@@ -154,6 +166,14 @@ fn main() -> ExitCode {
         Command::Fleet {
             command: FleetCommand::Status { reach, json },
         } => status(&reach, json),
+        Command::Fleet {
+            command:
+                FleetCommand::Update {
+                    reach,
+                    bundle,
+                    wait,
+                },
+        } => update(&reach, &bundle, wait),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -337,6 +357,43 @@ fn status(args: &Reach, json: bool) -> Result<(), Failure> {
     if untrusted > 0 {
         return Err(failed_count(untrusted, "not trusted (identity mismatch)"));
     }
+    Ok(())
+}
+
+fn update(args: &Reach, bundle: &Path, wait: u64) -> Result<(), Failure> {
+    let (fleet, token, overrides) = reach(args)?;
+    let lock = fleet::read_lock(&fleet::Paths::beside(&args.fleet)).map_err(bad_input)?;
+    let bytes =
+        std::fs::read(bundle).map_err(|e| bad_input(format!("{}: {e}", bundle.display())))?;
+    let names: Vec<String> = fleet
+        .boxes
+        .iter()
+        .filter_map(|b| b.name.as_ref().map(|n| n.to_string()))
+        .collect();
+    let rollout = fleet::Rollout {
+        bundle: &bytes,
+        wait: std::time::Duration::from_secs(wait),
+        say: &|line| eprintln!("{line}"),
+    };
+    for (i, name) in names.iter().enumerate() {
+        eprintln!("updating {name} ({} of {})", i + 1, names.len());
+        match fleet::update_one(&fleet, &lock, name, &token, &overrides, &rollout) {
+            Ok(done) => println!("{done}"),
+            Err(e) => {
+                let left = &names[i + 1..];
+                return Err(failed(format!(
+                    "{e}; stopped: {} not updated ({})",
+                    if left.is_empty() {
+                        "no box left".to_string()
+                    } else {
+                        format!("{} box(es)", left.len())
+                    },
+                    left.join(", ")
+                )));
+            }
+        }
+    }
+    println!("all {} boxes updated", names.len());
     Ok(())
 }
 

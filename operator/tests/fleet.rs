@@ -185,7 +185,7 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
         None,
         Some((
             "application/x-www-form-urlencoded",
-            "password=front+desk+42",
+            b"password=front+desk+42".as_slice(),
         )),
         None,
     )
@@ -284,7 +284,34 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
             row["engine"].is_string() && row["temperature_c"].is_f64(),
             "{row}"
         );
+        assert_eq!(row["slot"], "A", "{row}");
+        assert_eq!(row["system_version"], "1", "{row}");
     }
+
+    // A rollout stops at the first box that fails: these boards have no RAUC on their bus, so
+    // north's install fails and south is never touched.
+    let bundle = dir.path().join("appliance-rpi5-2.raucb");
+    std::fs::write(&bundle, b"not reached by RAUC").expect("bundle");
+    let rollout = appliance(
+        &[
+            "fleet",
+            "update",
+            fleet_arg,
+            bundle.to_str().expect("utf8"),
+            "--wait",
+            "60",
+        ],
+        &token,
+    );
+    assert_eq!(rollout.status.code(), Some(1), "{}", text(&rollout.stderr));
+    let said = text(&rollout.stderr);
+    assert!(said.contains("north: the install failed"), "{said}");
+    assert!(said.contains("RAUC"), "{said}");
+    assert!(
+        said.contains("stopped: 1 box(es) not updated (south)"),
+        "{said}"
+    );
+    assert!(!said.contains("updating south"), "{said}");
 
     // Re-provisioning north (a new generation) renews its certificate; its device key vouches
     // for the new one, so it is still trusted.
