@@ -570,15 +570,15 @@ fn customize_root(
     }
     let id = d.layout.disk_id;
     let fstab = format!(
-        "# The root is read-only; state lives on the data partition, logs in RAM.\n\
-         PARTUUID={} / ext4 ro,noatime 0 1\n\
+        "# The root is read-only (`ro` on the slot's kernel command line, which names the root\n\
+         # partition: the same system runs from either slot, so no root line here); state lives\n\
+         # on the data partition, logs in RAM.\n\
          PARTUUID={} /boot/firmware vfat defaults,noatime,umask=0077 0 2\n\
          PARTUUID={} /var/lib/appliance ext4 defaults,noatime 0 2\n\
          # What services keep under /var lives in RAM (logind, networkd, timers).\n\
          tmpfs /var/lib/systemd tmpfs mode=0755,nosuid,nodev 0 0\n\
          tmpfs /var/tmp tmpfs mode=1777,nosuid,nodev 0 0\n\
          tmpfs /var/log tmpfs mode=0755,nosuid,nodev 0 0\n",
-        layout::partuuid(id, 2),
         layout::partuuid(id, 1),
         layout::partuuid(id, 4)
     );
