@@ -325,11 +325,22 @@ fn key(parts: &[&str]) -> String {
         .collect()
 }
 
-fn sources(suite: &str, mirror: &str, backports: bool, components: &[String]) -> Vec<OsString> {
+/// The suites other than the definition's that `package/suite` entries name, each once.
+fn extra_suites(packages: &[String]) -> Vec<String> {
+    let mut suites: Vec<String> = Vec::new();
+    for suite in packages.iter().filter_map(|p| p.split_once('/').map(|(_, s)| s)) {
+        if !suites.iter().any(|s| s == suite) {
+            suites.push(suite.to_string());
+        }
+    }
+    suites
+}
+
+fn sources(suite: &str, mirror: &str, extra: &[String], components: &[String]) -> Vec<OsString> {
     let components = components.join(" ");
     let mut list = args![format!("deb {mirror} {suite} {components}")];
-    if backports {
-        list.push(format!("deb {mirror} {suite}-backports {components}").into());
+    for other in extra.iter().filter(|s| *s != suite) {
+        list.push(format!("deb {mirror} {other} {components}").into());
     }
     list
 }
@@ -367,7 +378,7 @@ fn builder_chroot(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
     command.extend(sources(
         &b.suite,
         mirror,
-        b.rust_from_backports,
+        &extra_suites(&packages),
         &["main".to_string()],
     ));
     run("mmdebstrap", command)?;
@@ -488,11 +499,12 @@ fn package_rootfs(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
         return Ok(tarball);
     }
     let partial = tarball.with_extension("partial.tar.zst");
-    let backports = packages.iter().any(|p| p.ends_with("-backports"));
     let mut command = args![
         "--variant=minbase",
         "--architectures=arm64",
         format!("--include={joined}"),
+        // Packages named `package/suite` come from that suite; everything else from this one.
+        format!("--aptopt=APT::Default-Release \"{}\"", r.suite),
         "--dpkgopt=path-exclude=/usr/share/man/*",
         "--dpkgopt=path-exclude=/usr/share/locale/*",
         "--dpkgopt=path-exclude=/usr/share/doc/*",
@@ -500,7 +512,7 @@ fn package_rootfs(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
         &r.suite,
         &partial
     ];
-    command.extend(sources(&r.suite, mirror, backports, &r.components));
+    command.extend(sources(&r.suite, mirror, &extra_suites(&packages), &r.components));
     run("mmdebstrap", command)?;
     fs::rename(&partial, &tarball).map_err(|e| io("placing", &tarball, e))?;
     Ok(tarball)
