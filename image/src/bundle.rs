@@ -159,24 +159,13 @@ pub fn make(
 /// A version that orders after every earlier build: the build time, UTC, as
 /// `YYYY.MM.DD.HHMMSS`.
 pub fn version_from_time(unix: u64) -> String {
-    let days = unix / 86_400;
-    let secs = unix % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year}.{month:02}.{day:02}.{:02}{:02}{:02}",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
+    i64::try_from(unix)
+        .ok()
+        .and_then(|s| jiff::Timestamp::from_second(s).ok())
+        .map_or_else(
+            || "0".to_string(),
+            |t| t.strftime("%Y.%m.%d.%H%M%S").to_string(),
+        )
 }
 
 #[cfg(test)]

@@ -328,7 +328,10 @@ fn key(parts: &[&str]) -> String {
 /// The suites other than the definition's that `package/suite` entries name, each once.
 fn extra_suites(packages: &[String]) -> Vec<String> {
     let mut suites: Vec<String> = Vec::new();
-    for suite in packages.iter().filter_map(|p| p.split_once('/').map(|(_, s)| s)) {
+    for suite in packages
+        .iter()
+        .filter_map(|p| p.split_once('/').map(|(_, s)| s))
+    {
         if !suites.iter().any(|s| s == suite) {
             suites.push(suite.to_string());
         }
@@ -512,7 +515,12 @@ fn package_rootfs(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
         &r.suite,
         &partial
     ];
-    command.extend(sources(&r.suite, mirror, &extra_suites(&packages), &r.components));
+    command.extend(sources(
+        &r.suite,
+        mirror,
+        &extra_suites(&packages),
+        &r.components,
+    ));
     run("mmdebstrap", command)?;
     fs::rename(&partial, &tarball).map_err(|e| io("placing", &tarball, e))?;
     Ok(tarball)

@@ -54,7 +54,7 @@ impl Drop for Guest {
 
 /// What the test runs on the host: the emulator, FAT tools (kernel out of the boot partition,
 /// the USB stick), the partition table reader.
-pub(crate) const HOST_TOOLS: [(&str, &str); 4] = [
+const HOST_TOOLS: [(&str, &str); 4] = [
     ("qemu-system-aarch64", "qemu-system-arm"),
     ("mcopy", "mtools"),
     ("mkfs.vfat", "dosfstools"),
@@ -79,24 +79,12 @@ pub fn smoke_test(
     port: u16,
     timeout: Duration,
 ) -> Result<Report, String> {
-    crate::pipeline::host_tools(&HOST_TOOLS)?;
-    let dir = paths.out.join("qemu");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let disk = dir.join("disk.img");
-    run("cp", args!["--sparse=always", image, &disk])?;
-    let grown = std::fs::metadata(&disk).map_err(|e| e.to_string())?.len() + (512 << 20);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&disk)
-        .and_then(|f| f.set_len(grown))
-        .map_err(|e| format!("growing {}: {e}", disk.display()))?;
-    let stamped = crate::stamped::stamp(&disk)?;
-    let ports = Ports {
-        engine: port,
-        https: port.checked_add(1).ok_or("--port too high")?,
-        plain: port.checked_add(2).ok_or("--port too high")?,
-        ssh: port.checked_add(3).ok_or("--port too high")?,
-    };
+    let Prepared {
+        dir,
+        disk,
+        stamped,
+        ports,
+    } = prepare(paths, "qemu", image, port)?;
     let https = format!("127.0.0.1:{}", ports.https);
     let plain = format!("127.0.0.1:{}", ports.plain);
 
@@ -188,6 +176,49 @@ pub fn smoke_test(
         ssh_banner,
         second_boot_to_https,
         usb_to_https,
+    })
+}
+
+/// A test's working copy of the image: in `out/<name>/`, grown by 512 MiB (first boot grows the
+/// data partition into it), stamped for one box, with the host ports forwarded to it.
+pub(crate) struct Prepared {
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) disk: std::path::PathBuf,
+    pub(crate) stamped: crate::stamped::Stamped,
+    pub(crate) ports: Ports,
+}
+
+/// Copies, grows and stamps `image` for a test under `out/<name>/`; `port` is the host side of
+/// the engine's forward, the next three HTTPS, plain HTTP and SSH.
+pub(crate) fn prepare(
+    paths: &Paths,
+    name: &str,
+    image: &Path,
+    port: u16,
+) -> Result<Prepared, String> {
+    crate::pipeline::host_tools(&HOST_TOOLS)?;
+    let dir = paths.out.join(name);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let disk = dir.join("disk.img");
+    run("cp", args!["--sparse=always", image, &disk])?;
+    let grown = std::fs::metadata(&disk).map_err(|e| e.to_string())?.len() + (512 << 20);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&disk)
+        .and_then(|f| f.set_len(grown))
+        .map_err(|e| format!("growing {}: {e}", disk.display()))?;
+    let stamped = crate::stamped::stamp(&disk)?;
+    let ports = Ports {
+        engine: port,
+        https: port.checked_add(1).ok_or("--port too high")?,
+        plain: port.checked_add(2).ok_or("--port too high")?,
+        ssh: port.checked_add(3).ok_or("--port too high")?,
+    };
+    Ok(Prepared {
+        dir,
+        disk,
+        stamped,
+        ports,
     })
 }
 

@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::args;
 use crate::definition::Definition;
 use crate::pipeline::Paths;
-use crate::qemu::{self, Guest, Ports};
+use crate::qemu::{self, Guest};
 use crate::run::run;
 use crate::stamped::{self, HOSTNAME, Stamped};
 
@@ -138,25 +138,13 @@ pub fn update_test(
     port: u16,
     timeout: Duration,
 ) -> Result<Report, String> {
-    crate::pipeline::host_tools(&qemu::HOST_TOOLS)?;
     let [v1, v2, v3] = versions;
-    let dir = paths.out.join("qemu-update");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let disk = dir.join("disk.img");
-    run("cp", args!["--sparse=always", image, &disk])?;
-    let grown = std::fs::metadata(&disk).map_err(|e| e.to_string())?.len() + (512 << 20);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&disk)
-        .and_then(|f| f.set_len(grown))
-        .map_err(|e| format!("growing {}: {e}", disk.display()))?;
-    let stamped = stamped::stamp(&disk)?;
-    let ports = Ports {
-        engine: port,
-        https: port.checked_add(1).ok_or("--port too high")?,
-        plain: port.checked_add(2).ok_or("--port too high")?,
-        ssh: port.checked_add(3).ok_or("--port too high")?,
-    };
+    let qemu::Prepared {
+        dir,
+        disk,
+        stamped,
+        ports,
+    } = qemu::prepare(paths, "qemu-update", image, port)?;
     let https = format!("127.0.0.1:{}", ports.https);
     let mut seen = Vec::new();
 

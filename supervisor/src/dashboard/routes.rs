@@ -369,13 +369,7 @@ async fn api_status(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Response, DashError> {
-    let allowed = if headers.contains_key(header::AUTHORIZATION) {
-        bearer_allowed(&app, &headers)
-    } else {
-        // Without a password the pages are open on loopback; so is their JSON.
-        app.open || app.session(&headers).is_some()
-    };
-    if !allowed {
+    if !reader_allowed(&app, &headers) {
         return Err(DashError::Unauthorized);
     }
     Ok(Json(app.status_off_thread().await?).into_response())
@@ -411,15 +405,20 @@ async fn api_update_progress(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Response, DashError> {
-    let allowed = if headers.contains_key(header::AUTHORIZATION) {
-        bearer_allowed(&app, &headers)
-    } else {
-        app.open || app.session(&headers).is_some()
-    };
-    if !allowed {
+    if !reader_allowed(&app, &headers) {
         return Err(DashError::Unauthorized);
     }
     Ok(Json(app.uploads.progress()).into_response())
+}
+
+/// Whether a request may read the box's JSON: an API token it accepts, or a session (without a
+/// password the pages are open on loopback; so is their JSON).
+fn reader_allowed(app: &App, headers: &HeaderMap) -> bool {
+    if headers.contains_key(header::AUTHORIZATION) {
+        bearer_allowed(app, headers)
+    } else {
+        app.open || app.session(headers).is_some()
+    }
 }
 
 /// Whether a request carries an API token the box accepts.

@@ -28,10 +28,7 @@ fn day(unix: u32) -> i64 {
 }
 
 fn date(day: i64) -> String {
-    let d = jiff::Timestamp::from_second(day * 86_400)
-        .map(|t| t.to_string())
-        .unwrap_or_default();
-    d.get(..10).unwrap_or("").to_string()
+    crate::report::civil_date(u64::try_from(day).unwrap_or(0) * 86_400)
 }
 
 impl Step for CurrentStep {
