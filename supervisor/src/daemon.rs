@@ -138,9 +138,9 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     // Before anything else: this boot may be an update's trial (checked once the daemon is
     // up), the fallback after one, or an overclock trial to check or the fallback after one.
     let trial = match blocking(board, config, crate::update::on_boot).await {
-        Ok(crate::update::Boot::Trial(slot)) => {
-            tracing::info!("update: this boot tries slot {slot}; checking it");
-            Some(slot)
+        Ok(crate::update::Boot::Trial(slot, left)) => {
+            tracing::info!("update: this boot tries slot {slot}; checking it ({left} s left)");
+            Some((slot, left))
         }
         Ok(crate::update::Boot::Normal(message)) => {
             tracing::info!("update: {message}");
@@ -227,11 +227,12 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let mut pass: Option<Pin<Box<dyn Future<Output = ()> + '_>>> = None;
     let mut clock_tick = tokio::time::interval(Duration::from_secs(crate::clock::SAVE_INTERVAL_S));
     // The trial boot's health check, then an installed update's reboot when its window opens.
-    let deadline = started + Duration::from_secs(config.update.health_timeout_s.get());
-    let mut trial_check: Option<Pin<Box<dyn Future<Output = ()> + '_>>> = trial.map(|slot| {
-        Box::pin(trial::check(board, config, slot, deadline, &tuned, &engine))
-            as Pin<Box<dyn Future<Output = ()> + '_>>
-    });
+    let mut trial_check: Option<Pin<Box<dyn Future<Output = ()> + '_>>> =
+        trial.map(|(slot, left)| {
+            let deadline = started + Duration::from_secs(left);
+            Box::pin(trial::check(board, config, slot, deadline, &tuned, &engine))
+                as Pin<Box<dyn Future<Output = ()> + '_>>
+        });
     let mut update_tick = tokio::time::interval(Duration::from_secs(UPDATE_CHECK_S));
 
     loop {

@@ -11,6 +11,8 @@ pub const PROC_MEMINFO: &str = "/proc/meminfo";
 pub const PROC_UPTIME: &str = "/proc/uptime";
 /// The operating system's identification (`PRETTY_NAME`, `VERSION_ID`, ...).
 pub const OS_RELEASE: &str = "/etc/os-release";
+/// A random id the kernel makes at every boot: tells a restart of the supervisor from a reboot.
+pub const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// Running kernel's release, to find its build config.
 pub const PROC_OSRELEASE: &str = "/proc/sys/kernel/osrelease";
 

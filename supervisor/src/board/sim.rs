@@ -176,6 +176,7 @@ fn write_proc(tree: &Tree, variant: Variant) -> io::Result<()> {
         "proc/cmdline",
         &format!("{FIRMWARE_CMDLINE}{numa} {user_part} rauc.slot=A\n"),
     )?;
+    super::sim_firmware::write_boot_id(&tree.0)?;
     tree.file(
         super::sim_firmware::FIRMWARE_CMDLINE,
         &format!("{FIRMWARE_CMDLINE}{numa}\n"),

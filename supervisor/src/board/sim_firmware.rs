@@ -158,6 +158,29 @@ fn boot_slot(root: &Path, folder: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// A fresh boot id, as the kernel makes one at every boot.
+pub fn write_boot_id(root: &Path) -> io::Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let id = format!("{:032x}", nanos ^ u128::from(std::process::id()) << 96);
+    let path = root.join(rel(paths::BOOT_ID));
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(
+        path,
+        format!(
+            "{}-{}-{}-{}-{}\n",
+            &id[..8],
+            &id[8..12],
+            &id[12..16],
+            &id[16..20],
+            &id[20..]
+        ),
+    )
+}
+
 /// What one simulated boot did, in words (also appended to [`BOOT_LOG`]).
 pub fn boot(root: &Path) -> io::Result<String> {
     let orderly = root.join(REBOOT_REQUESTED).exists();
@@ -170,6 +193,7 @@ pub fn boot(root: &Path) -> io::Result<String> {
     }
     fs::create_dir_all(&run)?;
     let _ = fs::remove_file(root.join(REBOOT_REQUESTED));
+    write_boot_id(root)?;
     let faults = faults(root)?;
     let boot_dir = root.join("boot/firmware");
     let mut story = if orderly { "reboot" } else { "power on" }.to_string();

@@ -97,7 +97,9 @@ pub fn boot(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
         Ok((board, config)) => done(super::on_boot(&board, &config).map(|b| match b {
             super::Boot::Normal(m) | super::Boot::Rebooting(m) => m,
-            super::Boot::Trial(slot) => format!("this boot tries slot {slot}"),
+            super::Boot::Trial(slot, left) => {
+                format!("this boot tries slot {slot}: {left} s left for its health check")
+            }
         })),
         Err(code) => code,
     }

@@ -34,8 +34,9 @@ use slot::Slot;
 pub enum Boot {
     /// Nothing to check; the message says where updates stand.
     Normal(String),
-    /// The trial boot of an update to this slot: check it, then [`commit`] or [`roll_back`].
-    Trial(Slot),
+    /// The trial boot of an update to this slot: check it within the seconds left, then
+    /// [`commit`] or [`roll_back`].
+    Trial(Slot, u64),
     /// A reboot is under way.
     Rebooting(String),
 }
@@ -80,8 +81,20 @@ pub fn on_boot(board: &Board, config: &Config) -> Result<Boot, String> {
     let now = now(board);
     let outcome = match record.trial.clone() {
         Some(trial) if trial.slot == booted && booted != committed => {
-            if trial.checking_since_unix.is_some() {
-                let reason = "the supervisor restarted during the new slot's health check (it crashed or was killed)";
+            let limit = config.update.health_timeout_s.get();
+            let boot_id = board.read_value(paths::BOOT_ID).ok();
+            if let Some(since) = trial.checking_since_unix {
+                let same_boot = boot_id.is_some() && trial.checking_boot_id == boot_id;
+                let elapsed = now.saturating_sub(since);
+                if same_boot && elapsed < limit {
+                    // Restarted in this boot (a crash, a provisioning stick): the check goes on.
+                    return Ok(Boot::Trial(booted, limit - elapsed));
+                }
+                let reason = if same_boot {
+                    "the supervisor restarted during the new slot's health check and its time ran out"
+                } else {
+                    "the new slot's health check was cut off (the supervisor could not tell whether it restarted in the same boot)"
+                };
                 record.end_trial(UpdateResult::RolledBack, reason.into(), now);
                 store::save(board, config, &record)?;
                 bootfiles::neutralize_tryboot(board)?;
@@ -92,9 +105,10 @@ pub fn on_boot(board: &Board, config: &Config) -> Result<Boot, String> {
             }
             if let Some(t) = record.trial.as_mut() {
                 t.checking_since_unix = Some(now);
+                t.checking_boot_id = boot_id;
             }
             store::save(board, config, &record)?;
-            return Ok(Boot::Trial(booted));
+            return Ok(Boot::Trial(booted, limit));
         }
         Some(trial) if trial.slot == booted => {
             // config.txt already boots it: a power cut came between the commit and the record.
@@ -177,6 +191,7 @@ pub fn arm(board: &Board, config: &Config, target: Slot) -> Result<String, Strin
         prepared_unix: None,
         rebooted_unix: None,
         checking_since_unix: None,
+        checking_boot_id: None,
     });
     store::save(board, config, &record)?;
     Ok(format!("slot {target} armed"))

@@ -70,6 +70,10 @@ pub struct Trial {
     pub rebooted_unix: Option<u64>,
     /// When its trial boot began the health check.
     pub checking_since_unix: Option<u64>,
+    /// The kernel's boot id of that boot: a supervisor restarted in the same boot resumes the
+    /// check (its time still counted from the first start), one in another boot does not.
+    #[serde(default)]
+    pub checking_boot_id: Option<String>,
 }
 
 /// How an update ended.
@@ -187,6 +191,7 @@ mod tests {
                 prepared_unix: Some(1),
                 rebooted_unix: Some(2),
                 checking_since_unix: None,
+                checking_boot_id: None,
             }),
             ..Record::default()
         };
