@@ -509,12 +509,25 @@ fn package_rootfs(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
         return Ok(tarball);
     }
     let partial = tarball.with_extension("partial.tar.zst");
+    let (pinned, preferences) = pins(&r.suite, &packages);
+    let prefs_file = paths.cache.join("apt-preferences");
+    write(&prefs_file, &preferences)?;
+    if prefs_file.to_string_lossy().contains(char::is_whitespace) {
+        return Err(format!(
+            "{}: mmdebstrap's copy-in takes no paths with spaces; build from a checkout without them",
+            prefs_file.display()
+        ));
+    }
     let mut command = args![
         "--variant=minbase",
         "--architectures=arm64",
-        format!("--include={joined}"),
-        // Packages named `package/suite` come from that suite; everything else from this one.
+        format!("--include={}", pinned.join(",")),
         format!("--aptopt=APT::Default-Release \"{}\"", r.suite),
+        // mmdebstrap copies the file itself (no shell).
+        format!(
+            "--setup-hook=copy-in {} /etc/apt/preferences.d/",
+            prefs_file.display()
+        ),
         "--dpkgopt=path-exclude=/usr/share/man/*",
         "--dpkgopt=path-exclude=/usr/share/locale/*",
         "--dpkgopt=path-exclude=/usr/share/doc/*",
@@ -531,6 +544,37 @@ fn package_rootfs(d: &Definition, paths: &Paths, mirror: &str) -> Result<PathBuf
     run("mmdebstrap", command)?;
     fs::rename(&partial, &tarball).map_err(|e| io("placing", &tarball, e))?;
     Ok(tarball)
+}
+
+/// The package list as apt is given it, and the pins that make it so. A package named
+/// `package/<suite>-backports` stays so named (backports are never chosen on their own). One
+/// named `package/<other suite>` (a newer release) is pinned to that suite by name, and
+/// everything else of that suite is pinned below the definition's suite: asking apt for
+/// `package/suite` would also take its dependencies (even libc6) from there.
+fn pins(suite: &str, packages: &[String]) -> (Vec<String>, String) {
+    let mut plain = Vec::new();
+    let mut pinned: Vec<(String, Vec<String>)> = Vec::new();
+    for package in packages {
+        match package.split_once('/') {
+            Some((name, from)) if !from.starts_with(&format!("{suite}-")) => {
+                plain.push(name.to_string());
+                match pinned.iter_mut().find(|(s, _)| s == from) {
+                    Some((_, names)) => names.push(name.to_string()),
+                    None => pinned.push((from.to_string(), vec![name.to_string()])),
+                }
+            }
+            _ => plain.push(package.clone()),
+        }
+    }
+    let mut preferences =
+        String::from("# Written by appliance-image build from the image definition.\n");
+    for (from, names) in &pinned {
+        preferences.push_str(&format!(
+            "\nPackage: *\nPin: release n={from}\nPin-Priority: 100\n\nPackage: {}\nPin: release n={from}\nPin-Priority: 995\n",
+            names.join(" ")
+        ));
+    }
+    (plain, preferences)
 }
 
 fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
@@ -858,7 +902,31 @@ fn tree_bytes(dir: &Path) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{key, place};
+    use super::{key, pins, place};
+
+    #[test]
+    fn packages_of_a_newer_suite_are_pinned_by_name() {
+        let packages = [
+            "dbus".to_string(),
+            "rauc/forky".to_string(),
+            "libnl-3-200/forky".to_string(),
+            "linux-image-arm64/trixie-backports".to_string(),
+        ];
+        let (names, preferences) = pins("trixie", &packages);
+        assert_eq!(
+            names,
+            [
+                "dbus",
+                "rauc",
+                "libnl-3-200",
+                "linux-image-arm64/trixie-backports"
+            ]
+        );
+        assert!(preferences.contains(
+            "Package: *\nPin: release n=forky\nPin-Priority: 100\n\nPackage: rauc libnl-3-200\nPin: release n=forky\nPin-Priority: 995\n"
+        ));
+        assert!(!preferences.contains("backports"));
+    }
 
     #[test]
     fn layer_keys_change_with_any_input() {
