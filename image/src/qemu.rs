@@ -330,7 +330,7 @@ pub(crate) fn start(
     eprintln!("firmware: {} boots {:?}", boot.file, boot.prefix);
     let append = format!(
         "{} systemd.wants=appliance-qemu-test-proxy.socket systemd.log_target=console \
-         systemd.log_level=info",
+         systemd.log_level=info systemd.journald.forward_to_console=1",
         boot.cmdline
     );
     let serial = dir.join("serial.log");
