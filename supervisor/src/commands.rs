@@ -22,7 +22,8 @@ fn bad_input(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_BAD_INPUT)
 }
 
-fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
+/// The board and its configuration, or the bad-input exit having said why.
+pub(crate) fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
     let board = Board::open(root).map_err(bad_input)?;
     let config = Config::for_board(&board, config).map_err(bad_input)?;
     Ok((board, config))

@@ -5,19 +5,7 @@ use std::process::ExitCode;
 
 use super::backend::{self, Call};
 use super::install::{self, Reboot};
-use crate::board::Board;
-use crate::commands::{EXIT_BAD_INPUT, EXIT_FAILED};
-use crate::config::Config;
-
-fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
-    let fail = |e: String| {
-        eprintln!("error: {e}");
-        ExitCode::from(EXIT_BAD_INPUT)
-    };
-    let board = Board::open(root).map_err(|e| fail(e.to_string()))?;
-    let config = Config::for_board(&board, config).map_err(|e| fail(e.to_string()))?;
-    Ok((board, config))
-}
+use crate::commands::{EXIT_BAD_INPUT, EXIT_FAILED, load};
 
 fn done(result: Result<String, String>) -> ExitCode {
     match result {
