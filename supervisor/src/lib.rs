@@ -20,6 +20,7 @@ pub mod daemon;
 pub mod dashboard;
 pub mod engine;
 pub mod logging;
+pub mod metrics;
 pub mod model;
 pub mod overclock;
 pub mod provision;

@@ -294,13 +294,7 @@ pub fn facts_text(f: &Facts, simulated: bool) -> String {
         f.numa_nodes.map(|n| n.to_string()).unwrap_or_else(unknown)
     );
     if let Some(b) = &f.boot {
-        let mode = match b.boot_mode {
-            1 => "SD".to_string(),
-            4 => "USB".to_string(),
-            6 => "NVMe".to_string(),
-            2 => "network".to_string(),
-            n => format!("mode {n}"),
-        };
+        let mode = boot_mode_word(b.boot_mode);
         let _ = writeln!(
             out,
             "boot: {mode}, partition {}, tryboot {}, bootloader built {}",
@@ -310,6 +304,17 @@ pub fn facts_text(f: &Facts, simulated: bool) -> String {
         );
     }
     out
+}
+
+/// The boot device a bootloader boot mode (a `BOOT_ORDER` code) names: `SD`, `USB`, ...
+pub fn boot_mode_word(mode: u32) -> String {
+    match mode {
+        1 => "SD".to_string(),
+        4 => "USB".to_string(),
+        6 => "NVMe".to_string(),
+        2 => "network".to_string(),
+        n => format!("mode {n}"),
+    }
 }
 
 fn words_or_none(words: &[&str]) -> String {

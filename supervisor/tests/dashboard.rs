@@ -1,7 +1,8 @@
 //! The dashboard served by `supervisor run` on a simulated board, over real HTTP: login, the
 //! cookie's attributes, wrong passwords and the rate limit, `/api/status` (session, bearer token,
-//! the same document as `status --json`), CSRF on every POST, the live event stream, and
-//! loopback-only service without a password, slowloris and oversized bodies.
+//! the same document as `status --json`), `/metrics` (the same readers, read by the real
+//! Prometheus parser), CSRF on every POST, the live event stream, and loopback-only service
+//! without a password, slowloris and oversized bodies.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -503,6 +504,219 @@ fn login_sessions_tokens_csrf_live_events_and_the_rate_limit() {
     assert!(r.header("set-cookie").is_none());
 }
 
+/// An exposition read by the real Prometheus parser (`tests/clients/prom_parse.py`, the
+/// `prometheus_client` package): `{family: {type, help, samples: [{name, labels, value}]}}`.
+fn prometheus_parse(text: &str) -> Value {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/clients/prom_parse.py"
+    );
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write the exposition");
+    let out = child.wait_with_output().expect("python3");
+    assert!(
+        out.status.success(),
+        "prometheus_client refused /metrics: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+/// The samples of one parsed family, asserting its type.
+fn family<'a>(families: &'a Value, name: &str, kind: &str) -> &'a [Value] {
+    let f = &families[name];
+    assert_eq!(f["type"], kind, "{name}: {f}");
+    f["samples"].as_array().expect("samples")
+}
+
+/// The value of a family's only sample.
+fn only(families: &Value, name: &str, kind: &str) -> f64 {
+    let samples = family(families, name, kind);
+    assert_eq!(samples.len(), 1, "{name}: {samples:?}");
+    samples[0]["value"].as_f64().expect("a number")
+}
+
+#[test]
+fn metrics_are_prometheus_text_for_the_readers_of_api_status() {
+    let port = free_port();
+    let hash = supervisor_with_stdin(&["dashboard", "hash-password"], &format!("{PASSWORD}\n"));
+    let (token, digest) = new_token();
+    let d = start(
+        &format!(
+            "listen = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\napi_token_sha256 = [\"{digest}\"]\n",
+            hash.trim()
+        ),
+        port,
+    );
+    let base = d.base.clone();
+    // A warm board that was short of power: under-voltage now and since boot, throttled since
+    // boot (bits 0, 16 and 18).
+    let temperature = d.root.join("sys/class/thermal/thermal_zone0/temp");
+    std::fs::write(&temperature, "61375\n").expect("temperature");
+    std::fs::write(
+        d.root.join(supervisor::board::sim::GET_THROTTLED_FILE),
+        "50001\n",
+    )
+    .expect("throttled");
+
+    // Exactly the authentication of /api/status: nothing, a wrong token or a forged session
+    // is refused alike; a session and the token are let in.
+    let metrics = format!("{base}/metrics");
+    let status = format!("{base}/api/status");
+    let wrong = format!("Bearer {}", "0".repeat(64));
+    let forged = "appliance_session=".to_string() + &"ab".repeat(32);
+    for headers in [
+        vec![],
+        vec![("authorization", wrong.as_str())],
+        vec![("cookie", forged.as_str())],
+    ] {
+        let (m, s) = (get(&metrics, &headers), get(&status, &headers));
+        assert_eq!((m.status, s.status), (401, 401), "{headers:?}");
+        assert_eq!(m.header("www-authenticate"), s.header("www-authenticate"));
+    }
+    let cookie = cookie_pair(
+        login(&base, PASSWORD)
+            .header("set-cookie")
+            .expect("a session"),
+    );
+    let by_session = get(&metrics, &[("cookie", &cookie)]);
+    assert_eq!(by_session.status, 200);
+    prometheus_parse(&by_session.body);
+
+    let auth = format!("Bearer {token}");
+    let r = get(&metrics, &[("authorization", &auth)]);
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let families = prometheus_parse(&r.body);
+    let api: Value =
+        serde_json::from_str(&get(&status, &[("authorization", &auth)]).body).expect("json");
+    let names: Vec<&String> = families.as_object().expect("families").keys().collect();
+    assert!(
+        names.iter().all(|n| n.starts_with("appliance_")),
+        "{names:?}"
+    );
+
+    // The board: the simulated sensor's value, the throttle bits and each condition.
+    let celsius = only(&families, "appliance_soc_temperature_celsius", "gauge");
+    assert_eq!(
+        celsius, 61.4,
+        "the sensor's 61.375 °C in the status's tenths"
+    );
+    assert_eq!(api["board"]["temperature_c"].as_f64(), Some(celsius));
+    assert_eq!(
+        only(&families, "appliance_throttled_bits", "gauge"),
+        327_681.0
+    );
+    assert_eq!(api["board"]["throttle"]["raw"], "0x50001");
+    let conditions = family(&families, "appliance_throttle", "gauge");
+    assert_eq!(conditions.len(), 8, "{conditions:?}");
+    for (when, key) in [("now", "now"), ("since-boot", "since_boot")] {
+        let set: Vec<&Value> = conditions
+            .iter()
+            .filter(|s| s["labels"]["when"] == when && s["value"] == 1)
+            .map(|s| &s["labels"]["flag"])
+            .collect();
+        let reported: Vec<&Value> = api["board"]["throttle"][key]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .collect();
+        assert_eq!(set, reported, "{when}");
+    }
+    assert_eq!(
+        only(&families, "appliance_arm_clock_hertz", "gauge"),
+        api["board"]["cpu_mhz"].as_f64().expect("MHz") * 1e6
+    );
+
+    // Every tuning step in the words of /api/status, in its order.
+    let steps: Vec<(&Value, &Value)> = family(&families, "appliance_tuning_step", "gauge")
+        .iter()
+        .inspect(|s| assert_eq!(s["value"], 1, "{s}"))
+        .map(|s| (&s["labels"]["step"], &s["labels"]["state"]))
+        .collect();
+    let expected: Vec<(&Value, &Value)> = api["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| (&s["name"], &s["state"]))
+        .collect();
+    assert_eq!(steps, expected);
+    assert!(!steps.is_empty());
+
+    // The model and the engine: no model installed, so the gate fails it and the engine is
+    // blocked; a counter is read as one (the parser names its family without `_total`).
+    let verified = family(&families, "appliance_weights_verified", "gauge");
+    assert_eq!(verified[0]["labels"]["model"], api["model"]["id"]);
+    assert_eq!(verified[0]["labels"]["verdict"], api["model"]["state"]);
+    assert_eq!(verified[0]["value"], 0);
+    let engine = family(&families, "appliance_engine_state", "gauge");
+    assert_eq!(engine[0]["labels"]["state"], api["engine"]["state"]);
+    assert_eq!(api["engine"]["state"], "blocked");
+    assert_eq!(only(&families, "appliance_engine_up", "gauge"), 0.0);
+    let restarts = family(&families, "appliance_engine_restarts", "counter");
+    assert_eq!(restarts[0]["name"], "appliance_engine_restarts_total");
+    assert_eq!(restarts[0]["value"], api["engine"]["restarts"]);
+
+    // Overclock, updates, provisioning, the clock.
+    let phase = family(&families, "appliance_overclock_phase", "gauge");
+    assert_eq!(phase[0]["labels"]["phase"], api["overclock"]["phase"]);
+    let slots: Vec<(&Value, bool)> = family(&families, "appliance_update_slot_good", "gauge")
+        .iter()
+        .map(|s| (&s["labels"]["slot"], s["value"] == 1))
+        .collect();
+    let expected: Vec<(&Value, bool)> = api["update"]["slots"]
+        .as_array()
+        .expect("slots")
+        .iter()
+        .map(|s| (&s["slot"], s["state"] == "good"))
+        .collect();
+    assert_eq!(slots, expected);
+    let provision = family(&families, "appliance_provision_info", "gauge");
+    assert_eq!(provision[0]["labels"]["state"], api["provision"]["state"]);
+    assert_eq!(
+        only(&families, "appliance_clock_synchronized", "gauge") == 1.0,
+        api["clock"]["synchronized"] == true
+    );
+
+    // What the status does not have is left out, not reported as 0.
+    for (name, pointer) in [
+        ("appliance_engine_uptime_seconds", "/engine/uptime_s"),
+        (
+            "appliance_engine_decode_tokens_per_second",
+            "/engine/decode_tokens_per_second",
+        ),
+        ("appliance_rtc_time_seconds", "/clock/rtc_unix"),
+        ("appliance_update_info", "/update/booted"),
+        ("appliance_update_trial_info", "/update/trial"),
+        ("appliance_update_last_info", "/update/last"),
+    ] {
+        let reported = api.pointer(pointer).is_some_and(|v| !v.is_null());
+        assert_eq!(
+            families.get(name).is_some(),
+            reported,
+            "{name} vs {pointer}"
+        );
+    }
+    std::fs::remove_file(&temperature).expect("remove the sensor");
+    let families = prometheus_parse(&get(&metrics, &[("authorization", &auth)]).body);
+    assert!(families.get("appliance_soc_temperature_celsius").is_none());
+    assert!(families.get("appliance_throttle").is_some());
+}
+
 /// The first line of the answer on `stream`, waiting at most `limit`.
 fn status_line(stream: &mut std::net::TcpStream, limit: Duration) -> String {
     stream.set_read_timeout(Some(limit)).expect("timeout");
@@ -660,16 +874,20 @@ fn without_a_password_the_dashboard_is_loopback_only_and_says_so() {
         get(&format!("{}/api/status", d.base), &[("cookie", &cookie)]).status,
         200
     );
-    // Open like the pages on this machine's loopback; a wrong token is still refused.
-    assert_eq!(get(&format!("{}/api/status", d.base), &[]).status, 200);
-    assert_eq!(
-        get(
-            &format!("{}/api/status", d.base),
-            &[("authorization", "Bearer not-a-token")]
-        )
-        .status,
-        401
-    );
+    // Open like the pages on this machine's loopback; a wrong token is still refused. The
+    // metrics too.
+    for path in ["/api/status", "/metrics"] {
+        assert_eq!(get(&format!("{}{path}", d.base), &[]).status, 200, "{path}");
+        assert_eq!(
+            get(
+                &format!("{}{path}", d.base),
+                &[("authorization", "Bearer not-a-token")]
+            )
+            .status,
+            401,
+            "{path}"
+        );
+    }
     let r = post(
         &format!("{}/api/chat", d.base),
         &[("cookie", &cookie)],

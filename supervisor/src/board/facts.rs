@@ -28,9 +28,14 @@ pub struct Throttle {
     pub now: Vec<&'static str>,
     /// Conditions that occurred since boot.
     pub since_boot: Vec<&'static str>,
+    /// The bit field itself (`raw` in JSON).
+    #[serde(skip)]
+    pub bits: u32,
 }
 
-const THROTTLE_WORDS: [&str; 4] = [
+/// The conditions of the throttle report, in bit order: bit `i` is the condition now, bit
+/// `i + 16` the condition at some time since boot.
+pub const THROTTLE_WORDS: [&str; 4] = [
     "under-voltage",
     "arm-frequency-capped",
     "throttled",
@@ -52,6 +57,7 @@ impl Throttle {
             raw: format!("{bits:#x}"),
             now: pick(0),
             since_boot: pick(16),
+            bits,
         }
     }
 }

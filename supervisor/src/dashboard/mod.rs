@@ -5,7 +5,8 @@
 //!
 //! Routes: `GET /` (overview, or a redirect to `/login`), `GET /login`, `POST /login`,
 //! `POST /logout`, `GET /events` (server-sent events), `POST /api/chat`, `GET /api/status`
-//! (session or `Authorization: Bearer TOKEN`), `GET /assets/*`.
+//! and `GET /metrics` (the same document in Prometheus' text format; both by session or
+//! `Authorization: Bearer TOKEN`), `GET /assets/*`.
 
 pub mod auth;
 pub mod charts;

@@ -38,6 +38,7 @@ pub fn router(app: Arc<App>, over_tls: bool) -> Router {
         .route("/logout", post(logout))
         .route("/events", get(events))
         .route("/api/status", get(api_status))
+        .route("/metrics", get(metrics))
         .route("/api/chat", post(api_chat))
         .route("/api/enroll", post(api_enroll))
         .route("/api/identity", post(api_identity))
@@ -369,10 +370,19 @@ async fn api_status(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Response, DashError> {
-    if !reader_allowed(&app, &headers) {
-        return Err(DashError::Unauthorized);
-    }
+    require_reader(&app, &headers)?;
     Ok(Json(app.status_off_thread().await?).into_response())
+}
+
+/// `GET /metrics`: the same status document in Prometheus' text format, to the same readers.
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, DashError> {
+    require_reader(&app, &headers)?;
+    let status = app.status_off_thread().await?;
+    Ok((
+        [(header::CONTENT_TYPE, metrics_text::CONTENT_TYPE)],
+        crate::metrics::exposition(&status),
+    )
+        .into_response())
 }
 
 /// `POST /api/update`: a bundle as the body, from a session with its CSRF token or with an API
@@ -405,19 +415,23 @@ async fn api_update_progress(
     State(app): State<Arc<App>>,
     headers: HeaderMap,
 ) -> Result<Response, DashError> {
-    if !reader_allowed(&app, &headers) {
-        return Err(DashError::Unauthorized);
-    }
+    require_reader(&app, &headers)?;
     Ok(Json(app.uploads.progress()).into_response())
 }
 
-/// Whether a request may read the box's JSON: an API token it accepts, or a session (without a
-/// password the pages are open on loopback; so is their JSON).
-fn reader_allowed(app: &App, headers: &HeaderMap) -> bool {
-    if headers.contains_key(header::AUTHORIZATION) {
+/// Whether a request may read the box's state (`/api/status`, `/api/update`, `/metrics`): an
+/// API token it accepts, or a session (without a password the pages are open on loopback; so
+/// is what they show). Otherwise 401.
+fn require_reader(app: &App, headers: &HeaderMap) -> Result<(), DashError> {
+    let allowed = if headers.contains_key(header::AUTHORIZATION) {
         bearer_allowed(app, headers)
     } else {
         app.open || app.session(headers).is_some()
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(DashError::Unauthorized)
     }
 }
 
