@@ -43,6 +43,8 @@ pub struct ChatTemplate {
     eos: String,
     /// Whether this is the model's own template rather than the ChatML fallback.
     pub from_model: bool,
+    /// The template's Jinja text.
+    pub source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -56,10 +58,21 @@ impl std::fmt::Debug for ChatTemplate {
 impl ChatTemplate {
     /// The template of `file` (ChatML when it has none); BOS and EOS texts from `tokenizer`.
     pub fn from_model(file: &ModelFile, tokenizer: &Tokenizer) -> Result<ChatTemplate, String> {
-        let source = match file.header().get("tokenizer.chat_template") {
-            Some(gguf::Value::String(s)) => Some(s.clone()),
-            Some(_) => return Err("tokenizer.chat_template is not a string".into()),
-            None => None,
+        ChatTemplate::for_model(file, tokenizer, None)
+    }
+
+    /// `source` when given (e.g. `--chat-template-file`), else the model's template, else
+    /// ChatML; BOS and EOS texts from `tokenizer`.
+    pub fn for_model(
+        file: &ModelFile,
+        tokenizer: &Tokenizer,
+        source: Option<String>,
+    ) -> Result<ChatTemplate, String> {
+        let source = match (source, file.header().get("tokenizer.chat_template")) {
+            (Some(given), _) => Some(given),
+            (None, Some(gguf::Value::String(s))) => Some(s.clone()),
+            (None, Some(_)) => return Err("tokenizer.chat_template is not a string".into()),
+            (None, None) => None,
         };
         let text_of = |key: &str| {
             file.header()
@@ -86,13 +99,14 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         let from_model = source.is_some();
         let source = source.unwrap_or_else(|| CHATML.to_string());
-        env.add_template_owned("chat", source)
-            .map_err(|e| format!("the model's chat template does not compile: {e:#}"))?;
+        env.add_template_owned("chat", source.clone())
+            .map_err(|e| format!("the chat template does not compile: {e:#}"))?;
         Ok(ChatTemplate {
             env,
             bos,
             eos,
             from_model,
+            source,
         })
     }
 
@@ -117,6 +131,11 @@ impl ChatTemplate {
                 eos_token => self.eos,
             })
             .map_err(|e| format!("the chat template refused these messages: {e:#}"))
+    }
+
+    /// The BOS and EOS texts the template is given.
+    pub fn bos_eos(&self) -> (&str, &str) {
+        (&self.bos, &self.eos)
     }
 
     /// `text` without the BOS text the template wrote at its start, so a tokenizer that adds
@@ -164,26 +183,70 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         budget: &Budget<'_>,
     ) -> Result<Vec<u32>, PromptError> {
-        // A message that writes `<|im_end|>` must not end its turn: its text stays text.
-        let protected: Vec<Message> = messages
-            .iter()
-            .map(|m| Message {
-                role: tokenizer.protect(&m.role).into_owned(),
-                content: tokenizer.protect(&m.content).into_owned(),
-            })
-            .collect();
+        let protected = protect(tokenizer, messages);
         let text = self
             .render(&protected, add_generation_prompt)
             .map_err(PromptError::Template)?;
+        self.encode(tokenizer, &text, budget)
+    }
+
+    /// The token ids of `messages` whose last one (an assistant's, the answer's beginning) is
+    /// continued rather than answered: rendered without the generation cue and cut right after
+    /// that message's text, so its end-of-turn never reaches the model (transformers'
+    /// `continue_final_message`).
+    pub fn continuation_ids_within(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+        budget: &Budget<'_>,
+    ) -> Result<Vec<u32>, PromptError> {
+        let protected = protect(tokenizer, messages);
+        let text = self
+            .render(&protected, false)
+            .map_err(PromptError::Template)?;
+        // Templates often trim a message; its end is where its last non-space character is.
+        let begun = protected.last().map_or("", |m| m.content.trim_end());
+        let cut = text
+            .rfind(begun)
+            .filter(|_| !begun.is_empty())
+            .map(|at| at + begun.len())
+            .ok_or_else(|| {
+                PromptError::Template(
+                    "the chat template does not write the last assistant message as given, so \
+                     it cannot be continued (drop it, or end the chat with a user message)"
+                        .into(),
+                )
+            })?;
+        self.encode(tokenizer, &text[..cut], budget)
+    }
+
+    /// A rendering's token ids, BOS once.
+    fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        budget: &Budget<'_>,
+    ) -> Result<Vec<u32>, PromptError> {
         let text = if tokenizer.adds_bos() {
-            self.strip_bos(&text)
+            self.strip_bos(text)
         } else {
-            &text
+            text
         };
         tokenizer
             .encode_rendered(text, budget)
             .map_err(PromptError::Stopped)
     }
+}
+
+/// A message that writes `<|im_end|>` must not end its turn: its text stays text.
+fn protect(tokenizer: &Tokenizer, messages: &[Message]) -> Vec<Message> {
+    messages
+        .iter()
+        .map(|m| Message {
+            role: tokenizer.protect(&m.role).into_owned(),
+            content: tokenizer.protect(&m.content).into_owned(),
+        })
+        .collect()
 }
 
 /// Why a chat's prompt could not be made.

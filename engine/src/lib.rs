@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod chat;
 pub mod generate;
+pub mod grammar;
 pub mod installed;
 pub mod kernels;
 pub mod model;

@@ -115,6 +115,23 @@ enum Command {
         /// follow-up message only prefills what is new; 0 turns the prefix cache off.
         #[arg(long, default_value_t = 512)]
         cache_mib: usize,
+        /// Tokens a request generates at most when it does not say (−1: until an end token
+        /// or the context is full).
+        #[arg(short = 'n', long, default_value_t = 512, allow_negative_numbers = true, value_parser = n_predict)]
+        n_predict: i64,
+        /// Temperature for requests that do not say (0 = greedy).
+        #[arg(long, default_value_t = 0.8, value_parser = temperature)]
+        temp: f32,
+        /// Seed for requests that do not give one (−1: a fresh seed per request).
+        #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
+        seed: i64,
+        /// A Jinja chat template to use instead of the model's.
+        #[arg(long)]
+        chat_template_file: Option<PathBuf>,
+        /// Browser origins allowed to call the API (CORS): `*`, or origins such as
+        /// `http://192.168.1.20:3000` separated by commas. Default: none.
+        #[arg(long, default_value = "", value_parser = cors_origins)]
+        cors_origins: engine::server::CorsOrigins,
     },
     /// Prompt-processing and generation speed, as llama-bench measures them.
     Bench {
@@ -284,7 +301,20 @@ fn main() -> ExitCode {
             system_prompt,
             alias,
             cache_mib,
+            n_predict,
+            temp,
+            seed,
+            chat_template_file,
+            cors_origins,
         } => {
+            let chat_template = match chat_template_file.map(|p| {
+                std::fs::read_to_string(&p)
+                    .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))
+            }) {
+                Some(Err(e)) => return fail(e),
+                Some(Ok(text)) => Some(text),
+                None => None,
+            };
             let system_prompt = match system_prompt.map(|p| {
                 std::fs::read_to_string(&p)
                     .map(|t| t.trim_end().to_string())
@@ -305,6 +335,13 @@ fn main() -> ExitCode {
                 system_prompt,
                 model_id: alias,
                 cache_mib,
+                defaults: engine::server::request::Defaults {
+                    max_tokens: usize::try_from(n_predict).ok(),
+                    temperature: temp,
+                    seed: u64::try_from(seed).ok(),
+                },
+                chat_template,
+                cors: cors_origins,
             }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
@@ -421,4 +458,24 @@ fn thread_count(arg: &str) -> Result<usize, String> {
             available_cpus()
         )),
     }
+}
+
+fn n_predict(text: &str) -> Result<i64, String> {
+    match text.parse::<i64>() {
+        Ok(n) if n == -1 || n >= 1 => Ok(n),
+        _ => Err(format!(
+            "{text} is not a token count (at least 1, or -1 for no limit)"
+        )),
+    }
+}
+
+fn temperature(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(t) if (0.0..=100.0).contains(&t) => Ok(t),
+        _ => Err(format!("{text} is not a temperature (0 to 100)")),
+    }
+}
+
+fn cors_origins(text: &str) -> Result<engine::server::CorsOrigins, String> {
+    engine::server::CorsOrigins::parse(text)
 }

@@ -1,5 +1,5 @@
-//! Choosing the next token: greedy, or llama.cpp's chain — repetition penalty, top-k, top-p,
-//! min-p, temperature — then a seeded draw. The same seed and inputs give the same tokens.
+//! Choosing the next token: greedy, or llama.cpp's chain — repetition, presence and frequency
+//! penalties, top-k, top-p, min-p, temperature — then a seeded draw. The same seed and inputs give the same tokens.
 
 /// Sampling settings; the defaults are llama.cpp server's.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,8 +14,12 @@ pub struct Sampling {
     pub min_p: f32,
     /// Divide positive (multiply negative) logits of recent tokens by this (1 = off).
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtracted from the logit of every recent token (OpenAI's presence penalty; 0 = off).
+    pub presence_penalty: f32,
+    /// Subtracted once per recent occurrence (OpenAI's frequency penalty; 0 = off).
+    pub frequency_penalty: f32,
     /// Seed of the draw.
     pub seed: u64,
 }
@@ -29,6 +33,8 @@ impl Default for Sampling {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             seed: 0,
         }
     }
@@ -61,18 +67,20 @@ impl Sampler {
     pub fn next(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let s = &self.settings;
         let mut logits = logits.to_vec();
-        if s.repeat_penalty != 1.0 {
+        if s.repeat_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0 {
             let recent = &history[history.len().saturating_sub(s.repeat_last_n)..];
-            let mut seen = std::collections::HashSet::new();
+            let mut counts = std::collections::HashMap::new();
             for &t in recent {
-                if seen.insert(t) {
-                    if let Some(l) = logits.get_mut(t as usize) {
-                        *l = if *l > 0.0 {
-                            *l / s.repeat_penalty
-                        } else {
-                            *l * s.repeat_penalty
-                        };
+                *counts.entry(t).or_insert(0u32) += 1;
+            }
+            for (t, count) in counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    if *l > 0.0 {
+                        *l /= s.repeat_penalty;
+                    } else {
+                        *l *= s.repeat_penalty;
                     }
+                    *l -= count as f32 * s.frequency_penalty + s.presence_penalty;
                 }
             }
         }
@@ -184,5 +192,21 @@ mod tests {
             ..greedy()
         });
         assert_eq!(s.next(&[1.0, 3.0, 2.0], &[1]), 2);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_lower_recent_tokens_by_their_count() {
+        let mut s = Sampler::new(Sampling {
+            frequency_penalty: 0.6,
+            ..greedy()
+        });
+        // Token 1 seen twice: 3.0 − 1.2 < 2.0; token 2 seen once: 2.0 − 0.6 > 1.2.
+        assert_eq!(s.next(&[0.0, 3.0, 2.0], &[1, 1]), 2);
+        let mut s = Sampler::new(Sampling {
+            presence_penalty: 2.0,
+            ..greedy()
+        });
+        assert_eq!(s.next(&[0.0, 3.0, 2.0], &[1, 1, 1]), 2);
+        assert_eq!(s.next(&[0.0, 3.0, 2.0], &[]), 1);
     }
 }

@@ -1,34 +1,38 @@
-//! `engine serve`: the OpenAI-compatible HTTP API (and llama.cpp's native `/completion`) over
+//! `engine serve`: the OpenAI-compatible HTTP API (and llama.cpp's native endpoints) over
 //! one model, one generation at a time from a bounded queue.
 //!
-//! Handlers only translate: a request becomes token ids and sampler settings, the generation
-//! thread ([`worker`]) produces text events, and the handler shapes them into a JSON body or
-//! server-sent events. Anything bound beyond loopback needs an API key.
+//! Handlers only translate: a request becomes token ids and [`worker::Params`], the
+//! generation thread ([`worker`]) produces text events, and the handler shapes them into a
+//! JSON body or server-sent events ([`stream`]). Every refusal is an [`error::ApiError`].
+//! Anything bound beyond loopback needs an API key ([`auth`]).
 
-pub mod api;
+pub mod auth;
+pub mod error;
+mod generation;
+pub mod metrics;
+mod native;
+mod openai;
+pub mod request;
+mod stream;
 pub mod worker;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::extract::State;
+use axum::http::{Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::chat::{ChatTemplate, Message, PromptError};
-use crate::tokenizer::{Budget, Stopped, Tokenizer};
-use api::{ApiError, ChatRequest, CompletionRequest, Knobs};
-use worker::{Event, Finish, Job, Lane, Summary, Worker};
+use crate::chat::{ChatTemplate, Message};
+use crate::tokenizer::Tokenizer;
+pub use auth::{CONTROL_HEADER, CorsOrigins, is_loopback, key_hash};
+use error::ApiError;
+use request::Defaults;
+use worker::Worker;
 
 /// What the handlers need once the model is loaded.
 pub struct Ready {
@@ -42,6 +46,8 @@ pub struct Ready {
     pub context: usize,
     /// A system prompt put first in chats that bring none.
     pub system_prompt: Option<String>,
+    /// What requests that leave a field out get.
+    pub defaults: Defaults,
 }
 
 /// Shared handler state.
@@ -51,97 +57,63 @@ pub struct AppState {
     pub ready: Arc<OnceLock<Ready>>,
     /// The id `/v1/models` reports.
     pub model_id: Arc<str>,
+    /// The model file (for `/props`).
+    pub model_path: Arc<std::path::Path>,
+    /// OpenAI's `system_fingerprint`: this engine's version with this model and context.
+    pub fingerprint: Arc<str>,
     /// SHA-256 of the API key, when one is required.
     pub api_key_sha256: Option<[u8; 32]>,
     /// SHA-256 of the control key, when the engine has one (its supervisor's requests).
     pub control_key_sha256: Option<[u8; 32]>,
+    /// The counters and histograms `/metrics` reports.
+    pub metrics: Arc<metrics::Metrics>,
 }
 
-/// The header that carries the control key.
-pub const CONTROL_HEADER: &str = "x-engine-control";
-
-/// Default `max_tokens` when a request gives none.
-const DEFAULT_MAX_TOKENS: usize = 512;
-
-/// The router of every endpoint.
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/v1/models", get(models))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
-        .route("/completion", post(native_completion))
+/// The router of every endpoint. OpenAI's routes are served with and without `/v1`, as
+/// llama.cpp serves them (clients differ in which they call).
+pub fn router(state: AppState, cors: &CorsOrigins) -> Router {
+    let mut api = Router::new();
+    for prefix in ["", "/v1"] {
+        api = api
+            .route(&format!("{prefix}/models"), get(openai::models))
+            .route(
+                &format!("{prefix}/chat/completions"),
+                post(openai::chat_completions),
+            )
+            .route(&format!("{prefix}/completions"), post(openai::completions));
+    }
+    api.route("/completion", post(native::completion))
+        .route("/completions/native", post(native::completion))
+        .route("/tokenize", post(native::tokenize))
+        .route("/detokenize", post(native::detokenize))
+        .route("/apply-template", post(native::apply_template))
+        .route("/props", get(native::props))
+        .route("/metrics", get(metrics::serve))
         // The key is checked before a body is read.
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            require_key,
+            auth::require_key,
         ))
         .route("/health", get(health))
         .route("/v1/health", get(health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Outermost: a browser's preflight is answered before any key is asked for.
+        .layer(cors.layer())
         .with_state(state)
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::not_found(uri.path())
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
 }
 
 /// Largest request body: a full context of text with room to spare.
 const MAX_BODY_BYTES: usize = 1 << 20;
-
-/// Checks the key and decides the request's lane once, before its body is read; handlers
-/// read the lane from the request's extensions.
-async fn require_key(
-    State(state): State<AppState>,
-    mut request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let lane = lane(&state, request.headers());
-    match authorize(&state, request.headers(), lane) {
-        Ok(()) => {
-            request.extensions_mut().insert(lane);
-            next.run(request).await
-        }
-        Err(e) => e.into_response(),
-    }
-}
-
-/// Whether `addr` is loopback (the only place an unauthenticated server may listen).
-pub fn is_loopback(addr: &SocketAddr) -> bool {
-    addr.ip().is_loopback()
-}
-
-/// SHA-256 of an API key (only the hash is kept in memory).
-pub fn key_hash(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
-}
-
-/// The lane of a request: the control lane when it carries the control key.
-fn lane(state: &AppState, headers: &HeaderMap) -> Lane {
-    let given = headers
-        .get(CONTROL_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(|k| key_hash(k.trim()));
-    match (state.control_key_sha256, given) {
-        (Some(expected), Some(given)) if given == expected => Lane::Control,
-        _ => Lane::User,
-    }
-}
-
-fn authorize(state: &AppState, headers: &HeaderMap, lane: Lane) -> Result<(), ApiError> {
-    let Some(expected) = state.api_key_sha256 else {
-        return Ok(());
-    };
-    // The control key is a secret of the same strength, given only to the supervisor.
-    if lane == Lane::Control {
-        return Ok(());
-    }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|k| key_hash(k.trim()));
-    // Comparing hashes keeps the comparison's timing independent of the key.
-    match given {
-        Some(h) if h == expected => Ok(()),
-        _ => Err(ApiError::unauthorized()),
-    }
-}
 
 fn ready(state: &AppState) -> Result<&Ready, ApiError> {
     state
@@ -167,433 +139,23 @@ async fn health(State(state): State<AppState>) -> Response {
     }
 }
 
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(axum::Json(json!({
-        "object": "list",
-        "data": [{ "id": &*state.model_id, "object": "model", "created": now(), "owned_by": "appliance" }],
-    }))
-    .into_response())
-}
-
-/// A queued generation: its events and the prompt's length.
-struct Started {
-    events: UnboundedReceiver<Event>,
-    prompt_tokens: usize,
-}
-
-fn start(ready: &Ready, prompt: Vec<u32>, knobs: &Knobs, lane: Lane) -> Result<Started, ApiError> {
-    if prompt.len() >= ready.context {
-        return Err(ApiError::bad_request(format!(
-            "the prompt is {} tokens long; the context holds {} (shorten it or start a new chat)",
-            prompt.len(),
-            ready.context
-        )));
-    }
-    let (events, receiver) = unbounded_channel();
-    let prompt_tokens = prompt.len();
-    ready
-        .worker
-        .submit(Job {
-            prompt,
-            sampling: knobs.sampling()?,
-            max_tokens: knobs.limit(DEFAULT_MAX_TOKENS)?,
-            stop: knobs.stops()?,
-            ignore_eos: knobs.ignore_eos,
-            lane,
-            events,
-        })
-        .map_err(|refused| match refused {
-            worker::Refused::Full => {
-                ApiError::unavailable("the request queue is full; retry shortly")
-            }
-            worker::Refused::Stopped => ApiError::unavailable(SHUTTING_DOWN),
-        })?;
-    Ok(Started {
-        events: receiver,
-        prompt_tokens,
-    })
-}
-
-/// Waits for the whole text.
-async fn collect(started: &mut Started) -> Result<(String, Summary), ApiError> {
-    let mut text = String::new();
-    while let Some(event) = started.events.recv().await {
-        match event {
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(summary) => return Ok((text, summary)),
-            Event::Failed(e) => return Err(ApiError::internal(e)),
-            Event::ShuttingDown => return Err(ApiError::unavailable(SHUTTING_DOWN)),
-        }
-    }
-    Err(ApiError::internal("the generation thread stopped"))
-}
-
-/// What a request cut off by the engine's shutdown is told.
-const SHUTTING_DOWN: &str = "the engine is shutting down; the answer was cut off (retry shortly)";
-
-fn usage(prompt_tokens: usize, summary: &Summary) -> Value {
-    json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": summary.predicted_n,
-        "total_tokens": prompt_tokens + summary.predicted_n,
-    })
-}
-
-fn id(prefix: &str) -> String {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{prefix}-{:x}{n:x}", now())
-}
-
-/// Bytes of prompt text accepted per token of context: text beyond that cannot fit, and is
-/// refused before the tokenizer spends time on it.
-const BYTES_PER_TOKEN_BOUND: usize = 16;
-
-fn check_text_size(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
-    let bound = ready.context.saturating_mul(BYTES_PER_TOKEN_BOUND);
-    if bytes > bound {
-        return Err(ApiError::bad_request(format!(
-            "the prompt is {bytes} bytes; it cannot fit the context of {} tokens (shorten it)",
-            ready.context
-        )));
-    }
-    Ok(())
-}
-
-/// Runs tokenization on a blocking thread, so a long prompt never stalls other connections,
-/// within a budget of the context's tokens. When the client goes away (the handler's future
-/// is dropped), the work stops at its next piece instead of running to the end for nobody.
-async fn tokenize_off_thread(
-    state: &AppState,
-    work: impl FnOnce(&Ready, &Budget<'_>) -> Result<Vec<u32>, PromptError> + Send + 'static,
-) -> Result<Vec<u32>, ApiError> {
-    let ready = Arc::clone(&state.ready);
-    let gone = CancelOnDrop(Arc::new(AtomicBool::new(false)));
-    let cancelled = Arc::clone(&gone.0);
-    let tokenized = tokio::task::spawn_blocking(move || {
-        let Some(r) = ready.get() else {
-            return Err(ApiError::unavailable(
-                "the model is loading; try again shortly",
-            ));
-        };
-        // The prompt must leave room for at least one generated token.
-        let budget = Budget {
-            max_tokens: r.context.saturating_sub(1),
-            cancelled: &|| cancelled.load(Ordering::Relaxed),
-        };
-        work(r, &budget).map_err(|e| match e {
-            PromptError::Template(e) => ApiError::bad_request(e),
-            PromptError::Stopped(Stopped::TooLong { .. }) => too_long(r.context),
-            // Nobody reads this answer.
-            PromptError::Stopped(Stopped::Cancelled) => {
-                ApiError::bad_request("the client went away")
-            }
-        })
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
-    drop(gone);
-    tokenized
-}
-
-/// Sets its flag when dropped: the request it belongs to is over.
-struct CancelOnDrop(Arc<AtomicBool>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
-fn too_long(context: usize) -> ApiError {
-    ApiError::bad_request(format!(
-        "the prompt is longer than the context of {context} tokens (shorten it or start a new chat)"
-    ))
-}
-
-fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
-    let mut messages = api::messages(&request.messages)?;
-    if let Some(system) = &ready.system_prompt {
-        if messages.first().is_none_or(|m| m.role != "system") {
-            messages.insert(0, Message::new("system", system));
-        }
-    }
-    Ok(messages)
-}
-
-async fn chat_completions(
-    State(state): State<AppState>,
-    Extension(lane): Extension<Lane>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let request: ChatRequest = api::parse(&body)?;
-    let ready = ready(&state)?;
-    let messages = chat_messages(ready, &request)?;
-    check_text_size(
-        ready,
-        messages
-            .iter()
-            .map(|m| m.content.len() + m.role.len())
-            .sum(),
-    )?;
-    let prompt = tokenize_off_thread(&state, move |r, budget| {
-        r.template.ids_within(&r.tokenizer, &messages, true, budget)
-    })
-    .await?;
-    let mut started = start(ready, prompt, &request.knobs, lane)?;
-    let (id, created, model) = (id("chatcmpl"), now(), state.model_id.to_string());
-    if !request.knobs.stream {
-        let (text, summary) = collect(&mut started).await?;
-        return Ok(axum::Json(json!({
-            "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{
-                "index": 0,
-                "message": { "role": "assistant", "content": text },
-                "finish_reason": summary.finish.openai(),
-            }],
-            "usage": usage(started.prompt_tokens, &summary),
-            "timings": summary,
-        }))
-        .into_response());
-    }
-    let format = Format::openai(&request.knobs);
-    let chunk = move |delta: Value, finish: Option<Finish>| {
-        json!({
-            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish.map(Finish::openai) }],
-        })
-    };
-    let first = chunk(json!({ "role": "assistant", "content": "" }), None);
-    Ok(stream(started, first, format, move |event| match event {
-        Piece::Text(t) => vec![chunk(json!({ "content": t }), None)],
-        Piece::End(finish, usage, summary) => {
-            let mut last = chunk(json!({}), Some(finish));
-            last["timings"] = json!(summary);
-            let mut out = vec![last];
-            if let Some(u) = usage {
-                let mut usage_chunk = chunk(json!({}), None);
-                usage_chunk["choices"] = json!([]);
-                usage_chunk["usage"] = u;
-                out.push(usage_chunk);
-            }
-            out
-        }
-    }))
-}
-
-/// A raw prompt's tokens (special tokens recognised, BOS added where the model wants it).
-async fn completion_prompt(
-    state: &AppState,
-    ready: &Ready,
-    request: &CompletionRequest,
-) -> Result<Vec<u32>, ApiError> {
-    if request.prompt.is_empty() {
-        return Err(ApiError::bad_request("prompt must not be empty"));
-    }
-    check_text_size(ready, request.prompt.len())?;
-    let text = request.prompt.clone();
-    tokenize_off_thread(state, move |r, budget| {
-        r.tokenizer
-            .encode_within(&text, true, budget)
-            .map_err(PromptError::Stopped)
-    })
-    .await
-}
-
-async fn completions(
-    State(state): State<AppState>,
-    Extension(lane): Extension<Lane>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let request: CompletionRequest = api::parse(&body)?;
-    let ready = ready(&state)?;
-    let prompt = completion_prompt(&state, ready, &request).await?;
-    let mut started = start(ready, prompt, &request.knobs, lane)?;
-    let (id, created, model) = (id("cmpl"), now(), state.model_id.to_string());
-    if !request.knobs.stream {
-        let (text, summary) = collect(&mut started).await?;
-        return Ok(axum::Json(json!({
-            "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{ "index": 0, "text": text, "finish_reason": summary.finish.openai(), "logprobs": null }],
-            "usage": usage(started.prompt_tokens, &summary),
-            "timings": summary,
-        }))
-        .into_response());
-    }
-    let format = Format::openai(&request.knobs);
-    let chunk = move |text: &str, finish: Option<Finish>| {
-        json!({
-            "id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{ "index": 0, "text": text, "finish_reason": finish.map(Finish::openai), "logprobs": null }],
-        })
-    };
-    let first = chunk("", None);
-    Ok(stream(started, first, format, move |event| match event {
-        Piece::Text(t) => vec![chunk(&t, None)],
-        Piece::End(finish, usage, summary) => {
-            let mut last = chunk("", Some(finish));
-            last["timings"] = json!(summary);
-            if let Some(u) = usage {
-                last["usage"] = u;
-            }
-            vec![last]
-        }
-    }))
-}
-
-/// llama.cpp's native endpoint: `content`, `stop`, `timings`, …
-async fn native_completion(
-    State(state): State<AppState>,
-    Extension(lane): Extension<Lane>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let request: CompletionRequest = api::parse(&body)?;
-    let ready = ready(&state)?;
-    let prompt = completion_prompt(&state, ready, &request).await?;
-    let mut started = start(ready, prompt, &request.knobs, lane)?;
-    if request.knobs.stream {
-        let first = json!({ "content": "", "stop": false });
-        return Ok(stream(
-            started,
-            first,
-            Format::Native,
-            |event| match event {
-                Piece::Text(t) => vec![json!({ "content": t, "stop": false })],
-                Piece::End(finish, _, summary) => vec![json!({
-                    "content": "", "stop": true, "stop_type": stop_type(finish),
-                    "stopping_word": summary.stopping_word, "timings": summary,
-                })],
-            },
-        ));
-    }
-    let (text, summary) = collect(&mut started).await?;
-    Ok(axum::Json(json!({
-        "content": text,
-        "stop": true,
-        "stop_type": stop_type(summary.finish),
-        "stopping_word": summary.stopping_word,
-        "tokens_evaluated": started.prompt_tokens,
-        "tokens_predicted": summary.predicted_n,
-        "model": &*state.model_id,
-        "timings": summary,
-    }))
-    .into_response())
-}
-
-fn stop_type(finish: Finish) -> &'static str {
-    match finish {
-        Finish::Stop => "eos",
-        Finish::Word => "word",
-        Finish::Length => "limit",
-    }
-}
-
-/// Which stream dialect: OpenAI's ends with `data: [DONE]` and may add a usage chunk;
-/// llama.cpp's native one ends with its final JSON object.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Format {
-    OpenAi { include_usage: bool },
-    Native,
-}
-
-impl Format {
-    /// The OpenAI dialect, with a usage chunk when the request asks for one.
-    fn openai(knobs: &Knobs) -> Format {
-        Format::OpenAi {
-            include_usage: knobs
-                .stream_options
-                .as_ref()
-                .is_some_and(|o| o.include_usage),
-        }
-    }
-}
-
-/// What a stream's shaper sees.
-enum Piece {
-    Text(String),
-    End(Finish, Option<Value>, Summary),
-}
-
-/// Server-sent events: `first`, then the shaped pieces, then `data: [DONE]` (OpenAI style).
-/// Dropping the stream (a disconnected client) drops the receiver, which stops generation.
-fn stream(
-    started: Started,
-    first: Value,
-    format: Format,
-    shape: impl Fn(Piece) -> Vec<Value> + Send + 'static,
-) -> Response {
-    let include_usage = format
-        == Format::OpenAi {
-            include_usage: true,
-        };
-    let Started {
-        events,
-        prompt_tokens,
-    } = started;
-    let state = (events, Some(first), false, shape);
-    let body =
-        futures_util::stream::unfold(state, move |(mut events, first, done, shape)| async move {
-            if let Some(first) = first {
-                let event = SseEvent::default().data(first.to_string());
-                return Some((vec![event], (events, None, false, shape)));
-            }
-            if done {
-                return None;
-            }
-            let batch = match events.recv().await {
-                Some(Event::Text(t)) => shape(Piece::Text(t))
-                    .into_iter()
-                    .map(|v| SseEvent::default().data(v.to_string()))
-                    .collect(),
-                Some(Event::Done(summary)) => {
-                    let u = include_usage.then(|| usage(prompt_tokens, &summary));
-                    let mut out: Vec<SseEvent> = shape(Piece::End(summary.finish, u, summary))
-                        .into_iter()
-                        .map(|v| SseEvent::default().data(v.to_string()))
-                        .collect();
-                    if format != Format::Native {
-                        out.push(SseEvent::default().data("[DONE]"));
-                    }
-                    return Some((out, (events, None, true, shape)));
-                }
-                Some(Event::Failed(e)) => {
-                    let body =
-                        json!({ "error": { "message": e, "type": "server_error", "code": 500 } });
-                    return Some((final_error(body, format), (events, None, true, shape)));
-                }
-                Some(Event::ShuttingDown) => {
-                    let body = json!({ "error": {
-                        "message": SHUTTING_DOWN, "type": "unavailable_error", "code": 503,
-                    } });
-                    return Some((final_error(body, format), (events, None, true, shape)));
-                }
-                None => return None,
-            };
-            Some((batch, (events, None, false, shape)))
-        });
-    let flat = futures_util::StreamExt::flat_map(body, |events: Vec<SseEvent>| {
-        futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>))
-    });
-    Sse::new(flat)
-        .keep_alive(KeepAlive::default())
-        .into_response()
-}
-
-/// A stream's last events when it fails: the error, then (OpenAI dialect) `[DONE]`, so a
-/// client can tell a cut-off answer from a connection that merely dropped.
-fn final_error(body: Value, format: Format) -> Vec<SseEvent> {
-    let mut out = vec![SseEvent::default().data(body.to_string())];
-    if format != Format::Native {
-        out.push(SseEvent::default().data("[DONE]"));
-    }
-    out
+/// `fp_` and 12 hex digits of SHA-256 over the engine's version, the model file's name and
+/// size, and the context: what changes outputs for the same request and seed.
+fn fingerprint(model: &std::path::Path, context: usize) -> String {
+    let size = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
+    let digest = Sha256::digest(
+        format!(
+            "{}\0{}\0{size}\0{context}",
+            env!("CARGO_PKG_VERSION"),
+            model
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
+        )
+        .as_bytes(),
+    );
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("fp_{hex}")
 }
 
 /// How `engine serve` runs.
@@ -618,6 +180,12 @@ pub struct ServeConfig {
     pub model_id: Option<String>,
     /// Memory for kept conversation caches, in MiB.
     pub cache_mib: usize,
+    /// What requests that leave a field out get (`--n-predict`, `--temp`, `--seed`).
+    pub defaults: Defaults,
+    /// A Jinja chat template used instead of the model's (`--chat-template-file`).
+    pub chat_template: Option<String>,
+    /// Browser origins allowed to call the API (`--cors-origins`).
+    pub cors: CorsOrigins,
 }
 
 /// Listens at once (`/health` answers 503 while the model loads), loads the model, serves until
@@ -641,9 +209,13 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
         })
         .unwrap_or_else(|| "model".into())
         .into();
+    let metrics = Arc::new(metrics::Metrics::default());
     let state = AppState {
         ready: Arc::new(OnceLock::new()),
         model_id,
+        model_path: Arc::from(config.model.as_path()),
+        fingerprint: fingerprint(&config.model, config.context).into(),
+        metrics: Arc::clone(&metrics),
         api_key_sha256: config.api_key.as_deref().map(|k| key_hash(k.trim())),
         control_key_sha256: config
             .control_key
@@ -663,7 +235,8 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
         eprintln!("engine: listening on http://{}", config.listen);
         let (failed, load_failure) = tokio::sync::oneshot::channel::<String>();
         let ready = Arc::clone(&state.ready);
-        tokio::task::spawn_blocking(move || match load(&config) {
+        let cors = config.cors.clone();
+        tokio::task::spawn_blocking(move || match load(&config, metrics) {
             Ok(loaded) => {
                 if ready.set(loaded).is_ok() {
                     eprintln!("engine: model loaded");
@@ -694,7 +267,7 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
             }
         };
         http_guard::Server::new(connection_limits(), |peer| peer, guard_error)
-            .serve(listener, router(state), stop)
+            .serve(listener, router(state, &cors), stop)
             .await;
         let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
         match failed {
@@ -743,7 +316,7 @@ fn exit_after(deadline: std::time::Duration) {
     }
 }
 
-fn load(config: &ServeConfig) -> Result<Ready, String> {
+fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, String> {
     let file = crate::model_file::ModelFile::open(&config.model).map_err(|e| e.to_string())?;
     // The server runs for the life of the process: its mapping can be too.
     let file: &'static crate::model_file::ModelFile = Box::leak(Box::new(file));
@@ -757,7 +330,7 @@ fn load(config: &ServeConfig) -> Result<Ready, String> {
     }
     let tokenizer =
         Arc::new(Tokenizer::load(file).map_err(|e| format!("{}: {e}", config.model.display()))?);
-    let template = ChatTemplate::from_model(file, &tokenizer)?;
+    let template = ChatTemplate::for_model(file, &tokenizer, config.chat_template.clone())?;
     crate::model::KvCache::new(&model.hparams, config.context)?;
     // A configured system prompt is prefilled now, so every new chat starts from it.
     let warm = match &config.system_prompt {
@@ -775,6 +348,7 @@ fn load(config: &ServeConfig) -> Result<Ready, String> {
             cache_bytes: config.cache_mib.saturating_mul(1 << 20),
             warm,
         },
+        metrics,
     );
     Ok(Ready {
         worker,
@@ -782,6 +356,7 @@ fn load(config: &ServeConfig) -> Result<Ready, String> {
         template,
         context: config.context,
         system_prompt: config.system_prompt.clone(),
+        defaults: config.defaults.clone(),
     })
 }
 

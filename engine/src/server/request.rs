@@ -1,94 +1,18 @@
-//! Request bodies of the OpenAI-compatible and llama.cpp-native endpoints, and the one error
-//! type every handler returns (an OpenAI-style body with the matching status).
+//! Request bodies of the OpenAI-compatible and llama.cpp-native endpoints, and their checking
+//! into the [`Params`] a generation runs with. A field the engine does not implement is
+//! refused with a 400 naming it, never silently ignored.
 
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Map, Value};
 
+use super::error::ApiError;
+use super::worker::Params;
 use crate::chat::Message;
+use crate::grammar::Grammar;
 use crate::sampler::Sampling;
-
-/// An error as OpenAI clients expect it: `{"error": {"message", "type", "code"}}`.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl ApiError {
-    /// 400: the request is wrong; `message` says what and how to fix it.
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-        }
-    }
-
-    /// 401: no or wrong API key.
-    pub fn unauthorized() -> ApiError {
-        ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            message: "missing or wrong API key: send `Authorization: Bearer KEY`".into(),
-        }
-    }
-
-    /// 503: the model is loading or the queue is full.
-    pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: message.into(),
-        }
-    }
-
-    /// 500: generation failed.
-    pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
-        }
-    }
-
-    /// Any other status, e.g. the connection guard's 413 and 408.
-    pub fn with_status(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-        }
-    }
-
-    fn kind(&self) -> &'static str {
-        match self.status {
-            StatusCode::BAD_REQUEST => "invalid_request_error",
-            StatusCode::UNAUTHORIZED => "authentication_error",
-            StatusCode::SERVICE_UNAVAILABLE => "unavailable_error",
-            // 413, 408: what the client sent is at fault, as for a 400.
-            s if s.is_client_error() => "invalid_request_error",
-            _ => "server_error",
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({
-            "error": { "message": self.message, "type": self.kind(), "code": self.status.as_u16() }
-        });
-        let mut response = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        response
-    }
-}
-
-/// Parses a JSON body into `T`, or a 400 naming the problem.
-pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
-}
+use crate::tokenizer::Tokenizer;
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
@@ -129,6 +53,9 @@ pub struct ChatMessage {
     /// Its content (null counts as empty).
     #[serde(default)]
     pub content: Option<Content>,
+    /// Everything else a message may carry (`name`, `tool_calls`, …).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// Sampling and length fields shared by every generation endpoint.
@@ -155,9 +82,18 @@ pub struct Knobs {
     /// Repetition penalty (llama.cpp).
     #[serde(default)]
     pub repeat_penalty: Option<f32>,
-    /// Sampler seed.
+    /// Tokens the penalties look back at (llama.cpp; −1: the whole context).
+    #[serde(default, alias = "penalty_last_n")]
+    pub repeat_last_n: Option<i64>,
+    /// OpenAI's presence penalty.
     #[serde(default)]
-    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty.
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    /// Sampler seed (−1 or absent: the server's default).
+    #[serde(default)]
+    pub seed: Option<i64>,
     /// Stop strings.
     #[serde(default)]
     pub stop: Option<Stop>,
@@ -170,6 +106,33 @@ pub struct Knobs {
     /// Generate past end-of-generation tokens, up to the limit (llama.cpp).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Choices to generate.
+    #[serde(default)]
+    pub n: Option<i64>,
+    /// Chat: `true` for log-probabilities; completions: how many alternatives (a number).
+    #[serde(default)]
+    pub logprobs: Option<Value>,
+    /// Chat: alternatives per token (with `logprobs: true`).
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    /// llama.cpp's alternatives per token.
+    #[serde(default)]
+    pub n_probs: Option<i64>,
+    /// Added to logits: `{"id": bias}` (OpenAI) or `[[id or text, bias or false], …]` (llama.cpp).
+    #[serde(default)]
+    pub logit_bias: Option<Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", …}`.
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    /// llama.cpp: a JSON Schema the output follows.
+    #[serde(default)]
+    pub json_schema: Option<Value>,
+    /// llama.cpp: a GBNF grammar the output follows.
+    #[serde(default)]
+    pub grammar: Option<String>,
+    /// Every other field, checked against [`UNSUPPORTED`].
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 /// Streaming options.
@@ -193,11 +156,75 @@ pub struct ChatRequest {
 /// `POST /v1/completions` and `POST /completion`: a raw prompt.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
-    /// The prompt text (special tokens in it are recognised).
-    pub prompt: String,
+    /// Text, token ids, or llama.cpp's mix of both (see [`prompt`]).
+    pub prompt: Value,
     /// Everything else.
     #[serde(flatten)]
     pub knobs: Knobs,
+}
+
+/// A prompt as given: text (special tokens recognised) and token ids, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptPiece {
+    /// Text to tokenize.
+    Text(String),
+    /// A token id, taken as is.
+    Id(u32),
+}
+
+/// The pieces of a `prompt` field: a string; a list of ids and strings (llama.cpp); a list
+/// holding one string or one list of ids (OpenAI). Several prompts in one request are refused.
+pub fn prompt(value: &Value, vocab: usize) -> Result<Vec<PromptPiece>, ApiError> {
+    let several = || {
+        ApiError::unsupported(
+            "prompt",
+            "one prompt per request (send several requests, or use `n` for several answers)",
+        )
+    };
+    let pieces = match value {
+        Value::String(s) => vec![PromptPiece::Text(s.clone())],
+        Value::Array(items) if items.iter().all(Value::is_string) => match items.as_slice() {
+            [one] => return prompt(one, vocab),
+            [] => Vec::new(),
+            _ => return Err(several()),
+        },
+        Value::Array(items) if items.iter().all(Value::is_array) => match items.as_slice() {
+            [one] => return prompt(one, vocab),
+            _ => return Err(several()),
+        },
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(s) => Ok(PromptPiece::Text(s.clone())),
+                Value::Number(n) => n
+                    .as_u64()
+                    .filter(|&id| id < vocab as u64)
+                    .map(|id| PromptPiece::Id(id as u32))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "prompt[{i}] = {n} is not a token id (0 to {})",
+                            vocab.saturating_sub(1)
+                        ))
+                    }),
+                _ => Err(ApiError::bad_request(format!(
+                    "prompt[{i}] must be a token id or a string"
+                ))),
+            })
+            .collect::<Result<_, _>>()?,
+        _ => {
+            return Err(ApiError::bad_request(
+                "prompt must be a string, a list of token ids, or a list holding one of those",
+            ));
+        }
+    };
+    if pieces
+        .iter()
+        .all(|p| matches!(p, PromptPiece::Text(t) if t.is_empty()))
+    {
+        return Err(ApiError::bad_request("prompt must not be empty"));
+    }
+    Ok(pieces)
 }
 
 /// Most stop strings per request.
@@ -209,12 +236,198 @@ pub const MAX_STOP_BYTES: usize = 256;
 /// Most tokens one request may ask for.
 pub const MAX_TOKENS_LIMIT: i64 = 1 << 20;
 
+/// Most choices (`n`) per request: each is a full generation on the one generation thread.
+pub const MAX_CHOICES: i64 = 4;
+
+/// Most alternatives reported per token.
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// Most `logit_bias` entries.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
+/// Whether a field's value asks for nothing this engine lacks.
+type Harmless = fn(&Value) -> bool;
+
+/// Fields of OpenAI's and llama.cpp's APIs this engine does not implement, each with when a
+/// value is harmless (the default, or a no-op) and why a real one is refused.
+const UNSUPPORTED: &[(&str, Harmless, &str)] = &[
+    ("tools", empty_list, "tool calling is not implemented"),
+    (
+        "functions",
+        empty_list,
+        "function calling is not implemented",
+    ),
+    ("tool_choice", no_tools, "tool calling is not implemented"),
+    (
+        "function_call",
+        no_tools,
+        "function calling is not implemented",
+    ),
+    ("audio", is_null, "the model has no audio output"),
+    ("modalities", text_only, "the model produces text only"),
+    (
+        "prediction",
+        is_null,
+        "predicted outputs are not implemented",
+    ),
+    (
+        "suffix",
+        empty_text,
+        "fill-in-the-middle is not implemented",
+    ),
+    ("echo", falsy, "echoing the prompt is not implemented"),
+    (
+        "best_of",
+        at_most_one,
+        "best-of sampling is not implemented (use `n`)",
+    ),
+    ("mirostat", zero, "mirostat sampling is not implemented"),
+    (
+        "typical_p",
+        one,
+        "locally typical sampling is not implemented",
+    ),
+    ("tfs_z", one, "tail-free sampling is not implemented"),
+    (
+        "dynatemp_range",
+        zero,
+        "dynamic temperature is not implemented",
+    ),
+    ("dry_multiplier", zero, "DRY sampling is not implemented"),
+    ("xtc_probability", zero, "XTC sampling is not implemented"),
+    (
+        "top_n_sigma",
+        not_positive,
+        "top-n-sigma sampling is not implemented",
+    ),
+    (
+        "samplers",
+        is_null,
+        "the sampler order is fixed: penalties, top-k, top-p, min-p, temperature",
+    ),
+    (
+        "post_sampling_probs",
+        falsy,
+        "probabilities are reported before sampling only",
+    ),
+    ("image_data", empty_list, "the model takes text only"),
+    ("multimodal_data", empty_list, "the model takes text only"),
+    ("lora", empty_list, "LoRA adapters are not implemented"),
+    (
+        "chat_template_kwargs",
+        empty_object,
+        "template variables are not implemented",
+    ),
+    (
+        "t_max_predict_ms",
+        zero,
+        "time limits are not implemented (use max_tokens)",
+    ),
+];
+
+fn is_null(v: &Value) -> bool {
+    v.is_null()
+}
+fn empty_list(v: &Value) -> bool {
+    v.is_null() || v.as_array().is_some_and(Vec::is_empty)
+}
+fn empty_object(v: &Value) -> bool {
+    v.is_null() || v.as_object().is_some_and(Map::is_empty)
+}
+fn empty_text(v: &Value) -> bool {
+    v.is_null() || v.as_str() == Some("")
+}
+fn no_tools(v: &Value) -> bool {
+    v.is_null() || matches!(v.as_str(), Some("none" | "auto"))
+}
+fn text_only(v: &Value) -> bool {
+    v.is_null() || *v == serde_json::json!(["text"])
+}
+fn falsy(v: &Value) -> bool {
+    v.is_null() || *v == Value::Bool(false)
+}
+fn at_most_one(v: &Value) -> bool {
+    v.is_null() || v.as_f64().is_some_and(|n| n <= 1.0)
+}
+fn zero(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(0.0)
+}
+fn one(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(1.0)
+}
+fn not_positive(v: &Value) -> bool {
+    v.is_null() || v.as_f64().is_some_and(|n| n <= 0.0)
+}
+
+/// What the server's command line set for requests that leave a field out.
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    /// `max_tokens` (`--n-predict`; `None`: until an end token or the context is full).
+    pub max_tokens: Option<usize>,
+    /// `temperature` (`--temp`).
+    pub temperature: f32,
+    /// `seed` (`--seed`; `None`: a fresh seed per request).
+    pub seed: Option<u64>,
+}
+
+impl Default for Defaults {
+    fn default() -> Defaults {
+        Defaults {
+            max_tokens: Some(512),
+            temperature: Sampling::default().temperature,
+            seed: None,
+        }
+    }
+}
+
+/// Which API the request came through: it decides what `logprobs` means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `/v1/chat/completions`: `logprobs: bool`, `top_logprobs: n`.
+    Chat,
+    /// `/v1/completions`: `logprobs: n`.
+    Completions,
+    /// llama.cpp's `/completion`: `n_probs: n`.
+    Native,
+}
+
 impl Knobs {
+    /// The checked parameters of the generation, or a 400 naming the first bad field.
+    pub fn params(
+        &self,
+        dialect: Dialect,
+        defaults: &Defaults,
+        tokenizer: &Tokenizer,
+    ) -> Result<Params, ApiError> {
+        self.refuse_unsupported()?;
+        Ok(Params {
+            sampling: self.sampling(defaults)?,
+            max_tokens: self.limit(defaults)?,
+            stop: self.stops()?,
+            ignore_eos: self.ignore_eos,
+            choices: self.choices()?,
+            logprobs: self.logprobs(dialect)?,
+            logit_bias: self.logit_bias(tokenizer)?,
+            grammar: self.grammar()?,
+        })
+    }
+
+    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        for (field, harmless, why) in UNSUPPORTED {
+            if let Some(value) = self.extra.get(*field) {
+                if !harmless(value) {
+                    return Err(ApiError::unsupported(field, why));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The token limit: `max_tokens`, else `n_predict` (−1: until the context is full), else
-    /// `default`; a 400 when out of range.
-    pub fn limit(&self, default: usize) -> Result<usize, ApiError> {
+    /// the server's default; a 400 when out of range.
+    fn limit(&self, defaults: &Defaults) -> Result<usize, ApiError> {
         match self.max_tokens.or(self.n_predict) {
-            None => Ok(default),
+            None => Ok(defaults.max_tokens.unwrap_or(usize::MAX)),
             Some(-1) => Ok(usize::MAX),
             Some(n) if (1..=MAX_TOKENS_LIMIT).contains(&n) => Ok(n as usize),
             Some(n) => Err(ApiError::bad_request(format!(
@@ -223,32 +436,212 @@ impl Knobs {
         }
     }
 
-    /// Sampler settings: llama.cpp server's defaults where the request is silent.
-    pub fn sampling(&self) -> Result<Sampling, ApiError> {
-        let mut s = Sampling::default();
-        if let Some(t) = self.temperature {
-            if !(0.0..=100.0).contains(&t) {
-                return Err(ApiError::bad_request(format!(
-                    "temperature must be in 0..=100, not {t}"
-                )));
+    fn choices(&self) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if (1..=MAX_CHOICES).contains(&n) => Ok(n as usize),
+            Some(n) => Err(ApiError::bad_request(format!(
+                "n must be between 1 and {MAX_CHOICES}, not {n} (each choice is a full generation)"
+            ))),
+        }
+    }
+
+    /// Alternatives per token to report (`Some(0)`: only the chosen token's), `None`: none.
+    fn logprobs(&self, dialect: Dialect) -> Result<Option<usize>, ApiError> {
+        let count = |field: &str, n: i64| {
+            usize::try_from(n)
+                .ok()
+                .filter(|&n| n as i64 <= MAX_TOP_LOGPROBS)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "{field} must be between 0 and {MAX_TOP_LOGPROBS}, not {n}"
+                    ))
+                })
+        };
+        let n_probs = match self.n_probs {
+            Some(n) if n != 0 => Some(count("n_probs", n)?),
+            _ => None,
+        };
+        let asked = match (dialect, &self.logprobs) {
+            (_, None | Some(Value::Null)) => None,
+            (Dialect::Chat, Some(Value::Bool(false))) => None,
+            (Dialect::Chat, Some(Value::Bool(true))) => {
+                Some(count("top_logprobs", self.top_logprobs.unwrap_or(0))?)
             }
-            s.temperature = t;
+            (Dialect::Chat, Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "logprobs must be true or false (the number of alternatives is top_logprobs)",
+                ));
+            }
+            (_, Some(v)) => match v.as_i64() {
+                Some(n) => Some(count("logprobs", n)?),
+                None => {
+                    return Err(ApiError::bad_request(
+                        "logprobs must be a number of alternatives (0 to 20)",
+                    ));
+                }
+            },
+        };
+        if dialect == Dialect::Chat && asked.is_none() && self.top_logprobs.is_some_and(|n| n > 0) {
+            return Err(ApiError::bad_request("top_logprobs needs logprobs: true"));
+        }
+        Ok(asked.or(n_probs))
+    }
+
+    fn logit_bias(&self, tokenizer: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiError> {
+        let vocab = tokenizer.vocab_size();
+        let id = |key: &str, n: Option<u64>| {
+            n.filter(|&id| id < vocab as u64)
+                .map(|id| id as u32)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "logit_bias: {key} is not a token id (0 to {})",
+                        vocab.saturating_sub(1)
+                    ))
+                })
+        };
+        let bias = |key: &str, v: &Value| match v {
+            Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            v => v
+                .as_f64()
+                .filter(|b| b.is_finite())
+                .map(|b| b as f32)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "logit_bias: the bias of {key} must be a number (or false to ban it)"
+                    ))
+                }),
+        };
+        let mut out = Vec::new();
+        match &self.logit_bias {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(map)) => {
+                for (key, value) in map {
+                    out.push((id(key, key.parse().ok())?, bias(key, value)?));
+                }
+            }
+            Some(Value::Array(entries)) => {
+                for (i, entry) in entries.iter().enumerate() {
+                    let (Some(target), Some(value)) = (entry.get(0), entry.get(1)) else {
+                        return Err(ApiError::bad_request(format!(
+                            "logit_bias[{i}] must be [token id or text, bias]"
+                        )));
+                    };
+                    let b = bias(&format!("logit_bias[{i}]"), value)?;
+                    match target {
+                        // A text biases every token it is made of, as llama.cpp does.
+                        Value::String(text) => out.extend(
+                            tokenizer
+                                .encode(text, false)
+                                .into_iter()
+                                .filter(|&t| Some(t) != tokenizer.bos_id())
+                                .map(|t| (t, b)),
+                        ),
+                        other => out.push((id(&other.to_string(), other.as_u64())?, b)),
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "logit_bias must be an object {\"token id\": bias} or a list of [token, bias]",
+                ));
+            }
+        }
+        if out.len() > MAX_LOGIT_BIAS {
+            return Err(ApiError::bad_request(format!(
+                "logit_bias holds {} entries; at most {MAX_LOGIT_BIAS} are accepted",
+                out.len()
+            )));
+        }
+        Ok(out)
+    }
+
+    /// The grammar the output must follow: `response_format`, else llama.cpp's `json_schema`
+    /// or `grammar`.
+    fn grammar(&self) -> Result<Option<Arc<Grammar>>, ApiError> {
+        let schema_error = |e: String| ApiError::bad_request(e);
+        let from_format = match &self.response_format {
+            None | Some(Value::Null) => None,
+            Some(format) => match format.get("type").and_then(Value::as_str) {
+                Some("text") => None,
+                Some("json_object") => Some(match format.get("schema") {
+                    Some(schema) => Grammar::from_json_schema(schema).map_err(schema_error)?,
+                    None => Grammar::json_object(),
+                }),
+                Some("json_schema") => {
+                    let schema = format
+                        .get("json_schema")
+                        .and_then(|j| j.get("schema"))
+                        .or_else(|| format.get("schema"))
+                        .ok_or_else(|| {
+                            ApiError::bad_request(
+                                "response_format of type json_schema needs json_schema.schema",
+                            )
+                        })?;
+                    Some(Grammar::from_json_schema(schema).map_err(schema_error)?)
+                }
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "response_format.type must be text, json_object or json_schema",
+                    ));
+                }
+            },
+        };
+        let given = [
+            from_format.is_some(),
+            self.json_schema.as_ref().is_some_and(|v| !v.is_null()),
+            self.grammar.as_ref().is_some_and(|g| !g.is_empty()),
+        ];
+        if given.iter().filter(|&&g| g).count() > 1 {
+            return Err(ApiError::bad_request(
+                "give one of response_format, json_schema and grammar",
+            ));
+        }
+        let grammar = match (from_format, &self.json_schema, &self.grammar) {
+            (Some(g), _, _) => Some(g),
+            (None, Some(schema), _) if !schema.is_null() => {
+                Some(Grammar::from_json_schema(schema).map_err(schema_error)?)
+            }
+            (None, _, Some(text)) if !text.is_empty() => {
+                Some(Grammar::from_gbnf(text).map_err(schema_error)?)
+            }
+            _ => None,
+        };
+        Ok(grammar.map(Arc::new))
+    }
+
+    /// Sampler settings: the server's defaults, then llama.cpp server's, where the request is
+    /// silent.
+    fn sampling(&self, defaults: &Defaults) -> Result<Sampling, ApiError> {
+        let mut s = Sampling {
+            temperature: defaults.temperature,
+            ..Sampling::default()
+        };
+        let in_range = |field: &str, v: f32, range: std::ops::RangeInclusive<f32>| {
+            if range.contains(&v) {
+                Ok(v)
+            } else {
+                Err(ApiError::bad_request(format!(
+                    "{field} must be in {}..={}, not {v}",
+                    range.start(),
+                    range.end()
+                )))
+            }
+        };
+        if let Some(t) = self.temperature {
+            s.temperature = in_range("temperature", t, 0.0..=100.0)?;
         }
         if let Some(p) = self.top_p {
-            if !(0.0..=1.0).contains(&p) {
-                return Err(ApiError::bad_request(format!(
-                    "top_p must be in 0..=1, not {p}"
-                )));
-            }
-            s.top_p = p;
+            s.top_p = in_range("top_p", p, 0.0..=1.0)?;
         }
         if let Some(p) = self.min_p {
-            if !(0.0..=1.0).contains(&p) {
-                return Err(ApiError::bad_request(format!(
-                    "min_p must be in 0..=1, not {p}"
-                )));
-            }
-            s.min_p = p;
+            s.min_p = in_range("min_p", p, 0.0..=1.0)?;
+        }
+        if let Some(p) = self.presence_penalty {
+            s.presence_penalty = in_range("presence_penalty", p, -2.0..=2.0)?;
+        }
+        if let Some(p) = self.frequency_penalty {
+            s.frequency_penalty = in_range("frequency_penalty", p, -2.0..=2.0)?;
         }
         if let Some(k) = self.top_k {
             s.top_k = usize::try_from(k)
@@ -262,26 +655,28 @@ impl Knobs {
             }
             s.repeat_penalty = r;
         }
-        // Without a seed every request draws differently (so "regenerate" regenerates).
+        if let Some(n) = self.repeat_last_n {
+            s.repeat_last_n = match n {
+                -1 => usize::MAX,
+                n => usize::try_from(n).map_err(|_| {
+                    ApiError::bad_request(format!("repeat_last_n must be ≥ −1, not {n}"))
+                })?,
+            };
+        }
         s.seed = match self.seed {
-            Some(seed) => seed,
-            None => {
-                use std::hash::{BuildHasher, Hasher};
-                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-                h.write_u128(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_nanos())
-                        .unwrap_or(0),
-                );
-                h.finish()
+            Some(seed) if seed >= 0 => seed as u64,
+            Some(-1) | None => defaults.seed.unwrap_or_else(fresh_seed),
+            Some(seed) => {
+                return Err(ApiError::bad_request(format!(
+                    "seed must be ≥ 0 (or −1 for a fresh one), not {seed}"
+                )));
             }
         };
         Ok(s)
     }
 
     /// The stop strings (at most [`MAX_STOPS`], each at most [`MAX_STOP_BYTES`]).
-    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
+    fn stops(&self) -> Result<Vec<String>, ApiError> {
         let stops = match &self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s.clone()],
@@ -296,6 +691,19 @@ impl Knobs {
     }
 }
 
+/// A seed no other request shares, so "regenerate" regenerates.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
 /// Most messages in one chat: more than any context holds (each renders to a few tokens at
 /// least), few enough that a template never spends long on them.
 pub const MAX_MESSAGES: usize = 2048;
@@ -304,7 +712,7 @@ pub const MAX_MESSAGES: usize = 2048;
 pub const MAX_ROLE_BYTES: usize = 64;
 
 /// The messages as the chat template takes them; a 400 for an empty or oversized chat, an
-/// oversized role or non-text parts, before any work is done on them.
+/// oversized role, non-text parts or tool calls, before any work is done on them.
 pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     if sent.is_empty() {
         return Err(ApiError::bad_request(
@@ -330,6 +738,12 @@ pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     sent.iter()
         .enumerate()
         .map(|(i, m)| {
+            if m.extra.get("tool_calls").is_some_and(|v| !empty_list(v)) {
+                return Err(ApiError::unsupported(
+                    &format!("messages[{i}].tool_calls"),
+                    "tool calling is not implemented",
+                ));
+            }
             let content = match &m.content {
                 None => String::new(),
                 Some(Content::Text(t)) => t.clone(),
@@ -340,7 +754,7 @@ pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
                             ("text", Some(t)) => text.push_str(t),
                             (kind, _) => {
                                 return Err(ApiError::bad_request(format!(
-                                    "messages[{i}]: content parts of type {kind:?} are not supported (text only)"
+                                    "messages[{i}]: content parts of type {kind:?} are not supported (the model takes text only)"
                                 )));
                             }
                         }
@@ -354,4 +768,95 @@ pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn prompts_come_as_text_ids_or_a_mix_and_several_are_refused() {
+        assert_eq!(
+            prompt(&json!("hi"), 10).expect("text"),
+            vec![PromptPiece::Text("hi".into())]
+        );
+        assert_eq!(
+            prompt(&json!([1, "x", 2]), 10).expect("mix"),
+            vec![
+                PromptPiece::Id(1),
+                PromptPiece::Text("x".into()),
+                PromptPiece::Id(2)
+            ]
+        );
+        assert_eq!(
+            prompt(&json!([[3, 4]]), 10).expect("nested"),
+            vec![PromptPiece::Id(3), PromptPiece::Id(4)]
+        );
+        assert!(prompt(&json!(["a", "b"]), 10).is_err());
+        assert!(
+            prompt(&json!([10]), 10).is_err(),
+            "id out of the vocabulary"
+        );
+        assert!(prompt(&json!([-1]), 10).is_err());
+        assert!(prompt(&json!(""), 10).is_err());
+        assert!(prompt(&json!({"a": 1}), 10).is_err());
+    }
+
+    #[test]
+    fn unsupported_fields_are_named_and_harmless_values_pass() {
+        let knobs = |body: Value| serde_json::from_value::<Knobs>(body).expect("knobs");
+        let refused = knobs(json!({"tools": [{"type": "function"}]}))
+            .refuse_unsupported()
+            .expect_err("tools");
+        assert!(
+            refused.body()["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("`tools`"))
+        );
+        for harmless in [
+            json!({"tools": []}),
+            json!({"tool_choice": "none"}),
+            json!({"echo": false}),
+            json!({"best_of": 1}),
+            json!({"user": "anyone", "cache_prompt": true}),
+        ] {
+            knobs(harmless.clone())
+                .refuse_unsupported()
+                .unwrap_or_else(|e| panic!("{harmless}: {e:?}"));
+        }
+    }
+
+    #[test]
+    fn logprobs_mean_what_each_dialect_says() {
+        let knobs = |body: Value| serde_json::from_value::<Knobs>(body).expect("knobs");
+        let chat = knobs(json!({"logprobs": true, "top_logprobs": 3}));
+        assert_eq!(chat.logprobs(Dialect::Chat).expect("chat"), Some(3));
+        assert!(
+            knobs(json!({"top_logprobs": 3}))
+                .logprobs(Dialect::Chat)
+                .is_err()
+        );
+        assert_eq!(
+            knobs(json!({"logprobs": 2}))
+                .logprobs(Dialect::Completions)
+                .expect("completions"),
+            Some(2)
+        );
+        assert_eq!(
+            knobs(json!({"n_probs": 5}))
+                .logprobs(Dialect::Native)
+                .expect("native"),
+            Some(5)
+        );
+        assert!(
+            knobs(json!({"logprobs": 99}))
+                .logprobs(Dialect::Completions)
+                .is_err()
+        );
+        assert_eq!(
+            knobs(json!({})).logprobs(Dialect::Chat).expect("none"),
+            None
+        );
+    }
 }

@@ -321,6 +321,25 @@ impl Tokenizer {
         self.tokens.get(id as usize).map(String::as_str)
     }
 
+    /// The BOS id [`Tokenizer::encode`] starts every text with, if it adds one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.add_bos
+    }
+
+    /// How many tokens the vocabulary holds (ids are below this).
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The control tokens' ids (`<|im_end|>`, `<bos>`, …): never part of a text's bytes, so
+    /// never allowed where output must follow a grammar.
+    pub fn control_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.specials
+            .iter()
+            .filter(|(_, _, control)| *control)
+            .map(|(_, id, _)| *id)
+    }
+
     /// Whether [`Tokenizer::encode`] starts every text with the BOS token.
     pub fn adds_bos(&self) -> bool {
         self.add_bos.is_some()

@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+pub mod serve;
+
 fn fetched(manifest_text: &str) -> PathBuf {
     let manifest = weights::Manifest::parse(manifest_text, "manifest").expect("manifest");
     let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");

@@ -2,8 +2,13 @@
 //! bounded queue, streaming text back as it is produced. A request whose receiver is gone (the
 //! client disconnected) stops at the next token.
 //!
-//! Prefix cache: the cache of the last conversation is kept with its tokens; a request that
-//! starts with them only prefills the rest (reported as `cache_n`).
+//! A request's `n` choices run one after another, each from the prompt's cache (prefilled
+//! once); see [`cache`] for the caches kept between requests, [`choose`] for how each token
+//! is picked.
+
+mod cache;
+pub mod choose;
+mod stop;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -14,24 +19,46 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::metrics::Metrics;
+use crate::grammar::{Grammar, Matcher};
 use crate::model::{KvCache, Logits, Model};
 use crate::sampler::{Sampler, Sampling};
 use crate::tokenizer::{TextStream, Tokenizer};
+use cache::{Cached, Caches, common_prefix};
+use choose::{Choice, Chooser, TokenProbs, Vocab};
+use stop::StopFilter;
 
-/// One generation request.
-pub struct Job {
-    /// Prompt token ids (BOS included where the model wants it).
-    pub prompt: Vec<u32>,
-    /// Sampler settings.
+/// How a request generates: checked from its body by the handler.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// Sampler settings (choice `i` draws with `seed + i`).
     pub sampling: Sampling,
-    /// Tokens to generate at most.
+    /// Tokens to generate at most, per choice.
     pub max_tokens: usize,
     /// Strings that end generation (not included in the text).
     pub stop: Vec<String>,
     /// Keep generating past end-of-generation tokens (llama.cpp's `ignore_eos`).
     pub ignore_eos: bool,
+    /// How many answers (OpenAI's `n`).
+    pub choices: usize,
+    /// Alternatives to report per token (`None`: no probabilities).
+    pub logprobs: Option<usize>,
+    /// Added to logits before sampling.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The grammar the output follows.
+    pub grammar: Option<Arc<Grammar>>,
+}
+
+/// One generation request.
+pub struct Job {
+    /// Prompt token ids (BOS included where the model wants it).
+    pub prompt: Vec<u32>,
+    /// How to generate.
+    pub params: Params,
     /// Which queue it waits in.
     pub lane: Lane,
+    /// When the request arrived (time to first token is counted from here).
+    pub arrived: Instant,
     /// Where the text and the end go.
     pub events: UnboundedSender<Event>,
 }
@@ -50,13 +77,26 @@ pub enum Lane {
 /// Control requests waiting at most (the supervisor sends one or two at a time).
 const CONTROL_QUEUE: usize = 8;
 
-/// What a request hears back, in order: text deltas, then `Done` or `Failed`.
+/// What a request hears back, in order: per choice, text deltas then `Done`; or `Failed`.
 #[derive(Debug)]
 pub enum Event {
-    /// The next piece of text (whole UTF-8 characters, never part of a stop string).
-    Text(String),
-    /// Generation ended.
-    Done(Summary),
+    /// The next piece of a choice's text (whole UTF-8 characters, never part of a stop
+    /// string), with the probabilities of the tokens it completes when they were asked for.
+    Text {
+        /// Which choice (0-based).
+        choice: usize,
+        /// The text.
+        text: String,
+        /// One entry per token the text finishes.
+        probs: Vec<TokenProbs>,
+    },
+    /// A choice ended.
+    Done {
+        /// Which choice.
+        choice: usize,
+        /// How it went.
+        summary: Summary,
+    },
     /// Generation could not run.
     Failed(String),
     /// The engine is shutting down: the answer was cut off (or never started).
@@ -107,6 +147,9 @@ pub struct Summary {
     /// The stop string that ended generation, if one did.
     #[serde(skip)]
     pub stopping_word: String,
+    /// The generated token ids.
+    #[serde(skip)]
+    pub tokens: Vec<u32>,
 }
 
 /// The engine's recent speeds, from its own timings: the last request with at least
@@ -234,6 +277,7 @@ impl Worker {
         tokenizer: Arc<Tokenizer>,
         end_ids: Vec<u32>,
         settings: &Settings,
+        metrics: Arc<Metrics>,
     ) -> Worker {
         let (queue, jobs) = std::sync::mpsc::channel();
         let waiting = Arc::new(Waiting {
@@ -262,6 +306,8 @@ impl Worker {
                     context,
                     threads,
                     progress: &reported,
+                    vocab: std::sync::OnceLock::new(),
+                    metrics: &metrics,
                 };
                 let mut queues = Queues {
                     jobs,
@@ -349,106 +395,6 @@ impl Queues {
     }
 }
 
-/// A conversation's cache and the tokens it holds.
-#[derive(Clone)]
-struct Cached {
-    cache: KvCache,
-    tokens: Vec<u32>,
-}
-
-/// Kept conversation caches, least recently used first, within a memory budget; the warm
-/// system-prompt cache is pinned and only ever copied.
-struct Caches {
-    budget: usize,
-    kept: Vec<Cached>,
-    pinned: Option<Cached>,
-}
-
-impl Caches {
-    fn new(budget: usize) -> Caches {
-        Caches {
-            budget,
-            kept: Vec::new(),
-            pinned: None,
-        }
-    }
-
-    fn warm(
-        &mut self,
-        model: &Model<'static>,
-        tokens: &[u32],
-        context: usize,
-        threads: usize,
-    ) -> Result<(), String> {
-        if self.budget == 0 || tokens.is_empty() || tokens.len() >= context {
-            return Ok(());
-        }
-        let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
-        model.forward(tokens, 0, &mut cache, Logits::None)?;
-        self.pinned = Some(Cached {
-            cache,
-            tokens: tokens.to_vec(),
-        });
-        Ok(())
-    }
-
-    /// The kept cache sharing the longest prefix with `prompt`, if any shares at least one
-    /// token: taken out when the prompt continues it, else copied (always for the pinned one).
-    fn best_for(&mut self, prompt: &[u32]) -> Option<Cached> {
-        let (at, shared) = self
-            .kept
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (i, common_prefix(&c.tokens, prompt)))
-            .max_by_key(|&(i, n)| (n, i))
-            .unwrap_or((0, 0));
-        let pinned = self
-            .pinned
-            .as_ref()
-            .map_or(0, |p| common_prefix(&p.tokens, prompt));
-        if pinned >= shared {
-            return self.pinned.clone().filter(|_| pinned > 0);
-        }
-        if shared == 0 {
-            return None;
-        }
-        // A request that continues the conversation takes its cache; one that branches off
-        // gets a copy, so the other conversation can still be picked up where it was.
-        if shared == self.kept[at].tokens.len() {
-            Some(self.kept.remove(at))
-        } else {
-            Some(self.kept[at].clone())
-        }
-    }
-
-    /// Keeps `cached` as the most recent, evicting the oldest beyond the budget (one always
-    /// stays, unless the budget is zero: no prefix cache).
-    fn keep(&mut self, cached: Cached) {
-        if self.budget == 0 {
-            return;
-        }
-        self.kept.push(cached);
-        let pinned = self.pinned.as_ref().map_or(0, |p| p.cache.bytes());
-        while self.kept.len() > 1
-            && pinned + self.kept.iter().map(|c| c.cache.bytes()).sum::<usize>() > self.budget
-        {
-            self.kept.remove(0);
-        }
-    }
-
-    /// The oldest kept cache to recycle for a new conversation (its memory is reused).
-    fn recycle(&mut self) -> Option<Cached> {
-        let total: usize = self.kept.iter().map(|c| c.cache.bytes()).sum();
-        let one = self.kept.first().map_or(0, |c| c.cache.bytes());
-        (total + one > self.budget && !self.kept.is_empty()).then(|| self.kept.remove(0))
-    }
-}
-
-/// Length of the common prefix of `a` and `b`.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 /// What the generation thread generates with.
 struct Runner<'a> {
     model: &'a Model<'static>,
@@ -457,6 +403,9 @@ struct Runner<'a> {
     context: usize,
     threads: usize,
     progress: &'a Progress,
+    /// The vocabulary for grammars, built on the first request that has one.
+    vocab: std::sync::OnceLock<Vocab>,
+    metrics: &'a Metrics,
 }
 
 impl Runner<'_> {
@@ -470,40 +419,65 @@ impl Runner<'_> {
                 continue;
             }
             self.progress.busy.store(true, Ordering::Relaxed);
-            let reused = match caches.best_for(&job.prompt) {
-                Some(c) => Some(c),
-                // No shared prefix: recycle the oldest cache's memory (its tokens do not matter).
-                None => caches.recycle().map(|mut c| {
-                    c.tokens.clear();
-                    c
-                }),
-            };
-            // A bug in one request must not take the box's only generation thread with it.
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.generate(&job, reused)
-            }))
-            .unwrap_or_else(|_| Err("generation failed unexpectedly (see the engine log)".into()));
-            match result {
-                Ok((summary, kept)) => {
-                    caches.keep(kept);
-                    speeds
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .record(&summary);
-                    let _ = job.events.send(Event::Done(summary));
-                }
-                Err(_) if self.progress.stopping() => {
-                    let _ = job.events.send(Event::ShuttingDown);
-                }
-                Err(message) => {
-                    let _ = job.events.send(Event::Failed(message));
+            for choice in 0..job.params.choices.max(1) {
+                if !self.run_choice(&job, choice, caches, speeds) {
+                    break;
                 }
             }
             self.progress.busy.store(false, Ordering::Relaxed);
         }
     }
 
-    fn generate(&self, job: &Job, reused: Option<Cached>) -> Result<(Summary, Cached), String> {
+    /// One choice of `job`; false when the request ended (failed, gone, shutting down).
+    fn run_choice(
+        &self,
+        job: &Job,
+        choice: usize,
+        caches: &mut Caches,
+        speeds: &Mutex<Speeds>,
+    ) -> bool {
+        let reused = match caches.best_for(&job.prompt) {
+            Some(c) => Some(c),
+            // No shared prefix: recycle the oldest cache's memory (its tokens do not matter).
+            None => caches.recycle().map(|mut c| {
+                c.tokens.clear();
+                c
+            }),
+        };
+        // A bug in one request must not take the box's only generation thread with it.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.generate(job, choice, reused)
+        }))
+        .unwrap_or_else(|_| Err("generation failed unexpectedly (see the engine log)".into()));
+        match result {
+            Ok((summary, kept)) => {
+                caches.keep(kept);
+                self.metrics
+                    .finished(&summary, caches.kept_bytes(), caches.kept_count());
+                speeds
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .record(&summary);
+                job.events.send(Event::Done { choice, summary }).is_ok()
+            }
+            Err(_) if self.progress.stopping() => {
+                let _ = job.events.send(Event::ShuttingDown);
+                false
+            }
+            Err(message) => {
+                self.metrics.failed();
+                let _ = job.events.send(Event::Failed(message));
+                false
+            }
+        }
+    }
+
+    fn generate(
+        &self,
+        job: &Job,
+        choice: usize,
+        reused: Option<Cached>,
+    ) -> Result<(Summary, Cached), String> {
         let Runner {
             model,
             tokenizer,
@@ -511,8 +485,9 @@ impl Runner<'_> {
             context,
             threads,
             progress,
+            ..
         } = *self;
-        let prompt = &job.prompt;
+        let (prompt, params) = (&job.prompt, &job.params);
         if prompt.is_empty() || prompt.len() >= context {
             return Err(format!(
                 "the prompt has {} tokens; the context holds {context}",
@@ -547,21 +522,47 @@ impl Runner<'_> {
                 Logits::None
             };
             model.forward(&prompt[at..end], at, &mut cache, logits)?;
+            self.metrics.pass(end);
             progress.advance(end - at);
             at = end;
         }
         let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
 
         let generating = Instant::now();
-        let mut sampler = Sampler::new(job.sampling.clone());
+        let mut chooser = Chooser {
+            sampler: Sampler::new(Sampling {
+                seed: params.sampling.seed.wrapping_add(choice as u64),
+                ..params.sampling.clone()
+            }),
+            bias: &params.logit_bias,
+            grammar: params.grammar.clone().map(Matcher::new),
+            vocab: params
+                .grammar
+                .as_ref()
+                .map(|_| self.vocab.get_or_init(|| Vocab::new(tokenizer))),
+            tokenizer,
+            end_ids,
+            ignore_eos: params.ignore_eos,
+            logprobs: params.logprobs,
+        };
         let mut history = prompt.clone();
         let mut in_cache = prompt.len();
         let mut stream = TextStream::new();
-        let mut text = StopFilter::new(&job.stop);
+        let mut text = StopFilter::new(&params.stop);
+        let mut probs = Vec::new();
         let mut generated = 0;
         let mut stopping_word = String::new();
+        let mut last_token = Instant::now();
+        let send = |text: String, probs: &mut Vec<TokenProbs>| {
+            let probs = std::mem::take(probs);
+            let _ = job.events.send(Event::Text {
+                choice,
+                text,
+                probs,
+            });
+        };
         let finish = loop {
-            if generated >= job.max_tokens || history.len() >= context {
+            if generated >= params.max_tokens || history.len() >= context {
                 break Finish::Length;
             }
             if job.events.is_closed() {
@@ -570,23 +571,35 @@ impl Runner<'_> {
             if progress.stopping() {
                 return Err("shutting down".into());
             }
-            let token = sampler.next(cache.logits(), &history);
-            if !job.ignore_eos && end_ids.contains(&token) {
+            let (token, token_probs) = match chooser.next(cache.logits(), &history)? {
+                Choice::End => break Finish::Stop,
+                Choice::Token(token, probs) => (token, probs),
+            };
+            if end_ids.contains(&token) {
                 break Finish::Stop;
             }
             generated += 1;
+            let now = Instant::now();
+            if generated == 1 {
+                self.metrics.first_token(now - job.arrived);
+            } else {
+                self.metrics.next_token(now - last_token);
+            }
+            last_token = now;
             history.push(token);
+            probs.extend(token_probs);
             let piece = stream.push(&tokenizer.token_bytes(token));
             let (ready, stopped) = text.push(&piece);
             if !ready.is_empty() {
-                let _ = job.events.send(Event::Text(ready));
+                send(ready, &mut probs);
             }
             if let Some(word) = stopped {
                 stopping_word = word;
                 break Finish::Word;
             }
-            if generated < job.max_tokens && history.len() < context {
+            if generated < params.max_tokens && history.len() < context {
                 model.step(token, history.len() - 1, &mut cache)?;
+                self.metrics.pass(history.len());
                 progress.advance(1);
                 in_cache = history.len();
             }
@@ -594,13 +607,14 @@ impl Runner<'_> {
         if finish != Finish::Word {
             stream.finish();
             let rest = text.flush();
-            if !rest.is_empty() {
-                let _ = job.events.send(Event::Text(rest));
+            if !rest.is_empty() || !probs.is_empty() {
+                send(rest, &mut probs);
             }
         }
         let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
         let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         let prompt_n = prompt.len() - cache_n;
+        let tokens = history[prompt.len()..].to_vec();
         history.truncate(in_cache);
         Ok((
             Summary {
@@ -613,152 +627,12 @@ impl Runner<'_> {
                 predicted_per_second: per_second(generated, predicted_ms),
                 cache_n,
                 stopping_word,
+                tokens,
             },
             Cached {
                 cache,
                 tokens: history,
             },
         ))
-    }
-}
-
-/// Holds back text that might be the start of a stop string, and cuts at the first stop string.
-struct StopFilter<'a> {
-    stops: &'a [String],
-    pending: String,
-}
-
-impl<'a> StopFilter<'a> {
-    fn new(stops: &'a [String]) -> StopFilter<'a> {
-        StopFilter {
-            stops,
-            pending: String::new(),
-        }
-    }
-
-    /// Adds `piece`; returns the text now safe to send and the stop string reached, if any.
-    fn push(&mut self, piece: &str) -> (String, Option<String>) {
-        self.pending.push_str(piece);
-        let first_stop = self
-            .stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
-            .min_by_key(|&(at, _)| at);
-        if let Some((at, word)) = first_stop {
-            let out = self.pending[..at].to_string();
-            self.pending.clear();
-            return (out, Some(word.clone()));
-        }
-        // Keep the longest tail that is a prefix of some stop string.
-        let keep = self
-            .stops
-            .iter()
-            .flat_map(|s| {
-                (1..s.len().min(self.pending.len() + 1))
-                    .rev()
-                    .filter(|&n| s.is_char_boundary(n))
-                    .find(|&n| self.pending.ends_with(&s[..n]))
-            })
-            .max()
-            .unwrap_or(0);
-        let cut = self.pending.len() - keep;
-        let out = self.pending[..cut].to_string();
-        self.pending.drain(..cut);
-        (out, None)
-    }
-
-    /// Whatever is held back, at the end.
-    fn flush(&mut self) -> String {
-        std::mem::take(&mut self.pending)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_strings_cut_the_text_even_across_pieces() {
-        let stops = vec!["END".to_string(), "\n\n".to_string()];
-        let mut f = StopFilter::new(&stops);
-        assert_eq!(f.push("Hello E"), ("Hello ".to_string(), None));
-        assert_eq!(f.push("N"), (String::new(), None));
-        assert_eq!(f.push("Dx"), (String::new(), Some("END".to_string())));
-        let mut f = StopFilter::new(&stops);
-        assert_eq!(f.push("a\n"), ("a".to_string(), None));
-        assert_eq!(f.push("b"), ("\nb".to_string(), None));
-        assert_eq!(
-            f.push("\n\nrest"),
-            (String::new(), Some("\n\n".to_string()))
-        );
-        let mut f = StopFilter::new(&[]);
-        assert_eq!(f.push("free"), ("free".to_string(), None));
-        assert_eq!(f.flush(), "");
-    }
-
-    #[test]
-    fn held_back_text_is_released_at_the_end() {
-        let stops = vec!["STOP".to_string()];
-        let mut f = StopFilter::new(&stops);
-        assert_eq!(f.push("ab ST"), ("ab ".to_string(), None));
-        assert_eq!(f.flush(), "ST");
-    }
-
-    #[test]
-    fn caches_pick_the_longest_shared_prefix() {
-        let mut caches = Caches::new(usize::MAX);
-        let empty = |tokens: Vec<u32>| Cached {
-            cache: dummy_cache(),
-            tokens,
-        };
-        caches.keep(empty(vec![1, 2, 3]));
-        caches.keep(empty(vec![1, 2, 9, 9]));
-        caches.keep(empty(vec![7]));
-        // Branching off a conversation copies it; continuing one takes it.
-        let best = caches.best_for(&[1, 2, 9, 5]).expect("shared");
-        assert_eq!(best.tokens, vec![1, 2, 9, 9]);
-        assert_eq!(caches.kept.len(), 3);
-        let best = caches.best_for(&[1, 2, 9, 9, 4]).expect("continued");
-        assert_eq!(best.tokens, vec![1, 2, 9, 9]);
-        assert_eq!(caches.kept.len(), 2);
-        assert!(caches.best_for(&[5, 5]).is_none());
-        caches.pinned = Some(empty(vec![7, 8, 9]));
-        assert_eq!(
-            caches.best_for(&[7, 8, 1]).map(|c| c.tokens),
-            Some(vec![7, 8, 9])
-        );
-        assert!(
-            caches.pinned.is_some(),
-            "the pinned cache is copied, never taken"
-        );
-    }
-
-    fn dummy_cache() -> KvCache {
-        let h = crate::model::Hparams {
-            arch: crate::model::Arch::Llama,
-            vocab: 4,
-            n_embd: 8,
-            n_layer: 1,
-            n_head: 1,
-            n_head_kv: 1,
-            head_dim: 8,
-            n_ff: 8,
-            rms_eps: 1e-5,
-            rope_base: 10_000.0,
-            rope_base_swa: 10_000.0,
-            n_rot: 8,
-            sliding_window: None,
-            attn_scale: 1.0,
-            train_context: 16,
-        };
-        KvCache::new(&h, 4).expect("cache")
-    }
-
-    #[test]
-    fn common_prefixes() {
-        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
-        assert_eq!(common_prefix(&[], &[1]), 0);
-        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
     }
 }

@@ -1,0 +1,280 @@
+//! What every generation endpoint shares: a request's prompt made into token ids off the
+//! async threads, its job queued on the generation thread, and its answer gathered.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use super::error::ApiError;
+use super::request::{self, ChatRequest, PromptPiece};
+use super::worker::choose::TokenProbs;
+use super::worker::{self, Event, Job, Lane, Params, Summary};
+use super::{AppState, Ready};
+use crate::chat::{Message, PromptError};
+use crate::tokenizer::{Budget, Stopped};
+
+/// A queued generation: its events, the prompt's length and how many choices will come.
+pub struct Started {
+    /// Events from the generation thread.
+    pub events: UnboundedReceiver<Event>,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Choices asked for.
+    pub choices: usize,
+}
+
+/// Queues `prompt` with `params`; a prompt that leaves no room to answer gets llama.cpp's
+/// context-size error.
+pub fn start(
+    ready: &Ready,
+    prompt: Vec<u32>,
+    params: Params,
+    lane: Lane,
+    arrived: Instant,
+) -> Result<Started, ApiError> {
+    if prompt.len() >= ready.context {
+        return Err(ApiError::exceeds_context(prompt.len(), ready.context));
+    }
+    let (events, receiver) = unbounded_channel();
+    let prompt_tokens = prompt.len();
+    let choices = params.choices;
+    ready
+        .worker
+        .submit(Job {
+            prompt,
+            params,
+            lane,
+            arrived,
+            events,
+        })
+        .map_err(|refused| match refused {
+            worker::Refused::Full => {
+                ApiError::unavailable("the request queue is full; retry shortly")
+            }
+            worker::Refused::Stopped => ApiError::unavailable(SHUTTING_DOWN),
+        })?;
+    Ok(Started {
+        events: receiver,
+        prompt_tokens,
+        choices,
+    })
+}
+
+/// One finished choice.
+pub struct Answer {
+    /// Its text.
+    pub text: String,
+    /// Its tokens' probabilities, when asked for.
+    pub probs: Vec<TokenProbs>,
+    /// How it went.
+    pub summary: Summary,
+}
+
+/// Waits for every choice, in order.
+pub async fn collect(started: &mut Started) -> Result<Vec<Answer>, ApiError> {
+    let mut answers: Vec<Answer> = Vec::new();
+    let mut current = (String::new(), Vec::new());
+    while let Some(event) = started.events.recv().await {
+        match event {
+            Event::Text { text, probs, .. } => {
+                current.0.push_str(&text);
+                current.1.extend(probs);
+            }
+            Event::Done { summary, .. } => {
+                let (text, probs) = std::mem::take(&mut current);
+                answers.push(Answer {
+                    text,
+                    probs,
+                    summary,
+                });
+                if answers.len() == started.choices {
+                    return Ok(answers);
+                }
+            }
+            Event::Failed(e) => return Err(ApiError::internal(e)),
+            Event::ShuttingDown => return Err(ApiError::unavailable(SHUTTING_DOWN)),
+        }
+    }
+    Err(ApiError::internal("the generation thread stopped"))
+}
+
+/// What a request cut off by the engine's shutdown is told.
+pub const SHUTTING_DOWN: &str =
+    "the engine is shutting down; the answer was cut off (retry shortly)";
+
+/// OpenAI's `usage`: the prompt once, the tokens of every choice, and how much of the prompt
+/// came from the prefix cache.
+pub fn usage<'a>(prompt_tokens: usize, summaries: impl IntoIterator<Item = &'a Summary>) -> Value {
+    let mut completion = 0;
+    let mut cached = None;
+    for s in summaries {
+        completion += s.predicted_n;
+        cached.get_or_insert(s.cache_n);
+    }
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": { "cached_tokens": cached.unwrap_or(0) },
+    })
+}
+
+/// Seconds since the epoch.
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A response id, unique within this process.
+pub fn id(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{:x}{n:x}", now())
+}
+
+/// Bytes of prompt text accepted per token of context: text beyond that cannot fit, and is
+/// refused before the tokenizer spends time on it.
+const BYTES_PER_TOKEN_BOUND: usize = 16;
+
+fn check_text_size(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
+    let bound = ready.context.saturating_mul(BYTES_PER_TOKEN_BOUND);
+    if bytes > bound {
+        return Err(ApiError::bad_request(format!(
+            "the prompt is {bytes} bytes; it cannot fit the context of {} tokens (shorten it)",
+            ready.context
+        )));
+    }
+    Ok(())
+}
+
+/// Runs tokenization on a blocking thread, so a long prompt never stalls other connections.
+/// When the client goes away (the handler's future is dropped), the work stops at its next
+/// piece instead of running to the end for nobody. The text was bounded by
+/// [`check_text_size`], so a prompt over the context is counted whole: the error can say by
+/// how much.
+async fn tokenize_off_thread(
+    state: &AppState,
+    work: impl FnOnce(&Ready, &Budget<'_>) -> Result<Vec<u32>, PromptError> + Send + 'static,
+) -> Result<Vec<u32>, ApiError> {
+    let ready = Arc::clone(&state.ready);
+    let gone = CancelOnDrop(Arc::new(AtomicBool::new(false)));
+    let cancelled = Arc::clone(&gone.0);
+    let tokenized = tokio::task::spawn_blocking(move || {
+        let Some(r) = ready.get() else {
+            return Err(ApiError::unavailable(
+                "the model is loading; try again shortly",
+            ));
+        };
+        let budget = Budget {
+            max_tokens: r.context.saturating_mul(BYTES_PER_TOKEN_BOUND),
+            cancelled: &|| cancelled.load(Ordering::Relaxed),
+        };
+        work(r, &budget).map_err(|e| match e {
+            PromptError::Template(e) => ApiError::bad_request(e),
+            PromptError::Stopped(Stopped::TooLong { max_tokens }) => {
+                ApiError::exceeds_context(max_tokens + 1, r.context)
+            }
+            // Nobody reads this answer.
+            PromptError::Stopped(Stopped::Cancelled) => {
+                ApiError::bad_request("the client went away")
+            }
+        })
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    drop(gone);
+    tokenized
+}
+
+/// Sets its flag when dropped: the request it belongs to is over.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A chat's messages (the configured system prompt first when it brings none) and whether
+/// the last one, an assistant's, is to be continued.
+pub fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
+    let mut messages = request::messages(&request.messages)?;
+    if let Some(system) = &ready.system_prompt {
+        if messages.first().is_none_or(|m| m.role != "system") {
+            messages.insert(0, Message::new("system", system));
+        }
+    }
+    check_text_size(
+        ready,
+        messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum(),
+    )?;
+    Ok(messages)
+}
+
+/// A chat's prompt ids: the template with the generation cue, or, when the last message is a
+/// non-empty assistant message, that message continued (assistant prefill).
+pub async fn chat_prompt(state: &AppState, messages: Vec<Message>) -> Result<Vec<u32>, ApiError> {
+    let prefill = messages
+        .last()
+        .is_some_and(|m| m.role == "assistant" && !m.content.trim().is_empty());
+    tokenize_off_thread(state, move |r, budget| {
+        if prefill {
+            r.template
+                .continuation_ids_within(&r.tokenizer, &messages, budget)
+        } else {
+            r.template.ids_within(&r.tokenizer, &messages, true, budget)
+        }
+    })
+    .await
+}
+
+/// A raw prompt's tokens: its text pieces tokenized (special tokens recognised), its ids as
+/// given, BOS first where the model wants it.
+pub async fn completion_prompt(
+    state: &AppState,
+    ready: &Ready,
+    prompt: &Value,
+) -> Result<Vec<u32>, ApiError> {
+    let pieces = request::prompt(prompt, ready.tokenizer.vocab_size())?;
+    check_text_size(
+        ready,
+        pieces
+            .iter()
+            .map(|p| match p {
+                PromptPiece::Text(t) => t.len(),
+                PromptPiece::Id(_) => 1,
+            })
+            .sum(),
+    )?;
+    tokenize_off_thread(state, move |r, budget| {
+        let bos = r.tokenizer.bos_id();
+        let mut ids: Vec<u32> = bos.into_iter().collect();
+        for piece in &pieces {
+            match piece {
+                PromptPiece::Id(id) => ids.push(*id),
+                PromptPiece::Text(text) => {
+                    let encoded = r
+                        .tokenizer
+                        .encode_within(text, true, budget)
+                        .map_err(PromptError::Stopped)?;
+                    let skip = usize::from(bos.is_some() && encoded.first() == bos.as_ref());
+                    ids.extend_from_slice(&encoded[skip..]);
+                }
+            }
+        }
+        // A prompt of ids that starts with BOS already keeps only that one.
+        if bos.is_some() && ids.len() > 1 && ids[1] == ids[0] {
+            ids.remove(0);
+        }
+        Ok(ids)
+    })
+    .await
+}

@@ -1,0 +1,308 @@
+//! llama.cpp's own endpoints: `/completion` (with `tokens`, `truncated`,
+//! `generation_settings`, `completion_probabilities`), `/tokenize`, `/detokenize`, `/props`
+//! and `/apply-template`, in the shapes llama.cpp's clients read.
+
+use std::time::Instant;
+
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::{ApiError, Body, parse};
+use super::generation::{self, collect, start};
+use super::request::{ChatRequest, CompletionRequest, Dialect};
+use super::stream::{Format, Piece, stream};
+use super::worker::choose::TokenProbs;
+use super::worker::{Finish, Lane, Params};
+use super::{AppState, ready};
+use crate::tokenizer::Tokenizer;
+
+/// `POST /completion`.
+pub async fn completion(
+    State(state): State<AppState>,
+    Extension(lane): Extension<Lane>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let request: CompletionRequest = parse(&body)?;
+    let ready = ready(&state)?;
+    let params = request
+        .knobs
+        .params(Dialect::Native, &ready.defaults, &ready.tokenizer)?;
+    if params.choices > 1 {
+        return Err(ApiError::unsupported(
+            "n",
+            "/completion answers once (use /v1/completions for several choices)",
+        ));
+    }
+    let settings = generation_settings(&params, ready.context);
+    let with_probs = params.logprobs.is_some();
+    let prompt = generation::completion_prompt(&state, ready, &request.prompt).await?;
+    let mut started = start(ready, prompt, params, lane, arrived)?;
+    let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
+    let model = state.model_id.to_string();
+    let prompt_tokens = started.prompt_tokens;
+    if request.knobs.stream {
+        let first = vec![json!({ "content": "", "stop": false, "index": 0 })];
+        return Ok(stream(
+            started,
+            first,
+            Format::Native,
+            move |piece| match piece {
+                Piece::Text { text, probs, .. } => {
+                    let mut chunk = json!({ "content": text, "stop": false, "index": 0 });
+                    if with_probs {
+                        chunk["completion_probabilities"] =
+                            json!(probabilities(&tokenizer, &probs));
+                    }
+                    vec![chunk]
+                }
+                Piece::End { summary, .. } => vec![json!({
+                    "content": "", "stop": true, "index": 0,
+                    "stop_type": stop_type(summary.finish),
+                    "stopping_word": summary.stopping_word,
+                    "tokens": summary.tokens,
+                    "tokens_evaluated": prompt_tokens,
+                    "tokens_predicted": summary.predicted_n,
+                    "tokens_cached": summary.cache_n,
+                    "truncated": false,
+                    "model": model,
+                    "generation_settings": settings,
+                    "timings": summary,
+                })],
+                Piece::Usage(_) => Vec::new(),
+            },
+        ));
+    }
+    let answer = collect(&mut started)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::internal("the generation ended without an answer"))?;
+    let summary = &answer.summary;
+    let mut body = json!({
+        "index": 0,
+        "content": answer.text,
+        "tokens": summary.tokens,
+        "id_slot": 0,
+        "stop": true,
+        "model": model,
+        "tokens_predicted": summary.predicted_n,
+        "tokens_evaluated": prompt_tokens,
+        "tokens_cached": summary.cache_n,
+        "generation_settings": settings,
+        "has_new_line": answer.text.contains('\n'),
+        "truncated": false,
+        "stop_type": stop_type(summary.finish),
+        "stopping_word": summary.stopping_word,
+        "timings": summary,
+    });
+    if with_probs {
+        body["completion_probabilities"] = json!(probabilities(&tokenizer, &answer.probs));
+    }
+    Ok(axum::Json(body).into_response())
+}
+
+fn stop_type(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Stop => "eos",
+        Finish::Word => "word",
+        Finish::Length => "limit",
+    }
+}
+
+/// The settings a generation ran with, as llama.cpp reports them.
+fn generation_settings(params: &Params, n_ctx: usize) -> Value {
+    let s = &params.sampling;
+    let unlimited = |n: usize| if n == usize::MAX { -1 } else { n as i64 };
+    json!({
+        "n_ctx": n_ctx,
+        "n_predict": unlimited(params.max_tokens),
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "repeat_penalty": s.repeat_penalty,
+        "repeat_last_n": unlimited(s.repeat_last_n),
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "seed": s.seed,
+        "stop": params.stop,
+        "ignore_eos": params.ignore_eos,
+        "n_probs": params.logprobs.unwrap_or(0),
+        "logit_bias": params.logit_bias.iter().map(|&(id, b)| json!([id, if b.is_finite() { json!(b) } else { json!(false) }])).collect::<Vec<_>>(),
+        "grammar": params.grammar.is_some(),
+        "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+    })
+}
+
+/// llama.cpp's `completion_probabilities`.
+fn probabilities(tokenizer: &Tokenizer, probs: &[TokenProbs]) -> Vec<Value> {
+    let entry = |id: u32, logprob: f32| {
+        let bytes = tokenizer.token_bytes(id);
+        json!({
+            "id": id, "token": String::from_utf8_lossy(&bytes), "bytes": bytes, "logprob": logprob,
+        })
+    };
+    probs
+        .iter()
+        .map(|p| {
+            let mut e = entry(p.id, p.logprob);
+            e["top_logprobs"] = p.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+            e
+        })
+        .collect()
+}
+
+/// `POST /tokenize`.
+#[derive(Debug, Deserialize)]
+struct TokenizeRequest {
+    content: String,
+    /// Add BOS where the model wants it (llama.cpp's default: no).
+    #[serde(default)]
+    add_special: bool,
+    /// Recognise special-token texts (llama.cpp's default: yes).
+    #[serde(default = "yes")]
+    parse_special: bool,
+    /// Each id with its text.
+    #[serde(default)]
+    with_pieces: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Texts a tokenize request may hold: a whole context's worth with room to spare.
+const MAX_TOKENIZE_BYTES: usize = 1 << 20;
+
+/// `POST /tokenize`: `{"tokens": [ids]}` or, `with_pieces`, `[{"id", "piece"}]`.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let request: TokenizeRequest = parse(&body)?;
+    let ready = ready(&state)?;
+    if request.content.len() > MAX_TOKENIZE_BYTES {
+        return Err(ApiError::bad_request("content is over 1 MiB"));
+    }
+    let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
+    let tokens = tokio::task::spawn_blocking(move || {
+        let mut ids = tokenizer.encode(&request.content, request.parse_special);
+        if !request.add_special
+            && tokenizer.bos_id().is_some()
+            && ids.first() == tokenizer.bos_id().as_ref()
+        {
+            ids.remove(0);
+        }
+        if !request.with_pieces {
+            return json!(ids);
+        }
+        ids.iter()
+            .map(|&id| {
+                let bytes = tokenizer.token_bytes(id);
+                let piece = match String::from_utf8(bytes) {
+                    Ok(text) => json!(text),
+                    // A piece that splits a character is given as its bytes, as llama.cpp does.
+                    Err(e) => json!(e.into_bytes()),
+                };
+                json!({ "id": id, "piece": piece })
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
+    Ok(axum::Json(json!({ "tokens": tokens })).into_response())
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<i64>,
+}
+
+/// `POST /detokenize`: `{"content": text}`.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let request: DetokenizeRequest = parse(&body)?;
+    let ready = ready(&state)?;
+    let vocab = ready.tokenizer.vocab_size();
+    let ids = request
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            u32::try_from(t)
+                .ok()
+                .filter(|&id| (id as usize) < vocab)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "tokens[{i}] = {t} is not a token id (0 to {})",
+                        vocab.saturating_sub(1)
+                    ))
+                })
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
+    Ok(axum::Json(json!({ "content": ready.tokenizer.decode(&ids) })).into_response())
+}
+
+/// `POST /apply-template`: the prompt text a chat renders to.
+pub async fn apply_template(
+    State(state): State<AppState>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let request: ChatRequest = parse(&body)?;
+    let ready = ready(&state)?;
+    let messages = generation::chat_messages(ready, &request)?;
+    let prompt = ready
+        .template
+        .render(&messages, true)
+        .map_err(ApiError::bad_request)?;
+    Ok(axum::Json(json!({ "prompt": prompt })).into_response())
+}
+
+/// `GET /props`: the server's settings and the model's template.
+pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let ready = ready(&state)?;
+    let d = &ready.defaults;
+    let defaults = Params {
+        sampling: crate::sampler::Sampling {
+            temperature: d.temperature,
+            seed: d.seed.unwrap_or(u64::MAX),
+            ..crate::sampler::Sampling::default()
+        },
+        max_tokens: d.max_tokens.unwrap_or(usize::MAX),
+        stop: Vec::new(),
+        ignore_eos: false,
+        choices: 1,
+        logprobs: None,
+        logit_bias: Vec::new(),
+        grammar: None,
+    };
+    let mut params = generation_settings(&defaults, ready.context);
+    if d.seed.is_none() {
+        params["seed"] = json!(-1);
+    }
+    let (bos, eos) = ready.template.bos_eos();
+    Ok(axum::Json(json!({
+        "default_generation_settings": {
+            "id": 0,
+            "n_ctx": ready.context,
+            "params": params,
+            "is_processing": ready.worker.activity().busy,
+        },
+        "total_slots": 1,
+        "model_path": state.model_path.display().to_string(),
+        "model_alias": &*state.model_id,
+        "chat_template": ready.template.source,
+        "bos_token": bos,
+        "eos_token": eos,
+        "build_info": concat!("appliance-engine ", env!("CARGO_PKG_VERSION")),
+        "modalities": { "vision": false, "audio": false },
+        "n_ctx": ready.context,
+    }))
+    .into_response())
+}

@@ -1,0 +1,285 @@
+//! OpenAI's endpoints (`/v1/models`, `/v1/chat/completions`, `/v1/completions`, also served
+//! without `/v1`): a request checked into token ids and [`Params`](super::worker::Params),
+//! the answer shaped as OpenAI's clients read it.
+
+use std::time::Instant;
+
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::error::{ApiError, Body, parse};
+use super::generation::{self, Answer, Started, collect, id, now, start, usage};
+use super::request::{ChatRequest, CompletionRequest, Dialect};
+use super::stream::{Format, Piece, stream};
+use super::worker::Lane;
+use super::worker::choose::TokenProbs;
+use super::{AppState, ready};
+use crate::tokenizer::Tokenizer;
+
+/// `GET /v1/models`.
+pub async fn models(State(state): State<AppState>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": &*state.model_id, "object": "model", "created": now(), "owned_by": "appliance",
+            "meta": state.ready.get().map(|r| json!({ "n_ctx": r.context, "n_vocab": r.tokenizer.vocab_size() })),
+        }],
+    }))
+    .into_response()
+}
+
+fn include_usage(request_knobs: &super::request::Knobs) -> Format {
+    Format::OpenAi {
+        include_usage: request_knobs
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+    }
+}
+
+/// The fields every answer and chunk of one response shares.
+struct Envelope {
+    id: String,
+    created: u64,
+    model: String,
+    fingerprint: String,
+}
+
+impl Envelope {
+    fn new(state: &AppState, prefix: &str) -> Envelope {
+        Envelope {
+            id: id(prefix),
+            created: now(),
+            model: state.model_id.to_string(),
+            fingerprint: state.fingerprint.to_string(),
+        }
+    }
+
+    fn body(&self, object: &str, choices: Value) -> Value {
+        json!({
+            "id": self.id, "object": object, "created": self.created, "model": self.model,
+            "system_fingerprint": self.fingerprint, "choices": choices,
+        })
+    }
+
+    /// A whole (not streamed) answer with its usage and llama.cpp's timings.
+    fn whole(
+        &self,
+        object: &str,
+        choices: Vec<Value>,
+        started: &Started,
+        answers: &[Answer],
+    ) -> Response {
+        let mut body = self.body(object, json!(choices));
+        body["usage"] = usage(started.prompt_tokens, answers.iter().map(|a| &a.summary));
+        body["timings"] = json!(answers.first().map(|a| &a.summary));
+        axum::Json(body).into_response()
+    }
+
+    /// A stream's chunks for a choice's end (its finish reason and timings) and the final
+    /// usage; `ended` is the dialect's choice object for a finish reason.
+    fn closing(&self, object: &str, piece: Piece, ended: fn(usize, &str) -> Value) -> Vec<Value> {
+        match piece {
+            Piece::End { choice, summary } => {
+                let mut last = self.body(object, json!([ended(choice, summary.finish.openai())]));
+                last["timings"] = json!(summary);
+                vec![last]
+            }
+            Piece::Usage(u) => {
+                let mut last = self.body(object, json!([]));
+                last["usage"] = u;
+                vec![last]
+            }
+            Piece::Text { .. } => Vec::new(),
+        }
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    Extension(lane): Extension<Lane>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let request: ChatRequest = parse(&body)?;
+    let ready = ready(&state)?;
+    let params = request
+        .knobs
+        .params(Dialect::Chat, &ready.defaults, &ready.tokenizer)?;
+    let messages = generation::chat_messages(ready, &request)?;
+    let prompt = generation::chat_prompt(&state, messages).await?;
+    let mut started = start(ready, prompt, params, lane, arrived)?;
+    let envelope = Envelope::new(&state, "chatcmpl");
+    let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
+    let with_probs = request_wants_probs(&request.knobs);
+    let logprobs = move |probs: &[TokenProbs]| {
+        with_probs.then(|| json!({ "content": chat_logprobs(&tokenizer, probs), "refusal": null }))
+    };
+    if !request.knobs.stream {
+        let answers = collect(&mut started).await?;
+        let choices: Vec<Value> = answers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                json!({
+                    "index": i,
+                    "message": { "role": "assistant", "content": a.text },
+                    "finish_reason": a.summary.finish.openai(),
+                    "logprobs": logprobs(&a.probs),
+                })
+            })
+            .collect();
+        return Ok(envelope.whole("chat.completion", choices, &started, &answers));
+    }
+    const CHUNK: &str = "chat.completion.chunk";
+    let first = (0..started.choices)
+        .map(|i| {
+            envelope.body(CHUNK, json!([{
+                "index": i, "delta": { "role": "assistant", "content": "" }, "finish_reason": null,
+            }]))
+        })
+        .collect();
+    let format = include_usage(&request.knobs);
+    Ok(stream(started, first, format, move |piece| match piece {
+        Piece::Text {
+            choice,
+            text,
+            probs,
+        } => vec![envelope.body(
+            CHUNK,
+            json!([{
+                "index": choice, "delta": { "content": text }, "finish_reason": null,
+                "logprobs": logprobs(&probs),
+            }]),
+        )],
+        other => envelope.closing(
+            CHUNK,
+            other,
+            |choice, finish| json!({ "index": choice, "delta": {}, "finish_reason": finish }),
+        ),
+    }))
+}
+
+fn request_wants_probs(knobs: &super::request::Knobs) -> bool {
+    knobs
+        .logprobs
+        .as_ref()
+        .is_some_and(|v| *v != json!(false) && !v.is_null())
+        || knobs.n_probs.is_some_and(|n| n > 0)
+}
+
+/// A token's text as OpenAI reports it (its bytes beside, for tokens that split a character).
+fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tokenizer.token_bytes(id);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// The chat dialect's `logprobs.content`.
+pub fn chat_logprobs(tokenizer: &Tokenizer, probs: &[TokenProbs]) -> Vec<Value> {
+    probs
+        .iter()
+        .map(|p| {
+            let (token, bytes) = token_text(tokenizer, p.id);
+            let top: Vec<Value> = p
+                .top
+                .iter()
+                .map(|&(id, logprob)| {
+                    let (token, bytes) = token_text(tokenizer, id);
+                    json!({ "token": token, "logprob": logprob, "bytes": bytes })
+                })
+                .collect();
+            json!({ "token": token, "logprob": p.logprob, "bytes": bytes, "top_logprobs": top })
+        })
+        .collect()
+}
+
+/// The legacy completions dialect's `logprobs`, with text offsets counted from `offset`.
+fn completion_logprobs(tokenizer: &Tokenizer, probs: &[TokenProbs], offset: &mut usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut token_logprobs = Vec::new();
+    let mut top_logprobs = Vec::new();
+    let mut text_offset = Vec::new();
+    for p in probs {
+        let (token, _) = token_text(tokenizer, p.id);
+        text_offset.push(*offset);
+        *offset += token.len();
+        tokens.push(token);
+        token_logprobs.push(p.logprob);
+        let top: serde_json::Map<String, Value> = p
+            .top
+            .iter()
+            .map(|&(id, logprob)| (token_text(tokenizer, id).0, json!(logprob)))
+            .collect();
+        top_logprobs.push(top);
+    }
+    json!({
+        "tokens": tokens, "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs, "text_offset": text_offset,
+    })
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(state): State<AppState>,
+    Extension(lane): Extension<Lane>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let request: CompletionRequest = parse(&body)?;
+    let ready = ready(&state)?;
+    let params = request
+        .knobs
+        .params(Dialect::Completions, &ready.defaults, &ready.tokenizer)?;
+    let prompt = generation::completion_prompt(&state, ready, &request.prompt).await?;
+    let mut started = start(ready, prompt, params, lane, arrived)?;
+    let envelope = Envelope::new(&state, "cmpl");
+    let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
+    let with_probs = request_wants_probs(&request.knobs);
+    const OBJECT: &str = "text_completion";
+    if !request.knobs.stream {
+        let answers = collect(&mut started).await?;
+        let choices: Vec<Value> = answers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let logprobs =
+                    with_probs.then(|| completion_logprobs(&tokenizer, &a.probs, &mut 0));
+                json!({ "index": i, "text": a.text, "finish_reason": a.summary.finish.openai(), "logprobs": logprobs })
+            })
+            .collect();
+        return Ok(envelope.whole(OBJECT, choices, &started, &answers));
+    }
+    // Text offsets count on from chunk to chunk, per choice.
+    let offsets = std::sync::Mutex::new(vec![0usize; started.choices]);
+    let first = vec![envelope.body(
+        OBJECT,
+        json!([{
+            "index": 0, "text": "", "finish_reason": null, "logprobs": null,
+        }]),
+    )];
+    let format = include_usage(&request.knobs);
+    Ok(stream(started, first, format, move |piece| {
+        match piece {
+        Piece::Text {
+            choice,
+            text,
+            probs,
+        } => {
+            let logprobs = with_probs.then(|| {
+                let mut offsets = offsets.lock().unwrap_or_else(|p| p.into_inner());
+                let mut none = 0;
+                let offset = offsets.get_mut(choice).unwrap_or(&mut none);
+                completion_logprobs(&tokenizer, &probs, offset)
+            });
+            vec![envelope.body(OBJECT, json!([{
+                "index": choice, "text": text, "finish_reason": null, "logprobs": logprobs,
+            }]))]
+        }
+        other => envelope.closing(OBJECT, other, |choice, finish| {
+            json!({ "index": choice, "text": "", "finish_reason": finish, "logprobs": null })
+        }),
+    }
+    }))
+}

@@ -1,0 +1,149 @@
+//! Server-sent events: a generation's events shaped by its dialect into chunks. OpenAI's
+//! stream ends with a usage chunk (`"choices": []`, when asked for) and `data: [DONE]`;
+//! llama.cpp's native one ends with its final object. Dropping the stream (a disconnected
+//! client) drops the receiver, which stops generation.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::generation::{SHUTTING_DOWN, Started, usage};
+use super::worker::choose::TokenProbs;
+use super::worker::{Event, Summary};
+
+/// Which stream dialect.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenAI's, with a final usage chunk when `include_usage`.
+    OpenAi {
+        /// `stream_options.include_usage`.
+        include_usage: bool,
+    },
+    /// llama.cpp's `/completion`.
+    Native,
+}
+
+/// What a stream's shaper sees.
+pub enum Piece {
+    /// A choice's next text.
+    Text {
+        /// Which choice.
+        choice: usize,
+        /// The text.
+        text: String,
+        /// Its tokens' probabilities, when asked for.
+        probs: Vec<TokenProbs>,
+    },
+    /// A choice ended.
+    End {
+        /// Which choice.
+        choice: usize,
+        /// How it went.
+        summary: Summary,
+    },
+    /// Every choice ended: the usage (OpenAI, when asked for).
+    Usage(Value),
+}
+
+/// The stream: `first`, then the shaped pieces, then the dialect's end.
+pub fn stream(
+    started: Started,
+    first: Vec<Value>,
+    format: Format,
+    shape: impl Fn(Piece) -> Vec<Value> + Send + 'static,
+) -> Response {
+    let Started {
+        events,
+        prompt_tokens,
+        choices,
+    } = started;
+    let to_events = |values: Vec<Value>| -> Vec<SseEvent> {
+        values
+            .into_iter()
+            .map(|v| SseEvent::default().data(v.to_string()))
+            .collect()
+    };
+    let state = Run {
+        events,
+        first: Some(to_events(first)),
+        done: false,
+        summaries: Vec::new(),
+        shape,
+    };
+    let body = futures_util::stream::unfold(state, move |mut run| async move {
+        if let Some(first) = run.first.take() {
+            return Some((first, run));
+        }
+        if run.done {
+            return None;
+        }
+        let out = match run.events.recv().await {
+            Some(Event::Text {
+                choice,
+                text,
+                probs,
+            }) => to_events((run.shape)(Piece::Text {
+                choice,
+                text,
+                probs,
+            })),
+            Some(Event::Done { choice, summary }) => {
+                run.summaries.push(summary.clone());
+                let mut out = to_events((run.shape)(Piece::End { choice, summary }));
+                if run.summaries.len() == choices {
+                    run.done = true;
+                    if format
+                        == (Format::OpenAi {
+                            include_usage: true,
+                        })
+                    {
+                        let u = usage(prompt_tokens, &run.summaries);
+                        out.extend(to_events((run.shape)(Piece::Usage(u))));
+                    }
+                    if format != Format::Native {
+                        out.push(SseEvent::default().data("[DONE]"));
+                    }
+                }
+                out
+            }
+            Some(Event::Failed(e)) => {
+                run.done = true;
+                final_error(&ApiError::internal(e), format)
+            }
+            Some(Event::ShuttingDown) => {
+                run.done = true;
+                final_error(&ApiError::unavailable(SHUTTING_DOWN), format)
+            }
+            None => return None,
+        };
+        Some((out, run))
+    });
+    let flat = futures_util::StreamExt::flat_map(body, |events: Vec<SseEvent>| {
+        futures_util::stream::iter(events.into_iter().map(Ok::<_, Infallible>))
+    });
+    Sse::new(flat)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// A stream under way.
+struct Run<S> {
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    first: Option<Vec<SseEvent>>,
+    done: bool,
+    summaries: Vec<Summary>,
+    shape: S,
+}
+
+/// A stream's last events when it fails: the error, then (OpenAI dialect) `[DONE]`, so a
+/// client can tell a cut-off answer from a connection that merely dropped.
+fn final_error(error: &ApiError, format: Format) -> Vec<SseEvent> {
+    let mut out = vec![SseEvent::default().data(error.body().to_string())];
+    if format != Format::Native {
+        out.push(SseEvent::default().data("[DONE]"));
+    }
+    out
+}

@@ -1,0 +1,236 @@
+//! One token chosen for one request: its logit bias, the grammar its output must follow
+//! (checked on the sampled token first, as llama.cpp does, and only when that token is
+//! refused the whole vocabulary masked and the draw repeated), the sampler, and the
+//! log-probabilities it asked for, taken from the model's own distribution.
+
+use std::borrow::Cow;
+
+use crate::grammar::{Matcher, VocabTrie};
+use crate::sampler::Sampler;
+use crate::tokenizer::Tokenizer;
+
+/// A token's log-probability and its most likely alternatives (the model's distribution,
+/// before bias, penalties or sampling).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenProbs {
+    /// The chosen token.
+    pub id: u32,
+    /// Its natural-log probability.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The vocabulary as a grammar sees it: text tokens by their bytes; control and end tokens
+/// are no text (an end token is allowed only where the grammar is complete). Built once per
+/// model, on the first request with a grammar.
+pub struct Vocab {
+    /// The text tokens' bytes, arranged for masking.
+    pub trie: VocabTrie,
+    /// Per id: whether it is a text token.
+    pub text: Vec<bool>,
+}
+
+impl Vocab {
+    /// The vocabulary of `tokenizer`, without its control tokens.
+    pub fn new(tokenizer: &Tokenizer) -> Vocab {
+        let mut text = vec![true; tokenizer.vocab_size()];
+        for id in tokenizer.control_ids() {
+            if let Some(t) = text.get_mut(id as usize) {
+                *t = false;
+            }
+        }
+        let bytes: Vec<Vec<u8>> = (0..tokenizer.vocab_size())
+            .map(|id| {
+                if text[id] {
+                    tokenizer.token_bytes(id as u32)
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
+        Vocab {
+            trie: VocabTrie::new(&bytes),
+            text,
+        }
+    }
+}
+
+/// What comes next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Choice {
+    /// A token, with its probabilities when the request asked for them.
+    Token(u32, Option<TokenProbs>),
+    /// The grammar is complete and nothing may follow: the answer ends here.
+    End,
+}
+
+/// Everything a request's choices are made with.
+pub struct Chooser<'a> {
+    /// The request's seeded sampler.
+    pub sampler: Sampler,
+    /// Added to logits before sampling.
+    pub bias: &'a [(u32, f32)],
+    /// Where the output stands in its grammar, if it must follow one.
+    pub grammar: Option<Matcher>,
+    /// The vocabulary for masking (present whenever `grammar` is).
+    pub vocab: Option<&'a Vocab>,
+    /// For a token's bytes.
+    pub tokenizer: &'a Tokenizer,
+    /// End-of-generation ids.
+    pub end_ids: &'a [u32],
+    /// End ids are never chosen (llama.cpp's `ignore_eos`).
+    pub ignore_eos: bool,
+    /// Alternatives to report per token (`None`: no probabilities).
+    pub logprobs: Option<usize>,
+}
+
+impl Chooser<'_> {
+    /// The next token after `history`, given the model's `logits`.
+    pub fn next(&mut self, logits: &[f32], history: &[u32]) -> Result<Choice, String> {
+        if let Some(m) = &self.grammar {
+            if !m.can_continue() {
+                if m.is_complete() {
+                    return Ok(Choice::End);
+                }
+                return Err(
+                    "the grammar allows nothing more here and is not complete (it is \
+                            too large or too ambiguous to follow)"
+                        .into(),
+                );
+            }
+        }
+        let mut adjusted = Cow::Borrowed(logits);
+        if !self.bias.is_empty() || self.ignore_eos {
+            let owned = adjusted.to_mut();
+            for &(id, bias) in self.bias {
+                if let Some(l) = owned.get_mut(id as usize) {
+                    *l += bias;
+                }
+            }
+            if self.ignore_eos {
+                for &id in self.end_ids {
+                    if let Some(l) = owned.get_mut(id as usize) {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        let mut token = self.sampler.next(&adjusted, history);
+        if let Some(m) = &self.grammar {
+            if !self.fits(m, token) {
+                let masked = self.masked(m, adjusted.into_owned())?;
+                token = self.sampler.next(&masked, history);
+            }
+        }
+        if !self.end_ids.contains(&token) {
+            if let Some(m) = &mut self.grammar {
+                if !m.advance(&self.tokenizer.token_bytes(token)) {
+                    return Err(format!(
+                        "token {token} does not follow the grammar (an engine bug)"
+                    ));
+                }
+            }
+        }
+        let probs = self.logprobs.map(|n| probabilities(logits, token, n));
+        Ok(Choice::Token(token, probs))
+    }
+
+    fn end_allowed(&self, m: &Matcher) -> bool {
+        !self.ignore_eos && m.is_complete()
+    }
+
+    fn fits(&self, m: &Matcher, token: u32) -> bool {
+        if self.end_ids.contains(&token) {
+            return self.end_allowed(m);
+        }
+        let bytes = self.tokenizer.token_bytes(token);
+        !bytes.is_empty()
+            && self
+                .vocab
+                .is_some_and(|v| v.text.get(token as usize) == Some(&true))
+            && m.accepts(&bytes)
+    }
+
+    /// `logits` with every token the grammar refuses at −∞.
+    fn masked(&self, m: &Matcher, logits: Vec<f32>) -> Result<Vec<f32>, String> {
+        let vocab = self
+            .vocab
+            .ok_or("a grammar without its vocabulary (an engine bug)")?;
+        let mut allowed = vec![false; logits.len()];
+        vocab.trie.allowed(m, |id| {
+            if let Some(a) = allowed.get_mut(id as usize) {
+                *a = true;
+            }
+        });
+        let end = self.end_allowed(m);
+        for &id in self.end_ids {
+            if let Some(a) = allowed.get_mut(id as usize) {
+                *a = end;
+            }
+        }
+        let mut any = false;
+        let masked = logits
+            .into_iter()
+            .zip(&allowed)
+            .map(|(l, &ok)| {
+                any |= ok && l > f32::NEG_INFINITY;
+                if ok { l } else { f32::NEG_INFINITY }
+            })
+            .collect();
+        if !any {
+            return Err("no token of the vocabulary can continue the grammar here".into());
+        }
+        Ok(masked)
+    }
+}
+
+/// The log-softmax of `logits` at `chosen`, and the `n` most likely tokens (ties: lower id).
+pub fn probabilities(logits: &[f32], chosen: u32, n: usize) -> TokenProbs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let norm = f64::from(max) + sum.ln();
+    let logprob = |l: f32| (f64::from(l) - norm) as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (id, &l) in logits.iter().enumerate() {
+            if top.len() == n && top.last().is_some_and(|&(_, worst)| l <= worst) {
+                continue;
+            }
+            let at = top.partition_point(|&(_, better)| better >= l);
+            top.insert(at, (id as u32, l));
+            top.truncate(n);
+        }
+    }
+    TokenProbs {
+        id: chosen,
+        logprob: logits
+            .get(chosen as usize)
+            .map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        top: top.into_iter().map(|(id, l)| (id, logprob(l))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probabilities_are_the_log_softmax_and_the_top_is_sorted() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let p = probabilities(&logits, 2, 3);
+        let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        assert!((f64::from(p.logprob) - (2.0 - z.ln())).abs() < 1e-5);
+        assert_eq!(
+            p.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![1, 3, 2],
+            "most likely first, ties by the lower id"
+        );
+        let total: f64 = logits
+            .iter()
+            .enumerate()
+            .map(|(i, _)| f64::from(probabilities(&logits, i as u32, 0).logprob).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-5);
+    }
+}
