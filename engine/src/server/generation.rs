@@ -8,13 +8,28 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use super::error::ApiError;
-use super::request::{self, ChatRequest, PromptPiece};
+use super::error::{ApiError, parse};
+use super::request::{self, ChatRequest, Dialect, PromptPiece};
 use super::worker::choose::TokenProbs;
 use super::worker::{self, Event, Job, Lane, Params, Summary};
 use super::{AppState, Ready};
 use crate::chat::{Message, PromptError};
 use crate::tokenizer::{Budget, Stopped};
+
+/// A generation request's body parsed and checked: the request, the loaded model, and the
+/// parameters it generates with.
+pub fn checked<'s, R: request::Generating>(
+    state: &'s AppState,
+    body: &[u8],
+    dialect: Dialect,
+) -> Result<(R, &'s Ready, Params), ApiError> {
+    let request: R = parse(body)?;
+    let ready = super::ready(state)?;
+    let params = request
+        .knobs()
+        .params(dialect, &ready.defaults, &ready.tokenizer)?;
+    Ok((request, ready, params))
+}
 
 /// A queued generation: its events, the prompt's length and how many choices will come.
 pub struct Started {

@@ -25,11 +25,8 @@ pub async fn completion(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let request: CompletionRequest = parse(&body)?;
-    let ready = ready(&state)?;
-    let params = request
-        .knobs
-        .params(Dialect::Native, &ready.defaults, &ready.tokenizer)?;
+    let (request, ready, params) =
+        generation::checked::<CompletionRequest>(&state, &body, Dialect::Native)?;
     if params.choices > 1 {
         return Err(ApiError::unsupported(
             "n",

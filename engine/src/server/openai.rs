@@ -8,13 +8,13 @@ use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::error::{ApiError, Body, parse};
+use super::AppState;
+use super::error::{ApiError, Body};
 use super::generation::{self, Answer, Started, collect, id, now, start, usage};
 use super::request::{ChatRequest, CompletionRequest, Dialect};
 use super::stream::{Format, Piece, stream};
 use super::worker::Lane;
 use super::worker::choose::TokenProbs;
-use super::{AppState, ready};
 use crate::tokenizer::Tokenizer;
 
 /// `GET /v1/models`.
@@ -103,11 +103,8 @@ pub async fn chat_completions(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let request: ChatRequest = parse(&body)?;
-    let ready = ready(&state)?;
-    let params = request
-        .knobs
-        .params(Dialect::Chat, &ready.defaults, &ready.tokenizer)?;
+    let (request, ready, params) =
+        generation::checked::<ChatRequest>(&state, &body, Dialect::Chat)?;
     let messages = generation::chat_messages(ready, &request)?;
     let prompt = generation::chat_prompt(&state, messages).await?;
     let mut started = start(ready, prompt, params, lane, arrived)?;
@@ -227,11 +224,8 @@ pub async fn completions(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let request: CompletionRequest = parse(&body)?;
-    let ready = ready(&state)?;
-    let params = request
-        .knobs
-        .params(Dialect::Completions, &ready.defaults, &ready.tokenizer)?;
+    let (request, ready, params) =
+        generation::checked::<CompletionRequest>(&state, &body, Dialect::Completions)?;
     let prompt = generation::completion_prompt(&state, ready, &request.prompt).await?;
     let mut started = start(ready, prompt, params, lane, arrived)?;
     let envelope = Envelope::new(&state, "cmpl");

@@ -163,6 +163,24 @@ pub struct CompletionRequest {
     pub knobs: Knobs,
 }
 
+/// A generation request: its fields beside the prompt or the messages.
+pub trait Generating: serde::de::DeserializeOwned {
+    /// The request's knobs.
+    fn knobs(&self) -> &Knobs;
+}
+
+impl Generating for ChatRequest {
+    fn knobs(&self) -> &Knobs {
+        &self.knobs
+    }
+}
+
+impl Generating for CompletionRequest {
+    fn knobs(&self) -> &Knobs {
+        &self.knobs
+    }
+}
+
 /// A prompt as given: text (special tokens recognised) and token ids, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptPiece {
