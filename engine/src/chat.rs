@@ -202,22 +202,28 @@ impl ChatTemplate {
     ) -> Result<Vec<u32>, PromptError> {
         let protected = protect(tokenizer, messages);
         let text = self
-            .render(&protected, false)
+            .render_continuation(&protected)
             .map_err(PromptError::Template)?;
+        self.encode(tokenizer, &text, budget)
+    }
+
+    /// The prompt text of `messages` with the last one continued (see
+    /// [`ChatTemplate::continuation_ids_within`]).
+    pub fn render_continuation(&self, messages: &[Message]) -> Result<String, String> {
+        let mut text = self.render(messages, false)?;
         // Templates often trim a message; its end is where its last non-space character is.
-        let begun = protected.last().map_or("", |m| m.content.trim_end());
+        let begun = messages.last().map_or("", |m| m.content.trim_end());
         let cut = text
             .rfind(begun)
             .filter(|_| !begun.is_empty())
             .map(|at| at + begun.len())
             .ok_or_else(|| {
-                PromptError::Template(
-                    "the chat template does not write the last assistant message as given, so \
-                     it cannot be continued (drop it, or end the chat with a user message)"
-                        .into(),
-                )
+                "the chat template does not write the last assistant message as given, so it \
+                 cannot be continued (drop it, or end the chat with a user message)"
+                    .to_string()
             })?;
-        self.encode(tokenizer, &text[..cut], budget)
+        text.truncate(cut);
+        Ok(text)
     }
 
     /// A rendering's token ids, BOS once.

@@ -23,12 +23,31 @@ pub fn checked<'s, R: request::Generating>(
     body: &[u8],
     dialect: Dialect,
 ) -> Result<(R, &'s Ready, Params), ApiError> {
-    let request: R = parse(body)?;
+    let request: R = parse_naming_the_field(body)?;
     let ready = super::ready(state)?;
     let params = request
         .knobs()
         .params(dialect, &ready.defaults, &ready.tokenizer)?;
     Ok((request, ready, params))
+}
+
+/// A request body parsed; when a field has the wrong type, the 400 names it (serde cannot
+/// through the flattened knobs).
+fn parse_naming_the_field<R: request::Generating>(body: &[u8]) -> Result<R, ApiError> {
+    let value: Value = parse(body)?;
+    serde_json::from_value(value.clone()).map_err(|e| {
+        let wrong = value.as_object().and_then(|fields| {
+            fields.iter().find_map(|(name, v)| {
+                serde_json::from_value::<request::Knobs>(json!({ name: v }))
+                    .err()
+                    .map(|e| format!("`{name}`: {e}"))
+            })
+        });
+        ApiError::bad_request(format!(
+            "invalid request body: {}",
+            wrong.unwrap_or_else(|| e.to_string())
+        ))
+    })
 }
 
 /// A queued generation: its events, the prompt's length and how many choices will come.
@@ -237,9 +256,7 @@ pub fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message
 /// A chat's prompt ids: the template with the generation cue, or, when the last message is a
 /// non-empty assistant message, that message continued (assistant prefill).
 pub async fn chat_prompt(state: &AppState, messages: Vec<Message>) -> Result<Vec<u32>, ApiError> {
-    let prefill = messages
-        .last()
-        .is_some_and(|m| m.role == "assistant" && !m.content.trim().is_empty());
+    let prefill = continues(&messages);
     tokenize_off_thread(state, move |r, budget| {
         if prefill {
             r.template
@@ -249,6 +266,14 @@ pub async fn chat_prompt(state: &AppState, messages: Vec<Message>) -> Result<Vec
         }
     })
     .await
+}
+
+/// Whether a chat's last message is the beginning of the answer (a non-empty assistant
+/// message), to be continued rather than answered.
+pub fn continues(messages: &[Message]) -> bool {
+    messages
+        .last()
+        .is_some_and(|m| m.role == "assistant" && !m.content.trim().is_empty())
 }
 
 /// A raw prompt's tokens: its text pieces tokenized (special tokens recognised), its ids as

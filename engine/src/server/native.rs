@@ -246,7 +246,8 @@ pub async fn detokenize(
     Ok(axum::Json(json!({ "content": ready.tokenizer.decode(&ids) })).into_response())
 }
 
-/// `POST /apply-template`: the prompt text a chat renders to.
+/// `POST /apply-template`: the prompt text a chat renders to (cut after a final assistant
+/// message, which would be continued).
 pub async fn apply_template(
     State(state): State<AppState>,
     Body(body): Body,
@@ -254,10 +255,12 @@ pub async fn apply_template(
     let request: ChatRequest = parse(&body)?;
     let ready = ready(&state)?;
     let messages = generation::chat_messages(ready, &request)?;
-    let prompt = ready
-        .template
-        .render(&messages, true)
-        .map_err(ApiError::bad_request)?;
+    let prompt = if generation::continues(&messages) {
+        ready.template.render_continuation(&messages)
+    } else {
+        ready.template.render(&messages, true)
+    }
+    .map_err(ApiError::bad_request)?;
     Ok(axum::Json(json!({ "prompt": prompt })).into_response())
 }
 
