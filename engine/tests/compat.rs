@@ -665,6 +665,8 @@ fn the_llama_cpp_compatibility_suite_passes() {
             "suite-key",
             "--cors-origin",
             "http://localhost:5173",
+            "--cors-disallowed-origin",
+            "http://elsewhere.example",
         ])
         .output()
         .expect("python3");
