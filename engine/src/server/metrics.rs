@@ -141,6 +141,11 @@ fn render(state: &AppState) -> String {
         seconds(&m.predicted_micros),
     );
     out.counter(
+        "llamacpp:prompt_tokens_cached_total",
+        "Prompt tokens taken from the prefix cache instead of evaluated.",
+        get(&m.cached_tokens),
+    );
+    out.counter(
         "llamacpp:n_decode_total",
         "Model passes (a prompt slice or one generated token each).",
         get(&m.passes),
@@ -171,6 +176,11 @@ fn render(state: &AppState) -> String {
         }
         None => (0, 0, 0, None),
     };
+    out.gauge(
+        "llamacpp:n_busy_slots_per_decode",
+        "Sequences per model pass: one, as this engine runs one generation at a time.",
+        if get(&m.passes) > 0.0 { 1.0 } else { 0.0 },
+    );
     out.gauge(
         "llamacpp:requests_processing",
         "Requests being generated now.",
@@ -229,11 +239,7 @@ fn render(state: &AppState) -> String {
         "Generations that failed.",
         get(&m.requests_failed),
     );
-    out.counter(
-        "engine_prefix_cache_tokens_total",
-        "Prompt tokens taken from the prefix cache instead of evaluated.",
-        get(&m.cached_tokens),
-    );
+
     out.gauge(
         "engine_prefix_cache_bytes",
         "Memory held by kept conversation caches.",
