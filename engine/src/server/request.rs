@@ -98,13 +98,13 @@ pub struct Knobs {
     #[serde(default)]
     pub stop: Option<Stop>,
     /// Stream as server-sent events.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub stream: bool,
     /// `{"include_usage": true}` adds a usage chunk to a stream.
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
     /// Generate past end-of-generation tokens, up to the limit (llama.cpp).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub ignore_eos: bool,
     /// Choices to generate.
     #[serde(default)]
@@ -133,6 +133,11 @@ pub struct Knobs {
     /// Every other field, checked against [`UNSUPPORTED`].
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// `false` for `null` too: clients that fill every field send `"stream": null`.
+fn null_is_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
 }
 
 /// Streaming options.
@@ -780,8 +785,10 @@ pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
                     text
                 }
             };
+            // OpenAI's newer name for the system role, which chat templates do not know.
+            let role = if m.role == "developer" { "system" } else { &m.role };
             Ok(Message {
-                role: m.role.clone(),
+                role: role.to_string(),
                 content,
             })
         })
