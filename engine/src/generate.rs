@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::model::{KvCache, Logits, Model};
 use crate::sampler::Sampler;
+use crate::speculate::{Sink, Speculation, decode};
 
 /// Why generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -28,13 +29,15 @@ pub struct Budget {
 }
 
 /// Generates up to `budget.limit` tokens after `prompt`; `end` holds the end-of-generation ids,
-/// and `on_token` sees each generated token as soon as it is sampled.
+/// and `on_token` sees each generated token as soon as it is sampled. With `speculation`,
+/// n-gram drafts are checked in batched passes; the tokens are the same either way.
 pub fn generate(
     model: &Model<'_>,
     prompt: &[u32],
     budget: Budget,
     sampler: &mut Sampler,
     end: &[u32],
+    speculation: Option<&mut Speculation>,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<(Vec<u32>, Stop), String> {
     let Budget {
@@ -54,19 +57,42 @@ pub fn generate(
     let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
     model.forward(prompt, 0, &mut cache, Logits::Last)?;
     let mut history = prompt.to_vec();
-    let mut out = Vec::new();
-    while out.len() < limit {
-        let token = sampler.next(cache.logits(), &history);
-        if end.contains(&token) {
-            return Ok((out, Stop::Eos));
-        }
-        on_token(token);
-        out.push(token);
-        history.push(token);
-        if history.len() >= context {
-            break;
-        }
-        model.step(token, history.len() - 1, &mut cache)?;
+    let mut sink = Sampling {
+        sampler,
+        end,
+        on_token,
+        eos: false,
+    };
+    decode(
+        model,
+        &mut cache,
+        &mut history,
+        limit,
+        context,
+        speculation,
+        &mut sink,
+    )?;
+    let stop = if sink.eos { Stop::Eos } else { Stop::Limit };
+    Ok((history[prompt.len()..].to_vec(), stop))
+}
+
+/// The plain sampler as a decoding sink.
+struct Sampling<'a> {
+    sampler: &'a mut Sampler,
+    end: &'a [u32],
+    on_token: &'a mut dyn FnMut(u32),
+    eos: bool,
+}
+
+impl Sink for Sampling<'_> {
+    fn choose(&mut self, logits: &[f32], history: &[u32]) -> Result<Option<u32>, String> {
+        let token = self.sampler.next(logits, history);
+        self.eos = self.end.contains(&token);
+        Ok((!self.eos).then_some(token))
     }
-    Ok((out, Stop::Limit))
+
+    fn emit(&mut self, token: u32, _history: &[u32]) -> Result<bool, String> {
+        (self.on_token)(token);
+        Ok(true)
+    }
 }

@@ -20,4 +20,5 @@ pub mod quant;
 pub mod sampler;
 pub mod score;
 pub mod server;
+pub mod speculate;
 pub mod tokenizer;

@@ -20,6 +20,25 @@ struct Cli {
     command: Command,
 }
 
+/// What `engine generate` produced.
+struct Generated {
+    ids: Vec<u32>,
+    tokens: Vec<u32>,
+    stop: engine::generate::Stop,
+    text: String,
+    /// Tokens drafted and accepted, when speculating.
+    drafts: Option<(usize, usize)>,
+}
+
+/// Speculative decoding modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Spec {
+    /// Drafts from n-grams of the sequence itself.
+    Ngram,
+    /// Plain decoding.
+    None,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Generate a continuation of PROMPT.
@@ -54,6 +73,10 @@ enum Command {
         /// Send the prompt as a user message through the model's chat template (ChatML if it has none).
         #[arg(long)]
         chat: bool,
+        /// Speculative decoding: `ngram` checks drafts looked up in the sequence itself in
+        /// batched passes (the same tokens, faster where the answer repeats its input).
+        #[arg(long, value_enum, default_value_t = Spec::Ngram)]
+        spec: Spec,
         /// Threads (default: the CPUs this process may use).
         #[arg(short = 't', long, value_parser = thread_count)]
         threads: Option<usize>,
@@ -128,6 +151,10 @@ enum Command {
         /// A Jinja chat template to use instead of the model's.
         #[arg(long)]
         chat_template_file: Option<PathBuf>,
+        /// Speculative decoding for requests (`speculative.n_max` per request; 0 turns it off):
+        /// `ngram` checks drafts looked up in the sequence itself in batched passes.
+        #[arg(long, value_enum, default_value_t = Spec::Ngram)]
+        spec: Spec,
         /// Browser origins allowed to call the API (CORS): `*`, or origins such as
         /// `http://192.168.1.20:3000` separated by commas. Default: none.
         #[arg(long, default_value = "", value_parser = cors_origins)]
@@ -216,6 +243,7 @@ fn main() -> ExitCode {
             temp,
             seed,
             chat,
+            spec,
             threads,
             ctx_size,
             json,
@@ -231,7 +259,8 @@ fn main() -> ExitCode {
                 Ok(f) => f,
                 Err(code) => return code,
             };
-            let run = || -> Result<(Vec<u32>, Vec<u32>, engine::generate::Stop, String), String> {
+            let threads = threads.unwrap_or_else(available_cpus);
+            let run = || -> Result<Generated, String> {
                 let tok =
                     Tokenizer::load(&file).map_err(|e| format!("{}: {e}", model.display()))?;
                 let m = Model::load(&file).map_err(|e| e.to_string())?;
@@ -257,16 +286,25 @@ fn main() -> ExitCode {
                     }
                     text.push_str(&piece);
                 };
+                let mut speculation = match spec {
+                    Spec::Ngram => Some(engine::speculate::Speculation::new(
+                        engine::speculate::MAX_DRAFT,
+                        0,
+                        engine::speculate::Costs::measure(&m, threads)?,
+                    )),
+                    Spec::None => None,
+                };
                 let (tokens, stop) = engine::generate::generate(
                     &m,
                     &ids,
                     engine::generate::Budget {
                         limit: n_predict,
                         context: ctx_size,
-                        threads: threads.unwrap_or_else(available_cpus),
+                        threads,
                     },
                     &mut sampler,
                     &tok.end_ids(&file),
+                    speculation.as_mut(),
                     &mut show,
                 )?;
                 // A character the limit cut in half is not text: it is dropped, not shown as U+FFFD.
@@ -274,14 +312,30 @@ fn main() -> ExitCode {
                 if !json {
                     println!();
                 }
-                Ok((ids, tokens, stop, text))
+                let drafts = speculation.map(|s| (s.drafted, s.accepted));
+                Ok(Generated {
+                    ids,
+                    tokens,
+                    stop,
+                    text,
+                    drafts,
+                })
             };
             match run() {
-                Ok((ids, tokens, stop, text)) => {
+                Ok(Generated {
+                    ids,
+                    tokens,
+                    stop,
+                    text,
+                    drafts,
+                }) => {
                     if json {
                         println!(
                             "{}",
-                            serde_json::json!({ "prompt_tokens": ids, "tokens": tokens, "text": text, "stop": stop })
+                            serde_json::json!({
+                                "prompt_tokens": ids, "tokens": tokens, "text": text, "stop": stop,
+                                "draft_n": drafts.map(|d| d.0), "draft_n_accepted": drafts.map(|d| d.1),
+                            })
                         );
                     }
                     ExitCode::SUCCESS
@@ -306,6 +360,7 @@ fn main() -> ExitCode {
             seed,
             chat_template_file,
             cors_origins,
+            spec,
         } => {
             let chat_template = match chat_template_file.map(|p| {
                 std::fs::read_to_string(&p)
@@ -342,6 +397,7 @@ fn main() -> ExitCode {
                 },
                 chat_template,
                 cors: cors_origins,
+                speculation: spec == Spec::Ngram,
             }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),

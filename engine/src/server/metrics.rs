@@ -34,6 +34,9 @@ pub struct Metrics {
     max_tokens_seen: AtomicU64,
     prefix_cache_bytes: AtomicU64,
     prefix_caches: AtomicU64,
+    drafts: AtomicU64,
+    drafted_tokens: AtomicU64,
+    accepted_tokens: AtomicU64,
     first_token: Histogram,
     next_token: Histogram,
 }
@@ -53,6 +56,9 @@ impl Default for Metrics {
             max_tokens_seen: AtomicU64::new(0),
             prefix_cache_bytes: AtomicU64::new(0),
             prefix_caches: AtomicU64::new(0),
+            drafts: AtomicU64::new(0),
+            drafted_tokens: AtomicU64::new(0),
+            accepted_tokens: AtomicU64::new(0),
             first_token: Histogram::new(FIRST_TOKEN_BOUNDS),
             next_token: Histogram::new(NEXT_TOKEN_BOUNDS),
         }
@@ -94,6 +100,17 @@ impl Metrics {
         self.prefix_cache_bytes
             .store(cache_bytes as u64, Ordering::Relaxed);
         self.prefix_caches.store(caches as u64, Ordering::Relaxed);
+    }
+
+    /// A choice's speculation drafted `drafted` tokens, of which `accepted` were kept.
+    pub fn drafts(&self, drafted: usize, accepted: usize) {
+        if drafted > 0 {
+            self.drafts.fetch_add(1, Ordering::Relaxed);
+        }
+        self.drafted_tokens
+            .fetch_add(drafted as u64, Ordering::Relaxed);
+        self.accepted_tokens
+            .fetch_add(accepted as u64, Ordering::Relaxed);
     }
 
     /// A generation failed.
@@ -249,6 +266,21 @@ fn render(state: &AppState) -> String {
         "engine_prefix_cache_entries",
         "Conversation caches kept.",
         get(&m.prefix_caches),
+    );
+    out.counter(
+        "llamacpp:spec_decode_num_drafts_total",
+        "Choices that drafted tokens by speculation.",
+        get(&m.drafts),
+    );
+    out.counter(
+        "llamacpp:spec_decode_num_draft_tokens_total",
+        "Tokens drafted by speculation.",
+        get(&m.drafted_tokens),
+    );
+    out.counter(
+        "llamacpp:spec_decode_num_accepted_tokens_total",
+        "Drafted tokens the model confirmed.",
+        get(&m.accepted_tokens),
     );
     out.histogram(
         "engine_time_to_first_token_seconds",

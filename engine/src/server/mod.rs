@@ -186,6 +186,8 @@ pub struct ServeConfig {
     pub chat_template: Option<String>,
     /// Browser origins allowed to call the API (`--cors-origins`).
     pub cors: CorsOrigins,
+    /// Whether requests speculate (`--spec ngram`; each may turn it off).
+    pub speculation: bool,
 }
 
 /// Listens at once (`/health` answers 503 while the model loads), loads the model, serves until
@@ -347,6 +349,7 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
             queue: config.queue,
             cache_bytes: config.cache_mib.saturating_mul(1 << 20),
             warm,
+            speculation: config.speculation,
         },
         metrics,
     );

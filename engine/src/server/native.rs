@@ -130,6 +130,8 @@ fn generation_settings(params: &Params, n_ctx: usize) -> Value {
         "n_probs": params.logprobs.unwrap_or(0),
         "logit_bias": params.logit_bias.iter().map(|&(id, b)| json!([id, if b.is_finite() { json!(b) } else { json!(false) }])).collect::<Vec<_>>(),
         "grammar": params.grammar.is_some(),
+        "speculative.n_max": params.draft_max,
+        "speculative.n_min": params.draft_min,
         "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
     })
 }
@@ -281,6 +283,8 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         logprobs: None,
         logit_bias: Vec::new(),
         grammar: None,
+        draft_max: crate::speculate::MAX_DRAFT,
+        draft_min: 0,
     };
     let mut params = generation_settings(&defaults, ready.context);
     if d.seed.is_none() {

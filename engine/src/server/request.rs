@@ -130,6 +130,15 @@ pub struct Knobs {
     /// llama.cpp: a GBNF grammar the output follows.
     #[serde(default)]
     pub grammar: Option<String>,
+    /// llama.cpp's `speculative.n_max`: tokens drafted per pass at most (0 turns it off).
+    #[serde(default, rename = "speculative.n_max")]
+    pub speculative_n_max: Option<i64>,
+    /// llama.cpp's `speculative.n_min`: fewest drafted tokens worth a check.
+    #[serde(default, rename = "speculative.n_min")]
+    pub speculative_n_min: Option<i64>,
+    /// The same two as an object: `{"speculative": {"n_max": 8}}`.
+    #[serde(default)]
+    pub speculative: Option<SpeculativeKnobs>,
     /// Every other field, checked against [`UNSUPPORTED`].
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -138,6 +147,18 @@ pub struct Knobs {
 /// `false` for `null` too: clients that fill every field send `"stream": null`.
 fn null_is_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
+}
+
+/// Speculation settings as an object.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeKnobs {
+    /// Tokens drafted per pass at most (0: off).
+    #[serde(default)]
+    pub n_max: Option<i64>,
+    /// Fewest drafted tokens worth a check.
+    #[serde(default)]
+    pub n_min: Option<i64>,
 }
 
 /// Streaming options.
@@ -432,7 +453,34 @@ impl Knobs {
             logprobs: self.logprobs(dialect)?,
             logit_bias: self.logit_bias(tokenizer)?,
             grammar: self.grammar()?,
+            draft_max: self.draft("n_max", crate::speculate::MAX_DRAFT)?,
+            draft_min: self.draft("n_min", 0)?,
         })
+    }
+
+    /// `speculative.n_max` or `.n_min` (dotted, as llama.cpp names them, or nested), at most
+    /// [`crate::speculate::MAX_DRAFT`].
+    fn draft(&self, field: &str, default: usize) -> Result<usize, ApiError> {
+        let nested = self.speculative.as_ref().and_then(|s| match field {
+            "n_max" => s.n_max,
+            _ => s.n_min,
+        });
+        let dotted = match field {
+            "n_max" => self.speculative_n_max,
+            _ => self.speculative_n_min,
+        };
+        match dotted.or(nested) {
+            None => Ok(default),
+            Some(n) => usize::try_from(n)
+                .ok()
+                .filter(|&n| n <= crate::speculate::MAX_DRAFT)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "speculative.{field} must be between 0 and {}, not {n}",
+                        crate::speculate::MAX_DRAFT
+                    ))
+                }),
+        }
     }
 
     fn refuse_unsupported(&self) -> Result<(), ApiError> {

@@ -23,6 +23,7 @@ use super::metrics::Metrics;
 use crate::grammar::{Grammar, Matcher};
 use crate::model::{KvCache, Logits, Model};
 use crate::sampler::{Sampler, Sampling};
+use crate::speculate::{Costs, End, Sink, Speculation, decode};
 use crate::tokenizer::{TextStream, Tokenizer};
 use cache::{Cached, Caches, common_prefix};
 use choose::{Choice, Chooser, TokenProbs, Vocab};
@@ -47,6 +48,10 @@ pub struct Params {
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the output follows.
     pub grammar: Option<Arc<Grammar>>,
+    /// Speculation: tokens drafted per pass at most (0: off; llama.cpp's `speculative.n_max`).
+    pub draft_max: usize,
+    /// Fewest drafted tokens worth a check (`speculative.n_min`).
+    pub draft_min: usize,
 }
 
 /// One generation request.
@@ -150,6 +155,10 @@ pub struct Summary {
     /// The generated token ids.
     #[serde(skip)]
     pub tokens: Vec<u32>,
+    /// Tokens drafted by speculation (llama.cpp's name).
+    pub draft_n: usize,
+    /// Drafted tokens accepted.
+    pub draft_n_accepted: usize,
 }
 
 /// The engine's recent speeds, from its own timings: the last request with at least
@@ -268,6 +277,8 @@ pub struct Settings {
     /// Tokens to prefill at start and keep (a configured system prompt), so a new chat that
     /// begins with them starts from there.
     pub warm: Vec<u32>,
+    /// Whether requests may speculate (pass costs are measured at start then).
+    pub speculation: bool,
 }
 
 impl Worker {
@@ -288,6 +299,7 @@ impl Worker {
         let started = Arc::clone(&waiting);
         let (context, threads) = (settings.context, settings.threads);
         let (cache_bytes, warm) = (settings.cache_bytes, settings.warm.clone());
+        let speculation = settings.speculation;
         let speeds = Arc::new(Mutex::new(Speeds::default()));
         let recorded = Arc::clone(&speeds);
         let progress = Arc::new(Progress::default());
@@ -295,6 +307,13 @@ impl Worker {
         std::thread::Builder::new()
             .name("engine-generation".into())
             .spawn(move || {
+                let costs = speculation
+                    .then(|| Costs::measure(&model, threads))
+                    .and_then(|measured| {
+                        measured
+                            .map_err(|e| eprintln!("warning: speculation is off: {e}"))
+                            .ok()
+                    });
                 let mut caches = Caches::new(cache_bytes);
                 if let Err(e) = caches.warm(&model, &warm, context, threads) {
                     eprintln!("warning: the system prompt was not prefilled: {e}");
@@ -308,6 +327,7 @@ impl Worker {
                     progress: &reported,
                     vocab: std::sync::OnceLock::new(),
                     metrics: &metrics,
+                    costs: costs.as_ref(),
                 };
                 let mut queues = Queues {
                     jobs,
@@ -406,6 +426,8 @@ struct Runner<'a> {
     /// The vocabulary for grammars, built on the first request that has one.
     vocab: std::sync::OnceLock<Vocab>,
     metrics: &'a Metrics,
+    /// Pass costs on this machine, when speculation is on.
+    costs: Option<&'a Costs>,
 }
 
 impl Runner<'_> {
@@ -529,7 +551,7 @@ impl Runner<'_> {
         let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
 
         let generating = Instant::now();
-        let mut chooser = Chooser {
+        let chooser = Chooser {
             sampler: Sampler::new(Sampling {
                 seed: params.sampling.seed.wrapping_add(choice as u64),
                 ..params.sampling.clone()
@@ -545,72 +567,53 @@ impl Runner<'_> {
             ignore_eos: params.ignore_eos,
             logprobs: params.logprobs,
         };
-        let mut history = prompt.clone();
-        let mut in_cache = prompt.len();
-        let mut stream = TextStream::new();
-        let mut text = StopFilter::new(&params.stop);
-        let mut probs = Vec::new();
-        let mut generated = 0;
-        let mut stopping_word = String::new();
-        let mut last_token = Instant::now();
-        let send = |text: String, probs: &mut Vec<TokenProbs>| {
-            let probs = std::mem::take(probs);
-            let _ = job.events.send(Event::Text {
-                choice,
-                text,
-                probs,
-            });
+        let mut speculation = match (self.costs, params.draft_max) {
+            (Some(costs), n_max) if n_max > 0 => {
+                Some(Speculation::new(n_max, params.draft_min, costs.clone()))
+            }
+            _ => None,
         };
-        let finish = loop {
-            if generated >= params.max_tokens || history.len() >= context {
-                break Finish::Length;
-            }
-            if job.events.is_closed() {
-                break Finish::Stop;
-            }
-            if progress.stopping() {
-                return Err("shutting down".into());
-            }
-            let (token, token_probs) = match chooser.next(cache.logits(), &history)? {
-                Choice::End => break Finish::Stop,
-                Choice::Token(token, probs) => (token, probs),
-            };
-            if end_ids.contains(&token) {
-                break Finish::Stop;
-            }
-            generated += 1;
-            let now = Instant::now();
-            if generated == 1 {
-                self.metrics.first_token(now - job.arrived);
-            } else {
-                self.metrics.next_token(now - last_token);
-            }
-            last_token = now;
-            history.push(token);
-            probs.extend(token_probs);
-            let piece = stream.push(&tokenizer.token_bytes(token));
-            let (ready, stopped) = text.push(&piece);
-            if !ready.is_empty() {
-                send(ready, &mut probs);
-            }
-            if let Some(word) = stopped {
-                stopping_word = word;
-                break Finish::Word;
-            }
-            if generated < params.max_tokens && history.len() < context {
-                model.step(token, history.len() - 1, &mut cache)?;
-                self.metrics.pass(history.len());
-                progress.advance(1);
-                in_cache = history.len();
-            }
+        let mut sink = Answering {
+            chooser,
+            job,
+            choice,
+            progress,
+            metrics: self.metrics,
+            end_ids,
+            tokenizer,
+            stream: TextStream::new(),
+            text: StopFilter::new(&params.stop),
+            probs: Vec::new(),
+            chosen_probs: None,
+            last_token: Instant::now(),
+            finish: None,
+            stopping_word: String::new(),
+        };
+        let mut history = prompt.clone();
+        let (end, in_cache) = decode(
+            model,
+            &mut cache,
+            &mut history,
+            params.max_tokens,
+            context,
+            speculation.as_mut(),
+            &mut sink,
+        )?;
+        let finish = match end {
+            End::Length => Finish::Length,
+            End::Sink => sink.finish.unwrap_or(Finish::Stop),
         };
         if finish != Finish::Word {
-            stream.finish();
-            let rest = text.flush();
-            if !rest.is_empty() || !probs.is_empty() {
-                send(rest, &mut probs);
+            sink.stream.finish();
+            let rest = sink.text.flush();
+            if !rest.is_empty() || !sink.probs.is_empty() {
+                sink.send(rest);
             }
         }
+        let stopping_word = std::mem::take(&mut sink.stopping_word);
+        let (draft_n, draft_n_accepted) = speculation.map_or((0, 0), |s| (s.drafted, s.accepted));
+        self.metrics.drafts(draft_n, draft_n_accepted);
+        let generated = history.len() - prompt.len();
         let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
         let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         let prompt_n = prompt.len() - cache_n;
@@ -628,11 +631,92 @@ impl Runner<'_> {
                 cache_n,
                 stopping_word,
                 tokens,
+                draft_n,
+                draft_n_accepted,
             },
             Cached {
                 cache,
                 tokens: history,
             },
         ))
+    }
+}
+
+/// One choice being answered: the chooser, the text stream with its stop strings, and the
+/// events sent, as the decoding loop's sink.
+struct Answering<'a> {
+    chooser: Chooser<'a>,
+    job: &'a Job,
+    choice: usize,
+    progress: &'a Progress,
+    metrics: &'a Metrics,
+    end_ids: &'a [u32],
+    tokenizer: &'a Tokenizer,
+    stream: TextStream,
+    text: StopFilter<'a>,
+    /// Probabilities of tokens whose text is not sent yet.
+    probs: Vec<TokenProbs>,
+    /// Those of the token just chosen.
+    chosen_probs: Option<TokenProbs>,
+    last_token: Instant,
+    finish: Option<Finish>,
+    stopping_word: String,
+}
+
+impl Answering<'_> {
+    fn send(&mut self, text: String) {
+        let probs = std::mem::take(&mut self.probs);
+        let _ = self.job.events.send(Event::Text {
+            choice: self.choice,
+            text,
+            probs,
+        });
+    }
+}
+
+impl Sink for Answering<'_> {
+    fn choose(&mut self, logits: &[f32], history: &[u32]) -> Result<Option<u32>, String> {
+        if self.job.events.is_closed() {
+            self.finish = Some(Finish::Stop);
+            return Ok(None);
+        }
+        if self.progress.stopping() {
+            return Err("shutting down".into());
+        }
+        match self.chooser.next(logits, history)? {
+            Choice::End => Ok(None),
+            Choice::Token(token, _) if self.end_ids.contains(&token) => Ok(None),
+            Choice::Token(token, probs) => {
+                self.chosen_probs = probs;
+                Ok(Some(token))
+            }
+        }
+    }
+
+    fn emit(&mut self, token: u32, history: &[u32]) -> Result<bool, String> {
+        let now = Instant::now();
+        if history.len() == self.job.prompt.len() + 1 {
+            self.metrics.first_token(now - self.job.arrived);
+        } else {
+            self.metrics.next_token(now - self.last_token);
+        }
+        self.last_token = now;
+        self.probs.extend(self.chosen_probs.take());
+        let piece = self.stream.push(&self.tokenizer.token_bytes(token));
+        let (ready, stopped) = self.text.push(&piece);
+        if !ready.is_empty() {
+            self.send(ready);
+        }
+        if let Some(word) = stopped {
+            self.stopping_word = word;
+            self.finish = Some(Finish::Word);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn passed(&mut self, tokens: usize, len: usize) {
+        self.metrics.pass(len);
+        self.progress.advance(tokens);
     }
 }

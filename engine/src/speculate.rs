@@ -1,0 +1,312 @@
+//! Lossless speculative decoding from n-grams: the sequence's own recent tokens are looked up
+//! in what it already holds (the prompt and the answer so far) and the tokens that followed
+//! the longest match are proposed as a draft; one batched pass checks them all. Each row of
+//! that pass is sampled exactly as a single step would be (same logits bit for bit, same
+//! draws in the same order), a drafted token is kept only when it is the token chosen, and
+//! the first mismatch ends the run with the target's own token, so the output is the same
+//! with and without speculation.
+//!
+//! How far to draft is chosen per step from the measured cost of a pass of `m` tokens
+//! against a pass of one ([`Costs`], timed on this machine at start) and the acceptance seen
+//! so far in the request: novel text, whose drafts miss, stops drafting.
+
+use std::time::Instant;
+
+use crate::model::{KvCache, Logits, Model};
+
+/// Longest n-gram looked up.
+const NGRAM_MAX: usize = 4;
+
+/// Shortest n-gram looked up (one token matches too often to predict anything).
+const NGRAM_MIN: usize = 2;
+
+/// How far back the lookup searches (tokens): beyond a context this is the whole sequence.
+const LOOKBACK: usize = 8192;
+
+/// Most tokens drafted per pass.
+pub const MAX_DRAFT: usize = 16;
+
+/// The tokens that followed the most recent earlier occurrence of the longest suffix of
+/// `history` (2 to 4 tokens), at most `n`; empty when nothing matches.
+pub fn draft(history: &[u32], n: usize) -> &[u32] {
+    if n == 0 {
+        return &[];
+    }
+    let len = history.len();
+    let from = len.saturating_sub(LOOKBACK);
+    for g in (NGRAM_MIN..=NGRAM_MAX.min(len.saturating_sub(1))).rev() {
+        let suffix = &history[len - g..];
+        // The most recent occurrence that ends before the suffix itself begins to overlap it.
+        let found = (from..len - g)
+            .rev()
+            .find(|&at| &history[at..at + g] == suffix);
+        if let Some(at) = found {
+            let next = at + g;
+            return &history[next..(next + n).min(len)];
+        }
+    }
+    &[]
+}
+
+/// Time of a pass of `m` tokens relative to a pass of one, for m = 1..=[`MAX_DRAFT`] + 1.
+#[derive(Debug, Clone)]
+pub struct Costs {
+    relative: Vec<f64>,
+}
+
+impl Costs {
+    /// Times passes of 1 to `MAX_DRAFT + 1` tokens of `model` on `threads` threads (best of
+    /// two at a few sizes, the rest interpolated, on a scratch cache; a fraction of a second):
+    /// what a draft costs on this machine.
+    pub fn measure(model: &Model<'_>, threads: usize) -> Result<Costs, String> {
+        const SIZES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, MAX_DRAFT + 1];
+        let context = (2 * (MAX_DRAFT + 1)).min(model.hparams.train_context);
+        let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
+        let tokens: Vec<u32> = (0..=MAX_DRAFT as u32)
+            .map(|t| t % model.hparams.vocab as u32)
+            .collect();
+        let mut timed = Vec::with_capacity(SIZES.len());
+        for m in SIZES {
+            let mut best = f64::INFINITY;
+            for _ in 0..2 {
+                let started = Instant::now();
+                model.forward(&tokens[..m], 0, &mut cache, Logits::All)?;
+                best = best.min(started.elapsed().as_secs_f64());
+            }
+            timed.push((m, best));
+        }
+        let seconds: Vec<f64> = (1..=MAX_DRAFT + 1)
+            .map(|m| {
+                let after = timed.iter().position(|&(size, _)| size >= m).unwrap_or(0);
+                let (m1, s1) = timed[after];
+                match after.checked_sub(1).map(|i| timed[i]) {
+                    Some((m0, s0)) if m1 > m0 => {
+                        s0 + (s1 - s0) * (m - m0) as f64 / (m1 - m0) as f64
+                    }
+                    _ => s1,
+                }
+            })
+            .collect();
+        Ok(Costs::from_seconds(&seconds))
+    }
+
+    /// The relative cost of passes of 1, 2, … tokens (for reports).
+    pub fn relative(&self) -> &[f64] {
+        &self.relative
+    }
+
+    /// Costs from measured seconds per pass of 1, 2, … tokens (never below the one-token
+    /// pass: a larger pass is never cheaper).
+    pub fn from_seconds(seconds: &[f64]) -> Costs {
+        let one = seconds.first().copied().filter(|s| *s > 0.0).unwrap_or(1.0);
+        let mut relative: Vec<f64> = seconds.iter().map(|s| (s / one).max(1.0)).collect();
+        for i in 1..relative.len() {
+            relative[i] = relative[i].max(relative[i - 1]);
+        }
+        Costs { relative }
+    }
+
+    /// Cost of a pass of `m` tokens (one pending token plus `m - 1` drafted).
+    fn of(&self, m: usize) -> f64 {
+        let last = self.relative.last().copied().unwrap_or(1.0);
+        self.relative
+            .get(m.saturating_sub(1))
+            .copied()
+            .unwrap_or(last)
+    }
+}
+
+/// A request's speculation: its limits and what its drafts have achieved so far.
+#[derive(Debug, Clone)]
+pub struct Speculation {
+    /// Tokens drafted per pass at most (0: off).
+    pub n_max: usize,
+    /// Fewest tokens worth drafting; shorter drafts are not checked.
+    pub n_min: usize,
+    costs: Costs,
+    /// Drafted tokens so far.
+    pub drafted: usize,
+    /// Drafted tokens accepted so far.
+    pub accepted: usize,
+    /// Steps since the last draft (a pause in drafting is lifted now and then, so a request
+    /// that turns to quoting is noticed).
+    idle: usize,
+}
+
+/// Steps without drafting after which a short draft is tried again.
+const RETRY_AFTER: usize = 24;
+
+impl Speculation {
+    /// Speculation with these limits and costs.
+    pub fn new(n_max: usize, n_min: usize, costs: Costs) -> Speculation {
+        Speculation {
+            n_max: n_max.min(MAX_DRAFT),
+            n_min,
+            costs,
+            drafted: 0,
+            accepted: 0,
+            idle: 0,
+        }
+    }
+
+    /// The draft for the next pass after `history`, at most `room` tokens: the length whose
+    /// expected tokens per unit of cost is best, given the acceptance so far; empty when one
+    /// plain step is best.
+    pub fn next<'h>(&mut self, history: &'h [u32], room: usize) -> &'h [u32] {
+        let found = draft(history, self.n_max.min(room));
+        if found.is_empty() || found.len() < self.n_min.max(1) {
+            return &[];
+        }
+        // Acceptance per drafted token, with a prior of one hit in two so a first draft is tried.
+        let rate = (self.accepted as f64 + 1.0) / (self.drafted as f64 + 2.0);
+        let value = |k: usize| {
+            // Tokens a pass of k drafts yields: the accepted run plus the target's own token.
+            let tokens: f64 = (0..=k).map(|i| rate.powi(i as i32)).sum();
+            tokens / self.costs.of(k + 1)
+        };
+        let best = (1..=found.len())
+            .filter(|&k| k >= self.n_min)
+            .max_by(|&a, &b| value(a).total_cmp(&value(b)))
+            .unwrap_or(0);
+        if best > 0 && value(best) > value(0) {
+            self.idle = 0;
+            return &found[..best];
+        }
+        self.idle += 1;
+        if self.idle >= RETRY_AFTER && self.n_min <= 1 {
+            self.idle = 0;
+            return &found[..1];
+        }
+        &[]
+    }
+}
+
+/// What the decoding loop asks of its caller.
+pub trait Sink {
+    /// The next token given `logits` and everything so far, or `None` to end (an
+    /// end-of-generation token, a grammar's end, a client gone).
+    fn choose(&mut self, logits: &[f32], history: &[u32]) -> Result<Option<u32>, String>;
+    /// `token` was chosen (it is last in `history`); `false` ends generation (a stop string).
+    fn emit(&mut self, token: u32, history: &[u32]) -> Result<bool, String>;
+    /// A pass of `tokens` tokens ran; the sequence holds `len` positions.
+    fn passed(&mut self, _tokens: usize, _len: usize) {}
+}
+
+/// Why decoding ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The sink said so ([`Sink::choose`] gave `None` or [`Sink::emit`] `false`).
+    Sink,
+    /// `limit` tokens were generated or the context is full.
+    Length,
+}
+
+/// Decodes after `history`, whose last token's logits are in `cache` (the prefill's), until
+/// the sink ends it, `limit` tokens are generated or `context` positions are used. With
+/// `speculation`, drafted tokens are checked in batched passes; the tokens chosen are the
+/// same either way. Returns why it ended and how many positions of `history` the cache holds.
+pub fn decode(
+    model: &Model<'_>,
+    cache: &mut KvCache,
+    history: &mut Vec<u32>,
+    limit: usize,
+    context: usize,
+    mut speculation: Option<&mut Speculation>,
+    sink: &mut dyn Sink,
+) -> Result<(End, usize), String> {
+    let vocab = model.hparams.vocab;
+    let start = history.len();
+    let mut drafts: Vec<u32> = Vec::new();
+    let mut in_cache = start;
+    loop {
+        // Rows of the last pass: row i predicts what follows its input token i.
+        for i in 0..=drafts.len() {
+            if history.len() - start >= limit || history.len() >= context {
+                return Ok((End::Length, in_cache));
+            }
+            let logits = &cache.logits()[i * vocab..(i + 1) * vocab];
+            let Some(token) = sink.choose(logits, history)? else {
+                return Ok((End::Sink, in_cache));
+            };
+            history.push(token);
+            if !sink.emit(token, history)? {
+                return Ok((End::Sink, in_cache));
+            }
+            let kept = drafts.get(i) == Some(&token);
+            if let (Some(s), true) = (speculation.as_deref_mut(), i < drafts.len()) {
+                s.accepted += usize::from(kept);
+            }
+            if !kept {
+                break;
+            }
+        }
+        let generated = history.len() - start;
+        if generated >= limit || history.len() >= context {
+            return Ok((End::Length, in_cache));
+        }
+        // The last chosen token is not in the cache yet; drafts follow it.
+        let room = (limit - generated - 1).min(context - history.len());
+        drafts = match speculation.as_deref_mut() {
+            Some(s) => {
+                let d = s.next(history, room).to_vec();
+                s.drafted += d.len();
+                d
+            }
+            None => Vec::new(),
+        };
+        let pending = history.len() - 1;
+        let mut input = Vec::with_capacity(drafts.len() + 1);
+        input.push(history[pending]);
+        input.extend_from_slice(&drafts);
+        let rows = if drafts.is_empty() {
+            Logits::Last
+        } else {
+            Logits::All
+        };
+        model.forward(&input, pending, cache, rows)?;
+        in_cache = history.len();
+        sink.passed(input.len(), pending + input.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drafts_follow_the_longest_recent_match() {
+        // "1 2 3 4 5 … 1 2 3" → after the suffix "1 2 3" came "4 5".
+        let h = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3];
+        assert_eq!(draft(&h, 8), &[4, 5, 9, 9, 1, 2, 3]);
+        assert_eq!(draft(&h, 2), &[4, 5]);
+        // The most recent occurrence wins.
+        let h = [7, 8, 1, 7, 8, 2, 7, 8];
+        assert_eq!(draft(&h, 1), &[2]);
+        // Nothing matches: nothing is drafted; one-token matches do not count.
+        assert!(draft(&[1, 2, 3, 4], 4).is_empty());
+        assert!(draft(&[5, 1, 6, 1], 4).is_empty());
+        assert!(draft(&[1, 2, 1, 2], 0).is_empty());
+    }
+
+    #[test]
+    fn drafting_stops_where_it_does_not_pay() {
+        // Passes cost as much per token as steps: drafting can never pay.
+        let flat = Costs::from_seconds(&(1..=17).map(f64::from).collect::<Vec<_>>());
+        let mut s = Speculation::new(8, 0, flat);
+        let h = [1, 2, 3, 4, 5, 1, 2, 3];
+        assert!(s.next(&h, 8).is_empty());
+        // Nearly free batches and drafts that hit: the whole match is drafted.
+        let cheap = Costs::from_seconds(
+            &(0..17)
+                .map(|m| 1.0 + 0.02 * f64::from(m))
+                .collect::<Vec<_>>(),
+        );
+        let mut s = Speculation::new(8, 0, cheap.clone());
+        (s.drafted, s.accepted) = (100, 95);
+        assert_eq!(s.next(&h, 8), &[4, 5, 1, 2, 3]);
+        // The same costs with drafts that always missed: none.
+        let mut s = Speculation::new(8, 0, cheap);
+        (s.drafted, s.accepted) = (400, 0);
+        assert!(s.next(&h, 8).is_empty());
+    }
+}

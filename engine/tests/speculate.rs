@@ -1,0 +1,148 @@
+//! Speculative decoding is lossless: on both real models, over quoting and novel prompts,
+//! greedy and seeded sampling give the same tokens (compared by SHA-256) with drafts checked
+//! in batched passes as with plain decoding; drafts are made and accepted where the answer
+//! repeats its input; and `engine serve` reports them as llama.cpp does.
+
+mod common;
+
+use std::path::Path;
+
+use common::serve::{post, start};
+use engine::generate::{Budget, generate};
+use engine::model::Model;
+use engine::model_file::ModelFile;
+use engine::sampler::{Sampler, Sampling};
+use engine::speculate::{Costs, MAX_DRAFT, Speculation};
+use engine::tokenizer::Tokenizer;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+const PROMPTS: [&str; 6] = [
+    "Copy this text exactly: The patient, John Smith, born 1970-03-02, was seen on 2026-11-30 \
+     for a follow-up of his type 2 diabetes. His HbA1c was 7.2%. Copy: The patient, John Smith,",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+    "Name: Anna Berg\nDate: 2026-12-01\nReason: cough\n\nName: Anna Berg\nDate:",
+    "Why is the sky blue?",
+    "Write a short poem about the sea.",
+    "List three uses of copper.",
+];
+
+/// Tokens generated for `prompt`, and the drafts made / accepted.
+fn run(
+    model: &Model<'_>,
+    tokenizer: &Tokenizer,
+    end: &[u32],
+    prompt: &str,
+    sampling: &Sampling,
+    speculation: Option<Speculation>,
+) -> (String, usize, usize) {
+    let ids = tokenizer.encode(prompt, true);
+    let mut sampler = Sampler::new(sampling.clone());
+    let mut speculation = speculation;
+    let (tokens, _) = generate(
+        model,
+        &ids,
+        Budget {
+            limit: 48,
+            context: 512,
+            threads: 2,
+        },
+        &mut sampler,
+        end,
+        speculation.as_mut(),
+        &mut |_| {},
+    )
+    .expect("generate");
+    let digest: String = Sha256::digest(format!("{tokens:?}").as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let (drafted, accepted) = speculation.map_or((0, 0), |s| (s.drafted, s.accepted));
+    (digest, drafted, accepted)
+}
+
+fn lossless_on(path: &Path) {
+    let file = ModelFile::open(path).expect("open");
+    let model = Model::load(&file).expect("load");
+    let tokenizer = Tokenizer::load(&file).expect("tokenizer");
+    let end = tokenizer.end_ids(&file);
+    // Nearly free batches, so drafting happens wherever something matches; and this
+    // machine's own measured costs, as the server uses them.
+    let cheap = Costs::from_seconds(
+        &(0..=MAX_DRAFT)
+            .map(|m| 1.0 + 0.01 * m as f64)
+            .collect::<Vec<_>>(),
+    );
+    let measured = Costs::measure(&model, 2).expect("costs");
+    let samplings = [
+        Sampling {
+            temperature: 0.0,
+            ..Sampling::default()
+        },
+        Sampling {
+            seed: 7,
+            repeat_penalty: 1.1,
+            ..Sampling::default()
+        },
+    ];
+    let mut quoted = (0, 0);
+    for (p, prompt) in PROMPTS.iter().enumerate() {
+        for sampling in &samplings {
+            let (plain, _, _) = run(&model, &tokenizer, &end, prompt, sampling, None);
+            for costs in [&cheap, &measured] {
+                let speculation = Speculation::new(MAX_DRAFT, 0, costs.clone());
+                let (fast, drafted, accepted) = run(
+                    &model,
+                    &tokenizer,
+                    &end,
+                    prompt,
+                    sampling,
+                    Some(speculation),
+                );
+                assert_eq!(
+                    fast,
+                    plain,
+                    "{}: prompt {p} with {sampling:?}: speculation changed the output",
+                    path.display()
+                );
+                if p < 3 && std::ptr::eq(costs, &cheap) {
+                    quoted = (quoted.0 + drafted, quoted.1 + accepted);
+                }
+            }
+        }
+    }
+    assert!(
+        quoted.1 > 0 && quoted.1 * 2 >= quoted.0,
+        "quoting prompts: {} drafted, {} accepted",
+        quoted.0,
+        quoted.1
+    );
+}
+
+#[test]
+fn speculation_is_lossless_on_smollm2() {
+    lossless_on(&common::smollm2());
+}
+
+#[test]
+fn speculation_is_lossless_on_gemma3() {
+    lossless_on(&common::gemma3());
+}
+
+#[test]
+fn the_server_reports_drafts_and_a_request_can_turn_them_off() {
+    let server = start(&[]);
+    let body = |n_max: i64| json!({ "prompt": PROMPTS[0], "n_predict": 40, "temperature": 0, "speculative.n_max": n_max });
+    let (status, on) = post(&server, "/completion", &body(16));
+    assert_eq!(status, 200, "{on}");
+    let (_, off) = post(&server, "/completion", &body(0));
+    assert_eq!(on["content"], off["content"], "the same text either way");
+    assert_eq!(off["timings"]["draft_n"], 0);
+    assert!(on["timings"]["draft_n_accepted"].as_u64().is_some(), "{on}");
+    let (status, bad) = post(&server, "/completion", &body(99));
+    assert_eq!(status, 400, "{bad}");
+    let plain = start(&["--spec", "none"]);
+    let (_, none) = post(&plain, "/completion", &body(16));
+    assert_eq!(none["content"], on["content"]);
+    assert_eq!(none["timings"]["draft_n"], 0);
+}
