@@ -56,7 +56,7 @@ pub struct Costs {
 
 impl Costs {
     /// Times passes of 1 to `MAX_DRAFT + 1` tokens of `model` on `threads` threads (best of
-    /// two at a few sizes, the rest interpolated, on a scratch cache; a fraction of a second):
+    /// three at a few sizes, the rest interpolated, on a scratch cache; a fraction of a second):
     /// what a draft costs on this machine.
     pub fn measure(model: &Model<'_>, threads: usize) -> Result<Costs, String> {
         const SIZES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, MAX_DRAFT + 1];
@@ -65,15 +65,18 @@ impl Costs {
         let tokens: Vec<u32> = (0..=MAX_DRAFT as u32)
             .map(|t| t % model.hparams.vocab as u32)
             .collect();
-        let mut timed = Vec::with_capacity(SIZES.len());
-        for m in SIZES {
-            let mut best = f64::INFINITY;
-            for _ in 0..2 {
+        // Warm the threads and caches first, then take each size's best over rounds that
+        // interleave the sizes, so a slow moment does not weigh on one size only.
+        for _ in 0..4 {
+            model.forward(&tokens[..1], 0, &mut cache, Logits::All)?;
+        }
+        let mut timed: Vec<(usize, f64)> = SIZES.iter().map(|&m| (m, f64::INFINITY)).collect();
+        for _ in 0..3 {
+            for (m, best) in &mut timed {
                 let started = Instant::now();
-                model.forward(&tokens[..m], 0, &mut cache, Logits::All)?;
-                best = best.min(started.elapsed().as_secs_f64());
+                model.forward(&tokens[..*m], 0, &mut cache, Logits::All)?;
+                *best = best.min(started.elapsed().as_secs_f64());
             }
-            timed.push((m, best));
         }
         let seconds: Vec<f64> = (1..=MAX_DRAFT + 1)
             .map(|m| {
@@ -134,7 +137,7 @@ pub struct Speculation {
 }
 
 /// Steps without drafting after which a short draft is tried again.
-const RETRY_AFTER: usize = 24;
+const RETRY_AFTER: usize = 32;
 
 impl Speculation {
     /// Speculation with these limits and costs.
@@ -157,8 +160,10 @@ impl Speculation {
         if found.is_empty() || found.len() < self.n_min.max(1) {
             return &[];
         }
-        // Acceptance per drafted token, with a prior of one hit in two so a first draft is tried.
-        let rate = (self.accepted as f64 + 1.0) / (self.drafted as f64 + 2.0);
+        // Acceptance per drafted token so far, with a prior of three hits in four: a sequence
+        // that repeats an n-gram of its own usually goes on repeating it, and a few misses
+        // bring the estimate down fast.
+        let rate = (self.accepted as f64 + 3.0) / (self.drafted as f64 + 4.0);
         let value = |k: usize| {
             // Tokens a pass of k drafts yields: the accepted run plus the target's own token.
             let tokens: f64 = (0..=k).map(|i| rate.powi(i as i32)).sum();

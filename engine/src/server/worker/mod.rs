@@ -314,6 +314,13 @@ impl Worker {
                             .map_err(|e| eprintln!("warning: speculation is off: {e}"))
                             .ok()
                     });
+                if let Some(c) = &costs {
+                    let r = c.relative();
+                    eprintln!(
+                        "engine: speculation on; a pass of 2, 4, 8, 16 tokens costs {:.2}, {:.2}, {:.2}, {:.2} steps here",
+                        r[1], r[3], r[7], r[15]
+                    );
+                }
                 let mut caches = Caches::new(cache_bytes);
                 if let Err(e) = caches.warm(&model, &warm, context, threads) {
                     eprintln!("warning: the system prompt was not prefilled: {e}");

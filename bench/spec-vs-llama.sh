@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Speculative decoding side by side in one run: `engine serve` with n-gram speculation and
+# without (per request, `speculative.n_max` 16 or 0), and llama.cpp's llama-server plain and in
+# each of its n-gram modes, on the same model, threads and greedy chats: a quoting set (answer
+# by quoting a given document, fill in a given form, edit a given code file) and a novel set
+# (open questions). Generation speed is each server's own `timings.predicted_per_second`;
+# prints t/s per set and the ratios against plain decoding and against llama.cpp's best mode.
+#
+# Usage: bench/spec-vs-llama.sh [-t 1,2] [-n 128] [MANIFEST ...]
+# Cache: $APPLIANCE_CACHE, else ~/.cache/appliance (llama.cpp is built there once).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=1,2 gen=128 manifests=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -t) threads=$2; shift 2 ;;
+    -n) gen=$2; shift 2 ;;
+    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    *) manifests+=("$1"); shift ;;
+  esac
+done
+[ ${#manifests[@]} -gt 0 ] || manifests=(models/smollm2-135m-instruct-q4_1.toml models/gemma3-270m-q4_k_m.toml)
+cache=${APPLIANCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/appliance}
+llama_bin=$(engine/tests/goldens/build-llama.sh "$cache")
+cargo build --release --locked -p engine -p supervisor >&2
+models=()
+for manifest in "${manifests[@]}"; do
+  models+=("$(basename "$manifest" .toml)=$(target/release/supervisor weights source-path --manifest "$manifest" --cache "$cache")")
+done
+python3 - "$llama_bin/llama-server" target/release/engine "$threads" "$gen" "${models[@]}" <<'PY'
+import json, socket, subprocess, sys, time, urllib.request
+
+llama, engine, threads, gen = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
+models = [m.split("=", 1) for m in sys.argv[5:]]
+
+DOCUMENT = """Discharge summary. Patient: Maria Keller, born 1958-04-17, admitted 2026-11-20 with
+community-acquired pneumonia of the right lower lobe. Treatment: amoxicillin-clavulanate 875/125 mg
+twice daily for seven days, oxygen by nasal cannula for the first two days. Course: fever settled
+on day three; CRP fell from 148 to 22 mg/L. Discharged 2026-11-26 in good condition. Follow-up:
+chest X-ray in six weeks at the Lindenstrasse practice; see the GP within one week. Medication at
+discharge: amoxicillin-clavulanate until 2026-11-27, then stop; continue ramipril 5 mg once daily."""
+CODE = """def parse_reading(line):
+    parts = line.strip().split(",")
+    sensor = parts[0]
+    value = float(parts[1])
+    unit = parts[2]
+    return {"sensor": sensor, "value": value, "unit": unit}
+
+
+def parse_file(path):
+    readings = []
+    with open(path) as f:
+        for line in f:
+            readings.append(parse_reading(line))
+    return readings
+"""
+SETS = {
+    "quoting": [
+        f"{DOCUMENT}\n\nQuote the treatment and the follow-up sentences of this summary word for word.",
+        f"{DOCUMENT}\n\nFill in this form from the summary, copying the values exactly:\nPatient:\nBorn:\nAdmitted:\nDischarged:\nMedication at discharge:",
+        f"{CODE}\nRewrite this code so that parse_reading skips empty lines (return None) and parse_file leaves out the None results. Give the whole file.",
+    ],
+    "novel": [
+        "Why do leaves change colour in autumn?",
+        "Give three tips for sleeping better.",
+        "Explain what a fever is to a child.",
+    ],
+}
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close(); return port
+
+def post(port, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=900) as r:
+        return json.load(r)
+
+def serve(argv, port):
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(1200):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except Exception:
+            time.sleep(0.1)
+    proc.kill()
+    sys.exit(f"{argv[0]} did not become healthy")
+
+def speeds(port, extra):
+    out = {}
+    for name, prompts in SETS.items():
+        rates = []
+        for prompt in prompts:
+            answer = post(port, {"messages": [{"role": "user", "content": prompt}], "max_tokens": gen,
+                                 "temperature": 0, "cache_prompt": False, **extra})
+            rates.append(answer["timings"]["predicted_per_second"])
+        out[name] = sum(rates) / len(rates)
+    return out
+
+print("| model | threads | set | plain t/s | engine n-gram t/s | × plain | llama.cpp plain t/s | llama.cpp best n-gram t/s (mode) | engine / llama.cpp best |")
+print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+for name, path in models:
+    for t in threads:
+        port = free_port()
+        proc = serve([engine, "serve", "-m", path, "--port", str(port), "-t", t, "-c", "4096"], port)
+        try:
+            plain = speeds(port, {"speculative.n_max": 0})
+            spec = speeds(port, {"speculative.n_max": 16})
+        finally:
+            proc.kill(); proc.wait()
+        llama_rates = {}
+        for mode in ["none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache"]:
+            port = free_port()
+            proc = serve([llama, "-m", path, "--port", str(port), "-t", t, "-c", "4096", "-np", "1",
+                          "--spec-type", mode], port)
+            try:
+                llama_rates[mode] = speeds(port, {})
+            finally:
+                proc.kill(); proc.wait()
+        for s in SETS:
+            best_mode = max((m for m in llama_rates if m != "none"), key=lambda m: llama_rates[m][s])
+            best = llama_rates[best_mode][s]
+            print(f"| {name} | {t} | {s} | {plain[s]:.1f} | {spec[s]:.1f} | {spec[s] / plain[s]:.2f} | "
+                  f"{llama_rates['none'][s]:.1f} | {best:.1f} ({best_mode}) | {spec[s] / best:.2f} |", flush=True)
+PY
