@@ -23,8 +23,8 @@ const NGRAM_MIN: usize = 2;
 /// How far back the lookup searches (tokens): beyond a context this is the whole sequence.
 const LOOKBACK: usize = 8192;
 
-/// Most tokens drafted per pass: with the pending token, one batched pass.
-pub const MAX_DRAFT: usize = crate::model::MAX_BATCH - 1;
+/// Most tokens drafted per pass.
+pub const MAX_DRAFT: usize = 16;
 
 /// The tokens that followed the most recent earlier occurrence of the longest suffix of
 /// `history` (2 to 4 tokens), at most `n`; empty when nothing matches.
@@ -59,7 +59,7 @@ impl Costs {
     /// three at a few sizes, the rest interpolated, on a scratch cache; a fraction of a second):
     /// what a draft costs on this machine.
     pub fn measure(model: &Model<'_>, threads: usize) -> Result<Costs, String> {
-        const SIZES: [usize; 10] = [1, 2, 3, 4, 6, 8, 12, 16, 24, MAX_DRAFT + 1];
+        const SIZES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, MAX_DRAFT + 1];
         let context = (2 * (MAX_DRAFT + 1)).min(model.hparams.train_context);
         let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
         let tokens: Vec<u32> = (0..=MAX_DRAFT as u32)

@@ -317,8 +317,8 @@ impl Worker {
                 if let Some(c) = &costs {
                     let r = c.relative();
                     eprintln!(
-                        "engine: speculation on; a pass of 2, 4, 8, 16, 32 tokens costs {:.2}, {:.2}, {:.2}, {:.2}, {:.2} steps here",
-                        r[1], r[3], r[7], r[15], r[31]
+                        "engine: speculation on; a pass of 2, 4, 8, 16 tokens costs {:.2}, {:.2}, {:.2}, {:.2} steps here",
+                        r[1], r[3], r[7], r[15]
                     );
                 }
                 let mut caches = Caches::new(cache_bytes);
