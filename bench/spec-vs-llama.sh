@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Speculative decoding side by side in one run: `engine serve` with n-gram speculation and
-# without (per request, `speculative.n_max` 16 or 0), and llama.cpp's llama-server plain and in
+# without (per request: the default, or `speculative.n_max: 0`), and llama.cpp's llama-server plain and in
 # each of its n-gram modes, on the same model, threads and greedy chats: a quoting set (answer
 # by quoting a given document, fill in a given form, edit a given code file) and a novel set
 # (open questions). Generation speed is each server's own `timings.predicted_per_second`;
@@ -107,7 +107,7 @@ for name, path in models:
         proc = serve([engine, "serve", "-m", path, "--port", str(port), "-t", t, "-c", "4096"], port)
         try:
             plain = speeds(port, {"speculative.n_max": 0})
-            spec = speeds(port, {"speculative.n_max": 16})
+            spec = speeds(port, {})
         finally:
             proc.kill(); proc.wait()
         llama_rates = {}
