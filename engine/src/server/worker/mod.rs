@@ -299,28 +299,29 @@ impl Worker {
         let started = Arc::clone(&waiting);
         let (context, threads) = (settings.context, settings.threads);
         let (cache_bytes, warm) = (settings.cache_bytes, settings.warm.clone());
-        let speculation = settings.speculation;
         let speeds = Arc::new(Mutex::new(Speeds::default()));
         let recorded = Arc::clone(&speeds);
         let progress = Arc::new(Progress::default());
         let reported = Arc::clone(&progress);
+        // Timed before the engine reports ready, so no request waits behind it.
+        let costs = settings
+            .speculation
+            .then(|| Costs::measure(&model, threads))
+            .and_then(|measured| {
+                measured
+                    .map_err(|e| eprintln!("warning: speculation is off: {e}"))
+                    .ok()
+            });
+        if let Some(c) = &costs {
+            let r = c.relative();
+            eprintln!(
+                "engine: speculation on; a pass of 2, 4, 8, 16 tokens costs {:.2}, {:.2}, {:.2}, {:.2} steps here",
+                r[1], r[3], r[7], r[15]
+            );
+        }
         std::thread::Builder::new()
             .name("engine-generation".into())
             .spawn(move || {
-                let costs = speculation
-                    .then(|| Costs::measure(&model, threads))
-                    .and_then(|measured| {
-                        measured
-                            .map_err(|e| eprintln!("warning: speculation is off: {e}"))
-                            .ok()
-                    });
-                if let Some(c) = &costs {
-                    let r = c.relative();
-                    eprintln!(
-                        "engine: speculation on; a pass of 2, 4, 8, 16 tokens costs {:.2}, {:.2}, {:.2}, {:.2} steps here",
-                        r[1], r[3], r[7], r[15]
-                    );
-                }
                 let mut caches = Caches::new(cache_bytes);
                 if let Err(e) = caches.warm(&model, &warm, context, threads) {
                     eprintln!("warning: the system prompt was not prefilled: {e}");
