@@ -234,8 +234,7 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// A chat's messages (the configured system prompt first when it brings none) and whether
-/// the last one, an assistant's, is to be continued.
+/// A chat's messages, the configured system prompt first when it brings none.
 pub fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
     let mut messages = request::messages(&request.messages)?;
     if let Some(system) = &ready.system_prompt {

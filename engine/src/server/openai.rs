@@ -107,10 +107,10 @@ pub async fn chat_completions(
         generation::checked::<ChatRequest>(&state, &body, Dialect::Chat)?;
     let messages = generation::chat_messages(ready, &request)?;
     let prompt = generation::chat_prompt(&state, messages).await?;
+    let with_probs = params.logprobs.is_some();
     let mut started = start(ready, prompt, params, lane, arrived)?;
     let envelope = Envelope::new(&state, "chatcmpl");
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
-    let with_probs = request_wants_probs(&request.knobs);
     let logprobs = move |probs: &[TokenProbs]| {
         with_probs.then(|| json!({ "content": chat_logprobs(&tokenizer, probs), "refusal": null }))
     };
@@ -157,14 +157,6 @@ pub async fn chat_completions(
             |choice, finish| json!({ "index": choice, "delta": {}, "finish_reason": finish }),
         ),
     }))
-}
-
-fn request_wants_probs(knobs: &super::request::Knobs) -> bool {
-    knobs
-        .logprobs
-        .as_ref()
-        .is_some_and(|v| *v != json!(false) && !v.is_null())
-        || knobs.n_probs.is_some_and(|n| n > 0)
 }
 
 /// A token's text as OpenAI reports it (its bytes beside, for tokens that split a character).
@@ -227,10 +219,10 @@ pub async fn completions(
     let (request, ready, params) =
         generation::checked::<CompletionRequest>(&state, &body, Dialect::Completions)?;
     let prompt = generation::completion_prompt(&state, ready, &request.prompt).await?;
+    let with_probs = params.logprobs.is_some();
     let mut started = start(ready, prompt, params, lane, arrived)?;
     let envelope = Envelope::new(&state, "cmpl");
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
-    let with_probs = request_wants_probs(&request.knobs);
     const OBJECT: &str = "text_completion";
     if !request.knobs.stream {
         let answers = collect(&mut started).await?;
