@@ -1,12 +1,16 @@
 //! `engine bench`: prompt processing and generation speed measured the way llama-bench measures
 //! them, so the two tools' rows compare directly: random tokens, a fresh cache per repetition, a
 //! warm-up run first, tokens per second as mean ± sample standard deviation over repetitions.
+//! With a speculation plan it also decodes greedily from a real prompt, plain and with n-gram
+//! speculation in alternating repetitions, so the two rows compare on the same machine state.
 
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::model::{KvCache, Logits, Model};
+use crate::sampler::{Sampler, Sampling};
+use crate::speculate::{self, Costs, Sink, Speculation};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -22,6 +26,9 @@ pub struct Plan {
     /// Widths of single passes to time (several tokens checked at once, every token's logits
     /// computed, as speculative decoding does); empty skips.
     pub batches: Vec<usize>,
+    /// Greedy decoding of `generate` tokens after this prompt, plain and with n-gram
+    /// speculation; `None` skips.
+    pub speculation: Option<Vec<u32>>,
 }
 
 /// One result row, with llama-bench's JSON field names.
@@ -45,6 +52,12 @@ pub struct Row {
     pub stddev_ts: f64,
     /// Tokens per second of each repetition.
     pub samples_ts: Vec<f64>,
+    /// For greedy decoding rows: whether n-gram speculation was on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<bool>,
+    /// For speculative rows: tokens drafted and drafted tokens accepted, over all repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drafts: Option<(usize, usize)>,
 }
 
 impl Row {
@@ -52,6 +65,8 @@ impl Row {
     pub fn test_name(&self) -> String {
         if let Some(b) = self.n_batch {
             format!("pass{b}")
+        } else if let Some(spec) = self.speculative {
+            format!("greedy{}{}", self.n_gen, if spec { "+ngram" } else { "" })
         } else if self.n_gen == 0 {
             format!("pp{}", self.n_prompt)
         } else {
@@ -110,6 +125,17 @@ fn timed_run(model: &Model<'_>, tokens: &[u32], mode: Mode, threads: usize) -> R
     Ok(start.elapsed().as_secs_f64())
 }
 
+/// Tokens per second: mean and sample standard deviation.
+fn spread(samples: &[f64]) -> (f64, f64) {
+    let mean = samples.iter().sum::<f64>() / samples.len().max(1) as f64;
+    let var = if samples.len() > 1 {
+        samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (samples.len() - 1) as f64
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
 fn measure(
     model: &Model<'_>,
     tokens: &[u32],
@@ -121,13 +147,103 @@ fn measure(
     let samples = (0..repetitions.max(1))
         .map(|_| timed_run(model, tokens, mode, threads).map(|s| tokens.len() as f64 / s))
         .collect::<Result<Vec<f64>, String>>()?;
-    let mean = samples.iter().sum::<f64>() / samples.len() as f64;
-    let var = if samples.len() > 1 {
-        samples.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (samples.len() - 1) as f64
-    } else {
-        0.0
+    let (mean, sd) = spread(&samples);
+    Ok((mean, sd, samples))
+}
+
+/// Greedy choices for every one of the wanted tokens (an end-of-generation token does not end
+/// a timed run, as llama-bench's generation does not stop either).
+struct Greedy(Sampler);
+
+impl Sink for Greedy {
+    fn choose(&mut self, logits: &[f32], history: &[u32]) -> Result<Option<u32>, String> {
+        Ok(Some(self.0.next(logits, history)))
+    }
+
+    fn emit(&mut self, _token: u32, _history: &[u32]) -> Result<bool, String> {
+        Ok(true)
+    }
+}
+
+/// Seconds to decode `n` tokens greedily after `prompt` (its prefill not timed), the tokens,
+/// and with `speculation` what it drafted.
+fn timed_decode(
+    model: &Model<'_>,
+    prompt: &[u32],
+    n: usize,
+    threads: usize,
+    speculation: Option<&mut Speculation>,
+) -> Result<(f64, Vec<u32>), String> {
+    let context = prompt.len() + n;
+    let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
+    model.forward(prompt, 0, &mut cache, Logits::Last)?;
+    let mut history = prompt.to_vec();
+    let mut sink = Greedy(Sampler::new(Sampling {
+        temperature: 0.0,
+        ..Sampling::default()
+    }));
+    let start = Instant::now();
+    speculate::decode(
+        model,
+        &mut cache,
+        &mut history,
+        n,
+        context,
+        speculation,
+        &mut sink,
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok((seconds, history.split_off(prompt.len())))
+}
+
+/// The plain and the speculative greedy rows on `threads` threads, repetitions alternating;
+/// fails if the two ever decode different tokens (speculation must not change the output).
+fn greedy_rows(
+    model: &Model<'_>,
+    prompt: &[u32],
+    n: usize,
+    threads: usize,
+    repetitions: usize,
+) -> Result<[Row; 2], String> {
+    if prompt.is_empty() || n == 0 {
+        return Err("greedy decoding needs a prompt and tokens to generate".into());
+    }
+    let costs = Costs::measure(model, threads)?;
+    let fresh = || Speculation::new(speculate::MAX_DRAFT, 0, costs.clone());
+    let (_, expected) = timed_decode(model, prompt, n, threads, None)?; // warm-up
+    let (mut plain, mut spec) = (Vec::new(), Vec::new());
+    let mut drafts = (0, 0);
+    for _ in 0..repetitions.max(1) {
+        let (seconds, _) = timed_decode(model, prompt, n, threads, None)?;
+        plain.push(n as f64 / seconds);
+        let mut speculation = fresh();
+        let (seconds, tokens) = timed_decode(model, prompt, n, threads, Some(&mut speculation))?;
+        if tokens != expected {
+            return Err(format!(
+                "speculative decoding chose different tokens than plain decoding on {threads} \
+                 threads: a bug in the engine, please report it"
+            ));
+        }
+        spec.push(n as f64 / seconds);
+        drafts.0 += speculation.drafted;
+        drafts.1 += speculation.accepted;
+    }
+    let row = |samples_ts: Vec<f64>, speculative: bool| {
+        let (avg_ts, stddev_ts) = spread(&samples_ts);
+        Row {
+            n_prompt: prompt.len(),
+            n_gen: n,
+            n_threads: threads,
+            n_batch: None,
+            avg_ms: None,
+            avg_ts,
+            stddev_ts,
+            samples_ts,
+            speculative: Some(speculative),
+            drafts: speculative.then_some(drafts),
+        }
     };
-    Ok((mean, var.sqrt(), samples))
+    Ok([row(plain, false), row(spec, true)])
 }
 
 /// Runs the plan: for each thread count, the prompt row then the generation row.
@@ -155,6 +271,8 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
                 avg_ts,
                 stddev_ts,
                 samples_ts,
+                speculative: None,
+                drafts: None,
             });
         }
         for &width in &plan.batches {
@@ -175,7 +293,18 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
                 avg_ts,
                 stddev_ts,
                 samples_ts,
+                speculative: None,
+                drafts: None,
             });
+        }
+        if let Some(prompt) = &plan.speculation {
+            rows.extend(greedy_rows(
+                model,
+                prompt,
+                plan.generate,
+                threads,
+                plan.repetitions,
+            )?);
         }
     }
     Ok(rows)
@@ -204,8 +333,16 @@ mod tests {
             avg_ts: 0.0,
             stddev_ts: 0.0,
             samples_ts: Vec::new(),
+            speculative: None,
+            drafts: None,
         };
         assert_eq!(row(128, 0).test_name(), "pp128");
         assert_eq!(row(0, 64).test_name(), "tg64");
+        let greedy = |speculative| Row {
+            speculative: Some(speculative),
+            ..row(40, 64)
+        };
+        assert_eq!(greedy(false).test_name(), "greedy64");
+        assert_eq!(greedy(true).test_name(), "greedy64+ngram");
     }
 }

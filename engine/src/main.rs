@@ -1,6 +1,6 @@
 //! `engine`: the inference engine's command line. Parsing only; each command is one library call.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use std::io::Write as _;
@@ -184,6 +184,14 @@ enum Command {
         /// A JSON list of rows with llama-bench's field names instead of the table.
         #[arg(long)]
         json: bool,
+        /// `ngram` adds greedy decoding rows after a real chat prompt, plain (`greedyN`) and
+        /// with n-gram speculation (`greedyN+ngram`), repetitions alternating.
+        #[arg(long, value_enum, default_value_t = Spec::None)]
+        spec: Spec,
+        /// The user message of that chat (default: quote the treatment and follow-up of a
+        /// built-in discharge summary, which answers mostly by quoting).
+        #[arg(long, requires = "spec")]
+        spec_prompt: Option<PathBuf>,
     },
     /// Teacher-forced scoring: top-K log-probabilities at every position from N on.
     Score {
@@ -411,6 +419,8 @@ fn main() -> ExitCode {
             repetitions,
             batch,
             json,
+            spec,
+            spec_prompt,
         } => {
             let file = match open(&model) {
                 Ok(f) => f,
@@ -419,6 +429,13 @@ fn main() -> ExitCode {
             let loaded = match Model::load(&file) {
                 Ok(m) => m,
                 Err(e) => return fail(e),
+            };
+            let speculation = match spec {
+                Spec::None => None,
+                Spec::Ngram => match bench_chat(&file, &model, spec_prompt.as_deref()) {
+                    Ok(ids) => Some(ids),
+                    Err(e) => return fail(e),
+                },
             };
             let threads = if threads.is_empty() {
                 vec![available_cpus()]
@@ -431,6 +448,7 @@ fn main() -> ExitCode {
                 threads,
                 repetitions,
                 batches: batch,
+                speculation,
             };
             let rows = match engine::bench::run(&loaded, &plan) {
                 Ok(rows) => rows,
@@ -444,12 +462,17 @@ fn main() -> ExitCode {
                     .map(|n| n.to_string_lossy())
                     .unwrap_or_default();
                 println!(
-                    "| model | threads | test | t/s | ms/pass |\n| --- | ---: | ---: | ---: | ---: |"
+                    "| model | threads | test | t/s | ms/pass | accepted / drafted |\n\
+                     | --- | ---: | ---: | ---: | ---: | ---: |"
                 );
                 for row in rows {
                     let ms = row.avg_ms.map(|m| format!("{m:.2}")).unwrap_or_default();
+                    let drafts = row
+                        .drafts
+                        .map(|(drafted, accepted)| format!("{accepted} / {drafted}"))
+                        .unwrap_or_default();
                     println!(
-                        "| {name} | {} | {} | {:.2} ± {:.2} | {ms} |",
+                        "| {name} | {} | {} | {:.2} ± {:.2} | {ms} | {drafts} |",
                         row.n_threads,
                         row.test_name(),
                         row.avg_ts,
@@ -534,4 +557,25 @@ fn temperature(text: &str) -> Result<f32, String> {
 
 fn cors_origins(text: &str) -> Result<engine::server::CorsOrigins, String> {
     engine::server::CorsOrigins::parse(text)
+}
+
+/// What `engine bench --spec` asks when no prompt is given: an answer that is mostly quoted.
+const QUOTING_PROMPT: &str = "Discharge summary. Patient: Maria Keller, born 1958-04-17, admitted \
+2026-11-20 with community-acquired pneumonia of the right lower lobe. Treatment: \
+amoxicillin-clavulanate 875/125 mg twice daily for seven days, oxygen by nasal cannula for the \
+first two days. Course: fever settled on day three; CRP fell from 148 to 22 mg/L. Discharged \
+2026-11-26 in good condition. Follow-up: chest X-ray in six weeks at the Lindenstrasse practice; \
+see the GP within one week.\n\nQuote the treatment and the follow-up sentences of this summary \
+word for word.";
+
+/// The token ids of a one-message chat for `engine bench --spec`: the text of `prompt` (or
+/// the built-in quoting request) rendered with the model's chat template.
+fn bench_chat(file: &ModelFile, model: &Path, prompt: Option<&Path>) -> Result<Vec<u32>, String> {
+    let text = match prompt {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("--spec-prompt {}: {e}", path.display()))?,
+        None => QUOTING_PROMPT.to_string(),
+    };
+    let tok = Tokenizer::load(file).map_err(|e| format!("{}: {e}", model.display()))?;
+    ChatTemplate::from_model(file, &tok)?.prompt_ids(&tok, &[Message::new("user", &text)])
 }

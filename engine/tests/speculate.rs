@@ -146,3 +146,49 @@ fn the_server_reports_drafts_and_a_request_can_turn_them_off() {
     assert_eq!(none["content"], on["content"]);
     assert_eq!(none["timings"]["draft_n"], 0);
 }
+
+#[test]
+fn bench_compares_greedy_decoding_with_and_without_drafts() {
+    let model = common::smollm2();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args([
+            "bench",
+            "-m",
+            model.to_str().expect("utf8"),
+            "-p",
+            "0",
+            "-n",
+            "32",
+        ])
+        .args(["-t", "1", "-r", "1", "--spec", "ngram", "--json"])
+        .output()
+        .expect("run engine bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json rows");
+    let rows = rows.as_array().expect("a list of rows");
+    let greedy: Vec<_> = rows
+        .iter()
+        .filter(|r| r["speculative"].is_boolean())
+        .collect();
+    assert_eq!(greedy.len(), 2, "{rows:?}");
+    assert_eq!(greedy[0]["speculative"], false);
+    assert_eq!(greedy[1]["speculative"], true);
+    assert!(greedy[0].get("drafts").is_none());
+    // The built-in prompt asks for a quotation: drafts are made and most are accepted.
+    let (drafted, accepted) = (
+        greedy[1]["drafts"][0].as_u64().expect("drafted"),
+        greedy[1]["drafts"][1].as_u64().expect("accepted"),
+    );
+    assert!(
+        accepted > 0 && accepted * 2 >= drafted,
+        "{drafted} drafted, {accepted} accepted"
+    );
+    for row in greedy {
+        assert_eq!(row["n_gen"], 32);
+        assert!(row["avg_ts"].as_f64().expect("t/s") > 0.0);
+    }
+}
