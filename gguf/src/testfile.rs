@@ -65,6 +65,38 @@ impl Builder {
         self
     }
 
+    /// An f32-array key.
+    pub fn f32s(mut self, key: &str, items: &[f32]) -> Builder {
+        self.key(key, 9);
+        self.kvs.extend_from_slice(&6u32.to_le_bytes());
+        self.kvs
+            .extend_from_slice(&(items.len() as u64).to_le_bytes());
+        for v in items {
+            self.kvs.extend_from_slice(&v.to_le_bytes());
+        }
+        self
+    }
+
+    /// An i32-array key.
+    pub fn i32s(mut self, key: &str, items: &[i32]) -> Builder {
+        self.key(key, 9);
+        self.kvs.extend_from_slice(&5u32.to_le_bytes());
+        self.kvs
+            .extend_from_slice(&(items.len() as u64).to_le_bytes());
+        for v in items {
+            self.kvs.extend_from_slice(&v.to_le_bytes());
+        }
+        self
+    }
+
+    /// A tensor of GGML type `ty` (its id) with dims `dims` (innermost first) and its encoded
+    /// bytes as given.
+    pub fn raw_tensor(mut self, name: &str, dims: &[u64], ty: u32, bytes: Vec<u8>) -> Builder {
+        self.tensors
+            .push((name.to_string(), dims.to_vec(), ty, bytes));
+        self
+    }
+
     /// An F32 tensor with the given values.
     pub fn f32_tensor(mut self, name: &str, values: &[f32]) -> Builder {
         let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();

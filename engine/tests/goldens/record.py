@@ -3,12 +3,16 @@
 token ids, the greedy continuation and the top-5 log-probabilities at every generated position,
 from llama-server (temperature 0, one slot, no prompt cache).
 
-Usage: record.py LLAMA_BIN_DIR MODEL.gguf NAME OUT_DIR [LLAMA_SERVER_ARG ...]
-Prompts are below; NAME prefixes the output files (NAME-PROMPT.json). Extra arguments go to
+Usage: record.py LLAMA_BIN_DIR MODEL.gguf NAME OUT_DIR [--tiny] [LLAMA_SERVER_ARG ...]
+Prompts are below; NAME prefixes the output files (NAME-PROMPT.json). With --tiny (the random
+models of tests/common/tiny.rs) the one prompt is the token ids in prompt.json beside the model,
+the golden is NAME.json with the model's SHA-256, and no tokenizer cases are written. Extra
+arguments go to
 llama-server: recording with another of its configurations (say `-fa off -ctk f32 -ctv f32`)
 and comparing with compare.py measures how far llama.cpp moves from itself, the floor for our
 tolerances.
 """
+import hashlib
 import json
 import os
 import socket
@@ -26,6 +30,7 @@ PROMPTS = {
     ) * 14 + "In summary, the printing press"},
 }
 GENERATE = 32
+TINY_GENERATE = 40
 
 # Tokenizer corpus: code, Greek, Chinese, emoji, whitespace runs, numbers, special tokens.
 CORPUS = [
@@ -56,9 +61,26 @@ def post(port, path, body):
         return json.load(r)
 
 
+def continuation(port, ids, n):
+    """llama.cpp's greedy continuation of the token ids and its top-5 log-probabilities."""
+    result = post(port, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0.0,
+                                        "n_probs": 5, "cache_prompt": False, "samplers": ["top_k"],
+                                        "top_k": 1, "post_sampling_probs": False, "ignore_eos": True})
+    probs = result["completion_probabilities"]
+    # llama-server reports no probabilities for a token that ends inside a UTF-8 character: a
+    # golden with a gap would compare the wrong positions.
+    if len(probs) != result["tokens_predicted"]:
+        sys.exit(f"{result['tokens_predicted']} tokens generated but {len(probs)} with probabilities")
+    return {"tokens": [p["id"] for p in probs],
+            "top": [[[t["id"], t["logprob"]] for t in p["top_logprobs"]] for p in probs]}
+
+
 def main():
     bin_dir, model, name, out_dir = sys.argv[1:5]
     extra = sys.argv[5:]
+    tiny = extra[:1] == ["--tiny"]
+    if tiny:
+        extra = extra[1:]
     port = free_port()
     server = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--host", "127.0.0.1",
                                "--port", str(port), "-t", "2", "-c", "4096", "-np", "1", "--no-warmup", *extra],
@@ -71,22 +93,29 @@ def main():
                         break
             except Exception:
                 time.sleep(0.2)
+        if tiny:
+            with open(os.path.join(os.path.dirname(model), "prompt.json")) as f:
+                ids = json.load(f)
+            with open(model, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+            golden = {"model": os.path.basename(model), "model_sha256": digest, "prompt_tokens": ids,
+                      **continuation(port, ids, TINY_GENERATE)}
+            with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+                json.dump(golden, f)
+                f.write("\n")
+            print(f"{name}: {len(ids)} prompt tokens, {len(golden['tokens'])} generated", file=sys.stderr)
+            return
         for key, prompt in PROMPTS.items():
             if "chat" in prompt:
                 text = post(port, "/apply-template", {"messages": prompt["chat"]})["prompt"]
             else:
                 text = prompt["raw"]
             ids = post(port, "/tokenize", {"content": text, "add_special": True, "parse_special": True})["tokens"]
-            result = post(port, "/completion", {"prompt": ids, "n_predict": GENERATE, "temperature": 0.0,
-                                                "n_probs": 5, "cache_prompt": False, "samplers": ["top_k"],
-                                                "top_k": 1, "post_sampling_probs": False})
-            probs = result["completion_probabilities"]
             golden = {
                 "model": os.path.basename(model),
                 "prompt": text,
                 "prompt_tokens": ids,
-                "tokens": [p["id"] for p in probs],
-                "top": [[[t["id"], t["logprob"]] for t in p["top_logprobs"]] for p in probs],
+                **continuation(port, ids, GENERATE),
             }
             with open(os.path.join(out_dir, f"{name}-{key}.json"), "w") as f:
                 json.dump(golden, f)

@@ -1,0 +1,376 @@
+//! Tiny models with random weights for every architecture the engine loads, in the quant types
+//! real models ship in, written as GGUF files that are byte for byte the same on every run:
+//! llama.cpp read these very files to record the goldens they are compared against
+//! (`tests/tiny_vs_llama.rs`, `goldens/record.py --tiny`), so a misreading shared by our code and
+//! our own transcription of an architecture cannot hide.
+//!
+//! Quantized weights are random blocks, not quantized floats: every byte pattern of a block is
+//! a valid weight, and only the scale fields are set, so the values stay in a sane range.
+
+use gguf::testfile::Builder;
+
+/// The shape and make-up of one tiny model.
+#[derive(Clone, Copy, Debug)]
+pub struct Tiny {
+    /// File stem, also the golden's name.
+    pub name: &'static str,
+    pub arch: &'static str,
+    pub embd: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub ff: usize,
+    pub layers: usize,
+    pub rope_base: f32,
+    /// Llama 3's per-frequency rope divisors (`rope_freqs.weight`).
+    pub rope_freqs: bool,
+    /// Gemma 3's local attention window.
+    pub sliding_window: Option<u32>,
+    /// The type of each matrix.
+    pub mix: Mix,
+}
+
+/// Which matrix of the model a type is chosen for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Embeddings,
+    Output,
+    Query,
+    Key,
+    Value,
+    AttnOutput,
+    Gate,
+    Up,
+    Down,
+}
+
+/// Types per matrix, as llama.cpp's quantizer mixes them.
+#[derive(Clone, Copy, Debug)]
+pub enum Mix {
+    /// One type for every matrix; the output in Q6_K, as llama-quantize writes Q4_0 and Q4_1
+    /// files (Q8_0, F16 and BF16 files keep their own type there).
+    Uniform(&'static str),
+    /// Q4_K_M: Q4_K, with Q6_K for the first layer's value and down matrices and the output.
+    Q4KM,
+    /// Q5_K_M: the same with Q5_K.
+    Q5KM,
+    /// What Qwen 2.5 files hold where rows do not divide into K-quant blocks: Q5_0, Q5_1,
+    /// IQ4_NL and Q8_0 side by side.
+    LegacyMixed,
+}
+
+impl Mix {
+    fn type_of(self, role: Role, layer: usize) -> &'static str {
+        let first_layer_wide = layer == 0 && matches!(role, Role::Value | Role::Down);
+        match self {
+            Mix::Uniform(ty) if role == Role::Output && ty != "F16" && ty != "BF16" => {
+                if ty == "Q8_0" { "Q8_0" } else { "Q6_K" }
+            }
+            Mix::Uniform(ty) => ty,
+            Mix::Q4KM if role == Role::Output || first_layer_wide => "Q6_K",
+            Mix::Q4KM => "Q4_K",
+            Mix::Q5KM if role == Role::Output || first_layer_wide => "Q6_K",
+            Mix::Q5KM => "Q5_K",
+            Mix::LegacyMixed => match role {
+                Role::Embeddings => "Q8_0",
+                Role::Output => "Q8_0",
+                Role::Query | Role::Key => "Q5_0",
+                Role::Value | Role::AttnOutput => "Q5_1",
+                Role::Gate | Role::Up => "IQ4_NL",
+                Role::Down => "Q8_0",
+            },
+        }
+    }
+}
+
+/// Vocabulary: unknown, BOS, EOS, the ASCII byte tokens, then word pieces.
+pub const VOCAB: usize = 320;
+
+/// Byte tokens in the vocabulary (`<0x00>` to `<0x7F>`).
+const ASCII_BYTES: usize = 128;
+
+/// Llama with grouped-query attention and Llama 3's rope factors, in Q4_K_M.
+const LLAMA: Tiny = Tiny {
+    name: "tiny-llama-q4_k_m",
+    arch: "llama",
+    embd: 256,
+    heads: 8,
+    kv_heads: 2,
+    head_dim: 32,
+    ff: 512,
+    layers: 2,
+    rope_base: 500_000.0,
+    rope_freqs: true,
+    sliding_window: None,
+    mix: Mix::Q4KM,
+};
+
+/// Qwen 3 with heads wider than the embedding (4 × 128 = 512), in Q5_K_M.
+const QWEN3: Tiny = Tiny {
+    name: "tiny-qwen3-q5_k_m",
+    arch: "qwen3",
+    heads: 4,
+    kv_heads: 2,
+    head_dim: 128,
+    rope_base: 1_000_000.0,
+    rope_freqs: false,
+    mix: Mix::Q5KM,
+    ..LLAMA
+};
+
+/// The models the goldens cover.
+pub const MODELS: [Tiny; 7] = [
+    LLAMA,
+    Tiny {
+        name: "tiny-llama-q8_0",
+        mix: Mix::Uniform("Q8_0"),
+        ..LLAMA
+    },
+    Tiny {
+        name: "tiny-llama-q4_0",
+        rope_freqs: false,
+        rope_base: 10_000.0,
+        mix: Mix::Uniform("Q4_0"),
+        ..LLAMA
+    },
+    Tiny {
+        name: "tiny-qwen2-legacy-mixed",
+        arch: "qwen2",
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        rope_base: 1_000_000.0,
+        rope_freqs: false,
+        mix: Mix::LegacyMixed,
+        ..LLAMA
+    },
+    QWEN3,
+    Tiny {
+        name: "tiny-qwen3-f16",
+        mix: Mix::Uniform("F16"),
+        ..QWEN3
+    },
+    Tiny {
+        name: "tiny-gemma3-q4_k_m",
+        arch: "gemma3",
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 64,
+        // Six layers: Gemma 3's sixth layer is its first global one.
+        layers: 6,
+        rope_base: 1_000_000.0,
+        rope_freqs: false,
+        sliding_window: Some(8),
+        mix: Mix::Q4KM,
+        ..LLAMA
+    },
+];
+
+/// The token ids every golden's prompt holds: word pieces and bytes, no control tokens.
+pub fn prompt() -> Vec<u32> {
+    let mut r = Random(0x0123_4567_89ab_cdef);
+    (0..24)
+        .map(|_| 3 + (r.next() % (VOCAB as u64 - 3)) as u32)
+        .collect()
+}
+
+/// A small deterministic generator (xorshift).
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    fn signed(&mut self) -> f32 {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
+    }
+
+    /// Uniform in [lo, hi).
+    fn between(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (self.signed() + 1.0) / 2.0 * (hi - lo)
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| (self.next() >> 24) as u8).collect()
+    }
+}
+
+/// Largest weight magnitude aimed at.
+const AMPLITUDE: f32 = 0.15;
+
+fn f16(v: f32) -> [u8; 2] {
+    engine::quant::f32_to_f16(v).to_le_bytes()
+}
+
+/// One random block of type `ty` (its scale fields set so values stay within about
+/// ±[`AMPLITUDE`] with a mean near zero).
+fn block(ty: &str, r: &mut Random) -> Vec<u8> {
+    let a = AMPLITUDE;
+    let d = |r: &mut Random, max_code: f32| f16(a / max_code * r.between(0.5, 1.5));
+    match ty {
+        "Q8_0" => [d(r, 127.0).to_vec(), r.bytes(32)].concat(),
+        "Q4_0" => [d(r, 8.0).to_vec(), r.bytes(16)].concat(),
+        "Q4_1" => [d(r, 7.5).to_vec(), f16(-a).to_vec(), r.bytes(16)].concat(),
+        "Q5_0" => [d(r, 16.0).to_vec(), r.bytes(20)].concat(),
+        "Q5_1" => [d(r, 15.5).to_vec(), f16(-a).to_vec(), r.bytes(20)].concat(),
+        "IQ4_NL" => [d(r, 127.0).to_vec(), r.bytes(16)].concat(),
+        "Q4_K" | "Q5_K" => {
+            // value = d·scale·q − dmin·min, scale and min 6-bit: dmin = d·(mean q) centres it.
+            let levels = if ty == "Q4_K" { 15.0 } else { 31.0 };
+            let dv = a / (63.0 * levels) * 2.0 * r.between(0.5, 1.5);
+            let body = if ty == "Q4_K" { 140 } else { 172 };
+            [
+                f16(dv).to_vec(),
+                f16(dv * levels / 2.0).to_vec(),
+                r.bytes(body),
+            ]
+            .concat()
+        }
+        "Q6_K" => [r.bytes(208), d(r, 127.0 * 32.0).to_vec()].concat(),
+        other => panic!("no random blocks for {other}"),
+    }
+}
+
+/// A `rows` × `cols` matrix of type `ty`, as its bytes.
+fn matrix(ty: &str, rows: usize, cols: usize, r: &mut Random) -> (u32, Vec<u8>) {
+    let info = (0..64)
+        .filter_map(gguf::TensorType::from_id)
+        .find(|t| t.name == ty)
+        .unwrap_or_else(|| panic!("type {ty}"));
+    let bytes = match ty {
+        "F16" => (0..rows * cols)
+            .flat_map(|_| f16(AMPLITUDE * r.signed()))
+            .collect(),
+        "BF16" => (0..rows * cols)
+            .flat_map(|_| {
+                let bits = (AMPLITUDE * r.signed()).to_bits();
+                ((bits >> 16) as u16).to_le_bytes()
+            })
+            .collect(),
+        _ => {
+            assert_eq!(
+                cols % info.block_elements as usize,
+                0,
+                "{ty} rows of {cols}"
+            );
+            (0..rows * cols / info.block_elements as usize)
+                .flat_map(|_| block(ty, r))
+                .collect()
+        }
+    };
+    (info.id, bytes)
+}
+
+/// The GGUF file of `t`.
+pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
+    // Each model its own weights: the seed is the name's FNV-1a hash.
+    let seed = t.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let mut r = Random(seed);
+    let (q_dim, kv_dim) = (t.heads * t.head_dim, t.kv_heads * t.head_dim);
+    let key = |k: &str| format!("{}.{k}", t.arch);
+    // Only the ASCII byte tokens: llama-server holds back a token that ends in the middle of a
+    // UTF-8 character and reports no probabilities for it, which would shift the golden.
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    tokens.extend((0..ASCII_BYTES).map(|b| format!("<0x{b:02X}>")));
+    let pieces = "abcdefghijklmnopqrstuvwxyz".chars();
+    tokens.extend(pieces.clone().map(|c| format!("\u{2581}{c}")));
+    tokens.extend(pieces.clone().map(|c| c.to_string()));
+    tokens.extend((0..VOCAB - tokens.len()).map(|i| format!("\u{2581}w{i}")));
+    let token_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let types: Vec<i32> = (0..VOCAB)
+        .map(|i| match i {
+            0 => 2,
+            1 | 2 => 3,
+            i if i < 3 + ASCII_BYTES => 6,
+            _ => 1,
+        })
+        .collect();
+    let scores: Vec<f32> = (0..VOCAB).map(|i| -(i as f32)).collect();
+    let mut b = Builder::new()
+        .string("general.architecture", t.arch)
+        .string("general.name", t.name)
+        .u32(&key("context_length"), 512)
+        .u32(&key("embedding_length"), t.embd as u32)
+        .u32(&key("block_count"), t.layers as u32)
+        .u32(&key("feed_forward_length"), t.ff as u32)
+        .u32(&key("attention.head_count"), t.heads as u32)
+        .u32(&key("attention.head_count_kv"), t.kv_heads as u32)
+        .u32(&key("attention.key_length"), t.head_dim as u32)
+        .u32(&key("attention.value_length"), t.head_dim as u32)
+        .u32(&key("rope.dimension_count"), t.head_dim as u32)
+        .f32(&key("rope.freq_base"), t.rope_base)
+        .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6)
+        .string("tokenizer.ggml.model", "llama")
+        .strings("tokenizer.ggml.tokens", &token_refs)
+        .f32s("tokenizer.ggml.scores", &scores)
+        .i32s("tokenizer.ggml.token_type", &types)
+        .u32("tokenizer.ggml.unknown_token_id", 0)
+        .u32("tokenizer.ggml.bos_token_id", 1)
+        .u32("tokenizer.ggml.eos_token_id", 2);
+    if let Some(window) = t.sliding_window {
+        b = b.u32(&key("attention.sliding_window"), window);
+    }
+    let norm =
+        |r: &mut Random, n: usize| -> Vec<f32> { (0..n).map(|_| 1.0 + 0.2 * r.signed()).collect() };
+    let mut add = |b: Builder, name: &str, role: Role, layer: usize, rows: usize, cols: usize| {
+        let (ty, bytes) = matrix(t.mix.type_of(role, layer), rows, cols, &mut r);
+        b.raw_tensor(name, &[cols as u64, rows as u64], ty, bytes)
+    };
+    b = add(b, "token_embd.weight", Role::Embeddings, 0, VOCAB, t.embd);
+    if t.arch != "gemma3" {
+        b = add(b, "output.weight", Role::Output, 0, VOCAB, t.embd);
+    }
+    for i in 0..t.layers {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        b = add(b, &n("attn_q"), Role::Query, i, q_dim, t.embd);
+        b = add(b, &n("attn_k"), Role::Key, i, kv_dim, t.embd);
+        b = add(b, &n("attn_v"), Role::Value, i, kv_dim, t.embd);
+        b = add(b, &n("attn_output"), Role::AttnOutput, i, t.embd, q_dim);
+        b = add(b, &n("ffn_gate"), Role::Gate, i, t.ff, t.embd);
+        b = add(b, &n("ffn_up"), Role::Up, i, t.ff, t.embd);
+        b = add(b, &n("ffn_down"), Role::Down, i, t.embd, t.ff);
+    }
+    let mut r = Random(0x2545_f491_4f6c_dd1d);
+    b = b.f32_tensor("output_norm.weight", &norm(&mut r, t.embd));
+    if t.rope_freqs {
+        // Llama 3.1's factors: 1 for high frequencies, up to 8 for the lowest.
+        let half = t.head_dim / 2;
+        let factors: Vec<f32> = (0..half)
+            .map(|i| 1.0 + 7.0 * (i as f32 / (half - 1) as f32).powi(2))
+            .collect();
+        b = b.f32_tensor("rope_freqs.weight", &factors);
+    }
+    for i in 0..t.layers {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        b = b
+            .f32_tensor(&n("attn_norm"), &norm(&mut r, t.embd))
+            .f32_tensor(&n("ffn_norm"), &norm(&mut r, t.embd));
+        if t.arch == "qwen2" {
+            let bias = |r: &mut Random, n: usize| -> Vec<f32> {
+                (0..n).map(|_| 0.5 * r.signed()).collect()
+            };
+            b = b
+                .f32_tensor(&format!("blk.{i}.attn_q.bias"), &bias(&mut r, q_dim))
+                .f32_tensor(&format!("blk.{i}.attn_k.bias"), &bias(&mut r, kv_dim))
+                .f32_tensor(&format!("blk.{i}.attn_v.bias"), &bias(&mut r, kv_dim));
+        }
+        if t.arch == "qwen3" || t.arch == "gemma3" {
+            b = b
+                .f32_tensor(&n("attn_q_norm"), &norm(&mut r, t.head_dim))
+                .f32_tensor(&n("attn_k_norm"), &norm(&mut r, t.head_dim));
+        }
+        if t.arch == "gemma3" {
+            b = b
+                .f32_tensor(&n("post_attention_norm"), &norm(&mut r, t.embd))
+                .f32_tensor(&n("post_ffw_norm"), &norm(&mut r, t.embd));
+        }
+    }
+    b.build()
+}

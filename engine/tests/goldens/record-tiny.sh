@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Records the tiny random models' goldens with llama.cpp: writes the models (the ignored test
+# tiny_vs_llama::write_tiny_models), then runs record.py --tiny on each. Usage:
+# record-tiny.sh [CACHE] [LLAMA_SERVER_ARG ...]   (CACHE as for build-llama.sh)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+cache=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/appliance}
+shift || true
+bin=$(engine/tests/goldens/build-llama.sh "$cache")
+models=$(mktemp -d)
+trap 'rm -rf "$models"' EXIT
+TINY_MODELS_DIR=$models cargo test --release --locked -p engine --test tiny_vs_llama -- \
+  --ignored --exact write_tiny_models >&2
+for model in "$models"/*.gguf; do
+  python3 engine/tests/goldens/record.py "$bin" "$model" "$(basename "$model" .gguf)" \
+    engine/tests/goldens --tiny "$@"
+done
