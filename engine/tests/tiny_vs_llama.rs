@@ -1,7 +1,8 @@
 //! llama.cpp as the independent reference for every architecture: tiny random models
 //! (`common/tiny.rs`: llama with grouped-query attention and Llama 3 rope factors, qwen2 with
-//! QKV biases, qwen3 with q/k norms and wide heads, gemma3 with local and global layers; Q4_K_M,
-//! Q5_K_M, Q8_0, Q4_0, F16 and a Q5_0/Q5_1/IQ4_NL/Q8_0 mix) are rebuilt here byte for byte as
+//! QKV biases, qwen3 with q/k norms and wide heads, qwen3moe with routed experts, gemma3 with local and
+//! global layers; Q4_K_M,
+//! Q5_K_M, Q8_0, Q4_0, Q4_1, F16 and a Q5_0/Q5_1/IQ4_NL/Q8_0 mix) are rebuilt here byte for byte as
 //! llama.cpp read them (their SHA-256 is in each golden), and the engine's log-probabilities
 //! are compared with llama.cpp's position by position.
 //!
@@ -13,7 +14,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::golden::{self, Limits};
-use common::tiny::{MODELS, Tiny, gguf_bytes};
+use common::tiny::{MODELS, MOE_BENCH, Tiny, gguf_bytes};
 use sha2::{Digest, Sha256};
 
 /// llama.cpp's own spread on these models: recorded again with flash attention off and an f32
@@ -76,6 +77,11 @@ fn llama_q4_0_matches_llama_cpp() {
 }
 
 #[test]
+fn llama_q4_1_matches_llama_cpp() {
+    check(model("tiny-llama-q4_1"));
+}
+
+#[test]
 fn qwen2_with_biases_in_legacy_quants_matches_llama_cpp() {
     check(model("tiny-qwen2-legacy-mixed"));
 }
@@ -95,6 +101,11 @@ fn gemma3_q4_k_m_with_local_and_global_layers_matches_llama_cpp() {
     check(model("tiny-gemma3-q4_k_m"));
 }
 
+#[test]
+fn qwen3moe_q4_k_m_with_routed_experts_matches_llama_cpp() {
+    check(model("tiny-qwen3moe-q4_k_m"));
+}
+
 /// Writes every tiny model into `$TINY_MODELS_DIR`, and the prompt's ids as `prompt.json`, for
 /// `record-tiny.sh`.
 #[test]
@@ -107,4 +118,17 @@ fn write_tiny_models() {
     }
     let ids = serde_json::to_string(&common::tiny::prompt()).expect("json");
     std::fs::write(dir.join("prompt.json"), ids).expect("write the prompt");
+}
+
+/// Writes the synthetic MoE benchmark model into `$TINY_MODELS_DIR`, for
+/// `bench/engine-vs-llama.sh --moe`.
+#[test]
+#[ignore]
+fn write_moe_bench_model() {
+    let dir = PathBuf::from(std::env::var("TINY_MODELS_DIR").expect("TINY_MODELS_DIR"));
+    std::fs::create_dir_all(&dir).expect("create the directory");
+    let path = dir.join(format!("{}.gguf", MOE_BENCH.name));
+    let temporary = path.with_extension("gguf.partial");
+    std::fs::write(&temporary, gguf_bytes(&MOE_BENCH)).expect("write");
+    std::fs::rename(&temporary, &path).expect("rename");
 }

@@ -1,5 +1,5 @@
-//! A weight matrix as the products read it: the stored rows, and for Q5_0 the same rows widened
-//! once to Q8_0 for batches.
+//! A weight matrix as the products read it: the stored rows (all of a tensor's, or one expert's
+//! share of a 3-D expert tensor), and for Q5_0 the same rows widened once to Q8_0 for batches.
 //!
 //! Unpacking a Q5_0 block (nibbles plus a fifth bit per value) costs about as much as the
 //! products of one block with eight tokens, so a batch re-doing it for every group of columns
@@ -7,6 +7,8 @@
 //! block, and the Q8_0 kernel sums the same integers with the same scale product in the same
 //! order: a widened row gives the stored row's results bit for bit. Single tokens keep reading
 //! the smaller stored rows, whose speed depends on memory.
+
+use std::ops::Range;
 
 use crate::model_file::Tensor;
 use crate::quant::TensorType;
@@ -24,12 +26,51 @@ pub struct Matrix<'a> {
     /// The stored weights.
     pub tensor: Tensor<'a>,
     wide: Option<Box<[u8]>>,
+    /// The tensor's rows this matrix is (all of them but for an expert's share).
+    window: Range<usize>,
 }
 
 impl<'a> Matrix<'a> {
     /// Only the stored weights.
     pub fn stored(tensor: Tensor<'a>) -> Matrix<'a> {
-        Matrix { tensor, wide: None }
+        let window = 0..tensor.rows();
+        Matrix {
+            tensor,
+            wide: None,
+            window,
+        }
+    }
+
+    /// Rows `rows` of `tensor` (one expert of a 3-D expert tensor), as stored: the other
+    /// experts' rows are never read, so the mapping pages in only the experts used.
+    pub fn rows_of(tensor: Tensor<'a>, rows: Range<usize>) -> Option<Matrix<'a>> {
+        (rows.start <= rows.end && rows.end <= tensor.rows()).then_some(Matrix {
+            tensor,
+            wide: None,
+            window: rows,
+        })
+    }
+
+    /// Bytes of its stored rows.
+    pub fn stored_bytes(&self) -> usize {
+        self.window.len() * self.tensor.row_bytes()
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.window.len()
+    }
+
+    /// Elements per row.
+    pub fn row_len(&self) -> usize {
+        self.tensor.row_len()
+    }
+
+    /// The rows a single token reads: their type, bytes and bytes per row.
+    pub(super) fn stored_rows(&self) -> (TensorType, &[u8], usize) {
+        let rb = self.tensor.row_bytes();
+        let bytes = &self.tensor.bytes[self.window.start * rb..self.window.end * rb];
+        (self.tensor.info.tensor_type, bytes, rb)
     }
 
     /// The stored weights, and a Q8_0 copy for batches if `tensor` is Q5_0 and the copy fits in
@@ -40,6 +81,7 @@ impl<'a> Matrix<'a> {
             return Matrix::stored(tensor);
         }
         *budget -= size;
+        let window = 0..tensor.rows();
         let mut wide = vec![0u8; size].into_boxed_slice();
         for (from, to) in tensor
             .bytes
@@ -51,18 +93,19 @@ impl<'a> Matrix<'a> {
         Matrix {
             tensor,
             wide: Some(wide),
+            window,
         }
     }
 
     /// The rows a batch reads: their type, bytes and bytes per row.
     pub(super) fn batch_rows(&self) -> (TensorType, &[u8], usize) {
         match (&self.wide, TensorType::from_id(Q8_0_ID)) {
-            (Some(wide), Some(q8_0)) => (q8_0, wide, wide.len() / self.tensor.rows().max(1)),
-            _ => (
-                self.tensor.info.tensor_type,
-                self.tensor.bytes,
-                self.tensor.row_bytes(),
-            ),
+            (Some(wide), Some(q8_0)) => {
+                let rb = wide.len() / self.tensor.rows().max(1);
+                let bytes = &wide[self.window.start * rb..self.window.end * rb];
+                (q8_0, bytes, rb)
+            }
+            _ => self.stored_rows(),
         }
     }
 

@@ -317,11 +317,11 @@ pub fn matmul(
     let (mut need_q8_0, mut need_q8_1, mut need_q8k) = (false, false, false);
     let mut width = 0;
     for (slot, p) in dots.iter_mut().zip(products.iter()) {
-        let w = &p.w.tensor;
+        let w = p.w;
         if xs.len() != w.row_len() * columns || p.out.len() != w.rows() * columns {
             return Err(format!(
                 "{}: a [{}, {}] matrix cannot take {} inputs into {} outputs over {columns} columns",
-                w.info.name,
+                w.tensor.info.name,
                 w.row_len(),
                 w.rows(),
                 xs.len(),
@@ -329,9 +329,9 @@ pub fn matmul(
             ));
         }
         let (ty, bytes, rb) = if columns == 1 {
-            (w.info.tensor_type, w.bytes, w.row_bytes())
+            w.stored_rows()
         } else {
-            p.w.batch_rows()
+            w.batch_rows()
         };
         let dot = row_dot(&ty, exec.isa).map_err(|e| e.to_string())?;
         match dot {

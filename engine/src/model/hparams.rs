@@ -2,6 +2,9 @@
 
 use gguf::{Header, Value};
 
+/// Most routed experts per layer (Qwen 3's MoE models have 128).
+pub const MAX_EXPERTS: usize = 512;
+
 /// Supported architectures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
@@ -13,6 +16,9 @@ pub enum Arch {
     Qwen2,
     /// `qwen3`: NEOX rope, per-head query/key norms, head width from `key_length`.
     Qwen3,
+    /// `qwen3moe`: Qwen 3's attention, and an FFN of routed experts (softmax gate, top-k,
+    /// the chosen weights renormalised to sum to one).
+    Qwen3Moe,
 }
 
 /// What the forward pass needs to know about a model.
@@ -32,8 +38,12 @@ pub struct Hparams {
     pub n_head_kv: usize,
     /// Width of one head.
     pub head_dim: usize,
-    /// FFN width.
+    /// FFN width (of one expert, for a mixture of experts).
     pub n_ff: usize,
+    /// Routed experts per layer (0: a dense FFN).
+    pub n_expert: usize,
+    /// Experts each token is routed to.
+    pub n_expert_used: usize,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
     /// RoPE base (global layers).
@@ -82,9 +92,11 @@ impl Hparams {
             "gemma3" => Arch::Gemma3,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
             other => {
                 return Err(format!(
-                    "architecture {other} is not supported (llama, qwen2, qwen3, gemma3)"
+                    "architecture {other} is not supported (llama, qwen2, qwen3, qwen3moe, \
+                     gemma3)"
                 ));
             }
         };
@@ -105,6 +117,16 @@ impl Hparams {
             .find(|t| t.name == "token_embd.weight")
             .and_then(|t| t.dims.get(1).copied())
             .ok_or("token_embd.weight is missing")? as usize;
+        let moe = arch == Arch::Qwen3Moe;
+        let (n_ff, n_expert, n_expert_used) = if moe {
+            (
+                need("expert_feed_forward_length")?,
+                need("expert_count")?,
+                need("expert_used_count")?,
+            )
+        } else {
+            (need("feed_forward_length")?, 0, 0)
+        };
         let h = Hparams {
             arch,
             vocab,
@@ -113,7 +135,9 @@ impl Hparams {
             n_head,
             n_head_kv,
             head_dim,
-            n_ff: need("feed_forward_length")?,
+            n_ff,
+            n_expert,
+            n_expert_used,
             rms_eps: get_f(header, &key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
             rope_base: get_f(header, &key("rope.freq_base"))?.unwrap_or(10_000.0),
             rope_base_swa: 10_000.0,
@@ -137,7 +161,9 @@ impl Hparams {
             && h.n_rot % 2 == 0
             && h.n_layer > 0
             && h.n_layer <= 1024
-            && h.n_ff > 0;
+            && h.n_ff > 0
+            && (!moe || (h.n_expert_used > 0 && h.n_expert_used <= h.n_expert))
+            && h.n_expert <= MAX_EXPERTS;
         if !sane {
             return Err(format!("inconsistent hyperparameters: {h:?}"));
         }

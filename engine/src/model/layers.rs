@@ -1,10 +1,10 @@
 //! One transformer block, token by token: norms, rotary embeddings, attention over the cache,
-//! and the gated feed-forward network. Element-wise steps follow ggml's arithmetic (f64 norm
+//! and the gated feed-forward network (dense, or routed experts in `moe`). Element-wise steps follow ggml's arithmetic (f64 norm
 //! sums, iterated rope angles, GELU through f16) so results track llama.cpp's closely.
 
 use super::attention::{self, MAX_HEAD_DIM, Query};
-use super::{Arch, Hparams, KvCache, Layer};
-use crate::kernels::{self, Exec, Product};
+use super::{Arch, Ffn, Hparams, KvCache, Layer, Work, moe};
+use crate::kernels::{self, Exec, Matrix, Product};
 use crate::pool::Schedule;
 
 /// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
@@ -271,14 +271,35 @@ pub(super) fn block(
     add_residual(exec, x, &w.proj, layer.post_attn_norm.as_deref(), h);
 
     norm_into(exec, x, &layer.ffn_norm, &mut w.cur, h);
+    match &layer.ffn {
+        Ffn::Dense { gate, up, down } => {
+            dense_ffn(h, (gate, up, down), exec, w, n, gemma)?;
+        }
+        Ffn::Experts(experts) => moe::ffn(h, experts, exec, w, n)?,
+    }
+    add_residual(exec, x, &w.proj, layer.post_ffn_norm.as_deref(), h);
+    Ok(())
+}
+
+/// `w.proj = down · act(gate · w.cur) ⊙ (up · w.cur)` for the `n` tokens of a pass (GELU for
+/// Gemma, SiLU otherwise).
+fn dense_ffn(
+    h: &Hparams,
+    (gate, up, down): (&Matrix<'_>, &Matrix<'_>, &Matrix<'_>),
+    exec: &Exec,
+    w: &mut Work,
+    n: usize,
+    gemma: bool,
+) -> Result<(), String> {
+    let isa = exec.isa;
     kernels::matmul(
         &mut [
             Product {
-                w: &layer.gate,
+                w: gate,
                 out: &mut w.gate,
             },
             Product {
-                w: &layer.up,
+                w: up,
                 out: &mut w.up,
             },
         ],
@@ -298,14 +319,12 @@ pub(super) fn block(
     });
     kernels::matmul(
         &mut [Product {
-            w: &layer.down,
+            w: down,
             out: &mut w.proj,
         }],
         &w.gate,
         n,
         exec,
         &mut w.scratch,
-    )?;
-    add_residual(exec, x, &w.proj, layer.post_ffn_norm.as_deref(), h);
-    Ok(())
+    )
 }

@@ -6,6 +6,7 @@
 mod attention;
 mod hparams;
 mod layers;
+mod moe;
 
 pub use hparams::{Arch, Hparams};
 
@@ -31,9 +32,19 @@ struct Layer<'a> {
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     post_ffn_norm: Option<Vec<f32>>,
-    gate: Matrix<'a>,
-    up: Matrix<'a>,
-    down: Matrix<'a>,
+    ffn: Ffn<'a>,
+}
+
+/// A layer's feed-forward part.
+enum Ffn<'a> {
+    /// One gated FFN for every token.
+    Dense {
+        gate: Matrix<'a>,
+        up: Matrix<'a>,
+        down: Matrix<'a>,
+    },
+    /// Routed experts (Qwen 3 MoE).
+    Experts(moe::Experts<'a>),
 }
 
 /// A model ready to run, borrowing its weights from the mapped file.
@@ -74,6 +85,14 @@ struct Work {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    /// Router logits, then probabilities, of a mixture of experts (token × expert).
+    route: Vec<f32>,
+    /// The experts each token is routed to and their weights (token × slot).
+    chosen: Vec<(u32, f32)>,
+    /// One expert's tokens gathered, its down projection, and every (token, slot)'s output.
+    moe_in: Vec<f32>,
+    moe_down: Vec<f32>,
+    moe_out: Vec<f32>,
 }
 
 impl Work {
@@ -90,6 +109,11 @@ impl Work {
             gate: Vec::new(),
             up: Vec::new(),
             logits: Vec::new(),
+            route: Vec::new(),
+            chosen: Vec::new(),
+            moe_in: Vec::new(),
+            moe_down: Vec::new(),
+            moe_out: Vec::new(),
         }
     }
 
@@ -242,6 +266,33 @@ fn matrix<'a>(
     Ok(t)
 }
 
+/// The `n` experts of a 3-D expert tensor `[cols, rows, n]`, each its own `rows` × `cols`
+/// matrix over the mapped file.
+fn experts<'a>(
+    file: &'a ModelFile,
+    name: &str,
+    cols: usize,
+    rows: usize,
+    n: usize,
+) -> Result<Vec<Matrix<'a>>, LoadError> {
+    let t = file.tensor(name)?;
+    if t.info.dims != [cols as u64, rows as u64, n as u64] {
+        return Err(load_err(
+            file,
+            format!(
+                "{name} has shape {:?}, expected [{cols}, {rows}, {n}]",
+                t.info.dims
+            ),
+        ));
+    }
+    (0..n)
+        .map(|e| {
+            Matrix::rows_of(t, e * rows..(e + 1) * rows)
+                .ok_or_else(|| load_err(file, format!("{name}: expert {e} is out of range")))
+        })
+        .collect()
+}
+
 impl<'a> Model<'a> {
     /// Loads the architecture `file` declares.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>, LoadError> {
@@ -293,9 +344,20 @@ impl<'a> Model<'a> {
                 } else {
                     None
                 },
-                gate: weights(&name("ffn_gate"), e, h.n_ff)?,
-                up: weights(&name("ffn_up"), e, h.n_ff)?,
-                down: weights(&name("ffn_down"), h.n_ff, e)?,
+                ffn: if h.n_expert > 0 {
+                    Ffn::Experts(moe::Experts {
+                        router: Matrix::stored(matrix(file, &name("ffn_gate_inp"), e, h.n_expert)?),
+                        gate: experts(file, &name("ffn_gate_exps"), e, h.n_ff, h.n_expert)?,
+                        up: experts(file, &name("ffn_up_exps"), e, h.n_ff, h.n_expert)?,
+                        down: experts(file, &name("ffn_down_exps"), h.n_ff, e, h.n_expert)?,
+                    })
+                } else {
+                    Ffn::Dense {
+                        gate: weights(&name("ffn_gate"), e, h.n_ff)?,
+                        up: weights(&name("ffn_up"), e, h.n_ff)?,
+                        down: weights(&name("ffn_down"), h.n_ff, e)?,
+                    }
+                },
             });
         }
         Ok(Model {
@@ -308,10 +370,32 @@ impl<'a> Model<'a> {
         })
     }
 
+    /// Bytes of the mapped file that hold routed experts (0 for a dense model).
+    pub fn expert_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match &l.ffn {
+                Ffn::Dense { .. } => 0,
+                Ffn::Experts(x) => [&x.gate, &x.up, &x.down]
+                    .iter()
+                    .flat_map(|m| m.iter())
+                    .map(|m| m.stored_bytes())
+                    .sum(),
+            })
+            .sum()
+    }
+
     /// Memory held beside the mapped file by weights widened for batches.
     pub fn widened_bytes(&self) -> usize {
         let layer = |l: &Layer<'_>| {
-            [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+            let ffn = match &l.ffn {
+                Ffn::Dense { gate, up, down } => [gate, up, down]
+                    .iter()
+                    .map(|m| m.widened_bytes())
+                    .sum::<usize>(),
+                Ffn::Experts(_) => 0,
+            };
+            ffn + [&l.wq, &l.wk, &l.wv, &l.wo]
                 .iter()
                 .map(|m| m.widened_bytes())
                 .sum::<usize>()

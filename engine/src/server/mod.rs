@@ -188,6 +188,8 @@ pub struct ServeConfig {
     pub cors: CorsOrigins,
     /// Whether requests speculate (`--spec ngram`; each may turn it off).
     pub speculation: bool,
+    /// The memory the model, its context and caches must fit (`None`: not checked).
+    pub memory_limit: Option<crate::memory::Limit>,
 }
 
 /// Listens at once (`/health` answers 503 while the model loads), loads the model, serves until
@@ -323,6 +325,15 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
     // The server runs for the life of the process: its mapping can be too.
     let file: &'static crate::model_file::ModelFile = Box::leak(Box::new(file));
     let model = Arc::new(crate::model::Model::load(file).map_err(|e| e.to_string())?);
+    if let Some(limit) = &config.memory_limit {
+        let need = crate::memory::Need::of(
+            &model,
+            file.bytes().len() as u64,
+            config.context,
+            config.cache_mib,
+        );
+        need.fits(&model.hparams, limit)?;
+    }
     let widened = model.widened_bytes();
     if widened > 0 {
         eprintln!(

@@ -26,6 +26,8 @@ pub struct Tiny {
     pub rope_freqs: bool,
     /// Gemma 3's local attention window.
     pub sliding_window: Option<u32>,
+    /// Routed experts per layer and experts per token (Qwen 3 MoE), instead of a dense FFN.
+    pub experts: Option<(usize, usize)>,
     /// The type of each matrix.
     pub mix: Mix,
 }
@@ -102,6 +104,7 @@ const LLAMA: Tiny = Tiny {
     rope_base: 500_000.0,
     rope_freqs: true,
     sliding_window: None,
+    experts: None,
     mix: Mix::Q4KM,
 };
 
@@ -119,7 +122,7 @@ const QWEN3: Tiny = Tiny {
 };
 
 /// The models the goldens cover.
-pub const MODELS: [Tiny; 7] = [
+pub const MODELS: [Tiny; 9] = [
     LLAMA,
     Tiny {
         name: "tiny-llama-q8_0",
@@ -131,6 +134,13 @@ pub const MODELS: [Tiny; 7] = [
         rope_freqs: false,
         rope_base: 10_000.0,
         mix: Mix::Uniform("Q4_0"),
+        ..LLAMA
+    },
+    Tiny {
+        name: "tiny-llama-q4_1",
+        rope_freqs: false,
+        rope_base: 100_000.0,
+        mix: Mix::Uniform("Q4_1"),
         ..LLAMA
     },
     Tiny {
@@ -164,7 +174,38 @@ pub const MODELS: [Tiny; 7] = [
         mix: Mix::Q4KM,
         ..LLAMA
     },
+    Tiny {
+        name: "tiny-qwen3moe-q4_k_m",
+        arch: "qwen3moe",
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        ff: 256,
+        // Qwen3-30B-A3B routes each token to 8 of 128 experts; here 2 of 8.
+        experts: Some((8, 2)),
+        rope_base: 1_000_000.0,
+        rope_freqs: false,
+        ..LLAMA
+    },
 ];
+
+/// For speed, not goldens (`bench/engine-vs-llama.sh --moe`): Qwen3-30B-A3B's make-up scaled
+/// down: 2 KV heads of 128 under 16 query heads, 64 experts of which 4 per token (its 8 of 128),
+/// in Q4_K_M; about 450 MB.
+pub const MOE_BENCH: Tiny = Tiny {
+    name: "moe-bench-q4_k_m",
+    arch: "qwen3moe",
+    embd: 1024,
+    heads: 16,
+    kv_heads: 2,
+    head_dim: 128,
+    ff: 512,
+    layers: 8,
+    experts: Some((64, 4)),
+    rope_base: 1_000_000.0,
+    rope_freqs: false,
+    ..LLAMA
+};
 
 /// The token ids every golden's prompt holds: word pieces and bytes, no control tokens.
 pub fn prompt() -> Vec<u32> {
@@ -317,25 +358,67 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
     if let Some(window) = t.sliding_window {
         b = b.u32(&key("attention.sliding_window"), window);
     }
+    if let Some((count, used)) = t.experts {
+        b = b
+            .u32(&key("expert_count"), count as u32)
+            .u32(&key("expert_used_count"), used as u32)
+            .u32(&key("expert_feed_forward_length"), t.ff as u32);
+    }
     let norm =
         |r: &mut Random, n: usize| -> Vec<f32> { (0..n).map(|_| 1.0 + 0.2 * r.signed()).collect() };
-    let mut add = |b: Builder, name: &str, role: Role, layer: usize, rows: usize, cols: usize| {
-        let (ty, bytes) = matrix(t.mix.type_of(role, layer), rows, cols, &mut r);
+    let add = |b: Builder, r: &mut Random, name: &str, role: Role, layer: usize, rows, cols| {
+        let (ty, bytes) = matrix(t.mix.type_of(role, layer), rows, cols, r);
         b.raw_tensor(name, &[cols as u64, rows as u64], ty, bytes)
     };
-    b = add(b, "token_embd.weight", Role::Embeddings, 0, VOCAB, t.embd);
+    b = add(
+        b,
+        &mut r,
+        "token_embd.weight",
+        Role::Embeddings,
+        0,
+        VOCAB,
+        t.embd,
+    );
     if t.arch != "gemma3" {
-        b = add(b, "output.weight", Role::Output, 0, VOCAB, t.embd);
+        b = add(b, &mut r, "output.weight", Role::Output, 0, VOCAB, t.embd);
     }
     for i in 0..t.layers {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
-        b = add(b, &n("attn_q"), Role::Query, i, q_dim, t.embd);
-        b = add(b, &n("attn_k"), Role::Key, i, kv_dim, t.embd);
-        b = add(b, &n("attn_v"), Role::Value, i, kv_dim, t.embd);
-        b = add(b, &n("attn_output"), Role::AttnOutput, i, t.embd, q_dim);
-        b = add(b, &n("ffn_gate"), Role::Gate, i, t.ff, t.embd);
-        b = add(b, &n("ffn_up"), Role::Up, i, t.ff, t.embd);
-        b = add(b, &n("ffn_down"), Role::Down, i, t.embd, t.ff);
+        b = add(b, &mut r, &n("attn_q"), Role::Query, i, q_dim, t.embd);
+        b = add(b, &mut r, &n("attn_k"), Role::Key, i, kv_dim, t.embd);
+        b = add(b, &mut r, &n("attn_v"), Role::Value, i, kv_dim, t.embd);
+        b = add(
+            b,
+            &mut r,
+            &n("attn_output"),
+            Role::AttnOutput,
+            i,
+            t.embd,
+            q_dim,
+        );
+        match t.experts {
+            None => {
+                b = add(b, &mut r, &n("ffn_gate"), Role::Gate, i, t.ff, t.embd);
+                b = add(b, &mut r, &n("ffn_up"), Role::Up, i, t.ff, t.embd);
+                b = add(b, &mut r, &n("ffn_down"), Role::Down, i, t.embd, t.ff);
+            }
+            Some((count, _)) => {
+                // The router in F32, as converted models keep it; each expert tensor 3-D.
+                let router: Vec<f32> = (0..count * t.embd)
+                    .map(|_| AMPLITUDE * r.signed())
+                    .collect();
+                b = b.f32_matrix(&n("ffn_gate_inp"), t.embd, count, &router);
+                for (s, role, rows, cols) in [
+                    ("ffn_gate_exps", Role::Gate, t.ff, t.embd),
+                    ("ffn_up_exps", Role::Up, t.ff, t.embd),
+                    ("ffn_down_exps", Role::Down, t.embd, t.ff),
+                ] {
+                    let (ty, bytes) = matrix(t.mix.type_of(role, i), rows * count, cols, &mut r);
+                    let dims = [cols as u64, rows as u64, count as u64];
+                    b = b.raw_tensor(&n(s), &dims, ty, bytes);
+                }
+            }
+        }
     }
     let mut r = Random(0x2545_f491_4f6c_dd1d);
     b = b.f32_tensor("output_norm.weight", &norm(&mut r, t.embd));
@@ -361,7 +444,7 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
                 .f32_tensor(&format!("blk.{i}.attn_k.bias"), &bias(&mut r, kv_dim))
                 .f32_tensor(&format!("blk.{i}.attn_v.bias"), &bias(&mut r, kv_dim));
         }
-        if t.arch == "qwen3" || t.arch == "gemma3" {
+        if matches!(t.arch, "qwen3" | "qwen3moe" | "gemma3") {
             b = b
                 .f32_tensor(&n("attn_q_norm"), &norm(&mut r, t.head_dim))
                 .f32_tensor(&n("attn_k_norm"), &norm(&mut r, t.head_dim));

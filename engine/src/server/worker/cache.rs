@@ -157,6 +157,8 @@ mod tests {
             n_head_kv: 1,
             head_dim: 8,
             n_ff: 8,
+            n_expert: 0,
+            n_expert_used: 0,
             rms_eps: 1e-5,
             rope_base: 10_000.0,
             rope_base_swa: 10_000.0,
