@@ -22,7 +22,7 @@ use activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
 pub use matrix::{Matrix, WIDEN_BUDGET};
 
 use crate::pool::{Pool, Schedule};
-use crate::quant::{self, QuantError, TensorType};
+use crate::quant::{QuantError, TensorType};
 
 /// The instruction set the kernels run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +71,8 @@ pub enum RowDot {
     Q8_1(RowsFn<BlockQ8_1>),
     /// K-quants, paired with Q8_K.
     Q8K(RowsFn<BlockQ8K>),
-    /// Float types: the reference dot over f32 activations.
-    Float(TensorType),
+    /// Float types (F32, F16, BF16) over f32 activations, on this instruction set.
+    Float(TensorType, Isa),
 }
 
 /// The row kernel for weights of type `ty` on `isa`.
@@ -100,7 +100,7 @@ pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
         "Q4_K" => RowDot::Q8K(scalar::rows::q4_k),
         "Q5_K" => RowDot::Q8K(scalar::rows::q5_k),
         "Q6_K" => RowDot::Q8K(scalar::rows::q6_k),
-        "F32" | "F16" | "BF16" => RowDot::Float(*ty),
+        "F32" | "F16" | "BF16" => RowDot::Float(*ty, isa),
         other => {
             return Err(QuantError(format!(
                 "no kernel for {other} tensors (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, \
@@ -268,18 +268,68 @@ const ROWS_PER_CHUNK: usize = 16;
 /// Columns per kernel call in a batch (the results tile lives on the stack).
 const MAX_TILE_COLUMNS: usize = 32;
 
-/// Float weights: the reference dot of each row with `x`.
+/// Float weights: the dot of each row with `x` on `isa`.
 fn float_rows(
-    ty: TensorType,
+    (ty, isa): (TensorType, Isa),
     rows: &[u8],
     rb: usize,
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), String> {
+    let kind = FloatKind::of(&ty).ok_or_else(|| format!("{} is not a float type", ty.name))?;
+    if rb < x.len() * kind.bytes() {
+        return Err(format!(
+            "{} rows of {rb} bytes cannot take {} values",
+            ty.name,
+            x.len()
+        ));
+    }
     for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
-        *o = quant::dot(&ty, row, x).map_err(|e| e.to_string())?;
+        *o = float_dot(kind, row, x, isa);
     }
     Ok(())
+}
+
+/// How a float weight is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FloatKind {
+    /// 4-byte IEEE single.
+    F32,
+    /// 2-byte IEEE half.
+    F16,
+    /// 2-byte bfloat16 (an f32's upper half).
+    BF16,
+}
+
+impl FloatKind {
+    /// The kind of `ty`, if it is a float type.
+    pub fn of(ty: &TensorType) -> Option<FloatKind> {
+        match ty.name {
+            "F32" => Some(FloatKind::F32),
+            "F16" => Some(FloatKind::F16),
+            "BF16" => Some(FloatKind::BF16),
+            _ => None,
+        }
+    }
+
+    /// Bytes per value.
+    pub fn bytes(self) -> usize {
+        match self {
+            FloatKind::F32 => 4,
+            FloatKind::F16 | FloatKind::BF16 => 2,
+        }
+    }
+}
+
+/// `row · x` for float weights (`row` holds at least `x.len()` values), on `isa`: eight lanes
+/// of fused multiply-adds over consecutive values, folded as `hsum8` folds them, on every path.
+pub fn float_dot(kind: FloatKind, row: &[u8], x: &[f32], isa: Isa) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        return x86::float_dot(kind, row, x);
+    }
+    let _ = isa;
+    scalar::float_dot(kind, row, x)
 }
 
 /// `out = W · x` for every row of `w`, rows split across the pool's threads.
@@ -338,7 +388,7 @@ pub fn matmul(
             RowDot::Q8_0(_) => need_q8_0 = true,
             RowDot::Q8_1(_) => need_q8_1 = true,
             RowDot::Q8K(_) => need_q8k = true,
-            RowDot::Float(_) => {}
+            RowDot::Float(..) => {}
         }
         *slot = Some((dot, bytes, rb));
         width = w.row_len();
@@ -395,8 +445,8 @@ pub fn matmul(
                     RowDot::Q8_0(f) => f(rows, rb, q8_0, 1, out),
                     RowDot::Q8_1(f) => f(rows, rb, q8_1, 1, out),
                     RowDot::Q8K(f) => f(rows, rb, q8k, 1, out),
-                    RowDot::Float(ty) => {
-                        if let Err(e) = float_rows(ty, rows, rb, xs, out) {
+                    RowDot::Float(ty, isa) => {
+                        if let Err(e) = float_rows((ty, isa), rows, rb, xs, out) {
                             *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                         }
                     }
@@ -420,10 +470,10 @@ pub fn matmul(
                         RowDot::Q8_0(f) => f(rows, rb, &q8_0[span(q8_0.len())], nc, tile),
                         RowDot::Q8_1(f) => f(rows, rb, &q8_1[span(q8_1.len())], nc, tile),
                         RowDot::Q8K(f) => f(rows, rb, &q8k[span(q8k.len())], nc, tile),
-                        RowDot::Float(ty) => {
+                        RowDot::Float(ty, isa) => {
                             for (c, out) in tile.chunks_exact_mut(n).enumerate() {
                                 let x = &xs[(c0 + c) * width..(c0 + c + 1) * width];
-                                if let Err(e) = float_rows(ty, rows, rb, x, out) {
+                                if let Err(e) = float_rows((ty, isa), rows, rb, x, out) {
                                     *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                                     return;
                                 }
@@ -448,7 +498,7 @@ pub fn matmul(
 mod tests {
     use super::*;
     use crate::model_file::Tensor;
-    use crate::quant::f32_to_f16;
+    use crate::quant::{self, f32_to_f16};
 
     /// Deterministic bytes (xorshift), so failures reproduce.
     struct Bytes(u64);
@@ -525,7 +575,7 @@ mod tests {
                     .flat_map(|b| b.qs.map(|v| f32::from(v) * b.d))
                     .collect()
             }
-            RowDot::Float(_) => x.to_vec(),
+            RowDot::Float(..) => x.to_vec(),
         };
         let sum = w
             .iter()
@@ -560,9 +610,9 @@ mod tests {
                     .for_each(|x| activations::quantize_q8_k(x, &mut s.q8k));
                 f(w, row_bytes, &s.q8k, columns, &mut out);
             }
-            RowDot::Float(ty) => {
+            RowDot::Float(ty, isa) => {
                 for (outs, x) in out.chunks_exact_mut(rows).zip(xs.chunks_exact(width)) {
-                    float_rows(ty, w, row_bytes, x, outs).expect("dot");
+                    float_rows((ty, isa), w, row_bytes, x, outs).expect("dot");
                 }
             }
         }
@@ -727,6 +777,57 @@ mod tests {
                     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
                     "{i} on {isa:?}: {a} vs {b}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn float_rows_match_the_scalar_reference_bit_for_bit_and_the_exact_dot_closely() {
+        let mut rng = Bytes(0x1234_5678_9abc_def1);
+        for (name, kind) in [
+            ("F32", FloatKind::F32),
+            ("F16", FloatKind::F16),
+            ("BF16", FloatKind::BF16),
+        ] {
+            for n in [1, 7, 8, 9, 64, 333, 2048] {
+                let values = activations(n, &mut rng);
+                let row: Vec<u8> = match kind {
+                    FloatKind::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    FloatKind::F16 => values
+                        .iter()
+                        .flat_map(|&v| f32_to_f16(v).to_le_bytes())
+                        .collect(),
+                    FloatKind::BF16 => values
+                        .iter()
+                        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+                        .collect(),
+                };
+                let x = activations(n, &mut rng);
+                let reference = float_dot(kind, &row, &x, Isa::Scalar);
+                let mut exact = vec![0f32; n];
+                quant::dequantize(&tensor_type(name), &row, &mut exact).expect("dequantize");
+                let want: f64 = exact
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                    .sum();
+                let scale: f64 = exact
+                    .iter()
+                    .zip(&x)
+                    .map(|(a, b)| f64::from((a * b).abs()))
+                    .sum();
+                assert!(
+                    (f64::from(reference) - want).abs() <= 1e-5 * scale.max(1.0),
+                    "{name} × {n}: {reference} vs {want}"
+                );
+                for isa in Isa::available() {
+                    let got = float_dot(kind, &row, &x, isa);
+                    assert_eq!(
+                        got.to_bits(),
+                        reference.to_bits(),
+                        "{name} × {n} on {isa:?}"
+                    );
+                }
             }
         }
     }

@@ -55,6 +55,55 @@ safe_wrapper!(q8_0, q8_0_avx2, BlockQ8_0);
 safe_wrapper!(q4_k, q4_k_rows_avx2, BlockQ8K);
 safe_wrapper!(q6_k, q6_k_rows_avx2, BlockQ8K);
 
+/// `row · x` for float weights as `scalar::float_dot` computes it: lane i mod 8, fused
+/// multiply-adds, the tail in the same lanes, then `hsum8`.
+pub fn float_dot(kind: super::FloatKind, row: &[u8], x: &[f32]) -> f32 {
+    // SAFETY: only reachable with `Isa::Avx2`, which `supported()` established.
+    unsafe { float_dot_avx2(kind, row, x) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_dot_avx2(kind: super::FloatKind, row: &[u8], x: &[f32]) -> f32 {
+    use super::FloatKind;
+    let n = x.len();
+    assert!(
+        row.len() >= n * kind.bytes(),
+        "a float row shorter than its activations"
+    );
+    let whole = n / 8 * 8;
+    // SAFETY: the caller guarantees the CPU features; every load reads inside `row` (checked
+    // above) and `x`.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..whole).step_by(8) {
+            let w = match kind {
+                FloatKind::F32 => _mm256_loadu_ps(row.as_ptr().add(4 * i).cast()),
+                FloatKind::F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(2 * i).cast())),
+                FloatKind::BF16 => {
+                    let h = _mm_loadu_si128(row.as_ptr().add(2 * i).cast());
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                }
+            };
+            acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x.as_ptr().add(i)), acc);
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        for i in whole..n {
+            let v = match kind {
+                FloatKind::F32 => {
+                    f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]])
+                }
+                FloatKind::F16 => f16c_at(row, 2 * i),
+                FloatKind::BF16 => f32::from_bits(
+                    u32::from(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])) << 16,
+                ),
+            };
+            lanes[i % 8] = v.mul_add(x[i], lanes[i % 8]);
+        }
+        super::scalar::hsum8(lanes)
+    }
+}
+
 /// Eight lanes folded as `scalar::hsum8` folds them.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn hsum8(v: __m256) -> f32 {
