@@ -174,7 +174,7 @@ impl Pool {
         schedule: Schedule,
         job: &(dyn Fn(usize, Share<'_, T>) + Sync),
     ) {
-        const MAX: usize = 4;
+        const MAX: usize = 16;
         let align = align.max(1);
         let columns = columns.max(1);
         let threads = self.threads;

@@ -255,8 +255,9 @@ pub struct Product<'t, 'o> {
     pub out: &'o mut [f32],
 }
 
-/// Products one region takes at most (query, key and value are three).
-const MAX_PRODUCTS: usize = 4;
+/// Products one region takes at most (query, key and value are three; a token's experts, two
+/// for each chosen expert: Qwen 3 MoE's 8 are 16).
+pub const MAX_PRODUCTS: usize = 16;
 
 /// Kernels pair rows up, so thread boundaries fall on even rows.
 const ROW_ALIGN: usize = 2;

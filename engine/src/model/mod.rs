@@ -91,6 +91,9 @@ struct Work {
     chosen: Vec<(u32, f32)>,
     /// One expert's tokens gathered, its down projection, and every (token, slot)'s output.
     moe_in: Vec<f32>,
+    /// One token's chosen experts' gate and up outputs, side by side.
+    moe_gate: Vec<f32>,
+    moe_up: Vec<f32>,
     moe_down: Vec<f32>,
     moe_out: Vec<f32>,
 }
@@ -112,6 +115,8 @@ impl Work {
             route: Vec::new(),
             chosen: Vec::new(),
             moe_in: Vec::new(),
+            moe_gate: Vec::new(),
+            moe_up: Vec::new(),
             moe_down: Vec::new(),
             moe_out: Vec::new(),
         }

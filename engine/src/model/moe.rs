@@ -29,7 +29,7 @@ pub(super) fn ffn(
     w: &mut Work,
     n: usize,
 ) -> Result<(), String> {
-    let (e, k, ff) = (h.n_embd, h.n_expert_used, h.n_ff);
+    let (e, k) = (h.n_embd, h.n_expert_used);
     w.route.resize(n * h.n_expert, 0.0);
     kernels::matmul(
         &mut [Product {
@@ -45,6 +45,32 @@ pub(super) fn ffn(
     for logits in w.route.chunks_exact_mut(h.n_expert) {
         choose(logits, k, &mut w.chosen);
     }
+    if n == 1 && 2 * k <= kernels::MAX_PRODUCTS {
+        one_token(h, experts, exec, w)?;
+    } else {
+        grouped(h, experts, exec, w, n)?;
+    }
+    for (t, proj) in w.proj[..n * e].chunks_exact_mut(e).enumerate() {
+        let slots = &w.moe_out[t * k * e..(t + 1) * k * e];
+        proj.copy_from_slice(&slots[..e]);
+        for slot in slots.chunks_exact(e).skip(1) {
+            for (p, s) in proj.iter_mut().zip(slot) {
+                *p += s;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A batch: each expert's tokens gathered into one batch, so its rows are read once per pass.
+fn grouped(
+    h: &Hparams,
+    experts: &Experts<'_>,
+    exec: &Exec,
+    w: &mut Work,
+    n: usize,
+) -> Result<(), String> {
+    let (e, k, ff) = (h.n_embd, h.n_expert_used, h.n_ff);
     w.moe_in.resize(n * e, 0.0);
     w.moe_out.resize(n * k * e, 0.0);
     w.moe_down.resize(n * e, 0.0);
@@ -106,13 +132,64 @@ pub(super) fn ffn(
             }
         }
     }
-    for (t, proj) in w.proj[..n * e].chunks_exact_mut(e).enumerate() {
-        let slots = &w.moe_out[t * k * e..(t + 1) * k * e];
-        proj.copy_from_slice(&slots[..e]);
-        for slot in slots.chunks_exact(e).skip(1) {
-            for (p, s) in proj.iter_mut().zip(slot) {
-                *p += s;
-            }
+    Ok(())
+}
+
+/// One token: its experts all read the same input, so every chosen expert's gate and up
+/// products run in one parallel region (a region per product made the waits at region
+/// boundaries a fifth of a token).
+fn one_token(h: &Hparams, experts: &Experts<'_>, exec: &Exec, w: &mut Work) -> Result<(), String> {
+    let (e, k, ff) = (h.n_embd, h.n_expert_used, h.n_ff);
+    w.moe_gate.resize(k * ff, 0.0);
+    w.moe_up.resize(k * ff, 0.0);
+    w.moe_out.resize(k * e, 0.0);
+    w.moe_down.resize(e, 0.0);
+    let mut products: Vec<Product<'_, '_>> = w
+        .chosen
+        .iter()
+        .zip(
+            w.moe_gate
+                .chunks_exact_mut(ff)
+                .zip(w.moe_up.chunks_exact_mut(ff)),
+        )
+        .flat_map(|(&(expert, _), (gate, up))| {
+            let expert = expert as usize;
+            [
+                Product {
+                    w: &experts.gate[expert],
+                    out: gate,
+                },
+                Product {
+                    w: &experts.up[expert],
+                    out: up,
+                },
+            ]
+        })
+        .collect();
+    kernels::matmul(&mut products, &w.cur[..e], 1, exec, &mut w.scratch)?;
+    drop(products);
+    for ((g, u), (slot, &(expert, weight))) in w
+        .moe_gate
+        .chunks_exact_mut(ff)
+        .zip(w.moe_up.chunks_exact(ff))
+        .zip(w.chosen.iter().enumerate())
+    {
+        kernels::silu_mul(g, u, exec.isa);
+        kernels::matmul(
+            &mut [Product {
+                w: &experts.down[expert as usize],
+                out: &mut w.moe_down,
+            }],
+            g,
+            1,
+            exec,
+            &mut w.scratch,
+        )?;
+        for (o, d) in w.moe_out[slot * e..(slot + 1) * e]
+            .iter_mut()
+            .zip(&w.moe_down)
+        {
+            *o = d * weight;
         }
     }
     Ok(())
