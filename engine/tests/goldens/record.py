@@ -28,13 +28,6 @@ PROMPTS = {
         "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
         "combined movable metal type, oil-based ink and a screw press adapted from wine making. "
     ) * 14 + "In summary, the printing press"},
-    # Long and code: where small differences have room to grow (issue: ≥ 500 generated tokens).
-    "code-long": {"chat": [{"role": "user", "content": (
-        "Write a complete Python module that parses a CSV file of patient appointments (columns: "
-        "date, time, patient_id, clinician, room), validates every field, reports bad rows with "
-        "their line numbers, and prints a schedule per clinician sorted by date and time. Include "
-        "docstrings, type hints and a main() with argparse."
-    )}], "generate": 512},
 }
 GENERATE = 32
 TINY_GENERATE = 40
@@ -122,7 +115,7 @@ def main():
                 "model": os.path.basename(model),
                 "prompt": text,
                 "prompt_tokens": ids,
-                **continuation(port, ids, prompt.get("generate", GENERATE)),
+                **continuation(port, ids, GENERATE),
             }
             with open(os.path.join(out_dir, f"{name}-{key}.json"), "w") as f:
                 json.dump(golden, f)
