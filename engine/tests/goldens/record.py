@@ -61,6 +61,22 @@ def post(port, path, body):
         return json.load(r)
 
 
+def start_server(bin_dir, model, extra):
+    """llama-server for `model` on a free port (two threads, one slot), once /health answers."""
+    port = free_port()
+    server = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--host", "127.0.0.1",
+                               "--port", str(port), "-t", "2", "-c", "4096", "-np", "1", "--no-warmup", *extra],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except Exception:
+            time.sleep(0.2)
+    return server, port
+
+
 def continuation(port, ids, n):
     """llama.cpp's greedy continuation of the token ids and its top-5 log-probabilities."""
     result = post(port, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0.0,
@@ -81,18 +97,8 @@ def main():
     tiny = extra[:1] == ["--tiny"]
     if tiny:
         extra = extra[1:]
-    port = free_port()
-    server = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--host", "127.0.0.1",
-                               "--port", str(port), "-t", "2", "-c", "4096", "-np", "1", "--no-warmup", *extra],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, port = start_server(bin_dir, model, extra)
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.2)
         if tiny:
             with open(os.path.join(os.path.dirname(model), "prompt.json")) as f:
                 ids = json.load(f)

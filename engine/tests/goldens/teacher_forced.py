@@ -8,13 +8,9 @@ position, not only up to where two free-running recordings part.
 Usage: teacher_forced.py LLAMA_BIN_DIR MODEL.gguf GOLDEN.json OUT.json [LLAMA_SERVER_ARG ...]
 """
 import json
-import os
-import subprocess
 import sys
-import time
-import urllib.request
 
-from record import free_port, post
+from record import post, start_server
 
 
 def main():
@@ -22,18 +18,8 @@ def main():
     extra = sys.argv[5:]
     with open(golden_path) as f:
         golden = json.load(f)
-    port = free_port()
-    server = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--host", "127.0.0.1",
-                               "--port", str(port), "-t", "2", "-c", "4096", "-np", "1", "--no-warmup", *extra],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, port = start_server(bin_dir, model, extra)
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.2)
         sequence = list(golden["prompt_tokens"])
         top = []
         for token in golden["tokens"]:
