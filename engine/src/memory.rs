@@ -158,8 +158,10 @@ impl Need {
         self.weights + self.widened + self.kv + self.kept + self.work + OVERHEAD
     }
 
-    /// Refuses what does not fit `limit`, saying what takes how much and what would fit.
+    /// Refuses what does not fit `limit`, saying what takes how much and what would fit (a
+    /// context the model cannot hold at all is refused as such first).
     pub fn fits(&self, h: &Hparams, limit: &Limit) -> Result<(), String> {
+        h.check_context(self.context)?;
         let total = self.total();
         if total <= limit.bytes {
             return Ok(());

@@ -81,6 +81,18 @@ fn get_f(header: &Header, key: &str) -> Result<Option<f32>, String> {
 }
 
 impl Hparams {
+    /// Refuses a context the model cannot hold (positions past the training context are not
+    /// supported).
+    pub fn check_context(&self, context: usize) -> Result<(), String> {
+        if context == 0 || context > self.train_context {
+            return Err(format!(
+                "a context of {context} tokens is not possible: the model was trained for 1 to {}",
+                self.train_context
+            ));
+        }
+        Ok(())
+    }
+
     /// Reads and checks the hyperparameters.
     pub fn from_header(header: &Header) -> Result<Hparams, String> {
         let arch_name = match header.get("general.architecture") {

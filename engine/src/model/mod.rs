@@ -171,12 +171,7 @@ impl KvCache {
         context: usize,
         threads: usize,
     ) -> Result<KvCache, String> {
-        if context == 0 || context > hparams.train_context {
-            return Err(format!(
-                "a context of {context} tokens is not possible: the model was trained for 1 to {}",
-                hparams.train_context
-            ));
-        }
+        hparams.check_context(context)?;
         let width = hparams.n_head_kv * hparams.head_dim;
         Ok(KvCache {
             context,
