@@ -178,13 +178,15 @@ fn bench_compares_greedy_decoding_with_and_without_drafts() {
     assert_eq!(greedy[0]["speculative"], false);
     assert_eq!(greedy[1]["speculative"], true);
     assert!(greedy[0].get("drafts").is_none());
-    // The built-in prompt asks for a quotation: drafts are made and most are accepted.
+    // The built-in prompt asks for a quotation: what is drafted is mostly accepted. Whether
+    // drafting pays at all depends on this machine's measured pass costs (an unoptimised build
+    // on a loaded machine may find it never does), so only the counts' consistency is certain.
     let (drafted, accepted) = (
         greedy[1]["drafts"][0].as_u64().expect("drafted"),
         greedy[1]["drafts"][1].as_u64().expect("accepted"),
     );
     assert!(
-        accepted > 0 && accepted * 2 >= drafted,
+        accepted <= drafted && accepted * 2 >= drafted,
         "{drafted} drafted, {accepted} accepted"
     );
     for row in greedy {

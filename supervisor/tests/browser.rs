@@ -270,10 +270,14 @@ fn log_in_watch_live_values_chat_and_save_a_screenshot() {
     browser.go(&format!("{base}/"));
     assert_eq!(browser.url(), format!("{base}/login"));
 
-    // The right password: the overview.
+    // The right password: the overview (the form's submission navigates; on a loaded machine
+    // that can take a moment after the click returns).
     browser.type_into("#password", PASSWORD);
     browser.click("#login-button");
-    assert_eq!(browser.url(), format!("{base}/"));
+    let overview = format!("{base}/");
+    browser.wait_for("on the overview", Duration::from_secs(10), |b| {
+        b.url() == overview
+    });
     assert!(
         browser
             .text("#v-model")

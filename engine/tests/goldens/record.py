@@ -28,6 +28,14 @@ PROMPTS = {
         "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
         "combined movable metal type, oil-based ink and a screw press adapted from wine making. "
     ) * 14 + "In summary, the printing press"},
+    # Long and code, past Gemma 3's 512-token sliding window: where small differences have room
+    # to grow. Only Gemma 3's is a golden (goldens.rs says why SmolLM2's is not).
+    "code-long": {"chat": [{"role": "user", "content": (
+        "Write a complete Python module that parses a CSV file of patient appointments (columns: "
+        "date, time, patient_id, clinician, room), validates every field, reports bad rows with "
+        "their line numbers, and prints a schedule per clinician sorted by date and time. Include "
+        "docstrings, type hints and a main() with argparse."
+    )}], "generate": 512, "only": ["gemma3"]},
 }
 GENERATE = 32
 TINY_GENERATE = 40
@@ -68,13 +76,16 @@ def start_server(bin_dir, model, extra):
                                "--port", str(port), "-t", "2", "-c", "4096", "-np", "1", "--no-warmup", *extra],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
+        if server.poll() is not None:
+            sys.exit(f"llama-server exited with {server.returncode} (arguments: {' '.join(extra)})")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
                 if r.status == 200:
-                    break
+                    return server, port
         except Exception:
             time.sleep(0.2)
-    return server, port
+    server.kill()
+    sys.exit("llama-server did not become healthy in 2 minutes")
 
 
 def continuation(port, ids, n):
@@ -112,6 +123,8 @@ def main():
             print(f"{name}: {len(ids)} prompt tokens, {len(golden['tokens'])} generated", file=sys.stderr)
             return
         for key, prompt in PROMPTS.items():
+            if name not in prompt.get("only", [name]):
+                continue
             if "chat" in prompt:
                 text = post(port, "/apply-template", {"messages": prompt["chat"]})["prompt"]
             else:
@@ -121,7 +134,7 @@ def main():
                 "model": os.path.basename(model),
                 "prompt": text,
                 "prompt_tokens": ids,
-                **continuation(port, ids, GENERATE),
+                **continuation(port, ids, prompt.get("generate", GENERATE)),
             }
             with open(os.path.join(out_dir, f"{name}-{key}.json"), "w") as f:
                 json.dump(golden, f)
