@@ -225,8 +225,8 @@ fn greedy_rows(
             ));
         }
         spec.push(n as f64 / seconds);
-        drafts.0 += speculation.drafted;
-        drafts.1 += speculation.accepted;
+        let (drafted, accepted) = speculation.drafts();
+        drafts = (drafts.0 + drafted, drafts.1 + accepted);
     }
     let row = |samples_ts: Vec<f64>, speculative: bool| {
         let (avg_ts, stddev_ts) = spread(&samples_ts);

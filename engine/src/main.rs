@@ -282,8 +282,8 @@ fn main() -> ExitCode {
                     Tokenizer::load(&file).map_err(|e| format!("{}: {e}", model.display()))?;
                 let m = Model::load(&file).map_err(|e| e.to_string())?;
                 if let Some(limit) = memory_limit_of(memory_limit) {
-                    engine::memory::Need::of(&m, file.bytes().len() as u64, ctx_size, 0)
-                        .fits(&m.hparams, &limit)?;
+                    engine::memory::Need::of(&m, file.bytes().len() as u64, ctx_size, 0)?
+                        .fits(&limit)?;
                 }
                 let ids = if chat {
                     ChatTemplate::from_model(&file, &tok)?
@@ -333,7 +333,7 @@ fn main() -> ExitCode {
                 if !json {
                     println!();
                 }
-                let drafts = speculation.map(|s| (s.drafted, s.accepted));
+                let drafts = speculation.map(|s| s.drafts());
                 Ok(Generated {
                     ids,
                     tokens,

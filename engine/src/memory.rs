@@ -117,6 +117,8 @@ pub struct Need {
     pub work: u64,
     /// The context the KV figure is for.
     pub context: usize,
+    /// Keys and values of one context token.
+    pub kv_per_token: u64,
 }
 
 /// Bytes of one context's keys and values (f16 each).
@@ -126,9 +128,16 @@ fn kv_bytes(h: &Hparams, context: usize) -> u64 {
 
 impl Need {
     /// What `model` (from a file of `file_bytes`) takes with a context of `context` tokens and
-    /// `kept_mib` MiB for kept conversations (at least one is kept when it is not 0).
-    pub fn of(model: &Model<'_>, file_bytes: u64, context: usize, kept_mib: usize) -> Need {
+    /// `kept_mib` MiB for kept conversations (at least one is kept when it is not 0); a context
+    /// the model cannot hold at all is refused as such.
+    pub fn of(
+        model: &Model<'_>,
+        file_bytes: u64,
+        context: usize,
+        kept_mib: usize,
+    ) -> Result<Need, String> {
         let h = &model.hparams;
+        h.check_context(context)?;
         let kv = kv_bytes(h, context);
         let kept = match kept_mib as u64 {
             0 => 0,
@@ -143,14 +152,15 @@ impl Need {
             0 => 0,
             n => experts * h.n_expert_used as u64 / n,
         };
-        Need {
+        Ok(Need {
             weights: file_bytes.saturating_sub(experts) + used,
             widened: model.widened_bytes() as u64,
             kv,
             kept,
             work,
             context,
-        }
+            kv_per_token: kv_bytes(h, 1),
+        })
     }
 
     /// All of it, with the overhead.
@@ -158,10 +168,8 @@ impl Need {
         self.weights + self.widened + self.kv + self.kept + self.work + OVERHEAD
     }
 
-    /// Refuses what does not fit `limit`, saying what takes how much and what would fit (a
-    /// context the model cannot hold at all is refused as such first).
-    pub fn fits(&self, h: &Hparams, limit: &Limit) -> Result<(), String> {
-        h.check_context(self.context)?;
+    /// Refuses what does not fit `limit`, saying what takes how much and what would fit.
+    pub fn fits(&self, limit: &Limit) -> Result<(), String> {
         let total = self.total();
         if total <= limit.bytes {
             return Ok(());
@@ -178,26 +186,23 @@ impl Need {
             mib(OVERHEAD)
         );
         let fixed = total - self.kv - self.kept;
-        let advice = if fixed + kv_bytes(h, 1) * 2 > limit.bytes {
+        let room = limit.bytes.saturating_sub(fixed);
+        let advice = if room < self.kv_per_token * 2 {
             "the model alone does not fit: use a smaller model or a smaller quant type, or raise \
              the limit"
                 .to_string()
+        } else if self.kept > self.kv {
+            format!(
+                "lower the kept conversations' memory (--cache-mib) or the context (-c); with \
+                 --cache-mib 0 a context of up to {} tokens fits",
+                room / self.kv_per_token
+            )
         } else {
             // Each context token costs its keys and values once, and once more in the kept
-            // conversation when the kept budget is smaller than one conversation.
-            let per_token = kv_bytes(h, 1) * if self.kept > 0 { 2 } else { 1 };
-            let tokens = (limit.bytes - fixed) / per_token;
-            if self.kept > self.kv {
-                format!(
-                    "lower the kept conversations' memory (--cache-mib) or the context (-c); with \
-                     --cache-mib 0 a context of up to {} tokens fits",
-                    (limit.bytes - fixed) / kv_bytes(h, 1)
-                )
-            } else {
-                format!(
-                    "use a context of at most {tokens} tokens (-c {tokens}), or raise the limit"
-                )
-            }
+            // conversation (a budget smaller than one conversation keeps one anyway).
+            let per_token = self.kv_per_token * if self.kept > 0 { 2 } else { 1 };
+            let tokens = room / per_token;
+            format!("use a context of at most {tokens} tokens (-c {tokens}), or raise the limit")
         };
         Err(format!(
             "not enough memory: this model with a context of {} tokens needs {} MiB ({parts}), \

@@ -151,13 +151,9 @@ pub struct Speculation {
     /// Fewest tokens worth drafting; shorter drafts are not checked.
     pub n_min: usize,
     costs: Costs,
-    /// Drafted tokens so far.
-    pub drafted: usize,
-    /// Drafted tokens accepted so far.
-    pub accepted: usize,
-    /// The same, by the length of the n-gram that matched (index: length − [`NGRAM_MIN`]):
-    /// a 4-token match predicts far better than a 2-token one in prose, about as well in a
-    /// quotation, and the request's own record tells which it is in.
+    /// Drafted and accepted tokens by the length of the n-gram that matched (index: length −
+    /// [`NGRAM_MIN`]): a 4-token match predicts far better than a 2-token one in prose, about
+    /// as well in a quotation, and the request's own record tells which it is in.
     by_match: [Record; NGRAM_MAX - NGRAM_MIN + 1],
     /// Which record the draft being checked counts in.
     checking: usize,
@@ -182,8 +178,6 @@ impl Speculation {
             n_max: n_max.min(MAX_DRAFT),
             n_min,
             costs,
-            drafted: 0,
-            accepted: 0,
             by_match: [Record::default(); NGRAM_MAX - NGRAM_MIN + 1],
             checking: 0,
             idle: 0,
@@ -197,10 +191,10 @@ impl Speculation {
         let at = matched.clamp(NGRAM_MIN, NGRAM_MAX) - NGRAM_MIN;
         let (hits, tries) = PRIOR[at];
         let own = self.by_match[at];
-        let (accepted, drafted) = if own.drafted > 0 {
-            (own.accepted, own.drafted)
+        let (drafted, accepted) = if own.drafted > 0 {
+            (own.drafted, own.accepted)
         } else {
-            (self.accepted, self.drafted)
+            self.drafts()
         };
         (accepted as f64 + hits) / (drafted as f64 + tries)
     }
@@ -212,7 +206,6 @@ impl Speculation {
         let found = draft(history, self.n_max.min(room));
         let chosen = self.length(found);
         let tokens = &found.tokens[..chosen];
-        self.drafted += chosen;
         self.checking = found.matched.clamp(NGRAM_MIN, NGRAM_MAX) - NGRAM_MIN;
         self.by_match[self.checking].drafted += chosen;
         tokens
@@ -220,9 +213,14 @@ impl Speculation {
 
     /// Counts one drafted token as accepted or not.
     pub fn checked(&mut self, accepted: bool) {
-        let n = usize::from(accepted);
-        self.accepted += n;
-        self.by_match[self.checking].accepted += n;
+        self.by_match[self.checking].accepted += usize::from(accepted);
+    }
+
+    /// Tokens drafted so far, and how many of them were accepted.
+    pub fn drafts(&self) -> (usize, usize) {
+        self.by_match
+            .iter()
+            .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted))
     }
 
     /// How many of `found`'s tokens to draft.
@@ -374,11 +372,18 @@ mod tests {
                 .collect::<Vec<_>>(),
         );
         let mut s = Speculation::new(8, 0, cheap.clone());
-        (s.drafted, s.accepted) = (100, 95);
+        // A record of drafts after 3-token matches (this history's) that hit.
+        s.by_match[3 - NGRAM_MIN] = Record {
+            drafted: 100,
+            accepted: 95,
+        };
         assert_eq!(s.next(&h, 8), &[4, 5, 1, 2, 3]);
         // The same costs with drafts that always missed: none.
         let mut s = Speculation::new(8, 0, cheap);
-        (s.drafted, s.accepted) = (400, 0);
+        s.by_match[3 - NGRAM_MIN] = Record {
+            drafted: 400,
+            accepted: 0,
+        };
         assert!(s.next(&h, 8).is_empty());
     }
 

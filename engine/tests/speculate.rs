@@ -57,7 +57,7 @@ fn run(
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let (drafted, accepted) = speculation.map_or((0, 0), |s| (s.drafted, s.accepted));
+    let (drafted, accepted) = speculation.map_or((0, 0), |s| s.drafts());
     (digest, drafted, accepted)
 }
 

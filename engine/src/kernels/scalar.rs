@@ -46,8 +46,17 @@ pub(super) fn hsum8(l: [f32; 8]) -> f32 {
 /// Float weights · f32 activations: value i goes to lane i mod 8 by a fused multiply-add, and
 /// the lanes fold as [`hsum8`] folds them (the order the SIMD paths keep).
 pub fn float_dot(kind: super::FloatKind, row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (i, &v) in x.iter().enumerate() {
+        acc[i % 8] = float_at(kind, row, i).mul_add(v, acc[i % 8]);
+    }
+    hsum8(acc)
+}
+
+/// Value `i` of a float row (conversions exact, as F16C's and the shift's are).
+pub(super) fn float_at(kind: super::FloatKind, row: &[u8], i: usize) -> f32 {
     use super::FloatKind;
-    let value = |i: usize| match kind {
+    match kind {
         FloatKind::F32 => {
             f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]])
         }
@@ -55,12 +64,7 @@ pub fn float_dot(kind: super::FloatKind, row: &[u8], x: &[f32]) -> f32 {
         FloatKind::BF16 => {
             f32::from_bits(u32::from(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])) << 16)
         }
-    };
-    let mut acc = [0f32; 8];
-    for (i, &v) in x.iter().enumerate() {
-        acc[i % 8] = value(i).mul_add(v, acc[i % 8]);
     }
-    hsum8(acc)
 }
 
 /// A 32-element format: block size, the unpacked values, and the offset term (Q4_1/Q5_1's

@@ -89,16 +89,7 @@ unsafe fn float_dot_avx2(kind: super::FloatKind, row: &[u8], x: &[f32]) -> f32 {
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
         for i in whole..n {
-            let v = match kind {
-                FloatKind::F32 => {
-                    f32::from_le_bytes([row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]])
-                }
-                FloatKind::F16 => f16c_at(row, 2 * i),
-                FloatKind::BF16 => f32::from_bits(
-                    u32::from(u16::from_le_bytes([row[2 * i], row[2 * i + 1]])) << 16,
-                ),
-            };
-            lanes[i % 8] = v.mul_add(x[i], lanes[i % 8]);
+            lanes[i % 8] = super::scalar::float_at(kind, row, i).mul_add(x[i], lanes[i % 8]);
         }
         super::scalar::hsum8(lanes)
     }

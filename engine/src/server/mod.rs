@@ -331,8 +331,8 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
             file.bytes().len() as u64,
             config.context,
             config.cache_mib,
-        );
-        need.fits(&model.hparams, limit)?;
+        )?;
+        need.fits(limit)?;
     }
     let widened = model.widened_bytes();
     if widened > 0 {

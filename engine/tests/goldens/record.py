@@ -88,10 +88,10 @@ def start_server(bin_dir, model, extra):
     sys.exit("llama-server did not become healthy in 2 minutes")
 
 
-def continuation(port, ids, n):
+def continuation(port, ids, n, cache_prompt=False):
     """llama.cpp's greedy continuation of the token ids and its top-5 log-probabilities."""
     result = post(port, "/completion", {"prompt": ids, "n_predict": n, "temperature": 0.0,
-                                        "n_probs": 5, "cache_prompt": False, "samplers": ["top_k"],
+                                        "n_probs": 5, "cache_prompt": cache_prompt, "samplers": ["top_k"],
                                         "top_k": 1, "post_sampling_probs": False, "ignore_eos": True})
     probs = result["completion_probabilities"]
     # llama-server reports no probabilities for a token that ends inside a UTF-8 character: a

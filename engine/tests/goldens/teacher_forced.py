@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Scores a golden's own token sequence with llama.cpp in another configuration, teacher-forced:
 at every generated position, llama-server's top-5 log-probabilities after the prompt and the
-golden's tokens so far (one new token per request, the rest from its prompt cache). The output
+golden's tokens so far (one new token per request, the rest from its prompt cache where it
+keeps one: for Gemma 3's sliding-window cache it processes the whole sequence again, so even its
+default configuration moves against its own recording). The output
 has the golden's shape, so compare.py measures llama.cpp's spread against itself over every
 position, not only up to where two free-running recordings part.
 
@@ -10,7 +12,7 @@ Usage: teacher_forced.py LLAMA_BIN_DIR MODEL.gguf GOLDEN.json OUT.json [LLAMA_SE
 import json
 import sys
 
-from record import post, start_server
+from record import continuation, start_server
 
 
 def main():
@@ -23,11 +25,7 @@ def main():
         sequence = list(golden["prompt_tokens"])
         top = []
         for token in golden["tokens"]:
-            result = post(port, "/completion", {"prompt": sequence, "n_predict": 1, "temperature": 0.0,
-                                                "n_probs": 5, "cache_prompt": True, "samplers": ["top_k"],
-                                                "top_k": 1, "post_sampling_probs": False, "ignore_eos": True})
-            probs = result["completion_probabilities"][0]
-            top.append([[t["id"], t["logprob"]] for t in probs["top_logprobs"]])
+            top.extend(continuation(port, sequence, 1, cache_prompt=True)["top"])
             sequence.append(token)
         with open(out_path, "w") as f:
             json.dump({**golden, "top": top}, f)

@@ -619,7 +619,7 @@ impl Runner<'_> {
             }
         }
         let stopping_word = std::mem::take(&mut sink.stopping_word);
-        let (draft_n, draft_n_accepted) = speculation.map_or((0, 0), |s| (s.drafted, s.accepted));
+        let (draft_n, draft_n_accepted) = speculation.map_or((0, 0), |s| s.drafts());
         self.metrics.drafts(draft_n, draft_n_accepted);
         let generated = history.len() - prompt.len();
         let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
