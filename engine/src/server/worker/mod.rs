@@ -454,6 +454,7 @@ impl Runner<'_> {
                     break;
                 }
             }
+            // Already idle unless a client left between choices.
             self.progress.busy.store(false, Ordering::Relaxed);
         }
     }
@@ -488,14 +489,21 @@ impl Runner<'_> {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .record(&summary);
+                // Idle before the last answer leaves: a client that reads `/metrics` as soon as
+                // it has its answer must not see its own request still processing.
+                if choice + 1 >= job.params.choices.max(1) {
+                    self.progress.busy.store(false, Ordering::Relaxed);
+                }
                 job.events.send(Event::Done { choice, summary }).is_ok()
             }
             Err(_) if self.progress.stopping() => {
+                self.progress.busy.store(false, Ordering::Relaxed);
                 let _ = job.events.send(Event::ShuttingDown);
                 false
             }
             Err(message) => {
                 self.metrics.failed();
+                self.progress.busy.store(false, Ordering::Relaxed);
                 let _ = job.events.send(Event::Failed(message));
                 false
             }
