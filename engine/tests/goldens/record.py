@@ -29,13 +29,13 @@ PROMPTS = {
         "combined movable metal type, oil-based ink and a screw press adapted from wine making. "
     ) * 14 + "In summary, the printing press"},
     # Long and code, past Gemma 3's 512-token sliding window: where small differences have room
-    # to grow. Only Gemma 3's is a golden (goldens.rs says why SmolLM2's is not).
+    # to grow; exact_forward.py scores the same sequences in float64.
     "code-long": {"chat": [{"role": "user", "content": (
         "Write a complete Python module that parses a CSV file of patient appointments (columns: "
         "date, time, patient_id, clinician, room), validates every field, reports bad rows with "
         "their line numbers, and prints a schedule per clinician sorted by date and time. Include "
         "docstrings, type hints and a main() with argparse."
-    )}], "generate": 512, "only": ["gemma3"]},
+    )}], "generate": 512},
 }
 GENERATE = 32
 TINY_GENERATE = 40
@@ -123,8 +123,6 @@ def main():
             print(f"{name}: {len(ids)} prompt tokens, {len(golden['tokens'])} generated", file=sys.stderr)
             return
         for key, prompt in PROMPTS.items():
-            if name not in prompt.get("only", [name]):
-                continue
             if "chat" in prompt:
                 text = post(port, "/apply-template", {"messages": prompt["chat"]})["prompt"]
             else:
