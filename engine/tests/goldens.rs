@@ -138,24 +138,22 @@ const GEMMA3_CODE_WORST: f32 = 1.803;
 /// top-1. At the worst of those positions llama.cpp is the one off (Gemma 3's 356: exact −9.12,
 /// ours −9.36, llama.cpp −7.90). These tests hold us, position by position, to no more than
 /// llama.cpp's own distance from the truth on average.
-#[test]
-fn smollm2_code_long_exact() {
+fn code_long_exact(prefix: &str, model: &std::path::Path, worst: f32) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens");
     golden::check_exact(
-        &dir.join("smollm2-code-long.json"),
-        &dir.join("smollm2-code-long.exact.json"),
-        &smollm2(),
-        SMOLLM2_CODE_WORST,
+        &dir.join(format!("{prefix}-code-long.json")),
+        &dir.join(format!("{prefix}-code-long.exact.json")),
+        model,
+        worst,
     );
 }
 
 #[test]
+fn smollm2_code_long_exact() {
+    code_long_exact("smollm2", &smollm2(), SMOLLM2_CODE_WORST);
+}
+
+#[test]
 fn gemma3_code_long_exact() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens");
-    golden::check_exact(
-        &dir.join("gemma3-code-long.json"),
-        &dir.join("gemma3-code-long.exact.json"),
-        &gemma3(),
-        GEMMA3_CODE_WORST,
-    );
+    code_long_exact("gemma3", &gemma3(), GEMMA3_CODE_WORST);
 }
