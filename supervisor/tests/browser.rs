@@ -338,9 +338,13 @@ fn log_in_watch_live_values_chat_and_save_a_screenshot() {
     browser.screenshot(&shot);
     println!("dashboard screenshot: {}", shot.display());
 
-    // Logging out ends the session: the overview asks for the password again.
+    // Logging out ends the session: the overview asks for the password again (the logout's
+    // navigation, like the login's, can lag the click on a loaded machine).
     browser.click("#logout");
-    assert_eq!(browser.url(), format!("{base}/login"));
+    let login = format!("{base}/login");
+    browser.wait_for("on the login page", Duration::from_secs(10), |b| {
+        b.url() == login
+    });
     browser.go(&format!("{base}/"));
     assert_eq!(browser.url(), format!("{base}/login"));
 }
