@@ -266,7 +266,17 @@ fn log_in_watch_live_values_chat_and_save_a_screenshot() {
     // A wrong password: the form again, with the error, and no way in.
     browser.type_into("#password", "reception 24");
     browser.click("#login-button");
-    assert_eq!(browser.text("#login-error"), "Wrong password.");
+    // Read through a script, which waits for the form's navigation to load the new page.
+    let error = |b: &Browser| {
+        b.run_async(
+            "const done = arguments[arguments.length - 1];
+             const e = document.querySelector('#login-error');
+             done(e ? e.textContent.trim() : '');",
+        )
+    };
+    browser.wait_for("told the password is wrong", Duration::from_secs(10), |b| {
+        error(b) == json!("Wrong password.")
+    });
     browser.go(&format!("{base}/"));
     assert_eq!(browser.url(), format!("{base}/login"));
 
