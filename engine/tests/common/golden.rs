@@ -92,8 +92,8 @@ fn worst_delta(reference: &[(u32, f32)], value: impl Fn(u32) -> f32) -> f32 {
 /// `goldens/exact_forward.py`): at every position, the largest distance from the exact values
 /// over llama.cpp's top tokens, ours and llama.cpp's. Ours may be no farther on average than
 /// llama.cpp's beyond chance (the mean of the paired differences at most two standard errors
-/// above zero) and no position farther than `worst`. Returns our mean and llama.cpp's.
-pub fn check_exact(golden: &Path, exact: &Path, model: &Path, worst: f32) -> (f64, f64) {
+/// above zero) and no position farther than `worst`.
+pub fn check_exact(golden: &Path, exact: &Path, model: &Path, worst: f32) {
     let golden = Golden::load(golden);
     let exact = Golden::load(exact);
     assert_eq!(
@@ -138,7 +138,6 @@ pub fn check_exact(golden: &Path, exact: &Path, model: &Path, worst: f32) -> (f6
         "{}: farther from the exact values than llama.cpp: {ours:.4} against {llama:.4} on average",
         golden.name
     );
-    (ours, llama)
 }
 
 /// The golden at `golden` (a JSON file) against `model`: mean and max |Δ logprob| at each
