@@ -31,14 +31,23 @@ pub enum Isa {
     Scalar,
     /// x86-64 with AVX2, FMA and F16C.
     Avx2,
+    /// [`Isa::Avx2`] plus AVX-512 VNNI and VL: the int8 dot products fused (`vpdpbusd`).
+    Avx512Vnni,
     /// aarch64 NEON with the dot-product extension.
     Neon,
 }
 
 impl Isa {
-    /// The best instruction set this CPU supports (checked at run time).
+    /// The best instruction set this CPU supports (checked at run time), or the one named by
+    /// `ENGINE_ISA` (`Scalar`, `Avx2`, ...) when this CPU has it: benchmarks compare the paths
+    /// with it, and a user can step down from a path that misbehaves on their CPU.
     pub fn detect() -> Isa {
-        Isa::available().last().copied().unwrap_or(Isa::Scalar)
+        let available = Isa::available();
+        let named = std::env::var("ENGINE_ISA").ok();
+        named
+            .and_then(|name| available.iter().find(|i| format!("{i:?}") == name).copied())
+            .or_else(|| available.last().copied())
+            .unwrap_or(Isa::Scalar)
     }
 
     /// Every instruction set this CPU can run, the scalar reference first.
@@ -48,6 +57,10 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         if x86::supported() {
             isas.push(Isa::Avx2);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if x86::vnni_supported() {
+            isas.push(Isa::Avx512Vnni);
         }
         #[cfg(target_arch = "aarch64")]
         if arm::supported() {
@@ -78,8 +91,8 @@ pub enum RowDot {
 /// The row kernel for weights of type `ty` on `isa`.
 pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
-        if let Some(dot) = x86::row_dot(ty) {
+    if let Isa::Avx2 | Isa::Avx512Vnni = isa {
+        if let Some(dot) = x86::row_dot(ty, isa == Isa::Avx512Vnni) {
             return Ok(dot);
         }
     }
@@ -114,7 +127,7 @@ pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
 pub fn dot_f16(a: &[u16], b: &[u16], isa: Isa) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::dot_f16(a, b),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::dot_f16(a, b),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::dot_f16(a, b),
         _ => scalar::dot_f16(a, b),
@@ -125,7 +138,7 @@ pub fn dot_f16(a: &[u16], b: &[u16], isa: Isa) -> f32 {
 pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32, isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::mad_f16(acc, v, w),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::mad_f16(acc, v, w),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::mad_f16(acc, v, w),
         _ => scalar::mad_f16(acc, v, w),
@@ -136,7 +149,7 @@ pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32, isa: Isa) {
 pub fn silu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::silu_mul(gate, up),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::silu_mul(gate, up),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::silu_mul(gate, up),
         _ => scalar::silu_mul(gate, up),
@@ -147,7 +160,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
 pub fn gelu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::gelu_mul(gate, up),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::gelu_mul(gate, up),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::gelu_mul(gate, up),
         _ => scalar::gelu_mul(gate, up),
@@ -158,7 +171,7 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32], isa: Isa) {
 pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16], isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::to_f16(src, scale, dst),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::to_f16(src, scale, dst),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::to_f16(src, scale, dst),
         _ => scalar::to_f16(src, scale, dst),
@@ -169,7 +182,7 @@ pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16], isa: Isa) {
 pub fn from_f16(src: &[u16], scale: f32, dst: &mut [f32], isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::from_f16(src, scale, dst),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::from_f16(src, scale, dst),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::from_f16(src, scale, dst),
         _ => scalar::from_f16(src, scale, dst),
@@ -180,7 +193,7 @@ pub fn from_f16(src: &[u16], scale: f32, dst: &mut [f32], isa: Isa) {
 pub fn scale_f16(acc: &mut [u16], s: f32, isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::scale_f16(acc, s),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::scale_f16(acc, s),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::scale_f16(acc, s),
         _ => scalar::scale_f16(acc, s),
@@ -191,7 +204,7 @@ pub fn scale_f16(acc: &mut [u16], s: f32, isa: Isa) {
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>, isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::quantize_q8_0(x, out),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::quantize_q8_0(x, out),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::quantize_q8_0(x, out),
         _ => activations::quantize_q8_0(x, out),
@@ -202,7 +215,7 @@ pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>, isa: Isa) {
 pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>, isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::quantize_q8_1(x, out),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::quantize_q8_1(x, out),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::quantize_q8_1(x, out),
         _ => activations::quantize_q8_1(x, out),
@@ -213,7 +226,7 @@ pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>, isa: Isa) {
 pub fn quantize_q8_k(x: &[f32], out: &mut Vec<BlockQ8K>, isa: Isa) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::quantize_q8_k(x, out),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::quantize_q8_k(x, out),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => arm::quantize_q8_k(x, out),
         _ => activations::quantize_q8_k(x, out),
@@ -326,7 +339,7 @@ impl FloatKind {
 /// of fused multiply-adds over consecutive values, folded as `hsum8` folds them, on every path.
 pub fn float_dot(kind: FloatKind, row: &[u8], x: &[f32], isa: Isa) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if let Isa::Avx2 | Isa::Avx512Vnni = isa {
         return x86::float_dot(kind, row, x);
     }
     let _ = isa;

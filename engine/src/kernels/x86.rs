@@ -2,8 +2,13 @@
 //! operations of its scalar twin in `scalar.rs`, so the two give bit-identical results (the
 //! tests compare them exactly); integer sums are exact, so only the float steps need care.
 //!
-//! The `*_avx2` functions require those CPU features: the row kernels are only handed out by
-//! [`row_dot`], which checks [`supported`] first, and the f16 helpers check it on every call.
+//! Where the CPU also has AVX-512 VNNI (with VL, on 256-bit registers), a second set of the row
+//! kernels is compiled from the same code with the int8 multiply-adds fused into `vpdpbusd` /
+//! `vpdpwssd`: the same lanes summed exactly, so the same results, in fewer instructions.
+//!
+//! The `*_avx2` and `*_vnni` functions require those CPU features: the row kernels are only
+//! handed out by [`row_dot`], which checks [`supported`] / [`vnni_supported`] first, and the f16
+//! helpers check it on every call.
 
 // Rust 1.85 (our MSRV) still needs `unsafe` around every intrinsic call; newer compilers see
 // some of those blocks as redundant.
@@ -23,9 +28,29 @@ pub fn supported() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// The AVX2 kernel for `ty`, where there is one.
-pub fn row_dot(ty: &TensorType) -> Option<RowDot> {
-    if !supported() {
+/// Whether this CPU also has AVX-512's VNNI on 256-bit registers (`vpdpbusd`, `vpdpwssd`).
+pub fn vnni_supported() -> bool {
+    supported()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// The kernel for `ty`, where there is one: with `vnni` the set that fuses the int8 dot
+/// products (same lanes, same results), else the AVX2 one.
+pub fn row_dot(ty: &TensorType, vnni: bool) -> Option<RowDot> {
+    if vnni && vnni_supported() {
+        return Some(match ty.name {
+            "Q4_0" => RowDot::Q8_0(q4_0_v),
+            "Q4_1" => RowDot::Q8_1(q4_1_v),
+            "Q5_0" => RowDot::Q8_0(q5_0_v),
+            "Q8_0" => RowDot::Q8_0(q8_0_v),
+            "Q4_K" => RowDot::Q8K(q4_k_v),
+            "Q6_K" => RowDot::Q8K(q6_k_v),
+            _ => return None,
+        });
+    }
+    if vnni || !supported() {
         return None;
     }
     Some(match ty.name {
@@ -54,6 +79,22 @@ safe_wrapper!(q5_0, q5_0_avx2, BlockQ8_0);
 safe_wrapper!(q8_0, q8_0_avx2, BlockQ8_0);
 safe_wrapper!(q4_k, q4_k_rows_avx2, BlockQ8K);
 safe_wrapper!(q6_k, q6_k_rows_avx2, BlockQ8K);
+
+macro_rules! safe_wrapper_vnni {
+    ($name:ident, $inner:ident, $act:ty) => {
+        fn $name(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
+            // SAFETY: only reachable through `row_dot`, which checks `vnni_supported()` first.
+            unsafe { $inner(w, row_bytes, x, columns, out) }
+        }
+    };
+}
+
+safe_wrapper_vnni!(q4_0_v, q4_0_vnni, BlockQ8_0);
+safe_wrapper_vnni!(q4_1_v, q4_1_vnni, BlockQ8_1);
+safe_wrapper_vnni!(q5_0_v, q5_0_vnni, BlockQ8_0);
+safe_wrapper_vnni!(q8_0_v, q8_0_vnni, BlockQ8_0);
+safe_wrapper_vnni!(q4_k_v, q4_k_rows_vnni, BlockQ8K);
+safe_wrapper_vnni!(q6_k_v, q6_k_rows_vnni, BlockQ8K);
 
 /// `row · x` for float weights as `scalar::float_dot` computes it: lane i mod 8, fused
 /// multiply-adds, the tail in the same lanes, then `hsum8`.
@@ -163,6 +204,57 @@ unsafe fn unsigned_lanes(x: __m256i, y: __m256i) -> __m256 {
     }
 }
 
+/// [`unsigned_lanes`] in one instruction: `vpdpbusd` sums the four products into each i32 lane
+/// exactly, as `maddubs` (which cannot saturate on these values) then `madd` do.
+///
+/// Written as `asm!` because the intrinsic and the `avx512*` target features need Rust 1.89,
+/// newer than our MSRV. The EVEX form (AVX-512 VNNI + VL) is named explicitly: CPUs such as
+/// Zen 4 have it without the VEX form (AVX-VNNI).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn unsigned_lanes_vnni(x: __m256i, y: __m256i) -> __m256 {
+    // SAFETY: only reached through kernels `row_dot` hands out after `vnni_supported()`; the
+    // instruction reads and writes registers only.
+    unsafe {
+        let mut acc = _mm256_setzero_si256();
+        std::arch::asm!(
+            "{{evex}} vpdpbusd {acc}, {x}, {y}",
+            acc = inout(ymm_reg) acc,
+            x = in(ymm_reg) x,
+            y = in(ymm_reg) y,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        _mm256_cvtepi32_ps(acc)
+    }
+}
+
+/// `acc + madd(s, p)`: a chunk's pair sums weighted by its 16-bit scales, added in.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn madd_add(acc: __m256i, s: __m256i, p: __m256i) -> __m256i {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(s, p)) }
+}
+
+/// [`madd_add`] in one instruction (`vpdpwssd`, EVEX form, `asm!` as in
+/// [`unsigned_lanes_vnni`]), the same exact integers.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn madd_add_vnni(acc: __m256i, s: __m256i, p: __m256i) -> __m256i {
+    // SAFETY: as for `unsigned_lanes_vnni`.
+    unsafe {
+        let mut acc = acc;
+        std::arch::asm!(
+            "{{evex}} vpdpwssd {acc}, {s}, {p}",
+            acc = inout(ymm_reg) acc,
+            s = in(ymm_reg) s,
+            p = in(ymm_reg) p,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        acc
+    }
+}
+
 /// The two f16 at the start of a block (a legacy block's scale, and Q4_1's min after it) in
 /// lanes 0 and 1: one 4-byte load and one conversion, exact like `f16_to_f32`.
 #[inline]
@@ -198,12 +290,12 @@ unsafe fn f16c_at(bytes: &[u8], at: usize) -> f32 {
 /// block loaded once). Every (row, column) sums in the scalar reference's order.
 macro_rules! legacy_rows {
     (
-        $rows:ident, $act:ty, $bytes:expr,
+        $rows:ident, $features:literal, $act:ty, $bytes:expr,
         prep: |$b:ident| $prep:expr,
         dot: |$w:ident, $y:ident| $dot:expr,
         offset: |$ob:ident, $oy:ident, $summs:ident| $offset:expr $(,)?
     ) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
@@ -406,42 +498,49 @@ unsafe fn signed_weights(x: __m256i) -> (__m256i, __m256i) {
     unsafe { (_mm256_sign_epi8(x, x), x) }
 }
 
-/// Sums of four consecutive i8·i8 products as f32 lanes (`maddubs` needs an unsigned side: |x|
-/// against y with x's sign), the weights' absolute values precomputed.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn signed_lanes_prepared(w: (__m256i, __m256i), y: __m256i) -> __m256 {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe { unsigned_lanes(w.0, _mm256_sign_epi8(y, w.1)) }
+/// The four legacy kernels compiled for `$features`, with `$lanes` summing four consecutive
+/// u8·i8 products per lane. Signed weights go in as |x| against y with x's sign (the products
+/// need an unsigned side), the absolute values unpacked once per block.
+macro_rules! legacy_kernels {
+    ($features:literal, $lanes:ident: $q4_0:ident, $q4_1:ident, $q5_0:ident, $q8_0:ident) => {
+        legacy_rows!($q4_0, $features, BlockQ8_0, 18,
+            prep: |b| {
+                let values = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
+                (f16_pair(b), signed_weights(values))
+            },
+            dot: |w, y| $lanes(w.0, _mm256_sign_epi8(load_qs(&y.qs), w.1)),
+            offset: |_b, _y, _summs| (),
+        );
+
+        legacy_rows!($q4_1, $features, BlockQ8_1, 20,
+            prep: |b| (f16_pair(b), nibbles(&b[4..])),
+            dot: |w, y| $lanes(w, load_qs(&y.qs)),
+            offset: |dm, y, summs| *summs = second(dm).mul_add(y.s, *summs),
+        );
+
+        legacy_rows!($q5_0, $features, BlockQ8_0, 22,
+            prep: |b| {
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
+                let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
+                (f16_pair(b), signed_weights(_mm256_or_si256(nibbles(&b[6..]), high)))
+            },
+            dot: |w, y| $lanes(w.0, _mm256_sign_epi8(load_qs(&y.qs), w.1)),
+            offset: |_b, _y, _summs| (),
+        );
+
+        legacy_rows!($q8_0, $features, BlockQ8_0, 34,
+            prep: |b| (f16_pair(b), signed_weights(load32(&b[2..]))),
+            dot: |w, y| $lanes(w.0, _mm256_sign_epi8(load_qs(&y.qs), w.1)),
+            offset: |_b, _y, _summs| (),
+        );
+    };
 }
 
-legacy_rows!(q4_0_avx2, BlockQ8_0, 18,
-    prep: |b| (f16_pair(b), signed_weights(_mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8)))),
-    dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
-    offset: |_b, _y, _summs| (),
-);
-
-legacy_rows!(q4_1_avx2, BlockQ8_1, 20,
-    prep: |b| (f16_pair(b), nibbles(&b[4..])),
-    dot: |w, y| unsigned_lanes(w, load_qs(&y.qs)),
-    offset: |dm, y, summs| *summs = second(dm).mul_add(y.s, *summs),
-);
-
-legacy_rows!(q5_0_avx2, BlockQ8_0, 22,
-    prep: |b| {
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
-        let high = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xf0u8 as i8));
-        (f16_pair(b), signed_weights(_mm256_or_si256(nibbles(&b[6..]), high)))
-    },
-    dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
-    offset: |_b, _y, _summs| (),
-);
-
-legacy_rows!(q8_0_avx2, BlockQ8_0, 34,
-    prep: |b| (f16_pair(b), signed_weights(load32(&b[2..]))),
-    dot: |w, y| signed_lanes_prepared(w, load_qs(&y.qs)),
-    offset: |_b, _y, _summs| (),
+legacy_kernels!("avx2,fma,f16c", unsigned_lanes: q4_0_avx2, q4_1_avx2, q5_0_avx2, q8_0_avx2);
+legacy_kernels!(
+    "avx2,fma,f16c",
+    unsigned_lanes_vnni: q4_0_vnni, q4_1_vnni, q5_0_vnni, q8_0_vnni
 );
 
 /// Columns a K-quant kernel keeps accumulators for at once.
@@ -452,12 +551,12 @@ const K_COLUMNS: usize = 32;
 /// in an array; every (row, column) sums exactly as the scalar reference does.
 macro_rules! k_quant_rows {
     (
-        $rows:ident, $bytes:expr,
+        $rows:ident, $features:literal, $bytes:expr,
         unpack: |$b:ident| $unpack:expr,
         column: |$u:ident, $y:ident, $acc:ident, $acc_m:ident| $column:expr,
         finish: |$lanes:ident, $m:ident| $finish:expr $(,)?
     ) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         unsafe fn $rows(
             w: &[u8],
             row_bytes: usize,
@@ -542,30 +641,6 @@ unsafe fn q4_k_unpack(b: &[u8]) -> Q4K {
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut __m256, acc_m: &mut __m128) {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        // The min terms in `scalar::q4_k_mins`'s four sums, each an exact integer.
-        let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-        let pair_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-        let products = _mm256_mullo_epi32(pair_sums, u.mins);
-        let folded = _mm256_hadd_epi32(products, products);
-        let sums = _mm_unpacklo_epi64(
-            _mm256_castsi256_si128(folded),
-            _mm256_extracti128_si256(folded, 1),
-        );
-        *acc_m = _mm_fmadd_ps(_mm_set1_ps(-y.d * u.dmin), _mm_cvtepi32_ps(sums), *acc_m);
-        let mut sumi = _mm256_setzero_si256();
-        for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
-            let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(*s, _mm256_maddubs_epi16(*v, q8)));
-        }
-        *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * u.dw), _mm256_cvtepi32_ps(sumi), *acc);
-    }
-}
-
 /// A Q6_K block unpacked: its 6-bit values (unsigned) in eight 32-byte chunks and its scales.
 struct Q6K {
     dw: f32,
@@ -612,39 +687,80 @@ unsafe fn q6_k_unpack(b: &[u8]) -> Q6K {
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut __m256) {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let mut sumi = _mm256_setzero_si256();
-        for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
-            let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(*s, _mm256_maddubs_epi16(*v, q8)));
+/// The Q4_K and Q6_K kernels compiled for `$features`, with `$madd_add` weighting a chunk's
+/// pair sums by its scales.
+macro_rules! k_quant_kernels {
+    (
+        $features:literal, $madd_add:ident:
+        $q4_k_column:ident, $q6_k_column:ident, $q4_k_rows:ident, $q6_k_rows:ident
+    ) => {
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut __m256, acc_m: &mut __m128) {
+            // SAFETY: the caller guarantees the CPU features this function is compiled for.
+            unsafe {
+                // The min terms in `scalar::q4_k_mins`'s four sums, each an exact integer.
+                let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+                let pair_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+                let products = _mm256_mullo_epi32(pair_sums, u.mins);
+                let folded = _mm256_hadd_epi32(products, products);
+                let sums = _mm_unpacklo_epi64(
+                    _mm256_castsi256_si128(folded),
+                    _mm256_extracti128_si256(folded, 1),
+                );
+                *acc_m = _mm_fmadd_ps(_mm_set1_ps(-y.d * u.dmin), _mm_cvtepi32_ps(sums), *acc_m);
+                let mut sumi = _mm256_setzero_si256();
+                for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
+                    let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
+                    sumi = $madd_add(sumi, *s, _mm256_maddubs_epi16(*v, q8));
+                }
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * u.dw), _mm256_cvtepi32_ps(sumi), *acc);
+            }
         }
-        // The −32 offset of every value, through the activations' sums of 16.
-        let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-        let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
-        sumi = _mm256_sub_epi32(sumi, offsets);
-        *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * u.dw), _mm256_cvtepi32_ps(sumi), *acc);
-    }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut __m256) {
+            // SAFETY: the caller guarantees the CPU features this function is compiled for.
+            unsafe {
+                let mut sumi = _mm256_setzero_si256();
+                for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
+                    let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
+                    sumi = $madd_add(sumi, *s, _mm256_maddubs_epi16(*v, q8));
+                }
+                // The −32 offset of every value, through the activations' sums of 16.
+                let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+                let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
+                sumi = _mm256_sub_epi32(sumi, offsets);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * u.dw), _mm256_cvtepi32_ps(sumi), *acc);
+            }
+        }
+
+        k_quant_rows!($q4_k_rows, $features, 144,
+            unpack: |b| q4_k_unpack(b),
+            column: |u, y, acc, acc_m| $q4_k_column(&u, y, acc, acc_m),
+            finish: |lanes, m| {
+                let m: [f32; 4] = std::mem::transmute(*m);
+                hsum8(*lanes) + ((m[0] + m[2]) + (m[1] + m[3]))
+            },
+        );
+
+        k_quant_rows!($q6_k_rows, $features, 210,
+            unpack: |b| q6_k_unpack(b),
+            column: |u, y, acc, _acc_m| $q6_k_column(&u, y, acc),
+            finish: |lanes, _m| hsum8(*lanes),
+        );
+    };
 }
 
-k_quant_rows!(q4_k_rows_avx2, 144,
-    unpack: |b| q4_k_unpack(b),
-    column: |u, y, acc, acc_m| q4_k_column(&u, y, acc, acc_m),
-    finish: |lanes, m| {
-        let m: [f32; 4] = std::mem::transmute(*m);
-        hsum8(*lanes) + ((m[0] + m[2]) + (m[1] + m[3]))
-    },
+k_quant_kernels!(
+    "avx2,fma,f16c", madd_add:
+    q4_k_column, q6_k_column, q4_k_rows_avx2, q6_k_rows_avx2
 );
-
-k_quant_rows!(q6_k_rows_avx2, 210,
-    unpack: |b| q6_k_unpack(b),
-    column: |u, y, acc, _acc_m| q6_k_column(&u, y, acc),
-    finish: |lanes, _m| hsum8(*lanes),
+k_quant_kernels!(
+    "avx2,fma,f16c", madd_add_vnni:
+    q4_k_column_vnni, q6_k_column_vnni, q4_k_rows_vnni, q6_k_rows_vnni
 );
-
 fn cast_i8(v: &[i8]) -> &[u8] {
     // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) }
