@@ -155,10 +155,15 @@ impl Costs {
     }
 }
 
-/// Drafts made and accepted after matches of one n-gram length.
+/// Drafts after matches of one range of lengths: tokens drafted, checked and accepted.
+///
+/// A drafted token counts as checked only up to the first miss: the tokens after it were
+/// never put to the test, so a draft of 16 missed at its first token is one miss, not
+/// sixteen (counting them would make long drafts look far worse than they are).
 #[derive(Debug, Clone, Copy, Default)]
 struct Record {
     drafted: usize,
+    checked: usize,
     accepted: usize,
 }
 
@@ -170,7 +175,7 @@ pub struct Speculation {
     /// Fewest tokens worth drafting; shorter drafts are not checked.
     pub n_min: usize,
     costs: Costs,
-    /// Drafted and accepted tokens by the length of the match (index: [`bucket`]): a long
+    /// Drafts by the length of the match (index: [`bucket`]): a long
     /// match predicts far better than a 2-token one in prose, about as well in a quotation,
     /// and the request's own record tells which it is in.
     by_match: [Record; BUCKETS.len()],
@@ -209,19 +214,21 @@ impl Speculation {
         }
     }
 
-    /// Acceptance per drafted token after a match of `matched` tokens: the request's record
-    /// for that length with the prior's weight, or, with no record yet there, its record over
-    /// all lengths.
+    /// Chance that a drafted token is accepted, given the one before it was, after a match of
+    /// `matched` tokens: the request's record for that length with the prior's weight, or,
+    /// with no record yet there, its record over all lengths.
     fn rate(&self, matched: usize) -> f64 {
         let at = bucket(matched);
         let (hits, tries) = PRIOR[at];
         let own = self.by_match[at];
-        let (drafted, accepted) = if own.drafted > 0 {
-            (own.drafted, own.accepted)
+        let (checked, accepted) = if own.checked > 0 {
+            (own.checked, own.accepted)
         } else {
-            self.drafts()
+            self.by_match
+                .iter()
+                .fold((0, 0), |(c, a), r| (c + r.checked, a + r.accepted))
         };
-        (accepted as f64 + hits) / (drafted as f64 + tries)
+        (accepted as f64 + hits) / (checked as f64 + tries)
     }
 
     /// The draft for the next pass after `history`, at most `room` tokens: the length whose
@@ -236,9 +243,11 @@ impl Speculation {
         tokens
     }
 
-    /// Counts one drafted token as accepted or not.
+    /// Counts one drafted token as accepted or not (called up to the draft's first miss).
     pub fn checked(&mut self, accepted: bool) {
-        self.by_match[self.checking].accepted += usize::from(accepted);
+        let record = &mut self.by_match[self.checking];
+        record.checked += 1;
+        record.accepted += usize::from(accepted);
     }
 
     /// Tokens drafted so far, and how many of them were accepted.
@@ -417,6 +426,7 @@ mod tests {
         // A record of drafts after 3-token matches (this history's) that hit.
         s.by_match[bucket(3)] = Record {
             drafted: 100,
+            checked: 100,
             accepted: 95,
         };
         assert_eq!(s.next(&h, 8), &[4, 5, 1, 2, 3]);
@@ -424,6 +434,7 @@ mod tests {
         let mut s = Speculation::new(8, 0, cheap);
         s.by_match[bucket(3)] = Record {
             drafted: 400,
+            checked: 100,
             accepted: 0,
         };
         assert!(s.next(&h, 8).is_empty());
@@ -439,13 +450,16 @@ mod tests {
         let mut s = Speculation::new(8, 0, cheap);
         // 2-token matches ("… 5 6" after "5 6 7") whose drafts all missed.
         let short = [5, 6, 7, 8, 9, 5, 6];
-        for _ in 0..10 {
-            let d = s.next(&short, 8).len();
-            assert!(d > 0, "a fresh 2-token match is tried");
-            (0..d).for_each(|_| s.checked(false));
+        assert!(
+            !s.next(&short, 8).is_empty(),
+            "a fresh 2-token match is tried"
+        );
+        s.checked(false);
+        for _ in 0..20 {
             if s.next(&short, 8).is_empty() {
                 break;
             }
+            // Decoding checks a draft up to its first miss.
             s.checked(false);
         }
         assert!(s.next(&short, 8).is_empty(), "2-token matches have missed");
@@ -453,5 +467,22 @@ mod tests {
         let long = [1, 2, 3, 4, 7, 7, 1, 2, 3, 4];
         assert_eq!(draft(&long, 8).matched, 4);
         assert!(!s.next(&long, 8).is_empty());
+    }
+
+    #[test]
+    fn a_long_draft_missed_at_its_first_token_is_one_miss() {
+        let cheap = Costs::from_seconds(
+            &(0..17)
+                .map(|m| 1.0 + 0.1 * f64::from(m))
+                .collect::<Vec<_>>(),
+        );
+        let mut s = Speculation::new(16, 0, cheap);
+        let h: Vec<u32> = (0..40).chain(0..20).collect();
+        let first = s.next(&h, 16).len();
+        assert!(first > 4, "a 20-token match drafts long: {first}");
+        s.checked(false);
+        assert_eq!(s.drafts(), (first, 0));
+        let again = s.next(&h, 16).len();
+        assert!(again > 4, "one miss, not {first}: {again}");
     }
 }
