@@ -84,6 +84,11 @@ pub fn draft(history: &[u32], n: usize) -> Draft<'_> {
     best
 }
 
+/// Positions already in the cache when pass costs are timed: attention over earlier
+/// positions is part of what every decoded token costs, and a pass timed at position 0 leaves
+/// it out (there a pass of 8 measured 2.9–3.5 steps on SmolLM2 where decoding took 4.4).
+const CALIBRATION_CONTEXT: usize = 64;
+
 /// Time of a pass of `m` tokens relative to a pass of one, for m = 1..=[`MAX_DRAFT`] + 1.
 #[derive(Debug, Clone)]
 pub struct Costs {
@@ -91,29 +96,53 @@ pub struct Costs {
 }
 
 impl Costs {
-    /// Times passes of 1 to `MAX_DRAFT + 1` tokens of `model` on `threads` threads (best of
-    /// three at a few sizes, the rest interpolated, on a scratch cache; a fraction of a second):
-    /// what a draft costs on this machine.
+    /// Times passes of 1 to `MAX_DRAFT + 1` tokens of `model` on `threads` threads, as decoding
+    /// runs them: after [`CALIBRATION_CONTEXT`] positions already in a scratch cache, every
+    /// token's logits computed. A few sizes are timed, the rest interpolated; each size's
+    /// cost is the median over rounds of its time against the one-token pass of the same
+    /// round, so a slow moment of the machine (a shared VM, a throttled Pi) falls on both
+    /// sides of a ratio. About 30 one-token passes' worth of work per round.
     pub fn measure(model: &Model<'_>, threads: usize) -> Result<Costs, String> {
         const SIZES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, MAX_DRAFT + 1];
-        let context = (2 * (MAX_DRAFT + 1)).min(model.hparams.train_context);
+        const ROUNDS: usize = 7;
+        let vocab = model.hparams.vocab as u32;
+        let at = CALIBRATION_CONTEXT.min(model.hparams.train_context / 2);
+        let context = (at + MAX_DRAFT + 1).min(model.hparams.train_context);
         let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
-        let tokens: Vec<u32> = (0..=MAX_DRAFT as u32)
-            .map(|t| t % model.hparams.vocab as u32)
-            .collect();
-        // Warm the threads and caches first, then take each size's best over rounds that
-        // interleave the sizes, so a slow moment does not weigh on one size only.
-        for _ in 0..4 {
-            model.forward(&tokens[..1], 0, &mut cache, Logits::All)?;
+        // Ordinary ids spread over the vocabulary (the first few are often control tokens).
+        let ids = |n: usize, salt: u32| -> Vec<u32> {
+            (0..n as u32)
+                .map(|t| t.wrapping_mul(7919).wrapping_add(salt) % vocab)
+                .collect()
+        };
+        if at > 0 {
+            model.forward(&ids(at, 11), 0, &mut cache, Logits::None)?;
         }
-        let mut timed: Vec<(usize, f64)> = SIZES.iter().map(|&m| (m, f64::INFINITY)).collect();
-        for _ in 0..3 {
-            for (m, best) in &mut timed {
+        let tokens = ids(MAX_DRAFT + 1, 101);
+        // Warm the threads and caches first; then rounds that interleave the sizes.
+        for _ in 0..4 {
+            model.forward(&tokens[..1], at, &mut cache, Logits::All)?;
+        }
+        let mut ratios: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); SIZES.len()];
+        for _ in 0..ROUNDS {
+            let mut round = [0.0f64; SIZES.len()];
+            for (m, seconds) in SIZES.iter().zip(&mut round) {
                 let started = Instant::now();
-                model.forward(&tokens[..*m], 0, &mut cache, Logits::All)?;
-                *best = best.min(started.elapsed().as_secs_f64());
+                model.forward(&tokens[..*m], at, &mut cache, Logits::All)?;
+                *seconds = started.elapsed().as_secs_f64();
+            }
+            for (ratio, seconds) in ratios.iter_mut().zip(&round) {
+                ratio.push(seconds / round[0].max(f64::MIN_POSITIVE));
             }
         }
+        let timed: Vec<(usize, f64)> = SIZES
+            .iter()
+            .zip(&mut ratios)
+            .map(|(&m, r)| {
+                r.sort_by(f64::total_cmp);
+                (m, r[r.len() / 2])
+            })
+            .collect();
         let seconds: Vec<f64> = (1..=MAX_DRAFT + 1)
             .map(|m| {
                 let after = timed.iter().position(|&(size, _)| size >= m).unwrap_or(0);
