@@ -106,7 +106,7 @@ impl Costs {
         const SIZES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, MAX_DRAFT + 1];
         const ROUNDS: usize = 7;
         let vocab = model.hparams.vocab as u32;
-        let at = CALIBRATION_CONTEXT.min(model.hparams.train_context / 2);
+        let at = CALIBRATION_CONTEXT.min(model.hparams.train_context.saturating_sub(MAX_DRAFT + 1));
         let context = (at + MAX_DRAFT + 1).min(model.hparams.train_context);
         let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
         // Ordinary ids spread over the vocabulary (the first few are often control tokens).
