@@ -86,7 +86,7 @@ pub fn draft(history: &[u32], n: usize) -> Draft<'_> {
 
 /// Positions already in the cache when pass costs are timed: attention over earlier
 /// positions is part of what every decoded token costs, and a pass timed at position 0 leaves
-/// it out (there a pass of 8 measured 2.9–3.5 steps on SmolLM2 where decoding took 4.4).
+/// it out (there a pass of 8 measured 2.9–3.9 steps on SmolLM2 where decoding took 4.1–4.5).
 const CALIBRATION_CONTEXT: usize = 64;
 
 /// Time of a pass of `m` tokens relative to a pass of one, for m = 1..=[`MAX_DRAFT`] + 1.
