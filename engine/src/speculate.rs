@@ -213,7 +213,17 @@ pub struct Speculation {
     /// Steps since the last draft (a pause in drafting is lifted now and then, so a request
     /// that turns to quoting is noticed).
     idle: usize,
+    /// Seconds of a one-token pass in this request (a running mean), once one was timed.
+    step_seconds: Option<f64>,
+    /// How much more (or less) than calibrated a wider pass costs here: the calibrated extra
+    /// cost over one step, scaled by this running mean of what this request's passes took.
+    /// The calibration cannot see the request's context length, nor a machine that has since
+    /// slowed or got busier.
+    extra_scale: f64,
 }
+
+/// Weight of the newest timing in the running means.
+const TIMING_WEIGHT: f64 = 0.25;
 
 /// Steps without drafting after which a one-token draft is tried again (on a match of
 /// [`RETRY_MATCH`] tokens or more).
@@ -240,6 +250,8 @@ impl Speculation {
             by_match: [Record::default(); BUCKETS.len()],
             checking: 0,
             idle: 0,
+            step_seconds: None,
+            extra_scale: 1.0,
         }
     }
 
@@ -286,6 +298,31 @@ impl Speculation {
             .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted))
     }
 
+    /// A pass of `tokens` took `seconds`: one-token passes give this request's step time, wider
+    /// ones how their cost compares with the calibrated one.
+    pub fn timed(&mut self, tokens: usize, seconds: f64) {
+        if !(seconds.is_finite() && seconds > 0.0) || tokens == 0 {
+            return;
+        }
+        let mean = |old: f64, new: f64| old + TIMING_WEIGHT * (new - old);
+        if tokens == 1 {
+            self.step_seconds = Some(self.step_seconds.map_or(seconds, |s| mean(s, seconds)));
+            return;
+        }
+        let calibrated = self.costs.of(tokens) - 1.0;
+        if let (Some(step), true) = (self.step_seconds, calibrated > 1e-3) {
+            let observed = (seconds / step - 1.0).max(0.0);
+            let scale = (observed / calibrated).clamp(0.25, 8.0);
+            self.extra_scale = mean(self.extra_scale, scale);
+        }
+    }
+
+    /// Cost of a pass of `m` tokens in steps, as calibrated and corrected by this request's
+    /// own timings.
+    fn cost(&self, m: usize) -> f64 {
+        1.0 + (self.costs.of(m) - 1.0) * self.extra_scale
+    }
+
     /// How many of `found`'s tokens to draft.
     fn length(&mut self, found: Draft<'_>) -> usize {
         if found.tokens.is_empty() || found.tokens.len() < self.n_min.max(1) {
@@ -295,7 +332,7 @@ impl Speculation {
         let value = |k: usize| {
             // Tokens a pass of k drafts yields: the accepted run plus the target's own token.
             let tokens: f64 = (0..=k).map(|i| rate.powi(i as i32)).sum();
-            tokens / self.costs.of(k + 1)
+            tokens / self.cost(k + 1)
         };
         let best = (1..=found.tokens.len())
             .filter(|&k| k >= self.n_min)
@@ -394,7 +431,11 @@ pub fn decode(
         } else {
             Logits::All
         };
+        let started = Instant::now();
         model.forward(&input, pending, cache, rows)?;
+        if let Some(s) = speculation.as_deref_mut() {
+            s.timed(input.len(), started.elapsed().as_secs_f64());
+        }
         in_cache = history.len();
         sink.passed(input.len(), pending + input.len());
     }
@@ -496,6 +537,47 @@ mod tests {
         let long = [1, 2, 3, 4, 7, 7, 1, 2, 3, 4];
         assert_eq!(draft(&long, 8).matched, 4);
         assert!(!s.next(&long, 8).is_empty());
+    }
+
+    #[test]
+    fn passes_dearer_than_calibrated_draft_less() {
+        let cheap = Costs::from_seconds(
+            &(0..17)
+                .map(|m| 1.0 + 0.1 * f64::from(m))
+                .collect::<Vec<_>>(),
+        );
+        let h = [1, 2, 3, 4, 5, 1, 2, 3];
+        let hits = Record {
+            drafted: 100,
+            checked: 100,
+            accepted: 80,
+        };
+        let mut s = Speculation::new(8, 0, cheap);
+        s.by_match[bucket(3)] = hits;
+        let before = s.next(&h, 8).len();
+        assert!(before >= 4, "cheap passes and good drafts: {before}");
+        // This request's passes cost what their tokens would one by one.
+        for _ in 0..8 {
+            s.timed(1, 0.010);
+            s.timed(before + 1, 0.010 * (before + 1) as f64);
+        }
+        s.by_match[bucket(3)] = hits;
+        let after = s.next(&h, 8).len();
+        assert!(
+            after < before,
+            "{after} drafted after dear passes, {before} before"
+        );
+        // Passes that turn out as cheap as calibrated bring the long drafts back.
+        for _ in 0..16 {
+            s.timed(1, 0.010);
+            s.timed(6, 0.010 * s.costs.of(6));
+        }
+        s.by_match[bucket(3)] = hits;
+        let again = s.next(&h, 8).len();
+        assert!(
+            again > after,
+            "{again} drafted after cheap passes, {after} before"
+        );
     }
 
     #[test]
