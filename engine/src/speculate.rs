@@ -445,6 +445,15 @@ pub fn decode(
 mod tests {
     use super::*;
 
+    /// Costs of passes that grow by `per_token` of a pass's base cost per token.
+    fn linear_costs(per_token: f64) -> Costs {
+        Costs::from_seconds(
+            &(0..=MAX_DRAFT as u32)
+                .map(|m| 1.0 + per_token * f64::from(m))
+                .collect::<Vec<_>>(),
+        )
+    }
+
     #[test]
     fn drafts_follow_the_longest_recent_match() {
         // "1 2 3 4 5 … 1 2 3" → after the suffix "1 2 3" came "4 5".
@@ -487,11 +496,7 @@ mod tests {
         let h = [1, 2, 3, 4, 5, 1, 2, 3];
         assert!(s.next(&h, 8).is_empty());
         // Nearly free batches and drafts that hit: the whole match is drafted.
-        let cheap = Costs::from_seconds(
-            &(0..17)
-                .map(|m| 1.0 + 0.02 * f64::from(m))
-                .collect::<Vec<_>>(),
-        );
+        let cheap = linear_costs(0.02);
         let mut s = Speculation::new(8, 0, cheap.clone());
         // A record of drafts after 3-token matches (this history's) that hit.
         s.by_match[bucket(3)] = Record {
@@ -512,11 +517,7 @@ mod tests {
 
     #[test]
     fn each_match_length_keeps_its_own_record() {
-        let cheap = Costs::from_seconds(
-            &(0..17)
-                .map(|m| 1.0 + 0.1 * f64::from(m))
-                .collect::<Vec<_>>(),
-        );
+        let cheap = linear_costs(0.1);
         let mut s = Speculation::new(8, 0, cheap);
         // 2-token matches ("… 5 6" after "5 6 7") whose drafts all missed.
         let short = [5, 6, 7, 8, 9, 5, 6];
@@ -541,11 +542,7 @@ mod tests {
 
     #[test]
     fn passes_dearer_than_calibrated_draft_less() {
-        let cheap = Costs::from_seconds(
-            &(0..17)
-                .map(|m| 1.0 + 0.1 * f64::from(m))
-                .collect::<Vec<_>>(),
-        );
+        let cheap = linear_costs(0.1);
         let h = [1, 2, 3, 4, 5, 1, 2, 3];
         let hits = Record {
             drafted: 100,
@@ -582,11 +579,7 @@ mod tests {
 
     #[test]
     fn a_long_draft_missed_at_its_first_token_is_one_miss() {
-        let cheap = Costs::from_seconds(
-            &(0..17)
-                .map(|m| 1.0 + 0.1 * f64::from(m))
-                .collect::<Vec<_>>(),
-        );
+        let cheap = linear_costs(0.1);
         let mut s = Speculation::new(16, 0, cheap);
         let h: Vec<u32> = (0..40).chain(0..20).collect();
         let first = s.next(&h, 16).len();

@@ -67,7 +67,8 @@ pub fn row_dot(ty: &TensorType, vnni: bool) -> Option<RowDot> {
 macro_rules! safe_wrapper {
     ($name:ident, $inner:ident, $act:ty) => {
         fn $name(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
-            // SAFETY: only reachable through `row_dot`, which checks `supported()` first.
+            // SAFETY: only reachable through `row_dot`, which hands out a kernel only after
+            // checking the CPU features it is compiled for (`supported()`, `vnni_supported()`).
             unsafe { $inner(w, row_bytes, x, columns, out) }
         }
     };
@@ -79,22 +80,12 @@ safe_wrapper!(q5_0, q5_0_avx2, BlockQ8_0);
 safe_wrapper!(q8_0, q8_0_avx2, BlockQ8_0);
 safe_wrapper!(q4_k, q4_k_rows_avx2, BlockQ8K);
 safe_wrapper!(q6_k, q6_k_rows_avx2, BlockQ8K);
-
-macro_rules! safe_wrapper_vnni {
-    ($name:ident, $inner:ident, $act:ty) => {
-        fn $name(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
-            // SAFETY: only reachable through `row_dot`, which checks `vnni_supported()` first.
-            unsafe { $inner(w, row_bytes, x, columns, out) }
-        }
-    };
-}
-
-safe_wrapper_vnni!(q4_0_v, q4_0_vnni, BlockQ8_0);
-safe_wrapper_vnni!(q4_1_v, q4_1_vnni, BlockQ8_1);
-safe_wrapper_vnni!(q5_0_v, q5_0_vnni, BlockQ8_0);
-safe_wrapper_vnni!(q8_0_v, q8_0_vnni, BlockQ8_0);
-safe_wrapper_vnni!(q4_k_v, q4_k_rows_vnni, BlockQ8K);
-safe_wrapper_vnni!(q6_k_v, q6_k_rows_vnni, BlockQ8K);
+safe_wrapper!(q4_0_v, q4_0_vnni, BlockQ8_0);
+safe_wrapper!(q4_1_v, q4_1_vnni, BlockQ8_1);
+safe_wrapper!(q5_0_v, q5_0_vnni, BlockQ8_0);
+safe_wrapper!(q8_0_v, q8_0_vnni, BlockQ8_0);
+safe_wrapper!(q4_k_v, q4_k_rows_vnni, BlockQ8K);
+safe_wrapper!(q6_k_v, q6_k_rows_vnni, BlockQ8K);
 
 /// `row · x` for float weights as `scalar::float_dot` computes it: lane i mod 8, fused
 /// multiply-adds, the tail in the same lanes, then `hsum8`.
