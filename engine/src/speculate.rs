@@ -1,11 +1,10 @@
 //! Lossless speculative decoding from n-grams: the sequence's own recent tokens are looked up
 //! in what it already holds (the prompt and the answer so far) and the tokens that followed
 //! the earlier occurrence that agrees with the longest suffix are proposed as a draft; one
-//! batched pass checks them all. Each row of
-//! that pass is sampled exactly as a single step would be (same logits bit for bit, same
-//! draws in the same order), a drafted token is kept only when it is the token chosen, and
-//! the first mismatch ends the run with the target's own token, so the output is the same
-//! with and without speculation.
+//! batched pass checks them all. Each row of that pass is sampled exactly as a single step
+//! would be (same logits bit for bit, same draws in the same order), a drafted token is kept
+//! only when it is the token chosen, and the first mismatch ends the run with the target's
+//! own token, so the output is the same with and without speculation.
 //!
 //! How far to draft is chosen per step from the measured cost of a pass of `m` tokens
 //! against a pass of one ([`Costs`], timed on this machine at start) and the acceptance seen
@@ -262,14 +261,8 @@ impl Speculation {
         let at = bucket(matched);
         let (hits, tries) = PRIOR[at];
         let own = self.by_match[at];
-        let (checked, accepted) = if own.checked > 0 {
-            (own.checked, own.accepted)
-        } else {
-            self.by_match
-                .iter()
-                .fold((0, 0), |(c, a), r| (c + r.checked, a + r.accepted))
-        };
-        (accepted as f64 + hits) / (checked as f64 + tries)
+        let record = if own.checked > 0 { own } else { self.total() };
+        (record.accepted as f64 + hits) / (record.checked as f64 + tries)
     }
 
     /// The draft for the next pass after `history`, at most `room` tokens: the length whose
@@ -293,9 +286,17 @@ impl Speculation {
 
     /// Tokens drafted so far, and how many of them were accepted.
     pub fn drafts(&self) -> (usize, usize) {
-        self.by_match
-            .iter()
-            .fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted))
+        let total = self.total();
+        (total.drafted, total.accepted)
+    }
+
+    /// The records of every match length together.
+    fn total(&self) -> Record {
+        self.by_match.iter().fold(Record::default(), |t, r| Record {
+            drafted: t.drafted + r.drafted,
+            checked: t.checked + r.checked,
+            accepted: t.accepted + r.accepted,
+        })
     }
 
     /// A pass of `tokens` took `seconds`: one-token passes give this request's step time, wider

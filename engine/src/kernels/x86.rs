@@ -37,29 +37,19 @@ pub fn vnni_supported() -> bool {
 }
 
 /// The kernel for `ty`, where there is one: with `vnni` the set that fuses the int8 dot
-/// products (same lanes, same results), else the AVX2 one.
+/// products (same lanes, same results), else the AVX2 one; none when the CPU lacks the set.
 pub fn row_dot(ty: &TensorType, vnni: bool) -> Option<RowDot> {
-    if vnni && vnni_supported() {
-        return Some(match ty.name {
-            "Q4_0" => RowDot::Q8_0(q4_0_v),
-            "Q4_1" => RowDot::Q8_1(q4_1_v),
-            "Q5_0" => RowDot::Q8_0(q5_0_v),
-            "Q8_0" => RowDot::Q8_0(q8_0_v),
-            "Q4_K" => RowDot::Q8K(q4_k_v),
-            "Q6_K" => RowDot::Q8K(q6_k_v),
-            _ => return None,
-        });
-    }
-    if vnni || !supported() {
+    let usable = if vnni { vnni_supported() } else { supported() };
+    if !usable {
         return None;
     }
     Some(match ty.name {
-        "Q4_0" => RowDot::Q8_0(q4_0),
-        "Q4_1" => RowDot::Q8_1(q4_1),
-        "Q5_0" => RowDot::Q8_0(q5_0),
-        "Q8_0" => RowDot::Q8_0(q8_0),
-        "Q4_K" => RowDot::Q8K(q4_k),
-        "Q6_K" => RowDot::Q8K(q6_k),
+        "Q4_0" => RowDot::Q8_0(if vnni { q4_0_v } else { q4_0 }),
+        "Q4_1" => RowDot::Q8_1(if vnni { q4_1_v } else { q4_1 }),
+        "Q5_0" => RowDot::Q8_0(if vnni { q5_0_v } else { q5_0 }),
+        "Q8_0" => RowDot::Q8_0(if vnni { q8_0_v } else { q8_0 }),
+        "Q4_K" => RowDot::Q8K(if vnni { q4_k_v } else { q4_k }),
+        "Q6_K" => RowDot::Q8K(if vnni { q6_k_v } else { q6_k }),
         _ => return None,
     })
 }
@@ -281,12 +271,12 @@ unsafe fn f16c_at(bytes: &[u8], at: usize) -> f32 {
 /// block loaded once). Every (row, column) sums in the scalar reference's order.
 macro_rules! legacy_rows {
     (
-        $rows:ident, $features:literal, $act:ty, $bytes:expr,
+        $rows:ident, $act:ty, $bytes:expr,
         prep: |$b:ident| $prep:expr,
         dot: |$w:ident, $y:ident| $dot:expr,
         offset: |$ob:ident, $oy:ident, $summs:ident| $offset:expr $(,)?
     ) => {
-        #[target_feature(enable = $features)]
+        #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $rows(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
@@ -489,12 +479,12 @@ unsafe fn signed_weights(x: __m256i) -> (__m256i, __m256i) {
     unsafe { (_mm256_sign_epi8(x, x), x) }
 }
 
-/// The four legacy kernels compiled for `$features`, with `$lanes` summing four consecutive
+/// The four legacy kernels with `$lanes` summing four consecutive
 /// u8·i8 products per lane. Signed weights go in as |x| against y with x's sign (the products
 /// need an unsigned side), the absolute values unpacked once per block.
 macro_rules! legacy_kernels {
-    ($features:literal, $lanes:ident: $q4_0:ident, $q4_1:ident, $q5_0:ident, $q8_0:ident) => {
-        legacy_rows!($q4_0, $features, BlockQ8_0, 18,
+    ($lanes:ident: $q4_0:ident, $q4_1:ident, $q5_0:ident, $q8_0:ident) => {
+        legacy_rows!($q4_0, BlockQ8_0, 18,
             prep: |b| {
                 let values = _mm256_sub_epi8(nibbles(&b[2..]), _mm256_set1_epi8(8));
                 (f16_pair(b), signed_weights(values))
@@ -503,13 +493,13 @@ macro_rules! legacy_kernels {
             offset: |_b, _y, _summs| (),
         );
 
-        legacy_rows!($q4_1, $features, BlockQ8_1, 20,
+        legacy_rows!($q4_1, BlockQ8_1, 20,
             prep: |b| (f16_pair(b), nibbles(&b[4..])),
             dot: |w, y| $lanes(w, load_qs(&y.qs)),
             offset: |dm, y, summs| *summs = second(dm).mul_add(y.s, *summs),
         );
 
-        legacy_rows!($q5_0, $features, BlockQ8_0, 22,
+        legacy_rows!($q5_0, BlockQ8_0, 22,
             prep: |b| {
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
                 // value − 16: without the fifth bit the byte becomes nibble | 0xF0 = nibble − 16.
@@ -520,7 +510,7 @@ macro_rules! legacy_kernels {
             offset: |_b, _y, _summs| (),
         );
 
-        legacy_rows!($q8_0, $features, BlockQ8_0, 34,
+        legacy_rows!($q8_0, BlockQ8_0, 34,
             prep: |b| (f16_pair(b), signed_weights(load32(&b[2..]))),
             dot: |w, y| $lanes(w.0, _mm256_sign_epi8(load_qs(&y.qs), w.1)),
             offset: |_b, _y, _summs| (),
@@ -528,11 +518,8 @@ macro_rules! legacy_kernels {
     };
 }
 
-legacy_kernels!("avx2,fma,f16c", unsigned_lanes: q4_0_avx2, q4_1_avx2, q5_0_avx2, q8_0_avx2);
-legacy_kernels!(
-    "avx2,fma,f16c",
-    unsigned_lanes_vnni: q4_0_vnni, q4_1_vnni, q5_0_vnni, q8_0_vnni
-);
+legacy_kernels!(unsigned_lanes: q4_0_avx2, q4_1_avx2, q5_0_avx2, q8_0_avx2);
+legacy_kernels!(unsigned_lanes_vnni: q4_0_vnni, q4_1_vnni, q5_0_vnni, q8_0_vnni);
 
 /// Columns a K-quant kernel keeps accumulators for at once.
 const K_COLUMNS: usize = 32;
@@ -542,12 +529,12 @@ const K_COLUMNS: usize = 32;
 /// in an array; every (row, column) sums exactly as the scalar reference does.
 macro_rules! k_quant_rows {
     (
-        $rows:ident, $features:literal, $bytes:expr,
+        $rows:ident, $bytes:expr,
         unpack: |$b:ident| $unpack:expr,
         column: |$u:ident, $y:ident, $acc:ident, $acc_m:ident| $column:expr,
         finish: |$lanes:ident, $m:ident| $finish:expr $(,)?
     ) => {
-        #[target_feature(enable = $features)]
+        #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $rows(
             w: &[u8],
             row_bytes: usize,
@@ -678,15 +665,15 @@ unsafe fn q6_k_unpack(b: &[u8]) -> Q6K {
     }
 }
 
-/// The Q4_K and Q6_K kernels compiled for `$features`, with `$madd_add` weighting a chunk's
+/// The Q4_K and Q6_K kernels with `$madd_add` weighting a chunk's
 /// pair sums by its scales.
 macro_rules! k_quant_kernels {
     (
-        $features:literal, $madd_add:ident:
+        $madd_add:ident:
         $q4_k_column:ident, $q6_k_column:ident, $q4_k_rows:ident, $q6_k_rows:ident
     ) => {
         #[inline]
-        #[target_feature(enable = $features)]
+        #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut __m256, acc_m: &mut __m128) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
@@ -710,7 +697,7 @@ macro_rules! k_quant_kernels {
         }
 
         #[inline]
-        #[target_feature(enable = $features)]
+        #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut __m256) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
@@ -727,7 +714,7 @@ macro_rules! k_quant_kernels {
             }
         }
 
-        k_quant_rows!($q4_k_rows, $features, 144,
+        k_quant_rows!($q4_k_rows, 144,
             unpack: |b| q4_k_unpack(b),
             column: |u, y, acc, acc_m| $q4_k_column(&u, y, acc, acc_m),
             finish: |lanes, m| {
@@ -736,7 +723,7 @@ macro_rules! k_quant_kernels {
             },
         );
 
-        k_quant_rows!($q6_k_rows, $features, 210,
+        k_quant_rows!($q6_k_rows, 210,
             unpack: |b| q6_k_unpack(b),
             column: |u, y, acc, _acc_m| $q6_k_column(&u, y, acc),
             finish: |lanes, _m| hsum8(*lanes),
@@ -745,13 +732,14 @@ macro_rules! k_quant_kernels {
 }
 
 k_quant_kernels!(
-    "avx2,fma,f16c", madd_add:
+    madd_add:
     q4_k_column, q6_k_column, q4_k_rows_avx2, q6_k_rows_avx2
 );
 k_quant_kernels!(
-    "avx2,fma,f16c", madd_add_vnni:
+    madd_add_vnni:
     q4_k_column_vnni, q6_k_column_vnni, q4_k_rows_vnni, q6_k_rows_vnni
 );
+
 fn cast_i8(v: &[i8]) -> &[u8] {
     // SAFETY: i8 and u8 have the same size and alignment, and every bit pattern is valid.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) }
