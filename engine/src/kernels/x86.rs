@@ -4,7 +4,8 @@
 //!
 //! Where the CPU also has AVX-512 VNNI (with VL, on 256-bit registers), a second set of the row
 //! kernels is compiled from the same code with the int8 multiply-adds fused into `vpdpbusd` /
-//! `vpdpwssd`: the same lanes summed exactly, so the same results, in fewer instructions.
+//! `vpdpwssd`: the same lanes summed exactly, so the same results, in fewer instructions. Its
+//! legacy-quant batches (two or more tokens) run the packed kernels of `x86/packed.rs`.
 //!
 //! The `*_avx2` and `*_vnni` functions require those CPU features: the row kernels are only
 //! handed out by [`row_dot`], which checks [`supported`] / [`vnni_supported`] first, and the f16
@@ -15,6 +16,8 @@
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::*;
+
+mod packed;
 
 use super::RowDot;
 use super::activations::{self, BlockQ8_0, BlockQ8_1, BlockQ8K};
@@ -64,16 +67,34 @@ macro_rules! safe_wrapper {
     };
 }
 
+/// [`safe_wrapper!`] for the VNNI legacy kernels: a single token streams its rows through the
+/// row kernel, a batch goes through the packed kernel of the same sums (`packed.rs`).
+macro_rules! batched_wrapper {
+    ($name:ident, $single:ident, $batch:path, $act:ty) => {
+        fn $name(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
+            // SAFETY: only reachable through `row_dot`, which hands out these kernels only after
+            // checking `vnni_supported()`.
+            unsafe {
+                if columns == 1 {
+                    $single(w, row_bytes, x, columns, out)
+                } else {
+                    $batch(w, row_bytes, x, columns, out)
+                }
+            }
+        }
+    };
+}
+
 safe_wrapper!(q4_0, q4_0_avx2, BlockQ8_0);
 safe_wrapper!(q4_1, q4_1_avx2, BlockQ8_1);
 safe_wrapper!(q5_0, q5_0_avx2, BlockQ8_0);
 safe_wrapper!(q8_0, q8_0_avx2, BlockQ8_0);
 safe_wrapper!(q4_k, q4_k_rows_avx2, BlockQ8K);
 safe_wrapper!(q6_k, q6_k_rows_avx2, BlockQ8K);
-safe_wrapper!(q4_0_v, q4_0_vnni, BlockQ8_0);
-safe_wrapper!(q4_1_v, q4_1_vnni, BlockQ8_1);
-safe_wrapper!(q5_0_v, q5_0_vnni, BlockQ8_0);
-safe_wrapper!(q8_0_v, q8_0_vnni, BlockQ8_0);
+batched_wrapper!(q4_0_v, q4_0_vnni, packed::q4_0_rows, BlockQ8_0);
+batched_wrapper!(q4_1_v, q4_1_vnni, packed::q4_1_rows, BlockQ8_1);
+batched_wrapper!(q5_0_v, q5_0_vnni, packed::q5_0_rows, BlockQ8_0);
+batched_wrapper!(q8_0_v, q8_0_vnni, packed::q8_0_rows, BlockQ8_0);
 safe_wrapper!(q4_k_v, q4_k_rows_vnni, BlockQ8K);
 safe_wrapper!(q6_k_v, q6_k_rows_vnni, BlockQ8K);
 
