@@ -7,7 +7,10 @@
 # prints t/s per set and the ratios against plain decoding and against llama.cpp's best mode.
 # All servers of a model and thread count run at once, idle but for the one answering, and every
 # chat goes to each configuration in turn (the order rotating from chat to chat), for several
-# rounds: a slow moment of this machine falls on all configurations alike, not on one.
+# rounds: a slow moment of this machine falls on all configurations alike, not on one. Each
+# round starts every server afresh, so no server has seen a chat's answer before: llama.cpp's
+# ngram-mod and ngram-cache keep n-grams across requests, and with the same chat again they
+# draft its whole greedy answer from memory (125 of 128 tokens accepted in a second round).
 #
 # Usage: bench/spec-vs-llama.sh [-t 1,2] [-n 128] [-r 2] [MANIFEST ...]
 # Cache: $APPLIANCE_CACHE, else ~/.cache/appliance (llama.cpp is built there once).
@@ -70,30 +73,45 @@ def rate(port, prompt, extra):
 
 print("| model | threads | set | plain t/s | engine n-gram t/s | × plain | llama.cpp plain t/s | llama.cpp best n-gram t/s (mode) | engine / llama.cpp best |")
 print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+def start(path, t):
+    """Every configuration's server, freshly started: what one remembers of earlier requests
+    (llama.cpp's ngram-mod and ngram-cache keep n-grams across requests) must not include
+    the same chat's answer from an earlier round."""
+    procs, configs = [], []
+    try:
+        port = free_port()
+        procs.append(serve([engine, "serve", "-m", path, "--port", str(port), "-t", t, "-c", "4096"], port))
+        configs += [("plain", port, {"speculative.n_max": 0}), ("engine", port, {})]
+        for mode in ["none"] + MODES:
+            port = free_port()
+            procs.append(serve([llama, "-m", path, "--port", str(port), "-t", t, "-c", "4096", "-np", "1",
+                                "--spec-type", mode], port))
+            configs.append((mode, port, {}))
+    except BaseException:
+        stop(procs)
+        raise
+    return procs, configs
+
+def stop(procs):
+    for proc in procs:
+        proc.kill(); proc.wait()
+
 for name, path in models:
     for t in threads:
-        procs, configs = [], []
-        try:
-            port = free_port()
-            procs.append(serve([engine, "serve", "-m", path, "--port", str(port), "-t", t, "-c", "4096"], port))
-            configs += [("plain", port, {"speculative.n_max": 0}), ("engine", port, {})]
-            for mode in ["none"] + MODES:
-                port = free_port()
-                procs.append(serve([llama, "-m", path, "--port", str(port), "-t", t, "-c", "4096", "-np", "1",
-                                    "--spec-type", mode], port))
-                configs.append((mode, port, {}))
-            rates = {c[0]: {s: [] for s in SETS} for c in configs}
-            turn = 0
-            for _ in range(rounds):
+        rates, turn = {}, 0
+        for _ in range(rounds):
+            procs, configs = start(path, t)
+            try:
+                for label, _, _ in configs:
+                    rates.setdefault(label, {s: [] for s in SETS})
                 for s, prompts in SETS.items():
                     for prompt in prompts:
                         order = configs[turn % len(configs):] + configs[:turn % len(configs)]
                         turn += 1
                         for label, port, extra in order:
                             rates[label][s].append(rate(port, prompt, extra))
-        finally:
-            for proc in procs:
-                proc.kill(); proc.wait()
+            finally:
+                stop(procs)
         mean = {label: {s: sum(v) / len(v) for s, v in by_set.items()} for label, by_set in rates.items()}
         for s in SETS:
             best_mode = max(MODES, key=lambda m: mean[m][s])
