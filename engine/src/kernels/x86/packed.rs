@@ -98,7 +98,7 @@ macro_rules! step {
 }
 
 /// One row against the packed columns `$j…` (their accumulators `$acc…`): the eight results,
-/// the reference's `hsum8(lanes) + offset sum`, of which the first `$j`s are real.
+/// the reference's `hsum8(lanes) + offset sum` for the listed columns (the others stay 0).
 macro_rules! tile {
     ($row:ident, $packed:ident, $bytes:expr, $unpack:ident, $offset:expr;
      $($acc:ident $j:literal),+) => {{
