@@ -361,10 +361,10 @@ impl Speculation {
         }
     }
 
-    /// Cost of a pass of `m` tokens in steps, as calibrated and corrected by this request's
-    /// own timings.
-    fn cost(&self, m: usize) -> f64 {
-        1.0 + (self.costs.of(m) - 1.0) * self.extra_scales.median().unwrap_or(1.0)
+    /// Cost of a pass of `m` tokens in steps, as calibrated with its extra cost scaled by
+    /// `scale` (the median of this request's own timings, read once per step by the caller).
+    fn cost(&self, m: usize, scale: f64) -> f64 {
+        1.0 + (self.costs.of(m) - 1.0) * scale
     }
 
     /// How many of `found`'s tokens to draft.
@@ -373,10 +373,11 @@ impl Speculation {
             return 0;
         }
         let rate = self.rate(found.matched);
+        let scale = self.extra_scales.median().unwrap_or(1.0);
         let value = |k: usize| {
             // Tokens a pass of k drafts yields: the accepted run plus the target's own token.
             let tokens: f64 = (0..=k).map(|i| rate.powi(i as i32)).sum();
-            tokens / self.cost(k + 1)
+            tokens / self.cost(k + 1, scale)
         };
         let best = (1..=found.tokens.len())
             .filter(|&k| k >= self.n_min)
