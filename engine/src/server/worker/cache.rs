@@ -4,10 +4,19 @@
 use crate::model::{KvCache, Logits, Model};
 
 /// A conversation's cache and the tokens it holds.
-#[derive(Clone)]
 pub(super) struct Cached {
     pub(super) cache: KvCache,
     pub(super) tokens: Vec<u32>,
+}
+
+impl Cached {
+    /// A copy of its first `shared` tokens' cache (what a branching request reuses).
+    fn copy(&self, shared: usize) -> Cached {
+        Cached {
+            cache: self.cache.copy_prefix(shared),
+            tokens: self.tokens[..shared.min(self.tokens.len())].to_vec(),
+        }
+    }
 }
 
 /// Kept conversation caches, least recently used first, within a memory budget; the warm
@@ -61,7 +70,11 @@ impl Caches {
             .as_ref()
             .map_or(0, |p| common_prefix(&p.tokens, prompt));
         if pinned >= shared {
-            return self.pinned.clone().filter(|_| pinned > 0);
+            return self
+                .pinned
+                .as_ref()
+                .filter(|_| pinned > 0)
+                .map(|p| p.copy(pinned));
         }
         if shared == 0 {
             return None;
@@ -71,7 +84,7 @@ impl Caches {
         if shared == self.kept[at].tokens.len() {
             Some(self.kept.remove(at))
         } else {
-            Some(self.kept[at].clone())
+            Some(self.kept[at].copy(shared))
         }
     }
 
@@ -130,7 +143,7 @@ mod tests {
         caches.keep(empty(vec![7]));
         // Branching off a conversation copies it; continuing one takes it.
         let best = caches.best_for(&[1, 2, 9, 5]).expect("shared");
-        assert_eq!(best.tokens, vec![1, 2, 9, 9]);
+        assert_eq!(best.tokens, vec![1, 2, 9], "a copy holds the shared prefix");
         assert_eq!(caches.kept.len(), 3);
         let best = caches.best_for(&[1, 2, 9, 9, 4]).expect("continued");
         assert_eq!(best.tokens, vec![1, 2, 9, 9]);
@@ -139,7 +152,7 @@ mod tests {
         caches.pinned = Some(empty(vec![7, 8, 9]));
         assert_eq!(
             caches.best_for(&[7, 8, 1]).map(|c| c.tokens),
-            Some(vec![7, 8, 9])
+            Some(vec![7, 8])
         );
         assert!(
             caches.pinned.is_some(),
