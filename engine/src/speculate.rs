@@ -50,9 +50,56 @@ pub struct Draft<'h> {
 /// The tokens (at most `n`) that followed the earlier occurrence agreeing with the longest
 /// suffix of `history` (at least 2 tokens, measured up to [`MATCH_MAX`]); among equal matches
 /// the one followed by more tokens (in a loop, an occurrence a few periods back drafts `n`
-/// tokens where the last period would draft one), then the most recent. Empty when nothing
-/// matches.
+/// tokens where the last period would draft one), then the most recent. Where other
+/// occurrences of that same match went on differently, the draft stops before the first token
+/// they disagree on: the sequence has been seen to go either way there ("5 mg once daily" and
+/// "5 mg twice daily" in one document), so the pass would stake its width on a coin toss.
+/// Empty when nothing matches.
 pub fn draft(history: &[u32], n: usize) -> Draft<'_> {
+    let best = longest_match(history, n);
+    if best.tokens.is_empty() {
+        return best;
+    }
+    let agreed = disagreement(history, n, best);
+    Draft {
+        tokens: &best.tokens[..agreed],
+        matched: best.matched,
+    }
+}
+
+/// How many of the sequence's last tokens the occurrence ending at `end` agrees with (up to
+/// [`MATCH_MAX`], within `from..`).
+fn match_at(history: &[u32], from: usize, end: usize) -> usize {
+    let len = history.len();
+    (0..MATCH_MAX.min(end + 1 - from))
+        .take_while(|&i| history[end - i] == history[len - 1 - i])
+        .count()
+}
+
+/// The first position at which another occurrence with `best`'s match length continues
+/// differently from `best` (`best.tokens.len()` when none does).
+fn disagreement(history: &[u32], n: usize, best: Draft<'_>) -> usize {
+    let len = history.len();
+    let from = len.saturating_sub(LOOKBACK);
+    let last = history[len - 1];
+    let mut agreed = best.tokens.len();
+    for end in (from..len - 1).rev() {
+        if agreed == 0 {
+            break;
+        }
+        if history[end] != last || match_at(history, from, end) != best.matched {
+            continue;
+        }
+        let other = &history[end + 1..(end + 1 + n).min(len)];
+        if let Some(at) = other.iter().zip(best.tokens).position(|(a, b)| a != b) {
+            agreed = agreed.min(at);
+        }
+    }
+    agreed
+}
+
+/// The occurrence [`draft`] drafts from, before the disagreement cut.
+fn longest_match(history: &[u32], n: usize) -> Draft<'_> {
     let mut best = Draft {
         tokens: &[],
         matched: 0,
@@ -69,9 +116,7 @@ pub fn draft(history: &[u32], n: usize) -> Draft<'_> {
         if history[end] != last {
             continue;
         }
-        let matched = (0..MATCH_MAX.min(end + 1 - from))
-            .take_while(|&i| history[end - i] == history[len - 1 - i])
-            .count();
+        let matched = match_at(history, from, end);
         let tokens = &history[end + 1..(end + 1 + n).min(len)];
         if matched >= NGRAM_MIN && (matched, tokens.len()) > (best.matched, best.tokens.len()) {
             best = Draft { tokens, matched };
@@ -506,10 +551,16 @@ mod tests {
         assert_eq!(draft(&h, 8).tokens, &[4, 5, 9, 9, 1, 2, 3]);
         assert_eq!(draft(&h, 8).matched, 3);
         assert_eq!(draft(&h, 2).tokens, &[4, 5]);
-        // The most recent occurrence wins.
+        // Occurrences of the same match that went on differently: the draft stops where they
+        // part ("8 1 2" was followed once by "5 6", once by "5 7").
+        let h = [8, 1, 2, 5, 6, 8, 1, 2, 5, 7, 8, 1, 2];
+        assert_eq!(draft(&h, 8).tokens, &[5]);
+        assert_eq!(draft(&h, 8).matched, 3);
         let h = [7, 8, 1, 7, 8, 2, 7, 8];
-        assert_eq!(draft(&h, 1).tokens, &[2]);
-        assert_eq!(draft(&h, 1).matched, 2);
+        assert!(draft(&h, 1).tokens.is_empty(), "parted at the first token");
+        // A longer match is not cut by shorter ones that went elsewhere.
+        let h = [9, 7, 8, 1, 4, 7, 8, 2, 9, 7, 8];
+        assert_eq!(draft(&h, 2).tokens, &[1, 4]);
         // Nothing matches: nothing is drafted; one-token matches do not count.
         assert!(draft(&[1, 2, 3, 4], 4).tokens.is_empty());
         assert!(draft(&[5, 1, 6, 1], 4).tokens.is_empty());
