@@ -123,6 +123,92 @@ pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
     })
 }
 
+/// The cached keys and values (f16) one query head attends to: rows `first..end` of `stride`
+/// values each, the head's values starting at `offset` in every row.
+#[derive(Debug, Clone, Copy)]
+pub struct KvRows<'a> {
+    /// Every cached position's keys, `stride` apart.
+    pub keys: &'a [u16],
+    /// Every cached position's values, laid out as the keys.
+    pub values: &'a [u16],
+    /// Values per cached position (all key-value heads).
+    pub stride: usize,
+    /// Where this head's values start within a position.
+    pub offset: usize,
+    /// The first position attended to.
+    pub first: usize,
+    /// One past the last position attended to.
+    pub end: usize,
+}
+
+/// Attention of query heads over `rows` as llama.cpp's CPU flash attention runs it for one
+/// token, on `isa`. `q` holds the heads' f16 queries one after another and `acc` their f16
+/// accumulators, `width` values each; per head, row by row in order: the score
+/// `q·k · post_scale`; a new maximum rescales the head's accumulator; then
+/// `acc ← f16(acc + e^(score−max)·v)`. `sums` receives each head's sum of weights. Every ISA
+/// gives the scalar reference's bits, whichever heads go together.
+pub fn attend_f16(
+    q: &[u16],
+    width: usize,
+    rows: KvRows<'_>,
+    post_scale: f32,
+    acc: &mut [u16],
+    sums: &mut [f32],
+    isa: Isa,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+        && x86::attend_f16(q, width, rows, post_scale, acc, sums)
+    {
+        return;
+    }
+    for ((q, acc), sum) in q
+        .chunks_exact(width)
+        .zip(acc.chunks_exact_mut(width))
+        .zip(sums)
+    {
+        *sum = online_softmax(
+            rows,
+            post_scale,
+            acc,
+            |k| dot_f16(k, q, isa),
+            |a, s| scale_f16(a, s, isa),
+            |a, v, w| mad_f16(a, v, w, isa),
+        );
+    }
+}
+
+/// One head's row loop of [`attend_f16`], around an ISA's dot product, rescale and
+/// multiply-add.
+fn online_softmax(
+    rows: KvRows<'_>,
+    post_scale: f32,
+    acc: &mut [u16],
+    mut dot: impl FnMut(&[u16]) -> f32,
+    mut scale: impl FnMut(&mut [u16], f32),
+    mut mad: impl FnMut(&mut [u16], &[u16], f32),
+) -> f32 {
+    let width = acc.len();
+    let mut sum = 0f32;
+    let mut max = f32::NEG_INFINITY;
+    for p in rows.first..rows.end {
+        let at = p * rows.stride + rows.offset;
+        let (k, v) = (&rows.keys[at..at + width], &rows.values[at..at + width]);
+        let s = dot(k) * post_scale;
+        let (old_scale, weight) = if s > max {
+            let rescale = (max - s).exp();
+            max = s;
+            scale(acc, rescale);
+            (rescale, 1.0)
+        } else {
+            (1.0, (s - max).exp())
+        };
+        mad(acc, v, weight);
+        sum = sum.mul_add(old_scale, weight);
+    }
+    sum
+}
+
 /// `a · b` over f16 vectors (keys and queries in attention), on `isa`.
 pub fn dot_f16(a: &[u16], b: &[u16], isa: Isa) -> f32 {
     match isa {
@@ -841,6 +927,54 @@ mod tests {
                         reference.to_bits(),
                         "{name} × {n} on {isa:?}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Attention gives the scalar reference's bits on every ISA, for any number of heads going
+    /// through the rows together (1 to past the fused path's eight), head widths with and
+    /// without a tail, and a score that keeps rising (every row rescales) as well as a mixed one.
+    #[test]
+    fn attention_matches_the_scalar_reference_on_every_isa() {
+        let mut rng = Bytes(0x2545_f491_4f6c_dd1d);
+        for (width, heads, kv_heads, positions) in [
+            (64, 3, 2, 40),
+            (72, 1, 1, 9),
+            (256, 4, 1, 17),
+            (8, 9, 3, 5),
+            (40, 2, 1, 3),
+        ] {
+            let mut halves = |n: usize, spread: f32| -> Vec<u16> {
+                (0..n)
+                    .map(|_| f32_to_f16((f32::from(rng.next()) - 128.0) / spread))
+                    .collect()
+            };
+            let stride = kv_heads * width;
+            let keys = halves(positions * stride, 64.0);
+            let values = halves(positions * stride, 32.0);
+            let q = halves(heads * width, 16.0);
+            let mut rising = keys.clone();
+            for (p, row) in rising.chunks_exact_mut(stride).enumerate() {
+                row.fill(f32_to_f16(p as f32 / 8.0));
+            }
+            for keys in [&keys, &rising] {
+                let rows = KvRows {
+                    keys,
+                    values: &values,
+                    stride,
+                    offset: (kv_heads - 1) * width,
+                    first: 1,
+                    end: positions,
+                };
+                let run = |isa: Isa| {
+                    let (mut acc, mut sums) = (vec![0u16; heads * width], vec![0f32; heads]);
+                    attend_f16(&q, width, rows, 0.125, &mut acc, &mut sums, isa);
+                    (acc, sums.iter().map(|s| s.to_bits()).collect::<Vec<_>>())
+                };
+                let want = run(Isa::Scalar);
+                for isa in Isa::available() {
+                    assert_eq!(run(isa), want, "attention {width}×{heads} on {isa:?}");
                 }
             }
         }

@@ -775,6 +775,158 @@ pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
     unsafe { dot_f16_avx2(a, b) }
 }
 
+/// Attention over cached f16 rows as `super::attend_f16` defines it, false (nothing done)
+/// when this CPU lacks the features or the heads are wider than [`MAX_QUERY`] in all. Each
+/// row's key and value are converted to f32 once for all heads and each query once for all
+/// rows; the heads' chains (score, weight, f16 accumulator) are independent, so the CPU
+/// overlaps them where one head alone waits on each row's rounding.
+pub fn attend_f16(
+    q: &[u16],
+    width: usize,
+    rows: super::KvRows<'_>,
+    post_scale: f32,
+    acc: &mut [u16],
+    sums: &mut [f32],
+) -> bool {
+    if !supported() || q.len() > MAX_QUERY || width > MAX_QUERY || width == 0 {
+        return false;
+    }
+    // SAFETY: the CPU features were checked just above.
+    unsafe { attend_f16_avx2(q, width, rows, post_scale, acc, sums) };
+    true
+}
+
+/// Most query values (all heads together) [`attend_f16`] converts on the stack.
+const MAX_QUERY: usize = 2048;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_f16_avx2(
+    q: &[u16],
+    width: usize,
+    rows: super::KvRows<'_>,
+    post_scale: f32,
+    acc: &mut [u16],
+    sums: &mut [f32],
+) {
+    let whole = width / 32 * 32;
+    let eights = width / 8 * 8;
+    let heads = (q.len() / width).min(acc.len() / width).min(sums.len());
+    let mut q32 = [0f32; MAX_QUERY];
+    let (mut k32, mut v32) = ([0f32; MAX_QUERY], [0f32; MAX_QUERY]);
+    let mut max = [f32::NEG_INFINITY; MAX_HEADS];
+    if heads > MAX_HEADS {
+        // More heads than the loop keeps state for: in turns (each head's result is its own).
+        for (i, chunk) in (0..heads)
+            .step_by(MAX_HEADS)
+            .map(|h| (h, (heads - h).min(MAX_HEADS)))
+        {
+            let span = i * width..(i + chunk) * width;
+            // SAFETY: the caller's features are this function's.
+            unsafe {
+                attend_f16_avx2(
+                    &q[span.clone()],
+                    width,
+                    rows,
+                    post_scale,
+                    &mut acc[span],
+                    &mut sums[i..i + chunk],
+                );
+            }
+        }
+        return;
+    }
+    sums[..heads].fill(0.0);
+    // SAFETY: the caller guarantees the CPU features; every load and store below stays inside
+    // the slices (`load_f16` asserts; the f32 buffers are indexed by slices).
+    unsafe {
+        for h in 0..heads {
+            for i in (0..whole).step_by(8) {
+                let at = h * width + i;
+                _mm256_storeu_ps(q32[at..at + 8].as_mut_ptr(), load_f16(&q[at..]));
+            }
+        }
+        for p in rows.first..rows.end {
+            let at = p * rows.stride + rows.offset;
+            let (k, v) = (&rows.keys[at..at + width], &rows.values[at..at + width]);
+            for i in (0..whole).step_by(8) {
+                _mm256_storeu_ps(k32[i..i + 8].as_mut_ptr(), load_f16(&k[i..]));
+            }
+            for i in (0..eights).step_by(8) {
+                _mm256_storeu_ps(v32[i..i + 8].as_mut_ptr(), load_f16(&v[i..]));
+            }
+            for h in 0..heads {
+                let head = h * width..(h + 1) * width;
+                let qh = &q[head.clone()];
+                let s = dot_f16_prepared(&k32[..whole], &q32[h * width..h * width + whole], k, qh)
+                    * post_scale;
+                let acc = &mut acc[head];
+                let (old_scale, weight) = if s > max[h] {
+                    let rescale = (max[h] - s).exp();
+                    max[h] = s;
+                    scale_f16_avx2(acc, rescale);
+                    (rescale, 1.0)
+                } else {
+                    (1.0, (s - max[h]).exp())
+                };
+                let w = _mm256_set1_ps(weight);
+                for i in (0..eights).step_by(8) {
+                    let a = &mut acc[i..i + 8];
+                    let x = _mm256_loadu_ps(v32[i..i + 8].as_ptr());
+                    let sum = _mm256_fmadd_ps(x, w, load_f16(a));
+                    _mm_storeu_si128(
+                        a.as_mut_ptr().cast(),
+                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(sum),
+                    );
+                }
+                if eights < width {
+                    scalar::mad_f16(&mut acc[eights..], &v[eights..], weight);
+                }
+                sums[h] = sums[h].mul_add(old_scale, weight);
+            }
+        }
+    }
+}
+
+/// Heads [`attend_f16`] keeps running state for at once.
+const MAX_HEADS: usize = 8;
+
+/// `k · q` as `dot_f16_avx2(k, q)` computes it, with both whole 32-element steps already in
+/// f32 (`k32`, `q32`; exact: every f16 is an f32) and only the tail read from the f16 rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f16_prepared(k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]) -> f32 {
+    // SAFETY: the caller guarantees the CPU features; loads are of 8-value subslices.
+    unsafe {
+        let whole = k32.len().min(q32.len()) / 32 * 32;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (ck, cq) in k32[..whole].chunks_exact(32).zip(q32.chunks_exact(32)) {
+            for (j, s) in acc.iter_mut().enumerate() {
+                let kj = _mm256_loadu_ps(ck[8 * j..8 * j + 8].as_ptr());
+                let qj = _mm256_loadu_ps(cq[8 * j..8 * j + 8].as_ptr());
+                *s = _mm256_fmadd_ps(kj, qj, *s);
+            }
+        }
+        let folded = fold_f16_sums(acc);
+        if whole < k.len().min(q.len()) {
+            scalar::with_f16_tail(folded, &k[whole..], &q[whole..])
+        } else {
+            // What the f64 sum with an empty tail gives, −0 included (it comes out +0).
+            folded + 0.0
+        }
+    }
+}
+
+/// The four 8-lane sums of an f16 dot product folded in `scalar::dot_f16`'s order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold_f16_sums(acc: [__m256; 4]) -> f32 {
+    let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+}
+
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load_f16(v: &[u16]) -> __m256 {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
@@ -795,11 +947,7 @@ unsafe fn dot_f16_avx2(a: &[u16], b: &[u16]) -> f32 {
                 *s = _mm256_fmadd_ps(load_f16(&ca[8 * j..]), load_f16(&cb[8 * j..]), *s);
             }
         }
-        let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-        let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-        let t1 = _mm_hadd_ps(t0, t0);
-        let folded = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
-        scalar::with_f16_tail(folded, &a[whole..], &b[whole..])
+        scalar::with_f16_tail(fold_f16_sums(acc), &a[whole..], &b[whole..])
     }
 }
 
@@ -812,6 +960,7 @@ pub fn mad_f16(acc: &mut [u16], v: &[u16], w: f32) {
     unsafe { mad_f16_avx2(acc, v, w) }
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn mad_f16_avx2(acc: &mut [u16], v: &[u16], w: f32) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
@@ -836,6 +985,7 @@ pub fn scale_f16(acc: &mut [u16], s: f32) {
     unsafe { scale_f16_avx2(acc, s) }
 }
 
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scale_f16_avx2(acc: &mut [u16], s: f32) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.

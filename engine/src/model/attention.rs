@@ -1,14 +1,16 @@
-//! Attention of one query head over cached keys and values stored as f16, computed the way
+//! Attention of query heads over cached keys and values stored as f16, computed the way
 //! llama.cpp's CPU flash attention does for a single token: the query rounded to f16, f32 dot
 //! products with the keys, an online softmax, and the weighted values accumulated in f16.
 //! Matching its roundings (not only its maths) is what keeps our log-probabilities within the
-//! goldens' tolerance.
+//! goldens' tolerance. The query heads that share a key-value head go through the cached rows
+//! together (each row read once for all of them); each head's result is the same as alone.
 
-use crate::kernels::{self, Isa};
+use crate::kernels::{self, Isa, KvRows};
 
-/// One query head against the cache.
+/// Query heads that share one key-value head.
 pub struct Query<'a> {
-    /// The query (already normed and rotated), multiplied by `pre_scale` before rounding.
+    /// The heads' queries one after another (already normed and rotated), each multiplied by
+    /// `pre_scale` before rounding.
     pub q: &'a [f32],
     /// Gemma 3 scales queries before attention; llama scales the products after.
     pub pre_scale: f32,
@@ -20,35 +22,36 @@ pub struct Query<'a> {
 /// heads are refused when they load.
 pub const MAX_HEAD_DIM: usize = 512;
 
-/// Computes `out = softmax(q·K) · V` over the cached rows `keys`/`values` (each `out.len()`
-/// wide, at most [`MAX_HEAD_DIM`], f16 bits), rows in order.
-pub fn attend<'c>(
-    query: &Query<'_>,
-    rows: impl Iterator<Item = (&'c [u16], &'c [u16])>,
-    isa: Isa,
-    out: &mut [f32],
-) {
-    let width = out.len().min(MAX_HEAD_DIM);
-    let (mut q_buf, mut acc_buf) = ([0u16; MAX_HEAD_DIM], [0u16; MAX_HEAD_DIM]);
-    let (q16, acc16) = (&mut q_buf[..width], &mut acc_buf[..width]);
-    kernels::to_f16(query.q, query.pre_scale, q16, isa);
-    let mut sum = 0f32;
-    let mut max = f32::NEG_INFINITY;
-    for (k, v) in rows {
-        let s = kernels::dot_f16(k, q16, isa) * query.post_scale;
-        let (old_scale, weight) = if s > max {
-            let rescale = (max - s).exp();
-            max = s;
-            kernels::scale_f16(acc16, rescale, isa);
-            (rescale, 1.0)
-        } else {
-            (1.0, (s - max).exp())
-        };
-        kernels::mad_f16(acc16, v, weight, isa);
-        sum = sum.mul_add(old_scale, weight);
+/// Heads that go through the rows together (more are taken in turns).
+const HEADS_AT_ONCE: usize = 4;
+
+/// Computes `out = softmax(q·K) · V` for every head of `query` over the cached `rows`, rows in
+/// order; `out` holds the heads' results one after another, each as wide as a cached row's
+/// head (at most [`MAX_HEAD_DIM`]).
+pub fn attend(query: &Query<'_>, width: usize, rows: KvRows<'_>, isa: Isa, out: &mut [f32]) {
+    let width = width.clamp(1, MAX_HEAD_DIM);
+    for (qs, outs) in query
+        .q
+        .chunks(HEADS_AT_ONCE * width)
+        .zip(out.chunks_mut(HEADS_AT_ONCE * width))
+    {
+        let heads = qs.len() / width;
+        let mut q_buf = [0u16; HEADS_AT_ONCE * MAX_HEAD_DIM];
+        let mut acc_buf = [0u16; HEADS_AT_ONCE * MAX_HEAD_DIM];
+        let (q16, acc16) = (&mut q_buf[..heads * width], &mut acc_buf[..heads * width]);
+        kernels::to_f16(&qs[..heads * width], query.pre_scale, q16, isa);
+        let mut sums = [0f32; HEADS_AT_ONCE];
+        let sums = &mut sums[..heads];
+        kernels::attend_f16(q16, width, rows, query.post_scale, acc16, sums, isa);
+        for ((acc, sum), out) in acc16
+            .chunks_exact(width)
+            .zip(sums)
+            .zip(outs.chunks_exact_mut(width))
+        {
+            let inv = if *sum == 0.0 { 0.0 } else { 1.0 / *sum };
+            kernels::from_f16(acc, inv, out, isa);
+        }
     }
-    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
-    kernels::from_f16(acc16, inv, out, isa);
 }
 
 #[cfg(test)]
@@ -81,14 +84,16 @@ mod tests {
             post_scale: 0.5,
         };
         let mut out = vec![0.0; dim];
-        attend(
-            &query,
-            keys.iter()
-                .map(Vec::as_slice)
-                .zip(values.iter().map(Vec::as_slice)),
-            Isa::Scalar,
-            &mut out,
-        );
+        let (flat_keys, flat_values) = (keys.concat(), values.concat());
+        let rows = KvRows {
+            keys: &flat_keys,
+            values: &flat_values,
+            stride: dim,
+            offset: 0,
+            first: 0,
+            end: keys.len(),
+        };
+        attend(&query, dim, rows, Isa::Scalar, &mut out);
         let scores: Vec<f64> = keys
             .iter()
             .map(|k| {

@@ -4,7 +4,7 @@
 
 use super::attention::{self, MAX_HEAD_DIM, Query};
 use super::{Arch, Ffn, Hparams, KvCache, Layer, Work, moe};
-use crate::kernels::{self, Exec, Matrix, Product};
+use crate::kernels::{self, Exec, KvRows, Matrix, Product};
 use crate::pool::Schedule;
 
 /// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
@@ -230,32 +230,37 @@ pub(super) fn block(
     let group = h.n_head / h.n_head_kv;
     let (keys, values) = (&keys[il], &values[il]);
     let queries = &w.q;
-    // Every (token, query head) pair is independent; later tokens see more keys, so the
-    // threads claim pairs rather than split them evenly.
+    // Every (token, key-value head) pair is independent: its query heads go through the
+    // cached rows together. Later tokens see more keys, so the threads claim pairs rather than
+    // split them evenly.
+    let span = group * hd;
     let outs: &mut [&mut [f32]] = &mut [&mut w.attn];
     exec.pool
-        .for_each_share(outs, 1, hd, Schedule::Claimed, &|_, mut share| {
+        .for_each_share(outs, 1, span, Schedule::Claimed, &|_, mut share| {
             let start = share.start;
-            for (i, out) in share.column(0).chunks_exact_mut(hd).enumerate() {
-                let slot = start / hd + i;
-                let (t, hq) = (slot / h.n_head, slot % h.n_head);
+            for (i, out) in share.column(0).chunks_exact_mut(span).enumerate() {
+                let slot = start / span + i;
+                let (t, kv_head) = (slot / h.n_head_kv, slot % h.n_head_kv);
                 let pos = first + t;
                 let from = match window {
                     // Key p0 is masked for query p1 when p1 - p0 >= window.
                     Some(size) => (pos + 1).saturating_sub(size),
                     None => 0,
                 };
-                let kv = (hq / group) * hd;
-                let rows = (from..=pos).map(|p| {
-                    let at = p * kv_dim + kv;
-                    (&keys[at..at + hd], &values[at..at + hd])
-                });
+                let rows = KvRows {
+                    keys,
+                    values,
+                    stride: kv_dim,
+                    offset: kv_head * hd,
+                    first: from,
+                    end: pos + 1,
+                };
                 let query = Query {
-                    q: &queries[slot * hd..(slot + 1) * hd],
+                    q: &queries[slot * span..(slot + 1) * span],
                     pre_scale,
                     post_scale,
                 };
-                attention::attend(&query, rows, isa, out);
+                attention::attend(&query, hd, rows, isa, out);
             }
         });
     kernels::matmul(
