@@ -486,13 +486,94 @@ unsafe fn dot_f16_neon(a: &[u16], b: &[u16]) -> f32 {
                 acc[2 * j + 1] = vfmaq_f32(acc[2 * j + 1], ahi, bhi);
             }
         }
-        let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
-        let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
-        let r = vaddq_f32(lo, hi);
-        let folded = (vgetq_lane_f32::<0>(r) + vgetq_lane_f32::<1>(r))
-            + (vgetq_lane_f32::<2>(r) + vgetq_lane_f32::<3>(r));
-        scalar::with_f16_tail(folded, &a[whole..], &b[whole..])
+        scalar::with_f16_tail(fold_f16_sums(acc), &a[whole..], &b[whole..])
     }
+}
+
+/// Attention over cached f16 rows as `super::attend_f16` defines it (`super::fused_attention`
+/// with NEON's steps), false (nothing done) when the heads do not fit the fused loop.
+pub fn attend_f16(
+    q: &[u16],
+    width: usize,
+    rows: super::KvRows<'_>,
+    post_scale: f32,
+    acc: &mut [u16],
+    sums: &mut [f32],
+) -> bool {
+    // SAFETY: only called on `Isa::Neon`, detected at run time.
+    unsafe { attend_f16_neon(q, width, rows, post_scale, acc, sums) }
+}
+
+#[target_feature(enable = "neon")]
+unsafe fn attend_f16_neon(
+    q: &[u16],
+    width: usize,
+    rows: super::KvRows<'_>,
+    post_scale: f32,
+    acc: &mut [u16],
+    sums: &mut [f32],
+) -> bool {
+    // SAFETY (every closure): NEON, which this function has; loads and stores are of
+    // bounds-checked subslices (`load_f16x8` and `store_f16x8` assert).
+    let steps = super::FusedSteps {
+        widen: |h: &[u16], f: &mut [f32]| unsafe {
+            for (at, f) in (0..h.len()).step_by(8).zip(f.chunks_exact_mut(8)) {
+                let (lo, hi) = load_f16x8(h, at);
+                vst1q_f32(f.as_mut_ptr(), lo);
+                vst1q_f32(f[4..].as_mut_ptr(), hi);
+            }
+        },
+        dot: |k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]| unsafe {
+            dot_f16_prepared(k32, q32, k, q)
+        },
+        scale: |a: &mut [u16], s: f32| unsafe { scale_f16_neon(a, s) },
+        mad: |acc: &mut [u16], v32: &[f32], w: f32| unsafe {
+            let w = vdupq_n_f32(w);
+            for (at, x) in (0..acc.len()).step_by(8).zip(v32.chunks_exact(8)) {
+                let (alo, ahi) = load_f16x8(acc, at);
+                let (xlo, xhi) = (vld1q_f32(x.as_ptr()), vld1q_f32(x[4..].as_ptr()));
+                store_f16x8(acc, at, vfmaq_f32(alo, xlo, w), vfmaq_f32(ahi, xhi, w));
+            }
+        },
+    };
+    super::fused_attention(q, width, rows, post_scale, acc, sums, &steps)
+}
+
+/// `k · q` as `dot_f16_neon(k, q)` computes it, the whole 32-value steps of both already in
+/// f32 (`k32`, `q32`; exact: every f16 is an f32) and only the tail read from the f16 rows.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn dot_f16_prepared(k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]) -> f32 {
+    let whole = k32.len().min(q32.len()) / 32 * 32;
+    // SAFETY: loads are of bounds-checked 4-value subslices; the caller guarantees NEON.
+    unsafe {
+        let mut acc = [vdupq_n_f32(0.0); 8];
+        for (ck, cq) in k32[..whole].chunks_exact(32).zip(q32.chunks_exact(32)) {
+            for j in 0..4 {
+                let (klo, khi) = (&ck[8 * j..8 * j + 4], &ck[8 * j + 4..8 * j + 8]);
+                let (qlo, qhi) = (&cq[8 * j..8 * j + 4], &cq[8 * j + 4..8 * j + 8]);
+                acc[2 * j] =
+                    vfmaq_f32(acc[2 * j], vld1q_f32(klo.as_ptr()), vld1q_f32(qlo.as_ptr()));
+                acc[2 * j + 1] = vfmaq_f32(
+                    acc[2 * j + 1],
+                    vld1q_f32(khi.as_ptr()),
+                    vld1q_f32(qhi.as_ptr()),
+                );
+            }
+        }
+        scalar::with_f16_tail(fold_f16_sums(acc), &k[whole..], &q[whole..])
+    }
+}
+
+/// The eight 4-lane sums of an f16 dot product folded in `scalar::dot_f16`'s order.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn fold_f16_sums(acc: [float32x4_t; 8]) -> f32 {
+    let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
+    let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
+    let r = vaddq_f32(lo, hi);
+    (vgetq_lane_f32::<0>(r) + vgetq_lane_f32::<1>(r))
+        + (vgetq_lane_f32::<2>(r) + vgetq_lane_f32::<3>(r))
 }
 
 /// `acc ← f16(acc + v·w)` as `scalar::mad_f16` computes it.
@@ -523,6 +604,7 @@ pub fn scale_f16(acc: &mut [u16], s: f32) {
     unsafe { scale_f16_neon(acc, s) }
 }
 
+#[inline]
 #[target_feature(enable = "neon")]
 unsafe fn scale_f16_neon(acc: &mut [u16], s: f32) {
     let whole = acc.len() / 8 * 8;

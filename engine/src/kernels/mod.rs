@@ -156,10 +156,14 @@ pub fn attend_f16(
     sums: &mut [f32],
     isa: Isa,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
-        && x86::attend_f16(q, width, rows, post_scale, acc, sums)
-    {
+    let fused = match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni => x86::attend_f16(q, width, rows, post_scale, acc, sums),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => arm::attend_f16(q, width, rows, post_scale, acc, sums),
+        _ => false,
+    };
+    if fused {
         return;
     }
     for ((q, acc), sum) in q
@@ -176,6 +180,93 @@ pub fn attend_f16(
             |a, v, w| mad_f16(a, v, w, isa),
         );
     }
+}
+
+/// One ISA's steps of [`fused_attention`].
+struct FusedSteps<W, D, S, M> {
+    /// f16 → f32, eight values at a time (whole eights only).
+    widen: W,
+    /// `k · q` as the ISA's `dot_f16(k, q)` computes it, the whole 32-value steps of both
+    /// already widened (`k32`, `q32`) and any tail read from the f16 `k` and `q`.
+    dot: D,
+    /// The ISA's `scale_f16`.
+    scale: S,
+    /// The ISA's `mad_f16` over the whole eights, the values already widened.
+    mad: M,
+}
+
+/// Query values (all heads together) and head width [`fused_attention`] takes.
+const FUSED_QUERY: usize = 2048;
+const FUSED_WIDTH: usize = 512;
+
+/// Heads [`fused_attention`] keeps running state for at once.
+const FUSED_HEADS: usize = 8;
+
+/// [`attend_f16`] as a SIMD path runs it: each row's key and value widened to f32 once for all
+/// heads and each query once for all rows, then per head the score, the softmax step and the
+/// multiply-add, in the reference's order (widening is exact, so the bits are the reference's).
+/// The heads' chains are independent, so the CPU overlaps them where one head alone waits on
+/// each row's f16 rounding. False (nothing done) when the heads do not fit its buffers.
+#[inline(always)]
+fn fused_attention<W, D, S, M>(
+    q: &[u16],
+    width: usize,
+    rows: KvRows<'_>,
+    post_scale: f32,
+    acc: &mut [u16],
+    sums: &mut [f32],
+    steps: &FusedSteps<W, D, S, M>,
+) -> bool
+where
+    W: Fn(&[u16], &mut [f32]),
+    D: Fn(&[f32], &[f32], &[u16], &[u16]) -> f32,
+    S: Fn(&mut [u16], f32),
+    M: Fn(&mut [u16], &[f32], f32),
+{
+    let heads = sums.len();
+    if width == 0
+        || width > FUSED_WIDTH
+        || heads * width > FUSED_QUERY
+        || heads > FUSED_HEADS
+        || q.len() != heads * width
+        || acc.len() != heads * width
+    {
+        return false;
+    }
+    let (whole, eights) = (width / 32 * 32, width / 8 * 8);
+    let mut q32 = [0f32; FUSED_QUERY];
+    let (mut k32, mut v32) = ([0f32; FUSED_WIDTH], [0f32; FUSED_WIDTH]);
+    let mut max = [f32::NEG_INFINITY; FUSED_HEADS];
+    for (q, q32) in q.chunks_exact(width).zip(q32.chunks_exact_mut(width)) {
+        (steps.widen)(&q[..whole], &mut q32[..whole]);
+    }
+    sums.fill(0.0);
+    for p in rows.first..rows.end {
+        let at = p * rows.stride + rows.offset;
+        let (k, v) = (&rows.keys[at..at + width], &rows.values[at..at + width]);
+        (steps.widen)(&k[..whole], &mut k32[..whole]);
+        (steps.widen)(&v[..eights], &mut v32[..eights]);
+        for (h, sum) in sums.iter_mut().enumerate() {
+            let head = h * width..(h + 1) * width;
+            let q32 = &q32[h * width..h * width + whole];
+            let s = (steps.dot)(&k32[..whole], q32, k, &q[head.clone()]) * post_scale;
+            let acc = &mut acc[head];
+            let (old_scale, weight) = if s > max[h] {
+                let rescale = (max[h] - s).exp();
+                max[h] = s;
+                (steps.scale)(acc, rescale);
+                (rescale, 1.0)
+            } else {
+                (1.0, (s - max[h]).exp())
+            };
+            (steps.mad)(&mut acc[..eights], &v32[..eights], weight);
+            if eights < width {
+                scalar::mad_f16(&mut acc[eights..], &v[eights..], weight);
+            }
+            *sum = sum.mul_add(old_scale, weight);
+        }
+    }
+    true
 }
 
 /// One head's row loop of [`attend_f16`], around an ISA's dot product, rescale and

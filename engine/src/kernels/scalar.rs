@@ -279,7 +279,12 @@ pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
 }
 
 /// Adds the products of a tail shorter than one 32-element step in f64, as ggml does.
+#[inline]
 pub(super) fn with_f16_tail(folded: f32, a: &[u16], b: &[u16]) -> f32 {
+    if a.is_empty() || b.is_empty() {
+        // What the f64 sum of nothing gives, −0 included (it comes out +0).
+        return folded + 0.0;
+    }
     let table = f16_table();
     let tail: f64 = a
         .iter()

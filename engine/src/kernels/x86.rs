@@ -775,11 +775,9 @@ pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
     unsafe { dot_f16_avx2(a, b) }
 }
 
-/// Attention over cached f16 rows as `super::attend_f16` defines it, false (nothing done)
-/// when this CPU lacks the features or the heads are wider than [`MAX_QUERY`] in all. Each
-/// row's key and value are converted to f32 once for all heads and each query once for all
-/// rows; the heads' chains (score, weight, f16 accumulator) are independent, so the CPU
-/// overlaps them where one head alone waits on each row's rounding.
+/// Attention over cached f16 rows as `super::attend_f16` defines it (`super::fused_attention`
+/// with this ISA's steps), false (nothing done) when this CPU lacks the features or the
+/// heads do not fit the fused loop.
 pub fn attend_f16(
     q: &[u16],
     width: usize,
@@ -788,16 +786,9 @@ pub fn attend_f16(
     acc: &mut [u16],
     sums: &mut [f32],
 ) -> bool {
-    if !supported() || q.len() > MAX_QUERY || width > MAX_QUERY || width == 0 {
-        return false;
-    }
-    // SAFETY: the CPU features were checked just above.
-    unsafe { attend_f16_avx2(q, width, rows, post_scale, acc, sums) };
-    true
+    // SAFETY: the CPU features are checked first.
+    supported() && unsafe { attend_f16_avx2(q, width, rows, post_scale, acc, sums) }
 }
-
-/// Most query values (all heads together) [`attend_f16`] converts on the stack.
-const MAX_QUERY: usize = 2048;
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_f16_avx2(
@@ -807,88 +798,32 @@ unsafe fn attend_f16_avx2(
     post_scale: f32,
     acc: &mut [u16],
     sums: &mut [f32],
-) {
-    let whole = width / 32 * 32;
-    let eights = width / 8 * 8;
-    let heads = (q.len() / width).min(acc.len() / width).min(sums.len());
-    let mut q32 = [0f32; MAX_QUERY];
-    let (mut k32, mut v32) = ([0f32; MAX_QUERY], [0f32; MAX_QUERY]);
-    let mut max = [f32::NEG_INFINITY; MAX_HEADS];
-    if heads > MAX_HEADS {
-        // More heads than the loop keeps state for: in turns (each head's result is its own).
-        for (i, chunk) in (0..heads)
-            .step_by(MAX_HEADS)
-            .map(|h| (h, (heads - h).min(MAX_HEADS)))
-        {
-            let span = i * width..(i + chunk) * width;
-            // SAFETY: the caller's features are this function's.
-            unsafe {
-                attend_f16_avx2(
-                    &q[span.clone()],
-                    width,
-                    rows,
-                    post_scale,
-                    &mut acc[span],
-                    &mut sums[i..i + chunk],
+) -> bool {
+    // SAFETY (every closure): this function's features, which its closures share; loads and
+    // stores are of 8-value subslices (`load_f16` asserts).
+    let steps = super::FusedSteps {
+        widen: |h: &[u16], f: &mut [f32]| unsafe {
+            for (h, f) in h.chunks_exact(8).zip(f.chunks_exact_mut(8)) {
+                _mm256_storeu_ps(f.as_mut_ptr(), load_f16(h));
+            }
+        },
+        dot: |k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]| unsafe {
+            dot_f16_prepared(k32, q32, k, q)
+        },
+        scale: |a: &mut [u16], s: f32| unsafe { scale_f16_avx2(a, s) },
+        mad: |acc: &mut [u16], v32: &[f32], w: f32| unsafe {
+            let w = _mm256_set1_ps(w);
+            for (a, x) in acc.chunks_exact_mut(8).zip(v32.chunks_exact(8)) {
+                let sum = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr()), w, load_f16(a));
+                _mm_storeu_si128(
+                    a.as_mut_ptr().cast(),
+                    _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(sum),
                 );
             }
-        }
-        return;
-    }
-    sums[..heads].fill(0.0);
-    // SAFETY: the caller guarantees the CPU features; every load and store below stays inside
-    // the slices (`load_f16` asserts; the f32 buffers are indexed by slices).
-    unsafe {
-        for h in 0..heads {
-            for i in (0..whole).step_by(8) {
-                let at = h * width + i;
-                _mm256_storeu_ps(q32[at..at + 8].as_mut_ptr(), load_f16(&q[at..]));
-            }
-        }
-        for p in rows.first..rows.end {
-            let at = p * rows.stride + rows.offset;
-            let (k, v) = (&rows.keys[at..at + width], &rows.values[at..at + width]);
-            for i in (0..whole).step_by(8) {
-                _mm256_storeu_ps(k32[i..i + 8].as_mut_ptr(), load_f16(&k[i..]));
-            }
-            for i in (0..eights).step_by(8) {
-                _mm256_storeu_ps(v32[i..i + 8].as_mut_ptr(), load_f16(&v[i..]));
-            }
-            for h in 0..heads {
-                let head = h * width..(h + 1) * width;
-                let qh = &q[head.clone()];
-                let s = dot_f16_prepared(&k32[..whole], &q32[h * width..h * width + whole], k, qh)
-                    * post_scale;
-                let acc = &mut acc[head];
-                let (old_scale, weight) = if s > max[h] {
-                    let rescale = (max[h] - s).exp();
-                    max[h] = s;
-                    scale_f16_avx2(acc, rescale);
-                    (rescale, 1.0)
-                } else {
-                    (1.0, (s - max[h]).exp())
-                };
-                let w = _mm256_set1_ps(weight);
-                for i in (0..eights).step_by(8) {
-                    let a = &mut acc[i..i + 8];
-                    let x = _mm256_loadu_ps(v32[i..i + 8].as_ptr());
-                    let sum = _mm256_fmadd_ps(x, w, load_f16(a));
-                    _mm_storeu_si128(
-                        a.as_mut_ptr().cast(),
-                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(sum),
-                    );
-                }
-                if eights < width {
-                    scalar::mad_f16(&mut acc[eights..], &v[eights..], weight);
-                }
-                sums[h] = sums[h].mul_add(old_scale, weight);
-            }
-        }
-    }
+        },
+    };
+    super::fused_attention(q, width, rows, post_scale, acc, sums, &steps)
 }
-
-/// Heads [`attend_f16`] keeps running state for at once.
-const MAX_HEADS: usize = 8;
 
 /// `k · q` as `dot_f16_avx2(k, q)` computes it, with both whole 32-element steps already in
 /// f32 (`k32`, `q32`; exact: every f16 is an f32) and only the tail read from the f16 rows.
@@ -906,13 +841,7 @@ unsafe fn dot_f16_prepared(k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]) -> f3
                 *s = _mm256_fmadd_ps(kj, qj, *s);
             }
         }
-        let folded = fold_f16_sums(acc);
-        if whole < k.len().min(q.len()) {
-            scalar::with_f16_tail(folded, &k[whole..], &q[whole..])
-        } else {
-            // What the f64 sum with an empty tail gives, −0 included (it comes out +0).
-            folded + 0.0
-        }
+        scalar::with_f16_tail(fold_f16_sums(acc), &k[whole..], &q[whole..])
     }
 }
 
