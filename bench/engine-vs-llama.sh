@@ -6,20 +6,24 @@
 # for a manifest; --moe adds a synthetic mixture of experts with Qwen3-30B-A3B's proportions
 # scaled down (tests/common/tiny.rs `MOE_BENCH`: 64 experts, 4 per token, random weights).
 #
-# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-r 5] [--rounds 2] [--moe] [MANIFEST|GGUF ...]
+# -d fills that many positions (untimed) before every prompt and generation run, comma-separated
+# as llama-bench's own -d: speed after a long document, where attention adds to every token.
+#
+# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-d 0] [-r 5] [--rounds 2] [--moe] [MANIFEST|GGUF ...]
 # Cache: $APPLIANCE_CACHE, else ~/.cache/appliance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=1,2 prompt=128 gen=64 reps=5 rounds=2 moe=no manifests=()
+threads=1,2 prompt=128 gen=64 depth=0 reps=5 rounds=2 moe=no manifests=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -t) threads=$2; shift 2 ;;
     -p) prompt=$2; shift 2 ;;
     -n) gen=$2; shift 2 ;;
+    -d) depth=$2; shift 2 ;;
     -r) reps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --moe) moe=yes; shift ;;
-    -h|--help) sed -n 2,12p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
     *) manifests+=("$1"); shift ;;
   esac
 done
@@ -44,10 +48,10 @@ for manifest in "${manifests[@]}"; do
   esac
   for round in $(seq 1 "$rounds"); do
     echo "$name round $round: llama-bench" >&2
-    "$llama_bin/llama-bench" -m "$model" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" -o json \
+    "$llama_bin/llama-bench" -m "$model" -p "$prompt" -n "$gen" -d "$depth" -t "$threads" -r "$reps" -o json \
       > "$out/$name.llama.$round.json" 2>/dev/null
     echo "$name round $round: engine bench" >&2
-    target/release/engine bench -m "$model" -p "$prompt" -n "$gen" -t "$threads" -r "$reps" --json \
+    target/release/engine bench -m "$model" -p "$prompt" -n "$gen" -d "$depth" -t "$threads" -r "$reps" --json \
       > "$out/$name.engine.$round.json"
   done
 done
@@ -59,6 +63,8 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*.json"))):
     name, tool = os.path.basename(path).rsplit(".", 3)[:2]
     for r in json.load(open(path)):
         test = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}"
+        if r.get("n_depth", 0):
+            test += f" @ d{r['n_depth']}"
         rows[(name, r["n_threads"], test)][tool].append(r["avg_ts"])
 print("| model | threads | test | llama.cpp t/s | engine t/s | engine / llama.cpp |")
 print("| --- | ---: | ---: | ---: | ---: | ---: |")

@@ -19,6 +19,9 @@ pub struct Plan {
     pub prompt: usize,
     /// Tokens to generate one at a time (llama-bench `-n`); 0 skips.
     pub generate: usize,
+    /// Positions already in the cache before each prompt and generation run, untimed
+    /// (llama-bench `-d`): what attention over a long document costs.
+    pub depths: Vec<usize>,
     /// Thread counts.
     pub threads: Vec<usize>,
     /// Repetitions per row.
@@ -38,6 +41,8 @@ pub struct Row {
     pub n_prompt: usize,
     /// Tokens generated per repetition (0 for prompt rows).
     pub n_gen: usize,
+    /// Positions in the cache before the timed tokens (prompt and generation rows).
+    pub n_depth: usize,
     /// Threads.
     pub n_threads: usize,
     /// Tokens per pass, for single-pass rows.
@@ -67,10 +72,16 @@ impl Row {
             format!("pass{b}")
         } else if let Some(spec) = self.speculative {
             format!("greedy{}{}", self.n_gen, if spec { "+ngram" } else { "" })
-        } else if self.n_gen == 0 {
-            format!("pp{}", self.n_prompt)
         } else {
-            format!("tg{}", self.n_gen)
+            let test = if self.n_gen == 0 {
+                format!("pp{}", self.n_prompt)
+            } else {
+                format!("tg{}", self.n_gen)
+            };
+            match self.n_depth {
+                0 => test,
+                depth => format!("{test} @ d{depth}"),
+            }
         }
     }
 }
@@ -100,25 +111,37 @@ enum Mode {
 /// Context already in the cache before a timed single pass.
 const PASS_CONTEXT: usize = 64;
 
-/// Seconds to run `tokens` through the model from position 0 on a fresh cache.
-fn timed_run(model: &Model<'_>, tokens: &[u32], mode: Mode, threads: usize) -> Result<f64, String> {
-    let context = tokens.len() + if mode == Mode::Pass { PASS_CONTEXT } else { 0 };
+/// Seconds to run `tokens` through the model on a fresh cache after `depth` positions (a
+/// pass after [`PASS_CONTEXT`]), which are filled first and not timed.
+fn timed_run(
+    model: &Model<'_>,
+    tokens: &[u32],
+    depth: usize,
+    mode: Mode,
+    threads: usize,
+) -> Result<f64, String> {
+    let depth = if mode == Mode::Pass {
+        PASS_CONTEXT
+    } else {
+        depth
+    };
+    let context = tokens.len() + depth;
     let mut cache = KvCache::on_threads(&model.hparams, context.max(1), threads)?;
-    if mode == Mode::Pass {
-        let before = random_tokens(PASS_CONTEXT, model.hparams.vocab, 0xc0de);
+    if depth > 0 {
+        let before = random_tokens(depth, model.hparams.vocab, 0xc0de);
         model.forward(&before, 0, &mut cache, Logits::None)?;
     }
     let start = Instant::now();
     match mode {
         Mode::Pass => {
-            model.forward(tokens, PASS_CONTEXT, &mut cache, Logits::All)?;
+            model.forward(tokens, depth, &mut cache, Logits::All)?;
         }
         Mode::Prompt => {
-            model.forward(tokens, 0, &mut cache, Logits::Last)?;
+            model.forward(tokens, depth, &mut cache, Logits::Last)?;
         }
         Mode::Generation => {
-            for (pos, &t) in tokens.iter().enumerate() {
-                model.step(t, pos, &mut cache)?;
+            for (i, &t) in tokens.iter().enumerate() {
+                model.step(t, depth + i, &mut cache)?;
             }
         }
     }
@@ -139,13 +162,15 @@ fn spread(samples: &[f64]) -> (f64, f64) {
 fn measure(
     model: &Model<'_>,
     tokens: &[u32],
+    depth: usize,
     mode: Mode,
     threads: usize,
     repetitions: usize,
 ) -> Result<(f64, f64, Vec<f64>), String> {
-    timed_run(model, tokens, mode, threads)?; // warm-up: page in the weights, size the buffers
+    // Warm-up: page in the weights, size the buffers.
+    timed_run(model, tokens, depth, mode, threads)?;
     let samples = (0..repetitions.max(1))
-        .map(|_| timed_run(model, tokens, mode, threads).map(|s| tokens.len() as f64 / s))
+        .map(|_| timed_run(model, tokens, depth, mode, threads).map(|s| tokens.len() as f64 / s))
         .collect::<Result<Vec<f64>, String>>()?;
     let (mean, sd) = spread(&samples);
     Ok((mean, sd, samples))
@@ -233,6 +258,7 @@ fn greedy_rows(
         Row {
             n_prompt: prompt.len(),
             n_gen: n,
+            n_depth: 0,
             n_threads: threads,
             n_batch: None,
             avg_ms: None,
@@ -246,25 +272,33 @@ fn greedy_rows(
     Ok([row(plain, false), row(spec, true)])
 }
 
-/// Runs the plan: for each thread count, the prompt row then the generation row.
+/// Runs the plan: for each thread count and depth, the prompt row then the generation row.
 pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
     let vocab = model.hparams.vocab;
     let mut rows = Vec::new();
+    let depths = if plan.depths.is_empty() {
+        &[0][..]
+    } else {
+        &plan.depths[..]
+    };
     for &threads in &plan.threads {
-        for (n_prompt, n_gen, mode) in [
-            (plan.prompt, 0, Mode::Prompt),
-            (0, plan.generate, Mode::Generation),
-        ] {
+        for (&n_depth, (n_prompt, n_gen, mode)) in depths.iter().flat_map(|d| {
+            [
+                (d, (plan.prompt, 0, Mode::Prompt)),
+                (d, (0, plan.generate, Mode::Generation)),
+            ]
+        }) {
             let n = n_prompt + n_gen;
             if n == 0 {
                 continue;
             }
             let tokens = random_tokens(n, vocab, 0x5eed + n as u64);
             let (avg_ts, stddev_ts, samples_ts) =
-                measure(model, &tokens, mode, threads, plan.repetitions)?;
+                measure(model, &tokens, n_depth, mode, threads, plan.repetitions)?;
             rows.push(Row {
                 n_prompt,
                 n_gen,
+                n_depth,
                 n_threads: threads,
                 n_batch: None,
                 avg_ms: None,
@@ -278,7 +312,7 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
         for &width in &plan.batches {
             let tokens = random_tokens(width.max(1), vocab, 0xba7c + width as u64);
             let (avg_ts, stddev_ts, samples_ts) =
-                measure(model, &tokens, Mode::Pass, threads, plan.repetitions)?;
+                measure(model, &tokens, 0, Mode::Pass, threads, plan.repetitions)?;
             let ms = samples_ts
                 .iter()
                 .map(|ts| tokens.len() as f64 / ts * 1e3)
@@ -287,6 +321,7 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
             rows.push(Row {
                 n_prompt: 0,
                 n_gen: tokens.len(),
+                n_depth: PASS_CONTEXT,
                 n_threads: threads,
                 n_batch: Some(tokens.len()),
                 avg_ms: Some(ms),
@@ -327,6 +362,7 @@ mod tests {
         let row = |n_prompt, n_gen| Row {
             n_prompt,
             n_gen,
+            n_depth: 0,
             n_threads: 1,
             n_batch: None,
             avg_ms: None,
@@ -338,6 +374,11 @@ mod tests {
         };
         assert_eq!(row(128, 0).test_name(), "pp128");
         assert_eq!(row(0, 64).test_name(), "tg64");
+        let deep = Row {
+            n_depth: 1024,
+            ..row(0, 64)
+        };
+        assert_eq!(deep.test_name(), "tg64 @ d1024");
         let greedy = |speculative| Row {
             speculative: Some(speculative),
             ..row(40, 64)

@@ -179,6 +179,15 @@ enum Command {
         /// Tokens per generation run (0 skips).
         #[arg(short = 'n', long, default_value_t = 64)]
         generate: usize,
+        /// Positions filled (untimed) before each prompt and generation run, comma-separated,
+        /// as llama-bench's `-d`: speed after a long document.
+        #[arg(
+            short = 'd',
+            long = "depth",
+            value_delimiter = ',',
+            default_value = "0"
+        )]
+        depths: Vec<usize>,
         /// Thread counts, comma-separated (default: the CPUs this process may use).
         #[arg(short = 't', long, value_delimiter = ',', value_parser = thread_count)]
         threads: Vec<usize>,
@@ -430,6 +439,7 @@ fn main() -> ExitCode {
             model,
             prompt,
             generate,
+            depths,
             threads,
             repetitions,
             batch,
@@ -460,6 +470,7 @@ fn main() -> ExitCode {
             let plan = engine::bench::Plan {
                 prompt,
                 generate,
+                depths,
                 threads,
                 repetitions,
                 batches: batch,
