@@ -493,23 +493,19 @@ unsafe fn dot_f16_neon(a: &[u16], b: &[u16]) -> f32 {
 /// Attention over cached f16 rows as `super::attend_f16` defines it (`super::fused_attention`
 /// with NEON's steps), false (nothing done) when the heads do not fit the fused loop.
 pub fn attend_f16(
-    q: &[u16],
-    width: usize,
+    queries: super::Queries<'_>,
     rows: super::KvRows<'_>,
-    post_scale: f32,
     acc: &mut [u16],
     sums: &mut [f32],
 ) -> bool {
     // SAFETY: only called on `Isa::Neon`, detected at run time.
-    unsafe { attend_f16_neon(q, width, rows, post_scale, acc, sums) }
+    unsafe { attend_f16_neon(queries, rows, acc, sums) }
 }
 
 #[target_feature(enable = "neon")]
 unsafe fn attend_f16_neon(
-    q: &[u16],
-    width: usize,
+    queries: super::Queries<'_>,
     rows: super::KvRows<'_>,
-    post_scale: f32,
     acc: &mut [u16],
     sums: &mut [f32],
 ) -> bool {
@@ -536,7 +532,7 @@ unsafe fn attend_f16_neon(
             }
         },
     };
-    super::fused_attention(q, width, rows, post_scale, acc, sums, &steps)
+    super::fused_attention(queries, rows, acc, sums, &steps)
 }
 
 /// `k · q` as `dot_f16_neon(k, q)` computes it, the whole 32-value steps of both already in

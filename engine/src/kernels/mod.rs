@@ -141,31 +141,45 @@ pub struct KvRows<'a> {
     pub end: usize,
 }
 
-/// Attention of query heads over `rows` as llama.cpp's CPU flash attention runs it for one
-/// token, on `isa`. `q` holds the heads' f16 queries one after another and `acc` their f16
-/// accumulators, `width` values each; per head, row by row in order: the score
-/// `q·k · post_scale`; a new maximum rescales the head's accumulator; then
-/// `acc ← f16(acc + e^(score−max)·v)`. `sums` receives each head's sum of weights. Every ISA
-/// gives the scalar reference's bits, whichever heads go together.
+/// Query heads that attend to the same cached rows: their f16 queries one after another,
+/// `width` values each, and the factor applied to every query·key product.
+#[derive(Debug, Clone, Copy)]
+pub struct Queries<'a> {
+    /// The heads' queries, f16.
+    pub q: &'a [u16],
+    /// Values per head.
+    pub width: usize,
+    /// Applied to each query·key product.
+    pub post_scale: f32,
+}
+
+/// Attention of `queries` over `rows` as llama.cpp's CPU flash attention runs it for one
+/// token, on `isa`. `acc` holds the heads' f16 accumulators one after another; per head, row by
+/// row in order: the score `q·k · post_scale`; a new maximum rescales the head's accumulator;
+/// then `acc ← f16(acc + e^(score−max)·v)`. `sums` receives each head's sum of weights. Every
+/// ISA gives the scalar reference's bits, whichever heads go together.
 pub fn attend_f16(
-    q: &[u16],
-    width: usize,
+    queries: Queries<'_>,
     rows: KvRows<'_>,
-    post_scale: f32,
     acc: &mut [u16],
     sums: &mut [f32],
     isa: Isa,
 ) {
     let fused = match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::Avx512Vnni => x86::attend_f16(q, width, rows, post_scale, acc, sums),
+        Isa::Avx2 | Isa::Avx512Vnni => x86::attend_f16(queries, rows, acc, sums),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => arm::attend_f16(q, width, rows, post_scale, acc, sums),
+        Isa::Neon => arm::attend_f16(queries, rows, acc, sums),
         _ => false,
     };
     if fused {
         return;
     }
+    let Queries {
+        q,
+        width,
+        post_scale,
+    } = queries;
     for ((q, acc), sum) in q
         .chunks_exact(width)
         .zip(acc.chunks_exact_mut(width))
@@ -209,10 +223,8 @@ const FUSED_HEADS: usize = 8;
 /// each row's f16 rounding. False (nothing done) when the heads do not fit its buffers.
 #[inline(always)]
 fn fused_attention<W, D, S, M>(
-    q: &[u16],
-    width: usize,
+    queries: Queries<'_>,
     rows: KvRows<'_>,
-    post_scale: f32,
     acc: &mut [u16],
     sums: &mut [f32],
     steps: &FusedSteps<W, D, S, M>,
@@ -223,6 +235,11 @@ where
     S: Fn(&mut [u16], f32),
     M: Fn(&mut [u16], &[f32], f32),
 {
+    let Queries {
+        q,
+        width,
+        post_scale,
+    } = queries;
     let heads = sums.len();
     if width == 0
         || width > FUSED_WIDTH
@@ -1058,9 +1075,14 @@ mod tests {
                     first: 1,
                     end: positions,
                 };
+                let queries = Queries {
+                    q: &q,
+                    width,
+                    post_scale: 0.125,
+                };
                 let run = |isa: Isa| {
                     let (mut acc, mut sums) = (vec![0u16; heads * width], vec![0f32; heads]);
-                    attend_f16(&q, width, rows, 0.125, &mut acc, &mut sums, isa);
+                    attend_f16(queries, rows, &mut acc, &mut sums, isa);
                     (acc, sums.iter().map(|s| s.to_bits()).collect::<Vec<_>>())
                 };
                 let want = run(Isa::Scalar);

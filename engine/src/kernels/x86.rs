@@ -779,23 +779,19 @@ pub fn dot_f16(a: &[u16], b: &[u16]) -> f32 {
 /// with this ISA's steps), false (nothing done) when this CPU lacks the features or the
 /// heads do not fit the fused loop.
 pub fn attend_f16(
-    q: &[u16],
-    width: usize,
+    queries: super::Queries<'_>,
     rows: super::KvRows<'_>,
-    post_scale: f32,
     acc: &mut [u16],
     sums: &mut [f32],
 ) -> bool {
     // SAFETY: the CPU features are checked first.
-    supported() && unsafe { attend_f16_avx2(q, width, rows, post_scale, acc, sums) }
+    supported() && unsafe { attend_f16_avx2(queries, rows, acc, sums) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_f16_avx2(
-    q: &[u16],
-    width: usize,
+    queries: super::Queries<'_>,
     rows: super::KvRows<'_>,
-    post_scale: f32,
     acc: &mut [u16],
     sums: &mut [f32],
 ) -> bool {
@@ -822,7 +818,7 @@ unsafe fn attend_f16_avx2(
             }
         },
     };
-    super::fused_attention(q, width, rows, post_scale, acc, sums, &steps)
+    super::fused_attention(queries, rows, acc, sums, &steps)
 }
 
 /// `k · q` as `dot_f16_avx2(k, q)` computes it, with both whole 32-element steps already in

@@ -42,7 +42,12 @@ pub fn attend(query: &Query<'_>, width: usize, rows: KvRows<'_>, isa: Isa, out: 
         kernels::to_f16(&qs[..heads * width], query.pre_scale, q16, isa);
         let mut sums = [0f32; HEADS_AT_ONCE];
         let sums = &mut sums[..heads];
-        kernels::attend_f16(q16, width, rows, query.post_scale, acc16, sums, isa);
+        let queries = kernels::Queries {
+            q: q16,
+            width,
+            post_scale: query.post_scale,
+        };
+        kernels::attend_f16(queries, rows, acc16, sums, isa);
         for ((acc, sum), out) in acc16
             .chunks_exact(width)
             .zip(sums)
