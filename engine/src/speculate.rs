@@ -56,50 +56,6 @@ pub struct Draft<'h> {
 /// "5 mg twice daily" in one document), so the pass would stake its width on a coin toss.
 /// Empty when nothing matches.
 pub fn draft(history: &[u32], n: usize) -> Draft<'_> {
-    let best = longest_match(history, n);
-    if best.tokens.is_empty() {
-        return best;
-    }
-    let agreed = disagreement(history, n, best);
-    Draft {
-        tokens: &best.tokens[..agreed],
-        matched: best.matched,
-    }
-}
-
-/// How many of the sequence's last tokens the occurrence ending at `end` agrees with (up to
-/// [`MATCH_MAX`], within `from..`).
-fn match_at(history: &[u32], from: usize, end: usize) -> usize {
-    let len = history.len();
-    (0..MATCH_MAX.min(end + 1 - from))
-        .take_while(|&i| history[end - i] == history[len - 1 - i])
-        .count()
-}
-
-/// The first position at which another occurrence with `best`'s match length continues
-/// differently from `best` (`best.tokens.len()` when none does).
-fn disagreement(history: &[u32], n: usize, best: Draft<'_>) -> usize {
-    let len = history.len();
-    let from = len.saturating_sub(LOOKBACK);
-    let last = history[len - 1];
-    let mut agreed = best.tokens.len();
-    for end in (from..len - 1).rev() {
-        if agreed == 0 {
-            break;
-        }
-        if history[end] != last || match_at(history, from, end) != best.matched {
-            continue;
-        }
-        let other = &history[end + 1..(end + 1 + n).min(len)];
-        if let Some(at) = other.iter().zip(best.tokens).position(|(a, b)| a != b) {
-            agreed = agreed.min(at);
-        }
-    }
-    agreed
-}
-
-/// The occurrence [`draft`] drafts from, before the disagreement cut.
-fn longest_match(history: &[u32], n: usize) -> Draft<'_> {
     let mut best = Draft {
         tokens: &[],
         matched: 0,
@@ -110,22 +66,44 @@ fn longest_match(history: &[u32], n: usize) -> Draft<'_> {
     }
     let from = len.saturating_sub(LOOKBACK);
     let last = history[len - 1];
+    // The first token at which an occurrence with `best`'s match length goes on differently
+    // from `best` (none yet: MAX). It carries over when `best` changes among equal matches:
+    // the old one parted from the new one there at the latest.
+    let mut agreed = usize::MAX;
     // Each earlier position holding the last token, followed by at least one token, is a
     // candidate; its match runs back while it agrees with the suffix.
     for end in (from..len - 1).rev() {
         if history[end] != last {
             continue;
         }
-        let matched = match_at(history, from, end);
+        let matched = (0..MATCH_MAX.min(end + 1 - from))
+            .take_while(|&i| history[end - i] == history[len - 1 - i])
+            .count();
+        if matched < NGRAM_MIN || matched < best.matched {
+            continue;
+        }
         let tokens = &history[end + 1..(end + 1 + n).min(len)];
-        if matched >= NGRAM_MIN && (matched, tokens.len()) > (best.matched, best.tokens.len()) {
+        let parted = tokens
+            .iter()
+            .zip(best.tokens)
+            .position(|(a, b)| a != b)
+            .unwrap_or(usize::MAX);
+        agreed = if matched > best.matched {
+            usize::MAX
+        } else {
+            agreed.min(parted)
+        };
+        if (matched, tokens.len()) > (best.matched, best.tokens.len()) {
             best = Draft { tokens, matched };
             if matched == MATCH_MAX && tokens.len() == n {
                 break;
             }
         }
     }
-    best
+    Draft {
+        tokens: &best.tokens[..agreed.min(best.tokens.len())],
+        matched: best.matched,
+    }
 }
 
 /// Positions already in the cache when pass costs are timed: attention over earlier

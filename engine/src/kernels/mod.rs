@@ -209,12 +209,12 @@ struct FusedSteps<W, D, S, M> {
     mad: M,
 }
 
-/// Query values (all heads together) and head width [`fused_attention`] takes.
-const FUSED_QUERY: usize = 2048;
-const FUSED_WIDTH: usize = 512;
+/// Query heads [`attend_f16`] is handed at a time by the model (more go in turns): what the
+/// fused loop keeps state for.
+pub const ATTEND_HEADS: usize = 4;
 
-/// Heads [`fused_attention`] keeps running state for at once.
-const FUSED_HEADS: usize = 8;
+/// Widest head the fused loop takes.
+const FUSED_WIDTH: usize = 512;
 
 /// [`attend_f16`] as a SIMD path runs it: each row's key and value widened to f32 once for all
 /// heads and each query once for all rows, then per head the score, the softmax step and the
@@ -243,17 +243,16 @@ where
     let heads = sums.len();
     if width == 0
         || width > FUSED_WIDTH
-        || heads * width > FUSED_QUERY
-        || heads > FUSED_HEADS
+        || heads > ATTEND_HEADS
         || q.len() != heads * width
         || acc.len() != heads * width
     {
         return false;
     }
     let (whole, eights) = (width / 32 * 32, width / 8 * 8);
-    let mut q32 = [0f32; FUSED_QUERY];
+    let mut q32 = [0f32; ATTEND_HEADS * FUSED_WIDTH];
     let (mut k32, mut v32) = ([0f32; FUSED_WIDTH], [0f32; FUSED_WIDTH]);
-    let mut max = [f32::NEG_INFINITY; FUSED_HEADS];
+    let mut max = [f32::NEG_INFINITY; ATTEND_HEADS];
     for (q, q32) in q.chunks_exact(width).zip(q32.chunks_exact_mut(width)) {
         (steps.widen)(&q[..whole], &mut q32[..whole]);
     }
@@ -1041,7 +1040,7 @@ mod tests {
     }
 
     /// Attention gives the scalar reference's bits on every ISA, for any number of heads going
-    /// through the rows together (1 to past the fused path's eight), head widths with and
+    /// through the rows together (1 to past the fused path's four), head widths with and
     /// without a tail, and a score that keeps rising (every row rescales) as well as a mixed one.
     #[test]
     fn attention_matches_the_scalar_reference_on_every_isa() {

@@ -23,7 +23,7 @@ pub struct Query<'a> {
 pub const MAX_HEAD_DIM: usize = 512;
 
 /// Heads that go through the rows together (more are taken in turns).
-const HEADS_AT_ONCE: usize = 4;
+const HEADS_AT_ONCE: usize = kernels::ATTEND_HEADS;
 
 /// Computes `out = softmax(q·K) · V` for every head of `query` over the cached `rows`, rows in
 /// order; `out` holds the heads' results one after another, each as wide as a cached row's
