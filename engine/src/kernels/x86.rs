@@ -150,6 +150,19 @@ unsafe fn hsum8(v: __m256) -> f32 {
     }
 }
 
+/// Asks for the `rows` rows of `w` that start at row `first` (rows `row_bytes` long) to come
+/// into the cache: memory streams ahead of the math. Rows past the end are not read (a prefetch
+/// never faults), so the caller may look ahead of its last row.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn prefetch_rows(w: &[u8], row_bytes: usize, first: usize, rows: usize) {
+    let start = w.as_ptr().wrapping_add(first * row_bytes);
+    for line in (0..rows * row_bytes).step_by(64) {
+        // SAFETY: the caller guarantees the CPU features; a prefetch reads nothing.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line).cast()) };
+    }
+}
+
 #[target_feature(enable = "avx2,fma")]
 unsafe fn load32(bytes: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
@@ -457,11 +470,7 @@ macro_rules! legacy_rows {
                 }
                 let mut r = 0;
                 while r + 2 <= n_rows {
-                    // Ask for the next pair's rows now: memory streams ahead of the math.
-                    let next = w.as_ptr().wrapping_add((r + 2) * row_bytes);
-                    for line in (0..2 * row_bytes).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
-                    }
+                    prefetch_rows(w, row_bytes, r + 2, 2);
                     let mut c = 0;
                     while c + 8 <= columns {
                         one_by_eight!(r, c);
@@ -576,6 +585,7 @@ macro_rules! k_quant_rows {
                     if n == 1 {
                         // One token (decode): the accumulators stay in registers.
                         for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                            prefetch_rows(w, row_bytes, r + 2, 1);
                             let (mut lanes, mut m) = (_mm256_setzero_ps(), _mm_setzero_ps());
                             for ($b, $y) in row.chunks_exact($bytes).zip(ys) {
                                 let $u = $unpack;
@@ -588,6 +598,7 @@ macro_rules! k_quant_rows {
                         continue;
                     }
                     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                        prefetch_rows(w, row_bytes, r + 2, 1);
                         let mut acc = [_mm256_setzero_ps(); K_COLUMNS];
                         let mut acc_m = [_mm_setzero_ps(); K_COLUMNS];
                         for (i, $b) in row.chunks_exact($bytes).enumerate() {
