@@ -523,6 +523,19 @@ unsafe fn attend_f16_neon(
             dot_f16_prepared(k32, q32, k, q)
         },
         scale: |a: &mut [u16], s: f32| unsafe { scale_f16_neon(a, s) },
+        prefetch: |h: &[u16]| {
+            let (start, len) = (h.as_ptr().cast::<u8>(), 2 * h.len());
+            for line in (0..len).step_by(64).chain(len.checked_sub(1)) {
+                // SAFETY: a prefetch hint reads nothing and never faults.
+                unsafe {
+                    std::arch::asm!(
+                        "prfm pldl1keep, [{p}]",
+                        p = in(reg) start.wrapping_add(line),
+                        options(nostack, preserves_flags, readonly),
+                    )
+                };
+            }
+        },
         mad: |acc: &mut [u16], v32: &[f32], w: f32| unsafe {
             let w = vdupq_n_f32(w);
             for (at, x) in (0..acc.len()).step_by(8).zip(v32.chunks_exact(8)) {

@@ -197,7 +197,7 @@ pub fn attend_f16(
 }
 
 /// One ISA's steps of [`fused_attention`].
-struct FusedSteps<W, D, S, M> {
+struct FusedSteps<W, D, S, M, P> {
     /// f16 → f32, eight values at a time (whole eights only).
     widen: W,
     /// `k · q` as the ISA's `dot_f16(k, q)` computes it, the whole 32-value steps of both
@@ -205,6 +205,8 @@ struct FusedSteps<W, D, S, M> {
     dot: D,
     /// The ISA's `scale_f16`.
     scale: S,
+    /// Asks for a later row's values to come into the cache.
+    prefetch: P,
     /// The ISA's `mad_f16` over the whole eights, the values already widened.
     mad: M,
 }
@@ -212,6 +214,9 @@ struct FusedSteps<W, D, S, M> {
 /// Query heads [`attend_f16`] is handed at a time by the model (more go in turns): what the
 /// fused loop keeps state for.
 pub const ATTEND_HEADS: usize = 4;
+
+/// How many rows ahead the fused loop asks for keys and values.
+const PREFETCH_ROWS: usize = 16;
 
 /// Widest head the fused loop takes.
 const FUSED_WIDTH: usize = 512;
@@ -222,18 +227,19 @@ const FUSED_WIDTH: usize = 512;
 /// The heads' chains are independent, so the CPU overlaps them where one head alone waits on
 /// each row's f16 rounding. False (nothing done) when the heads do not fit its buffers.
 #[inline(always)]
-fn fused_attention<W, D, S, M>(
+fn fused_attention<W, D, S, M, P>(
     queries: Queries<'_>,
     rows: KvRows<'_>,
     acc: &mut [u16],
     sums: &mut [f32],
-    steps: &FusedSteps<W, D, S, M>,
+    steps: &FusedSteps<W, D, S, M, P>,
 ) -> bool
 where
     W: Fn(&[u16], &mut [f32]),
     D: Fn(&[f32], &[f32], &[u16], &[u16]) -> f32,
     S: Fn(&mut [u16], f32),
     M: Fn(&mut [u16], &[f32], f32),
+    P: Fn(&[u16]),
 {
     let Queries {
         q,
@@ -260,6 +266,14 @@ where
     for p in rows.first..rows.end {
         let at = p * rows.stride + rows.offset;
         let (k, v) = (&rows.keys[at..at + width], &rows.values[at..at + width]);
+        if p + PREFETCH_ROWS < rows.end {
+            // A head's slice of a row is a few cache lines a whole row apart, and a long
+            // context's cache is far from the core: after 900 positions, waiting on those
+            // loads was the largest part of attention.
+            let ahead = at + PREFETCH_ROWS * rows.stride;
+            (steps.prefetch)(&rows.keys[ahead..ahead + width]);
+            (steps.prefetch)(&rows.values[ahead..ahead + width]);
+        }
         (steps.widen)(&k[..whole], &mut k32[..whole]);
         (steps.widen)(&v[..eights], &mut v32[..eights]);
         for (h, sum) in sums.iter_mut().enumerate() {

@@ -156,8 +156,16 @@ unsafe fn hsum8(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn prefetch_rows(w: &[u8], row_bytes: usize, first: usize, rows: usize) {
-    let start = w.as_ptr().wrapping_add(first * row_bytes);
-    for line in (0..rows * row_bytes).step_by(64) {
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { prefetch_bytes(w.as_ptr().wrapping_add(first * row_bytes), rows * row_bytes) }
+}
+
+/// Asks for the cache lines of `len` bytes from `start` (the last one included when they
+/// straddle one more line). Nothing is read: a prefetch never faults.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn prefetch_bytes(start: *const u8, len: usize) {
+    for line in (0..len).step_by(64).chain(len.checked_sub(1)) {
         // SAFETY: the caller guarantees the CPU features; a prefetch reads nothing.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line).cast()) };
     }
@@ -818,6 +826,7 @@ unsafe fn attend_f16_avx2(
             dot_f16_prepared(k32, q32, k, q)
         },
         scale: |a: &mut [u16], s: f32| unsafe { scale_f16_avx2(a, s) },
+        prefetch: |h: &[u16]| unsafe { prefetch_bytes(h.as_ptr().cast(), 2 * h.len()) },
         mad: |acc: &mut [u16], v32: &[f32], w: f32| unsafe {
             let w = _mm256_set1_ps(w);
             for (a, x) in acc.chunks_exact_mut(8).zip(v32.chunks_exact(8)) {
