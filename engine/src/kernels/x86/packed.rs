@@ -175,7 +175,7 @@ macro_rules! packed_rows {
                     for r in 0..n_rows {
                         let row = &w[r * row_bytes..(r + 1) * row_bytes];
                         // Rows are short (hundreds of bytes): without asking ahead, each one
-                        // waited on memory (a 2-token pass cost 1.7 single ones, 1.15 with).
+                        // waited on memory (a 2-token pass cost 1.7 single ones, 1.2 with).
                         prefetch_rows(w, row_bytes, r + 2, 1);
                         let results = match group {
                             1 => tile!(row, packed, $bytes, $unpack, $offset; a0 0),
