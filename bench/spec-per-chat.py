@@ -10,13 +10,14 @@ Usage: bench/spec-per-chat.py ENGINE MODEL [-t THREADS] [-r REPETITIONS] [-n TOK
 """
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
-sys.path.insert(0, "bench")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from spec_prompts import SETS  # noqa: E402
 
 
@@ -28,14 +29,17 @@ def main():
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("-n", "--tokens", type=int, default=128)
     args = ap.parse_args()
+    if args.repetitions < 1:
+        ap.error("-r must be at least 1")
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     argv = [args.engine, "serve", "-m", args.model, "--port", str(port), "-t", args.threads, "-c", "4096"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # The server's log goes to this script's stderr: a model that does not load says why there.
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     try:
-        wait_healthy(port)
+        wait_healthy(port, proc)
         print("| set | chat | plain t/s | n-gram t/s | × plain | drafted / accepted per answer |")
         print("| --- | ---: | ---: | ---: | ---: | --- |")
         for name, prompts in SETS.items():
@@ -47,14 +51,17 @@ def main():
                     spec.append(timings["predicted_per_second"])
                     drafts.append(f"{timings.get('draft_n', 0)}/{timings.get('draft_n_accepted', 0)}")
                 p, q = sum(plain) / len(plain), sum(spec) / len(spec)
-                print(f"| {name} | {i + 1} | {p:.1f} | {q:.1f} | {q / p:.2f} | {', '.join(drafts)} |", flush=True)
+                ratio = f"{q / p:.2f}" if p > 0 else "-"
+                print(f"| {name} | {i + 1} | {p:.1f} | {q:.1f} | {ratio} | {', '.join(drafts)} |", flush=True)
     finally:
         proc.kill()
         proc.wait()
 
 
-def wait_healthy(port):
+def wait_healthy(port, proc):
     for _ in range(1200):
+        if proc.poll() is not None:
+            sys.exit(f"engine serve exited with status {proc.returncode} before it was ready")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:

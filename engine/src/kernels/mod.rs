@@ -205,7 +205,7 @@ struct FusedSteps<W, D, S, M, P> {
     dot: D,
     /// The ISA's `scale_f16`.
     scale: S,
-    /// Asks for a later row's values to come into the cache.
+    /// Asks for one head's keys or values of a later row to come into the cache.
     prefetch: P,
     /// The ISA's `mad_f16` over the whole eights, the values already widened.
     mad: M,
