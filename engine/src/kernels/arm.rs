@@ -523,19 +523,7 @@ unsafe fn attend_f16_neon(
             dot_f16_prepared(k32, q32, k, q)
         },
         scale: |a: &mut [u16], s: f32| unsafe { scale_f16_neon(a, s) },
-        prefetch: |h: &[u16]| {
-            let (start, len) = (h.as_ptr().cast::<u8>(), 2 * h.len());
-            for line in (0..len).step_by(64).chain(len.checked_sub(1)) {
-                // SAFETY: a prefetch hint reads nothing and never faults.
-                unsafe {
-                    std::arch::asm!(
-                        "prfm pldl1keep, [{p}]",
-                        p = in(reg) start.wrapping_add(line),
-                        options(nostack, preserves_flags, readonly),
-                    )
-                };
-            }
-        },
+        prefetch: |h: &[u16]| prefetch_bytes(h.as_ptr().cast(), 2 * h.len()),
         mad: |acc: &mut [u16], v32: &[f32], w: f32| unsafe {
             let w = vdupq_n_f32(w);
             for (at, x) in (0..acc.len()).step_by(8).zip(v32.chunks_exact(8)) {
@@ -546,6 +534,21 @@ unsafe fn attend_f16_neon(
         },
     };
     super::fused_attention(queries, rows, acc, sums, &steps)
+}
+
+/// Asks for the cache lines of `len` bytes from `start` (`prfm`, as x86's `prefetch_bytes`).
+#[inline]
+fn prefetch_bytes(start: *const u8, len: usize) {
+    for line in super::cache_lines(len) {
+        // SAFETY: a prefetch hint reads nothing and never faults.
+        unsafe {
+            std::arch::asm!(
+                "prfm pldl1keep, [{p}]",
+                p = in(reg) start.wrapping_add(line),
+                options(nostack, preserves_flags, readonly),
+            )
+        };
+    }
 }
 
 /// `k · q` as `dot_f16_neon(k, q)` computes it, the whole 32-value steps of both already in

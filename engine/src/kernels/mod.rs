@@ -218,6 +218,12 @@ pub const ATTEND_HEADS: usize = 4;
 /// How many rows ahead the fused loop asks for keys and values.
 const PREFETCH_ROWS: usize = 16;
 
+/// Offsets from its start of the cache lines `len` bytes span, for a prefetch: every 64 bytes,
+/// and the last byte too, whose line follows when the start is not on a line boundary.
+fn cache_lines(len: usize) -> impl Iterator<Item = usize> {
+    (0..len).step_by(64).chain(len.checked_sub(1))
+}
+
 /// Widest head the fused loop takes.
 const FUSED_WIDTH: usize = 512;
 

@@ -165,7 +165,7 @@ unsafe fn prefetch_rows(w: &[u8], row_bytes: usize, first: usize, rows: usize) {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn prefetch_bytes(start: *const u8, len: usize) {
-    for line in (0..len).step_by(64).chain(len.checked_sub(1)) {
+    for line in super::cache_lines(len) {
         // SAFETY: the caller guarantees the CPU features; a prefetch reads nothing.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line).cast()) };
     }
