@@ -522,18 +522,64 @@ unsafe fn attend_f16_neon(
         dot: |k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]| unsafe {
             dot_f16_prepared(k32, q32, k, q)
         },
-        scale: |a: &mut [u16], s: f32| unsafe { scale_f16_neon(a, s) },
-        prefetch: |h: &[u16]| prefetch_bytes(h.as_ptr().cast(), 2 * h.len()),
-        mad: |acc: &mut [u16], v32: &[f32], w: f32| unsafe {
-            let w = vdupq_n_f32(w);
-            for (at, x) in (0..acc.len()).step_by(8).zip(v32.chunks_exact(8)) {
-                let (alo, ahi) = load_f16x8(acc, at);
-                let (xlo, xhi) = (vld1q_f32(x.as_ptr()), vld1q_f32(x[4..].as_ptr()));
-                store_f16x8(acc, at, vfmaq_f32(alo, xlo, w), vfmaq_f32(ahi, xhi, w));
+        scale: |a: &mut [f32], s: f32| unsafe {
+            let s = vdupq_n_f32(s);
+            for a in a.chunks_exact_mut(4) {
+                let x = vmulq_f32(vld1q_f32(a.as_ptr()), s);
+                vst1q_f32(a.as_mut_ptr(), round_f16x4(x));
             }
         },
+        mad_rows: |acc: &mut [f32], v: &[f32], stride: usize, weights: &[f32]| unsafe {
+            for (lane, eights) in super::register_chunks(acc.len()) {
+                let (acc, v) = (&mut acc[lane..lane + 8 * eights], &v[lane..]);
+                match eights {
+                    8 => mad_rows_neon::<16>(acc, v, stride, weights),
+                    4 => mad_rows_neon::<8>(acc, v, stride, weights),
+                    2 => mad_rows_neon::<4>(acc, v, stride, weights),
+                    _ => mad_rows_neon::<2>(acc, v, stride, weights),
+                }
+            }
+        },
+        prefetch: |h: &[u16]| prefetch_bytes(h.as_ptr().cast(), 2 * h.len()),
     };
     super::fused_attention(queries, rows, acc, sums, &steps)
+}
+
+/// Four f32 rounded to the nearest f16 (ties to even), back in f32: the reference's f16
+/// accumulator, kept in a register.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn round_f16x4(x: float32x4_t) -> float32x4_t {
+    // SAFETY: register-only conversions; the caller guarantees NEON.
+    unsafe { widen(narrow(x)) }
+}
+
+/// `acc ← f16(acc + v_r·w_r)` for each weight in order, as `mad_f16_neon` row after row, over
+/// `4·N` accumulators held in registers; row `r` of `v` starts at `r·stride`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn mad_rows_neon<const N: usize>(
+    acc: &mut [f32],
+    v: &[f32],
+    stride: usize,
+    weights: &[f32],
+) {
+    // SAFETY: the caller guarantees NEON; loads and stores are of 4-value subslices of
+    // bounds-checked slices.
+    unsafe {
+        let mut a: [float32x4_t; N] =
+            std::array::from_fn(|j| vld1q_f32(acc[4 * j..][..4].as_ptr()));
+        for (r, &w) in weights.iter().enumerate() {
+            let (w, row) = (vdupq_n_f32(w), &v[r * stride..r * stride + 4 * N]);
+            for (j, a) in a.iter_mut().enumerate() {
+                let x = vld1q_f32(row[4 * j..4 * j + 4].as_ptr());
+                *a = round_f16x4(vfmaq_f32(*a, x, w));
+            }
+        }
+        for (j, a) in a.iter().enumerate() {
+            vst1q_f32(acc[4 * j..4 * j + 4].as_mut_ptr(), *a);
+        }
+    }
 }
 
 /// Asks for the cache lines of `len` bytes from `start` (`prfm`, as x86's `prefetch_bytes`).

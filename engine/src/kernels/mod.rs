@@ -16,6 +16,7 @@ mod scalar;
 #[allow(unsafe_code)]
 mod x86;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use activations::{BlockQ8_0, BlockQ8_1, BlockQ8K};
@@ -123,8 +124,8 @@ pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
     })
 }
 
-/// The cached keys and values (f16) one query head attends to: rows `first..end` of `stride`
-/// values each, the head's values starting at `offset` in every row.
+/// The cached keys and values (f16) of one key-value head: rows of `stride` values, the
+/// head's values starting at `offset` in every row.
 #[derive(Debug, Clone, Copy)]
 pub struct KvRows<'a> {
     /// Every cached position's keys, `stride` apart.
@@ -135,29 +136,28 @@ pub struct KvRows<'a> {
     pub stride: usize,
     /// Where this head's values start within a position.
     pub offset: usize,
-    /// The first position attended to.
-    pub first: usize,
-    /// One past the last position attended to.
-    pub end: usize,
 }
 
-/// Query heads that attend to the same cached rows: their f16 queries one after another,
-/// `width` values each, and the factor applied to every query·key product.
+/// Query heads that attend to the same key-value head: their f16 queries one after another,
+/// `width` values each, the rows each head sees, and the factor applied to every query·key
+/// product. Heads of several tokens of one pass go together (each sees its own rows).
 #[derive(Debug, Clone, Copy)]
 pub struct Queries<'a> {
     /// The heads' queries, f16.
     pub q: &'a [u16],
     /// Values per head.
     pub width: usize,
+    /// Per head, the cached positions it attends to, in order.
+    pub spans: &'a [Range<usize>],
     /// Applied to each query·key product.
     pub post_scale: f32,
 }
 
 /// Attention of `queries` over `rows` as llama.cpp's CPU flash attention runs it for one
-/// token, on `isa`. `acc` holds the heads' f16 accumulators one after another; per head, row by
-/// row in order: the score `q·k · post_scale`; a new maximum rescales the head's accumulator;
-/// then `acc ← f16(acc + e^(score−max)·v)`. `sums` receives each head's sum of weights. Every
-/// ISA gives the scalar reference's bits, whichever heads go together.
+/// token, on `isa`. `acc` holds the heads' f16 accumulators one after another; per head, over
+/// its span's rows in order: the score `q·k · post_scale`; a new maximum rescales the head's
+/// accumulator; then `acc ← f16(acc + e^(score−max)·v)`. `sums` receives each head's sum of
+/// weights. Every ISA gives the scalar reference's bits, whichever heads go together.
 pub fn attend_f16(
     queries: Queries<'_>,
     rows: KvRows<'_>,
@@ -178,15 +178,18 @@ pub fn attend_f16(
     let Queries {
         q,
         width,
+        spans,
         post_scale,
     } = queries;
-    for ((q, acc), sum) in q
+    for (((q, acc), sum), span) in q
         .chunks_exact(width)
         .zip(acc.chunks_exact_mut(width))
         .zip(sums)
+        .zip(spans)
     {
         *sum = online_softmax(
             rows,
+            span.clone(),
             post_scale,
             acc,
             |k| dot_f16(k, q, isa),
@@ -196,24 +199,40 @@ pub fn attend_f16(
     }
 }
 
-/// One ISA's steps of [`fused_attention`].
+/// One ISA's steps of [`fused_attention`]. Accumulators are f32 holding f16 values (each step
+/// rounds through f16, as the reference's f16 accumulator does), so a head's accumulator can
+/// stay in registers across rows.
 struct FusedSteps<W, D, S, M, P> {
     /// f16 → f32, eight values at a time (whole eights only).
     widen: W,
     /// `k · q` as the ISA's `dot_f16(k, q)` computes it, the whole 32-value steps of both
     /// already widened (`k32`, `q32`) and any tail read from the f16 `k` and `q`.
     dot: D,
-    /// The ISA's `scale_f16`.
+    /// `acc ← f16(acc·s)` over whole eights, as the ISA's `scale_f16`.
     scale: S,
+    /// For each weight `w[r]` in order, `acc ← f16(acc + v[r]·w[r])` over whole eights, row
+    /// `r` of `v` starting at `r·stride`: the ISA's `mad_f16` row after row.
+    mad_rows: M,
     /// Asks for one head's keys or values of a later row to come into the cache.
     prefetch: P,
-    /// The ISA's `mad_f16` over the whole eights, the values already widened.
-    mad: M,
 }
 
-/// Query heads [`attend_f16`] is handed at a time by the model (more go in turns): what the
-/// fused loop keeps state for.
-pub const ATTEND_HEADS: usize = 4;
+/// Query heads the fused loop keeps state for; [`attend_f16`] takes more (the reference
+/// runs them), and the model hands it at most this many at a time.
+pub const ATTEND_HEADS: usize = 32;
+
+/// Most query values (heads × width) the fused loop takes at once.
+pub const ATTEND_VALUES: usize = 8192;
+
+/// Widest head the fused loop takes.
+const FUSED_WIDTH: usize = 512;
+
+/// Keys (and values) of the rows the fused loop widens at a time: a block every head goes
+/// through before the next, so a pass's tokens read each cached row from memory once.
+const BLOCK_VALUES: usize = 4096;
+
+/// Most rows in a block.
+const BLOCK_ROWS: usize = 32;
 
 /// How many rows ahead the fused loop asks for keys and values.
 const PREFETCH_ROWS: usize = 16;
@@ -224,14 +243,20 @@ fn cache_lines(len: usize) -> impl Iterator<Item = usize> {
     (0..len).step_by(64).chain(len.checked_sub(1))
 }
 
-/// Widest head the fused loop takes.
-const FUSED_WIDTH: usize = 512;
+/// One head's running state in the fused loop.
+#[derive(Clone, Copy)]
+struct HeadState {
+    max: f32,
+    sum: f32,
+}
 
-/// [`attend_f16`] as a SIMD path runs it: each row's key and value widened to f32 once for all
-/// heads and each query once for all rows, then per head the score, the softmax step and the
-/// multiply-add, in the reference's order (widening is exact, so the bits are the reference's).
-/// The heads' chains are independent, so the CPU overlaps them where one head alone waits on
-/// each row's f16 rounding. False (nothing done) when the heads do not fit its buffers.
+/// [`attend_f16`] as a SIMD path runs it. Rows go in blocks: each block's keys and values are
+/// widened to f32 once for every head. Per head, its scores for the block come first (they
+/// depend on nothing but the key), then the softmax steps in the reference's order, then the
+/// weighted values row after row with the accumulator in registers, broken only where a new
+/// maximum rescales it. Each head sees the reference's operations in the reference's order
+/// (widening is exact), so the bits are the reference's. False (nothing done) when the heads
+/// do not fit its buffers.
 #[inline(always)]
 fn fused_attention<W, D, S, M, P>(
     queries: Queries<'_>,
@@ -243,72 +268,171 @@ fn fused_attention<W, D, S, M, P>(
 where
     W: Fn(&[u16], &mut [f32]),
     D: Fn(&[f32], &[f32], &[u16], &[u16]) -> f32,
-    S: Fn(&mut [u16], f32),
-    M: Fn(&mut [u16], &[f32], f32),
+    S: Fn(&mut [f32], f32),
+    M: Fn(&mut [f32], &[f32], usize, &[f32]),
     P: Fn(&[u16]),
 {
     let Queries {
         q,
         width,
+        spans,
         post_scale,
     } = queries;
     let heads = sums.len();
     if width == 0
         || width > FUSED_WIDTH
         || heads > ATTEND_HEADS
+        || heads * width > ATTEND_VALUES
+        || spans.len() != heads
         || q.len() != heads * width
         || acc.len() != heads * width
     {
         return false;
     }
     let (whole, eights) = (width / 32 * 32, width / 8 * 8);
-    let mut q32 = [0f32; ATTEND_HEADS * FUSED_WIDTH];
-    let (mut k32, mut v32) = ([0f32; FUSED_WIDTH], [0f32; FUSED_WIDTH]);
-    let mut max = [f32::NEG_INFINITY; ATTEND_HEADS];
+    let mut q32 = [0f32; ATTEND_VALUES];
+    let mut acc32 = [0f32; ATTEND_VALUES];
+    for (h, f) in acc.iter().zip(acc32.iter_mut()) {
+        *f = crate::quant::f16_to_f32(*h);
+    }
     for (q, q32) in q.chunks_exact(width).zip(q32.chunks_exact_mut(width)) {
         (steps.widen)(&q[..whole], &mut q32[..whole]);
     }
-    sums.fill(0.0);
-    for p in rows.first..rows.end {
-        let at = p * rows.stride + rows.offset;
-        let (k, v) = (&rows.keys[at..at + width], &rows.values[at..at + width]);
-        if p + PREFETCH_ROWS < rows.end {
-            // A head's slice of a row is a few cache lines a whole row apart, and a long
-            // context's cache is far from the core: after 900 positions, waiting on those
-            // loads was the largest part of attention.
-            let ahead = at + PREFETCH_ROWS * rows.stride;
-            (steps.prefetch)(&rows.keys[ahead..ahead + width]);
-            (steps.prefetch)(&rows.values[ahead..ahead + width]);
+    let block = (BLOCK_VALUES / width).clamp(1, BLOCK_ROWS);
+    let (mut k32, mut v32) = ([0f32; BLOCK_VALUES], [0f32; BLOCK_VALUES]);
+    let mut scores = [0f32; BLOCK_ROWS];
+    let mut state = [HeadState {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    }; ATTEND_HEADS];
+    let first = spans.iter().map(|s| s.start).min().unwrap_or(0);
+    let end = spans.iter().map(|s| s.end).max().unwrap_or(0);
+    let mut b0 = first;
+    while b0 < end {
+        let b1 = (b0 + block).min(end);
+        for p in b0..b1 {
+            let at = p * rows.stride + rows.offset;
+            if p + PREFETCH_ROWS < end {
+                // A head's slice of a row is a few cache lines a whole row apart, and a long
+                // context's cache is far from the core: after 900 positions, waiting on those
+                // loads was the largest part of attention.
+                let ahead = at + PREFETCH_ROWS * rows.stride;
+                (steps.prefetch)(&rows.keys[ahead..ahead + width]);
+                (steps.prefetch)(&rows.values[ahead..ahead + width]);
+            }
+            let r = (p - b0) * width;
+            (steps.widen)(&rows.keys[at..at + whole], &mut k32[r..r + whole]);
+            (steps.widen)(&rows.values[at..at + eights], &mut v32[r..r + eights]);
         }
-        (steps.widen)(&k[..whole], &mut k32[..whole]);
-        (steps.widen)(&v[..eights], &mut v32[..eights]);
-        for (h, sum) in sums.iter_mut().enumerate() {
+        for (h, span) in spans.iter().enumerate() {
+            let (from, to) = (span.start.max(b0), span.end.min(b1));
+            if from >= to {
+                continue;
+            }
             let head = h * width..(h + 1) * width;
             let q32 = &q32[h * width..h * width + whole];
-            let s = (steps.dot)(&k32[..whole], q32, k, &q[head.clone()]) * post_scale;
-            let acc = &mut acc[head];
-            let (old_scale, weight) = if s > max[h] {
-                let rescale = (max[h] - s).exp();
-                max[h] = s;
-                (steps.scale)(acc, rescale);
-                (rescale, 1.0)
-            } else {
-                (1.0, (s - max[h]).exp())
-            };
-            (steps.mad)(&mut acc[..eights], &v32[..eights], weight);
-            if eights < width {
-                scalar::mad_f16(&mut acc[eights..], &v[eights..], weight);
+            for (p, score) in (from..to).zip(scores.iter_mut()) {
+                let (r, at) = ((p - b0) * width, p * rows.stride + rows.offset);
+                let k = &rows.keys[at..at + width];
+                *score = (steps.dot)(&k32[r..r + whole], q32, k, &q[head.clone()]) * post_scale;
             }
-            *sum = sum.mul_add(old_scale, weight);
+            let acc = &mut acc32[head];
+            let st = &mut state[h];
+            // Rows `run..p` wait for their multiply-adds, which go in one sweep up to the next
+            // rescale; `weights` reuses the scores' slots.
+            let mut run = from;
+            for p in from..to {
+                let s = scores[p - from];
+                let (old_scale, weight) = if s > st.max {
+                    let rescale = (st.max - s).exp();
+                    st.max = s;
+                    add_weighted_rows(steps, acc, &v32, &rows, (b0, run..p), &scores, from);
+                    run = p;
+                    (steps.scale)(&mut acc[..eights], rescale);
+                    for a in &mut acc[eights..] {
+                        *a = round_f16(*a * rescale);
+                    }
+                    (rescale, 1.0)
+                } else {
+                    (1.0, (s - st.max).exp())
+                };
+                scores[p - from] = weight;
+                st.sum = st.sum.mul_add(old_scale, weight);
+            }
+            add_weighted_rows(steps, acc, &v32, &rows, (b0, run..to), &scores, from);
         }
+        b0 = b1;
+    }
+    for (h, f) in acc.iter_mut().zip(&acc32) {
+        *h = crate::quant::f32_to_f16(*f);
+    }
+    for (sum, st) in sums.iter_mut().zip(&state) {
+        *sum = st.sum;
     }
     true
+}
+
+/// `acc ← f16(acc + v_p·w_p)` for rows `p` of `run` in order (`w_p` at `weights[p − from]`,
+/// `v_p` widened in `v32` from row `b0` on, the tail past the whole eights read as f16).
+#[inline(always)]
+fn add_weighted_rows<W, D, S, M, P>(
+    steps: &FusedSteps<W, D, S, M, P>,
+    acc: &mut [f32],
+    v32: &[f32],
+    rows: &KvRows<'_>,
+    (b0, run): (usize, Range<usize>),
+    weights: &[f32],
+    from: usize,
+) where
+    M: Fn(&mut [f32], &[f32], usize, &[f32]),
+{
+    if run.is_empty() {
+        return;
+    }
+    let width = acc.len();
+    let eights = width / 8 * 8;
+    let ws = &weights[run.start - from..run.end - from];
+    let (r0, r1) = ((run.start - b0) * width, (run.end - b0) * width);
+    (steps.mad_rows)(&mut acc[..eights], &v32[r0..r1], width, ws);
+    if eights < width {
+        for (p, w) in run.zip(ws) {
+            let at = p * rows.stride + rows.offset;
+            let tail = &rows.values[at + eights..at + width];
+            for (a, &v) in acc[eights..].iter_mut().zip(tail) {
+                *a = round_f16(crate::quant::f16_to_f32(v).mul_add(*w, *a));
+            }
+        }
+    }
+}
+
+/// An accumulator of `len` lanes (whole eights) in pieces of 8, 4, 2 or 1 eights, `(first
+/// lane, eights)`: the widest piece a SIMD path keeps in registers goes first.
+fn register_chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut lane = 0;
+    std::iter::from_fn(move || {
+        let eights = match (len.saturating_sub(lane)) / 8 {
+            0 => return None,
+            8.. => 8,
+            4..=7 => 4,
+            2 | 3 => 2,
+            _ => 1,
+        };
+        let piece = (lane, eights);
+        lane += 8 * eights;
+        Some(piece)
+    })
+}
+
+/// `x` rounded to the nearest f16 (ties to even), back in f32.
+fn round_f16(x: f32) -> f32 {
+    crate::quant::f16_to_f32(crate::quant::f32_to_f16(x))
 }
 
 /// One head's row loop of [`attend_f16`], around an ISA's dot product, rescale and
 /// multiply-add.
 fn online_softmax(
     rows: KvRows<'_>,
+    span: Range<usize>,
     post_scale: f32,
     acc: &mut [u16],
     mut dot: impl FnMut(&[u16]) -> f32,
@@ -318,7 +442,7 @@ fn online_softmax(
     let width = acc.len();
     let mut sum = 0f32;
     let mut max = f32::NEG_INFINITY;
-    for p in rows.first..rows.end {
+    for p in span {
         let at = p * rows.stride + rows.offset;
         let (k, v) = (&rows.keys[at..at + width], &rows.values[at..at + width]);
         let s = dot(k) * post_scale;
@@ -1060,8 +1184,10 @@ mod tests {
     }
 
     /// Attention gives the scalar reference's bits on every ISA, for any number of heads going
-    /// through the rows together (1 to past the fused path's four), head widths with and
-    /// without a tail, and a score that keeps rising (every row rescales) as well as a mixed one.
+    /// through the rows together (1 to past the fused path's limit), each with its own rows (a
+    /// pass's later tokens see more; a sliding window starts later) across block boundaries,
+    /// head widths with and without a tail, and a score that keeps rising (every row
+    /// rescales) as well as a mixed one.
     #[test]
     fn attention_matches_the_scalar_reference_on_every_isa() {
         let mut rng = Bytes(0x2545_f491_4f6c_dd1d);
@@ -1069,8 +1195,12 @@ mod tests {
             (64, 3, 2, 40),
             (72, 1, 1, 9),
             (256, 4, 1, 17),
+            (256, 32, 1, 70),
             (8, 9, 3, 5),
             (40, 2, 1, 3),
+            (64, 24, 3, 75),
+            (512, 16, 1, 12),
+            (64, 40, 1, 33),
         ] {
             let mut halves = |n: usize, spread: f32| -> Vec<u16> {
                 (0..n)
@@ -1085,18 +1215,28 @@ mod tests {
             for (p, row) in rising.chunks_exact_mut(stride).enumerate() {
                 row.fill(f32_to_f16(p as f32 / 8.0));
             }
+            // Heads in threes share a token: the last token sees every row, each earlier one
+            // a row less; every other token's window starts a few rows later.
+            let tokens = heads.div_ceil(3);
+            let spans: Vec<Range<usize>> = (0..heads)
+                .map(|h| {
+                    let token = h / 3;
+                    let end = positions - (tokens - 1 - token).min(positions - 1);
+                    let first = if token % 2 == 1 { (end / 3).max(1) } else { 1 };
+                    first.min(end)..end
+                })
+                .collect();
             for keys in [&keys, &rising] {
                 let rows = KvRows {
                     keys,
                     values: &values,
                     stride,
                     offset: (kv_heads - 1) * width,
-                    first: 1,
-                    end: positions,
                 };
                 let queries = Queries {
                     q: &q,
                     width,
+                    spans: &spans,
                     post_scale: 0.125,
                 };
                 let run = |isa: Isa| {

@@ -825,20 +825,63 @@ unsafe fn attend_f16_avx2(
         dot: |k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]| unsafe {
             dot_f16_prepared(k32, q32, k, q)
         },
-        scale: |a: &mut [u16], s: f32| unsafe { scale_f16_avx2(a, s) },
-        prefetch: |h: &[u16]| unsafe { prefetch_bytes(h.as_ptr().cast(), 2 * h.len()) },
-        mad: |acc: &mut [u16], v32: &[f32], w: f32| unsafe {
-            let w = _mm256_set1_ps(w);
-            for (a, x) in acc.chunks_exact_mut(8).zip(v32.chunks_exact(8)) {
-                let sum = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr()), w, load_f16(a));
-                _mm_storeu_si128(
-                    a.as_mut_ptr().cast(),
-                    _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(sum),
-                );
+        scale: |a: &mut [f32], s: f32| unsafe {
+            let s = _mm256_set1_ps(s);
+            for a in a.chunks_exact_mut(8) {
+                let x = _mm256_mul_ps(_mm256_loadu_ps(a.as_ptr()), s);
+                _mm256_storeu_ps(a.as_mut_ptr(), round_f16x8(x));
             }
         },
+        mad_rows: |acc: &mut [f32], v: &[f32], stride: usize, weights: &[f32]| unsafe {
+            for (lane, eights) in super::register_chunks(acc.len()) {
+                let (acc, v) = (&mut acc[lane..lane + 8 * eights], &v[lane..]);
+                match eights {
+                    8 => mad_rows_avx2::<8>(acc, v, stride, weights),
+                    4 => mad_rows_avx2::<4>(acc, v, stride, weights),
+                    2 => mad_rows_avx2::<2>(acc, v, stride, weights),
+                    _ => mad_rows_avx2::<1>(acc, v, stride, weights),
+                }
+            }
+        },
+        prefetch: |h: &[u16]| unsafe { prefetch_bytes(h.as_ptr().cast(), 2 * h.len()) },
     };
     super::fused_attention(queries, rows, acc, sums, &steps)
+}
+
+/// Eight f32 rounded to the nearest f16 (ties to even), back in f32: the reference's f16
+/// accumulator, kept in a register.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn round_f16x8(x: __m256) -> __m256 {
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
+/// `acc ← f16(acc + v_r·w_r)` for each weight in order, as `mad_f16_avx2` row after row, over
+/// `8·N` accumulators held in registers; row `r` of `v` starts at `r·stride`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mad_rows_avx2<const N: usize>(
+    acc: &mut [f32],
+    v: &[f32],
+    stride: usize,
+    weights: &[f32],
+) {
+    // SAFETY: the caller guarantees the CPU features; loads and stores are of 8-value
+    // subslices of bounds-checked slices.
+    unsafe {
+        let mut a: [__m256; N] =
+            std::array::from_fn(|j| _mm256_loadu_ps(acc[8 * j..][..8].as_ptr()));
+        for (r, &w) in weights.iter().enumerate() {
+            let (w, row) = (_mm256_set1_ps(w), &v[r * stride..r * stride + 8 * N]);
+            for (j, a) in a.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(row[8 * j..8 * j + 8].as_ptr());
+                *a = round_f16x8(_mm256_fmadd_ps(x, w, *a));
+            }
+        }
+        for (j, a) in a.iter().enumerate() {
+            _mm256_storeu_ps(acc[8 * j..8 * j + 8].as_mut_ptr(), *a);
+        }
+    }
 }
 
 /// `k · q` as `dot_f16_avx2(k, q)` computes it, with both whole 32-element steps already in

@@ -3,56 +3,80 @@
 //! products with the keys, an online softmax, and the weighted values accumulated in f16.
 //! Matching its roundings (not only its maths) is what keeps our log-probabilities within the
 //! goldens' tolerance. The query heads that share a key-value head go through the cached rows
-//! together (each row read once for all of them); each head's result is the same as alone.
+//! together, those of several tokens of a pass too (each row read once for all of them); each
+//! head's result is the same as alone.
+
+use std::ops::Range;
 
 use crate::kernels::{self, Isa, KvRows};
 
-/// Query heads that share one key-value head.
+/// One token's query heads that share a key-value head.
 pub struct Query<'a> {
-    /// The heads' queries one after another (already normed and rotated), each multiplied by
-    /// `pre_scale` before rounding.
+    /// The heads' queries one after another (already normed and rotated).
     pub q: &'a [f32],
-    /// Gemma 3 scales queries before attention; llama scales the products after.
-    pub pre_scale: f32,
-    /// Applied to each query·key product.
-    pub post_scale: f32,
+    /// The cached positions the token attends to.
+    pub rows: Range<usize>,
+}
+
+/// Where the attention's scale goes: Gemma 3 scales queries before attention (`pre`, before
+/// they are rounded to f16); llama scales the products after (`post`).
+#[derive(Clone, Copy)]
+pub struct Scales {
+    /// Multiplies each query before rounding.
+    pub pre: f32,
+    /// Multiplies each query·key product.
+    pub post: f32,
 }
 
 /// The widest head [`attend`] takes (its f16 buffers live on the stack); models with wider
 /// heads are refused when they load.
 pub const MAX_HEAD_DIM: usize = 512;
 
-/// Heads that go through the rows together (more are taken in turns).
-const HEADS_AT_ONCE: usize = kernels::ATTEND_HEADS;
-
-/// Computes `out = softmax(q·K) · V` for every head of `query` over the cached `rows`, rows in
-/// order; `out` holds the heads' results one after another, each as wide as a cached row's
-/// head (at most [`MAX_HEAD_DIM`]).
-pub fn attend(query: &Query<'_>, width: usize, rows: KvRows<'_>, isa: Isa, out: &mut [f32]) {
+/// Computes `out = softmax(q·K) · V` for every head of every query over its cached rows of
+/// `cache`, rows in order; `out` holds the heads' results one after another (the queries'
+/// order), each as wide as a cached row's head (at most [`MAX_HEAD_DIM`]).
+pub fn attend(
+    queries: &[Query<'_>],
+    scales: Scales,
+    width: usize,
+    cache: KvRows<'_>,
+    isa: Isa,
+    out: &mut [f32],
+) {
     let width = width.clamp(1, MAX_HEAD_DIM);
-    for (qs, outs) in query
-        .q
-        .chunks(HEADS_AT_ONCE * width)
-        .zip(out.chunks_mut(HEADS_AT_ONCE * width))
-    {
-        let heads = qs.len() / width;
-        let mut q_buf = [0u16; HEADS_AT_ONCE * MAX_HEAD_DIM];
-        let mut acc_buf = [0u16; HEADS_AT_ONCE * MAX_HEAD_DIM];
-        let (q16, acc16) = (&mut q_buf[..heads * width], &mut acc_buf[..heads * width]);
-        kernels::to_f16(&qs[..heads * width], query.pre_scale, q16, isa);
-        let mut sums = [0f32; HEADS_AT_ONCE];
-        let sums = &mut sums[..heads];
-        let queries = kernels::Queries {
-            q: q16,
-            width,
-            post_scale: query.post_scale,
-        };
-        kernels::attend_f16(queries, rows, acc16, sums, isa);
-        for ((acc, sum), out) in acc16
-            .chunks_exact(width)
-            .zip(sums)
-            .zip(outs.chunks_exact_mut(width))
+    let at_once = (kernels::ATTEND_VALUES / width).clamp(1, kernels::ATTEND_HEADS);
+    let mut heads = queries
+        .iter()
+        .flat_map(|query| query.q.chunks_exact(width).map(|q| (q, query.rows.clone())));
+    let mut outs = out.chunks_exact_mut(width);
+    let mut q16 = [0u16; kernels::ATTEND_VALUES];
+    let mut acc16 = [0u16; kernels::ATTEND_VALUES];
+    let mut spans: [Range<usize>; kernels::ATTEND_HEADS] = std::array::from_fn(|_| 0..0);
+    let mut sums = [0f32; kernels::ATTEND_HEADS];
+    loop {
+        let mut n = 0;
+        for ((q, rows), (q16, span)) in heads
+            .by_ref()
+            .take(at_once)
+            .zip(q16.chunks_exact_mut(width).zip(spans.iter_mut()))
         {
+            kernels::to_f16(q, scales.pre, q16, isa);
+            *span = rows;
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let acc = &mut acc16[..n * width];
+        acc.fill(0);
+        let batch = kernels::Queries {
+            q: &q16[..n * width],
+            width,
+            spans: &spans[..n],
+            post_scale: scales.post,
+        };
+        kernels::attend_f16(batch, cache, acc, &mut sums[..n], isa);
+        for ((acc, sum), out) in acc.chunks_exact(width).zip(&sums).zip(outs.by_ref()) {
             let inv = if *sum == 0.0 { 0.0 } else { 1.0 / *sum };
             kernels::from_f16(acc, inv, out, isa);
         }
@@ -85,8 +109,11 @@ mod tests {
             .collect();
         let query = Query {
             q: &q,
-            pre_scale: 1.0,
-            post_scale: 0.5,
+            rows: 0..keys.len(),
+        };
+        let scales = Scales {
+            pre: 1.0,
+            post: 0.5,
         };
         let mut out = vec![0.0; dim];
         let (flat_keys, flat_values) = (keys.concat(), values.concat());
@@ -95,10 +122,8 @@ mod tests {
             values: &flat_values,
             stride: dim,
             offset: 0,
-            first: 0,
-            end: keys.len(),
         };
-        attend(&query, dim, rows, Isa::Scalar, &mut out);
+        attend(&[query], scales, dim, rows, Isa::Scalar, &mut out);
         let scores: Vec<f64> = keys
             .iter()
             .map(|k| {

@@ -2,7 +2,7 @@
 //! and the gated feed-forward network (dense, or routed experts in `moe`). Element-wise steps follow ggml's arithmetic (f64 norm
 //! sums, iterated rope angles, GELU through f16) so results track llama.cpp's closely.
 
-use super::attention::{self, MAX_HEAD_DIM, Query};
+use super::attention::{self, MAX_HEAD_DIM, Query, Scales};
 use super::{Arch, Ffn, Hparams, KvCache, Layer, Work, moe};
 use crate::kernels::{self, Exec, KvRows, Matrix, Product};
 use crate::pool::Schedule;
@@ -222,47 +222,62 @@ pub(super) fn block(
         kernels::to_f16(v, 1.0, &mut values[il][row], isa);
     }
 
-    let (pre_scale, post_scale) = if gemma {
-        (h.attn_scale, 1.0)
+    let scales = if gemma {
+        Scales {
+            pre: h.attn_scale,
+            post: 1.0,
+        }
     } else {
-        (1.0, h.attn_scale)
+        Scales {
+            pre: 1.0,
+            post: h.attn_scale,
+        }
     };
     let group = h.n_head / h.n_head_kv;
+    let span = group * hd;
+    let chunk = attention_chunk(n, h.n_head_kv, group, exec.pool.threads());
     let (keys, values) = (&keys[il], &values[il]);
     let queries = &w.q;
-    // Every (token, key-value head) pair is independent: its query heads go through the
-    // cached rows together. Later tokens see more keys, so the threads claim pairs rather than
-    // split them evenly.
-    let span = group * hd;
-    let outs: &mut [&mut [f32]] = &mut [&mut w.attn];
-    exec.pool
-        .for_each_share(outs, 1, span, Schedule::Claimed, &|_, mut share| {
-            let start = share.start;
-            for (i, out) in share.column(0).chunks_exact_mut(span).enumerate() {
-                let slot = start / span + i;
-                let (t, kv_head) = (slot / h.n_head_kv, slot % h.n_head_kv);
+    // Each key-value head's query heads, for a chunk of the pass's tokens, go through the
+    // cached rows together: a row is read once for all of them. The threads claim (head,
+    // chunk) pairs, later tokens seeing more rows. The results land by head, then token.
+    let mut outs: Vec<&mut [f32]> = w.attn_by_head.chunks_exact_mut(n * span).collect();
+    exec.pool.for_each_share(
+        &mut outs,
+        1,
+        chunk * span,
+        Schedule::Claimed,
+        &|kv_head, mut share| {
+            let tokens = share.start / span..share.end / span;
+            let cache = KvRows {
+                keys,
+                values,
+                stride: kv_dim,
+                offset: kv_head * hd,
+            };
+            let mut chunk_queries: Vec<Query<'_>> = Vec::with_capacity(tokens.len());
+            for t in tokens {
                 let pos = first + t;
                 let from = match window {
                     // Key p0 is masked for query p1 when p1 - p0 >= window.
                     Some(size) => (pos + 1).saturating_sub(size),
                     None => 0,
                 };
-                let rows = KvRows {
-                    keys,
-                    values,
-                    stride: kv_dim,
-                    offset: kv_head * hd,
-                    first: from,
-                    end: pos + 1,
-                };
-                let query = Query {
-                    q: &queries[slot * span..(slot + 1) * span],
-                    pre_scale,
-                    post_scale,
-                };
-                attention::attend(&query, hd, rows, isa, out);
+                let at = t * q_dim + kv_head * span;
+                chunk_queries.push(Query {
+                    q: &queries[at..at + span],
+                    rows: from..pos + 1,
+                });
             }
-        });
+            attention::attend(&chunk_queries, scales, hd, cache, isa, share.column(0));
+        },
+    );
+    for (kv_head, by_token) in w.attn_by_head.chunks_exact(n * span).enumerate() {
+        for (t, heads) in by_token.chunks_exact(span).enumerate() {
+            let at = t * q_dim + kv_head * span;
+            w.attn[at..at + span].copy_from_slice(heads);
+        }
+    }
     kernels::matmul(
         &mut [Product {
             w: &layer.wo,
@@ -284,6 +299,15 @@ pub(super) fn block(
     }
     add_residual(exec, x, &w.proj, layer.post_ffn_norm.as_deref(), h);
     Ok(())
+}
+
+/// Tokens of a pass of `n` whose heads go through the cached rows together: as many as the
+/// fused attention holds (a row then costs one read for all of them), but split so that
+/// every thread gets work when the model has fewer key-value heads than threads.
+fn attention_chunk(n: usize, kv_heads: usize, group: usize, threads: usize) -> usize {
+    let held = (kernels::ATTEND_HEADS / group.max(1)).max(1);
+    let per_head = threads.div_ceil(kv_heads.max(1)).max(1);
+    n.div_ceil(per_head).clamp(1, held)
 }
 
 /// `w.proj = down · act(gate · w.cur) ⊙ (up · w.cur)` for the `n` tokens of a pass (GELU for
