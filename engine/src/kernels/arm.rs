@@ -522,6 +522,9 @@ unsafe fn attend_f16_neon(
         dot: |k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]| unsafe {
             dot_f16_prepared(k32, q32, k, q)
         },
+        dots: |k32: &[f32], width: usize, q32: &[f32], out: &mut [f32]| unsafe {
+            dots_f16_prepared(k32, width, q32, out)
+        },
         scale: |a: &mut [f32], s: f32| unsafe {
             let s = vdupq_n_f32(s);
             for a in a.chunks_exact_mut(4) {
@@ -627,11 +630,60 @@ unsafe fn dot_f16_prepared(k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]) -> f3
 #[inline]
 #[target_feature(enable = "neon")]
 unsafe fn fold_f16_sums(acc: [float32x4_t; 8]) -> f32 {
-    let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
-    let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
-    let r = vaddq_f32(lo, hi);
-    (vgetq_lane_f32::<0>(r) + vgetq_lane_f32::<1>(r))
-        + (vgetq_lane_f32::<2>(r) + vgetq_lane_f32::<3>(r))
+    // SAFETY: register-only arithmetic; the caller guarantees NEON.
+    unsafe {
+        let r = fold_to_lanes(acc);
+        (vgetq_lane_f32::<0>(r) + vgetq_lane_f32::<1>(r))
+            + (vgetq_lane_f32::<2>(r) + vgetq_lane_f32::<3>(r))
+    }
+}
+
+/// The eight 4-lane sums of an f16 dot product folded to four lanes in `scalar::dot_f16`'s
+/// order (what is left is `(r0 + r1) + (r2 + r3)`).
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn fold_to_lanes(acc: [float32x4_t; 8]) -> float32x4_t {
+    // SAFETY: register-only arithmetic; the caller guarantees NEON.
+    unsafe {
+        let lo = vaddq_f32(vaddq_f32(acc[0], acc[4]), vaddq_f32(acc[2], acc[6]));
+        let hi = vaddq_f32(vaddq_f32(acc[1], acc[5]), vaddq_f32(acc[3], acc[7]));
+        vaddq_f32(lo, hi)
+    }
+}
+
+/// `k · q` for consecutive rows of `k32` (`width` apart, whole 32-value steps only) as
+/// [`dot_f16_prepared`] computes each: four rows' last steps are pairwise adds together.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn dots_f16_prepared(k32: &[f32], width: usize, q32: &[f32], out: &mut [f32]) {
+    // SAFETY: the caller guarantees NEON; loads and stores are of 4-value subslices of
+    // bounds-checked slices.
+    unsafe {
+        let row_lanes = |r: usize| {
+            let row = &k32[r * width..(r + 1) * width];
+            let mut acc = [vdupq_n_f32(0.0); 8];
+            for (ck, cq) in row.chunks_exact(32).zip(q32.chunks_exact(32)) {
+                for (j, (k, q)) in ck.chunks_exact(4).zip(cq.chunks_exact(4)).enumerate() {
+                    acc[j] = vfmaq_f32(acc[j], vld1q_f32(k.as_ptr()), vld1q_f32(q.as_ptr()));
+                }
+            }
+            fold_to_lanes(acc)
+        };
+        let done = out.len() / 4 * 4;
+        let mut fours = out.chunks_exact_mut(4);
+        for (g, out) in fours.by_ref().enumerate() {
+            let r: [float32x4_t; 4] = std::array::from_fn(|i| row_lanes(4 * g + i));
+            let sums = vpaddq_f32(vpaddq_f32(r[0], r[1]), vpaddq_f32(r[2], r[3]));
+            // `with_f16_tail` adds +0 to a sum without a tail (−0 becomes +0).
+            vst1q_f32(out.as_mut_ptr(), vaddq_f32(sums, vdupq_n_f32(0.0)));
+        }
+        for (i, out) in fours.into_remainder().iter_mut().enumerate() {
+            let r = row_lanes(done + i);
+            *out = (vgetq_lane_f32::<0>(r) + vgetq_lane_f32::<1>(r))
+                + (vgetq_lane_f32::<2>(r) + vgetq_lane_f32::<3>(r))
+                + 0.0;
+        }
+    }
 }
 
 /// `acc ← f16(acc + v·w)` as `scalar::mad_f16` computes it.

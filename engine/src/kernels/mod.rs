@@ -16,6 +16,7 @@ mod scalar;
 #[allow(unsafe_code)]
 mod x86;
 
+use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -199,15 +200,24 @@ pub fn attend_f16(
     }
 }
 
+thread_local! {
+    /// The fused loop's f32 buffers (queries, accumulators, a block's keys and values), kept
+    /// per thread: clearing 100 kB on the stack at every call cost more than a block's work.
+    static FUSED_BUFFERS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
 /// One ISA's steps of [`fused_attention`]. Accumulators are f32 holding f16 values (each step
 /// rounds through f16, as the reference's f16 accumulator does), so a head's accumulator can
 /// stay in registers across rows.
-struct FusedSteps<W, D, S, M, P> {
+struct FusedSteps<W, D, Ds, S, M, P> {
     /// f16 → f32, eight values at a time (whole eights only).
     widen: W,
     /// `k · q` as the ISA's `dot_f16(k, q)` computes it, the whole 32-value steps of both
     /// already widened (`k32`, `q32`) and any tail read from the f16 `k` and `q`.
     dot: D,
+    /// `dot` for consecutive rows of a head as wide as its whole 32-value steps (no tail):
+    /// `out[r] = k32[r·width..][..width] · q32`, several rows' sums folded together.
+    dots: Ds,
     /// `acc ← f16(acc·s)` over whole eights, as the ISA's `scale_f16`.
     scale: S,
     /// For each weight `w[r]` in order, `acc ← f16(acc + v[r]·w[r])` over whole eights, row
@@ -243,13 +253,6 @@ fn cache_lines(len: usize) -> impl Iterator<Item = usize> {
     (0..len).step_by(64).chain(len.checked_sub(1))
 }
 
-/// One head's running state in the fused loop.
-#[derive(Clone, Copy)]
-struct HeadState {
-    max: f32,
-    sum: f32,
-}
-
 /// [`attend_f16`] as a SIMD path runs it. Rows go in blocks: each block's keys and values are
 /// widened to f32 once for every head. Per head, its scores for the block come first (they
 /// depend on nothing but the key), then the softmax steps in the reference's order, then the
@@ -258,16 +261,17 @@ struct HeadState {
 /// (widening is exact), so the bits are the reference's. False (nothing done) when the heads
 /// do not fit its buffers.
 #[inline(always)]
-fn fused_attention<W, D, S, M, P>(
+fn fused_attention<W, D, Ds, S, M, P>(
     queries: Queries<'_>,
     rows: KvRows<'_>,
     acc: &mut [u16],
     sums: &mut [f32],
-    steps: &FusedSteps<W, D, S, M, P>,
+    steps: &FusedSteps<W, D, Ds, S, M, P>,
 ) -> bool
 where
     W: Fn(&[u16], &mut [f32]),
     D: Fn(&[f32], &[f32], &[u16], &[u16]) -> f32,
+    Ds: Fn(&[f32], usize, &[f32], &mut [f32]),
     S: Fn(&mut [f32], f32),
     M: Fn(&mut [f32], &[f32], usize, &[f32]),
     P: Fn(&[u16]),
@@ -290,99 +294,145 @@ where
         return false;
     }
     let (whole, eights) = (width / 32 * 32, width / 8 * 8);
-    let mut q32 = [0f32; ATTEND_VALUES];
-    let mut acc32 = [0f32; ATTEND_VALUES];
-    for (h, f) in acc.iter().zip(acc32.iter_mut()) {
-        *f = crate::quant::f16_to_f32(*h);
-    }
-    for (q, q32) in q.chunks_exact(width).zip(q32.chunks_exact_mut(width)) {
-        (steps.widen)(&q[..whole], &mut q32[..whole]);
-    }
-    let block = (BLOCK_VALUES / width).clamp(1, BLOCK_ROWS);
-    let (mut k32, mut v32) = ([0f32; BLOCK_VALUES], [0f32; BLOCK_VALUES]);
-    let mut scores = [0f32; BLOCK_ROWS];
-    let mut state = [HeadState {
-        max: f32::NEG_INFINITY,
-        sum: 0.0,
-    }; ATTEND_HEADS];
-    let first = spans.iter().map(|s| s.start).min().unwrap_or(0);
-    let end = spans.iter().map(|s| s.end).max().unwrap_or(0);
-    let mut b0 = first;
-    while b0 < end {
-        let b1 = (b0 + block).min(end);
-        for p in b0..b1 {
-            let at = p * rows.stride + rows.offset;
-            if p + PREFETCH_ROWS < end {
-                // A head's slice of a row is a few cache lines a whole row apart, and a long
-                // context's cache is far from the core: after 900 positions, waiting on those
-                // loads was the largest part of attention.
-                let ahead = at + PREFETCH_ROWS * rows.stride;
-                (steps.prefetch)(&rows.keys[ahead..ahead + width]);
-                (steps.prefetch)(&rows.values[ahead..ahead + width]);
-            }
-            let r = (p - b0) * width;
-            (steps.widen)(&rows.keys[at..at + whole], &mut k32[r..r + whole]);
-            (steps.widen)(&rows.values[at..at + eights], &mut v32[r..r + eights]);
+    FUSED_BUFFERS.with_borrow_mut(|buffers| {
+        let block = (BLOCK_VALUES / width).clamp(1, BLOCK_ROWS);
+        let (values, rows_values) = (heads * width, block * width);
+        buffers.resize(buffers.len().max(2 * values + 2 * rows_values), 0.0);
+        let (q32, rest) = buffers.split_at_mut(values);
+        let (acc32, rest) = rest.split_at_mut(values);
+        let (k32, rest) = rest.split_at_mut(rows_values);
+        let v32 = &mut rest[..rows_values];
+        for (h, f) in acc.iter().zip(acc32.iter_mut()) {
+            *f = crate::quant::f16_to_f32(*h);
         }
-        for (h, span) in spans.iter().enumerate() {
-            let (from, to) = (span.start.max(b0), span.end.min(b1));
-            if from >= to {
-                continue;
+        for (q, q32) in q.chunks_exact(width).zip(q32.chunks_exact_mut(width)) {
+            (steps.widen)(&q[..whole], &mut q32[..whole]);
+        }
+        // Per head and row of the block: its score, then its weight; the factor rescaling the
+        // head's accumulator before the row (1 where none does); and which rows rescale.
+        let mut weights = [0f32; ATTEND_HEADS * BLOCK_ROWS];
+        let mut factors = [1f32; ATTEND_HEADS * BLOCK_ROWS];
+        let mut rescales = [0u32; ATTEND_HEADS];
+        let mut max = [f32::NEG_INFINITY; ATTEND_HEADS];
+        sums.fill(0.0);
+        let first = spans.iter().map(|s| s.start).min().unwrap_or(0);
+        let end = spans.iter().map(|s| s.end).max().unwrap_or(0);
+        let mut b0 = first;
+        while b0 < end {
+            let b1 = (b0 + block).min(end);
+            for p in b0..b1 {
+                let at = p * rows.stride + rows.offset;
+                if p + PREFETCH_ROWS < end {
+                    // A head's slice of a row is a few cache lines a whole row apart, and a long
+                    // context's cache is far from the core: after 900 positions, waiting on those
+                    // loads was the largest part of attention.
+                    let ahead = at + PREFETCH_ROWS * rows.stride;
+                    (steps.prefetch)(&rows.keys[ahead..ahead + width]);
+                    (steps.prefetch)(&rows.values[ahead..ahead + width]);
+                }
+                let r = (p - b0) * width;
+                (steps.widen)(&rows.keys[at..at + whole], &mut k32[r..r + whole]);
+                (steps.widen)(&rows.values[at..at + eights], &mut v32[r..r + eights]);
             }
-            let head = h * width..(h + 1) * width;
-            let q32 = &q32[h * width..h * width + whole];
-            for (p, score) in (from..to).zip(scores.iter_mut()) {
-                let (r, at) = ((p - b0) * width, p * rows.stride + rows.offset);
-                let k = &rows.keys[at..at + width];
-                *score = (steps.dot)(&k32[r..r + whole], q32, k, &q[head.clone()]) * post_scale;
-            }
-            let acc = &mut acc32[head];
-            let st = &mut state[h];
-            // Rows `run..p` wait for their multiply-adds, which go in one sweep up to the next
-            // rescale; `weights` reuses the scores' slots.
-            let mut run = from;
-            for p in from..to {
-                let s = scores[p - from];
-                let (old_scale, weight) = if s > st.max {
-                    let rescale = (st.max - s).exp();
-                    st.max = s;
-                    add_weighted_rows(steps, acc, &v32, &rows, (b0, run..p), &scores, from);
-                    run = p;
-                    (steps.scale)(&mut acc[..eights], rescale);
-                    for a in &mut acc[eights..] {
-                        *a = round_f16(*a * rescale);
-                    }
-                    (rescale, 1.0)
+            let clip = |h: usize| spans[h].start.max(b0)..spans[h].end.min(b1);
+            // Each stage runs for every head before the next, so the CPU overlaps the heads'
+            // independent chains; within a head, the order is the reference's.
+            for h in 0..heads {
+                let head = h * width..(h + 1) * width;
+                let q32 = &q32[h * width..h * width + whole];
+                let span = clip(h);
+                if span.is_empty() {
+                    continue;
+                }
+                let (r0, r1) = (span.start - b0, span.end - b0);
+                let scores = &mut weights[h * BLOCK_ROWS..][r0..r1];
+                if whole == width {
+                    (steps.dots)(&k32[r0 * width..r1 * width], width, q32, scores);
                 } else {
-                    (1.0, (s - st.max).exp())
-                };
-                scores[p - from] = weight;
-                st.sum = st.sum.mul_add(old_scale, weight);
+                    for (p, score) in span.zip(scores.iter_mut()) {
+                        let (r, at) = (p - b0, p * rows.stride + rows.offset);
+                        let k = &rows.keys[at..at + width];
+                        *score = (steps.dot)(
+                            &k32[r * width..r * width + whole],
+                            q32,
+                            k,
+                            &q[head.clone()],
+                        );
+                    }
+                }
+                for score in scores {
+                    *score *= post_scale;
+                }
             }
-            add_weighted_rows(steps, acc, &v32, &rows, (b0, run..to), &scores, from);
+            for (h, (max, rescales)) in max.iter_mut().zip(&mut rescales).take(heads).enumerate() {
+                *rescales = 0;
+                for p in clip(h) {
+                    let (r, i) = (p - b0, h * BLOCK_ROWS + p - b0);
+                    let s = weights[i];
+                    if s > *max {
+                        factors[i] = (*max - s).exp();
+                        *max = s;
+                        *rescales |= 1 << r;
+                        weights[i] = 1.0;
+                    } else {
+                        factors[i] = 1.0;
+                        weights[i] = (s - *max).exp();
+                    }
+                }
+            }
+            for (h, sum) in sums.iter_mut().enumerate() {
+                let span = clip(h);
+                if span.is_empty() {
+                    continue;
+                }
+                let rows = h * BLOCK_ROWS + span.start - b0..h * BLOCK_ROWS + span.end - b0;
+                // A local, not `*sum`, carries the chain: through memory each step would wait on
+                // the previous store.
+                let mut total = *sum;
+                for (f, w) in factors[rows.clone()].iter().zip(&weights[rows]) {
+                    total = total.mul_add(*f, *w);
+                }
+                *sum = total;
+            }
+            for h in 0..heads {
+                let span = clip(h);
+                let acc = &mut acc32[h * width..(h + 1) * width];
+                let (weights, factors) = (&weights[h * BLOCK_ROWS..], &factors[h * BLOCK_ROWS..]);
+                // Multiply-adds go in sweeps between the rows where a new maximum rescales.
+                let mut run = span.start;
+                let mut marks = rescales[h];
+                while marks != 0 {
+                    let p = b0 + marks.trailing_zeros() as usize;
+                    marks &= marks - 1;
+                    add_weighted_rows(steps, acc, v32, &rows, (b0, run..p), weights);
+                    let f = factors[p - b0];
+                    (steps.scale)(&mut acc[..eights], f);
+                    for a in &mut acc[eights..] {
+                        *a = round_f16(*a * f);
+                    }
+                    run = p;
+                }
+                add_weighted_rows(steps, acc, v32, &rows, (b0, run..span.end), weights);
+            }
+            b0 = b1;
         }
-        b0 = b1;
-    }
-    for (h, f) in acc.iter_mut().zip(&acc32) {
-        *h = crate::quant::f32_to_f16(*f);
-    }
-    for (sum, st) in sums.iter_mut().zip(&state) {
-        *sum = st.sum;
-    }
+        for (h, f) in acc.iter_mut().zip(&*acc32) {
+            *h = crate::quant::f32_to_f16(*f);
+        }
+    });
     true
 }
 
-/// `acc ← f16(acc + v_p·w_p)` for rows `p` of `run` in order (`w_p` at `weights[p − from]`,
-/// `v_p` widened in `v32` from row `b0` on, the tail past the whole eights read as f16).
+/// `acc ← f16(acc + v_p·w_p)` for rows `p` of `run` in order (`w_p` at `weights[p − b0]` and
+/// `v_p` widened in `v32`, both from row `b0` on; the tail past the whole eights read as f16).
 #[inline(always)]
-fn add_weighted_rows<W, D, S, M, P>(
-    steps: &FusedSteps<W, D, S, M, P>,
+fn add_weighted_rows<W, D, Ds, S, M, P>(
+    steps: &FusedSteps<W, D, Ds, S, M, P>,
     acc: &mut [f32],
     v32: &[f32],
     rows: &KvRows<'_>,
     (b0, run): (usize, Range<usize>),
     weights: &[f32],
-    from: usize,
 ) where
     M: Fn(&mut [f32], &[f32], usize, &[f32]),
 {
@@ -391,7 +441,7 @@ fn add_weighted_rows<W, D, S, M, P>(
     }
     let width = acc.len();
     let eights = width / 8 * 8;
-    let ws = &weights[run.start - from..run.end - from];
+    let ws = &weights[run.start - b0..run.end - b0];
     let (r0, r1) = ((run.start - b0) * width, (run.end - b0) * width);
     (steps.mad_rows)(&mut acc[..eights], &v32[r0..r1], width, ws);
     if eights < width {

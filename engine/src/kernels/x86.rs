@@ -825,6 +825,9 @@ unsafe fn attend_f16_avx2(
         dot: |k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]| unsafe {
             dot_f16_prepared(k32, q32, k, q)
         },
+        dots: |k32: &[f32], width: usize, q32: &[f32], out: &mut [f32]| unsafe {
+            dots_f16_prepared(k32, width, q32, out)
+        },
         scale: |a: &mut [f32], s: f32| unsafe {
             let s = _mm256_set1_ps(s);
             for a in a.chunks_exact_mut(8) {
@@ -852,8 +855,9 @@ unsafe fn attend_f16_avx2(
 /// accumulator, kept in a register.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn round_f16x8(x: __m256) -> __m256 {
-    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+unsafe fn round_f16x8(x: __m256) -> __m256 {
+    // SAFETY: register-only conversions; the caller guarantees the CPU features.
+    unsafe { _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)) }
 }
 
 /// `acc ← f16(acc + v_r·w_r)` for each weight in order, as `mad_f16_avx2` row after row, over
@@ -904,14 +908,73 @@ unsafe fn dot_f16_prepared(k32: &[f32], q32: &[f32], k: &[u16], q: &[u16]) -> f3
     }
 }
 
+/// `k · q` for consecutive rows of `k32` (`width` apart, whole 32-value steps only) as
+/// [`dot_f16_prepared`] computes each: eight rows' sums are folded together, every lane in
+/// `scalar::dot_f16`'s order, where one row's fold alone is a chain of dependent shuffles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_f16_prepared(k32: &[f32], width: usize, q32: &[f32], out: &mut [f32]) {
+    // SAFETY: the caller guarantees the CPU features; loads and stores are of 8-value
+    // subslices of bounds-checked slices.
+    unsafe {
+        let row_sums = |r: usize| {
+            let row = &k32[r * width..(r + 1) * width];
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (ck, cq) in row.chunks_exact(32).zip(q32.chunks_exact(32)) {
+                for (j, s) in acc.iter_mut().enumerate() {
+                    let kj = _mm256_loadu_ps(ck[8 * j..8 * j + 8].as_ptr());
+                    let qj = _mm256_loadu_ps(cq[8 * j..8 * j + 8].as_ptr());
+                    *s = _mm256_fmadd_ps(kj, qj, *s);
+                }
+            }
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]))
+        };
+        let done = out.len() / 8 * 8;
+        let mut eights = out.chunks_exact_mut(8);
+        for (g, out) in eights.by_ref().enumerate() {
+            let x: [__m256; 8] = std::array::from_fn(|i| row_sums(8 * g + i));
+            // Rows i and i + 4 share a register: the low half of each row's lanes plus the high.
+            let y: [__m256; 4] = std::array::from_fn(|i| {
+                _mm256_add_ps(
+                    _mm256_permute2f128_ps::<0x20>(x[i], x[i + 4]),
+                    _mm256_permute2f128_ps::<0x31>(x[i], x[i + 4]),
+                )
+            });
+            let folded = _mm256_hadd_ps(_mm256_hadd_ps(y[0], y[1]), _mm256_hadd_ps(y[2], y[3]));
+            // `with_f16_tail` adds +0 to a sum without a tail (−0 becomes +0).
+            let sums = _mm256_add_ps(folded, _mm256_setzero_ps());
+            _mm256_storeu_ps(out.as_mut_ptr(), sums);
+        }
+        for (r, out) in eights.into_remainder().iter_mut().enumerate() {
+            // `with_f16_tail` adds +0 to a sum without a tail.
+            *out = fold_lanes(row_sums(done + r)) + 0.0;
+        }
+    }
+}
+
 /// The four 8-lane sums of an f16 dot product folded in `scalar::dot_f16`'s order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fold_f16_sums(acc: [__m256; 4]) -> f32 {
-    let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-    let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    let t1 = _mm_hadd_ps(t0, t0);
-    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    // SAFETY: register-only arithmetic; the caller guarantees the CPU features.
+    unsafe {
+        fold_lanes(_mm256_add_ps(
+            _mm256_add_ps(acc[0], acc[2]),
+            _mm256_add_ps(acc[1], acc[3]),
+        ))
+    }
+}
+
+/// The eight lanes of a dot product's folded sums added in `scalar::dot_f16`'s order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold_lanes(x: __m256) -> f32 {
+    // SAFETY: register-only arithmetic; the caller guarantees the CPU features.
+    unsafe {
+        let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+        let t1 = _mm_hadd_ps(t0, t0);
+        _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+    }
 }
 
 #[inline]

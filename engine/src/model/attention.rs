@@ -6,6 +6,7 @@
 //! together, those of several tokens of a pass too (each row read once for all of them); each
 //! head's result is the same as alone.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::kernels::{self, Isa, KvRows};
@@ -49,38 +50,46 @@ pub fn attend(
         .iter()
         .flat_map(|query| query.q.chunks_exact(width).map(|q| (q, query.rows.clone())));
     let mut outs = out.chunks_exact_mut(width);
-    let mut q16 = [0u16; kernels::ATTEND_VALUES];
-    let mut acc16 = [0u16; kernels::ATTEND_VALUES];
     let mut spans: [Range<usize>; kernels::ATTEND_HEADS] = std::array::from_fn(|_| 0..0);
     let mut sums = [0f32; kernels::ATTEND_HEADS];
-    loop {
-        let mut n = 0;
-        for ((q, rows), (q16, span)) in heads
-            .by_ref()
-            .take(at_once)
-            .zip(q16.chunks_exact_mut(width).zip(spans.iter_mut()))
-        {
-            kernels::to_f16(q, scales.pre, q16, isa);
-            *span = rows;
-            n += 1;
+    HALVES.with_borrow_mut(|halves| {
+        halves.resize(halves.len().max(2 * at_once * width), 0);
+        let (q16, acc16) = halves.split_at_mut(at_once * width);
+        loop {
+            let mut n = 0;
+            for ((q, rows), (q16, span)) in heads
+                .by_ref()
+                .take(at_once)
+                .zip(q16.chunks_exact_mut(width).zip(spans.iter_mut()))
+            {
+                kernels::to_f16(q, scales.pre, q16, isa);
+                *span = rows;
+                n += 1;
+            }
+            if n == 0 {
+                return;
+            }
+            let acc = &mut acc16[..n * width];
+            acc.fill(0);
+            let batch = kernels::Queries {
+                q: &q16[..n * width],
+                width,
+                spans: &spans[..n],
+                post_scale: scales.post,
+            };
+            kernels::attend_f16(batch, cache, acc, &mut sums[..n], isa);
+            for ((acc, sum), out) in acc.chunks_exact(width).zip(&sums).zip(outs.by_ref()) {
+                let inv = if *sum == 0.0 { 0.0 } else { 1.0 / *sum };
+                kernels::from_f16(acc, inv, out, isa);
+            }
         }
-        if n == 0 {
-            return;
-        }
-        let acc = &mut acc16[..n * width];
-        acc.fill(0);
-        let batch = kernels::Queries {
-            q: &q16[..n * width],
-            width,
-            spans: &spans[..n],
-            post_scale: scales.post,
-        };
-        kernels::attend_f16(batch, cache, acc, &mut sums[..n], isa);
-        for ((acc, sum), out) in acc.chunks_exact(width).zip(&sums).zip(outs.by_ref()) {
-            let inv = if *sum == 0.0 { 0.0 } else { 1.0 / *sum };
-            kernels::from_f16(acc, inv, out, isa);
-        }
-    }
+    });
+}
+
+thread_local! {
+    /// [`attend`]'s f16 queries and accumulators, kept per thread rather than cleared on the
+    /// stack at every call.
+    static HALVES: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]
