@@ -254,12 +254,13 @@ fn cache_lines(len: usize) -> impl Iterator<Item = usize> {
 }
 
 /// [`attend_f16`] as a SIMD path runs it. Rows go in blocks: each block's keys and values are
-/// widened to f32 once for every head. Per head, its scores for the block come first (they
-/// depend on nothing but the key), then the softmax steps in the reference's order, then the
-/// weighted values row after row with the accumulator in registers, broken only where a new
-/// maximum rescales it. Each head sees the reference's operations in the reference's order
-/// (widening is exact), so the bits are the reference's. False (nothing done) when the heads
-/// do not fit its buffers.
+/// widened to f32 once for every head (a pass's tokens included, each over its own rows). Per
+/// block, in stages each run for every head: the scores (they depend on nothing but the
+/// key); the softmax steps in the reference's order (weights, rescale factors); the sums of
+/// weights; then the weighted values row after row with the accumulator in registers, broken
+/// only where a new maximum rescales it. Each head sees the reference's operations in the
+/// reference's order (widening is exact), so the bits are the reference's. False (nothing
+/// done) when the heads do not fit its buffers.
 #[inline(always)]
 fn fused_attention<W, D, Ds, S, M, P>(
     queries: Queries<'_>,

@@ -302,12 +302,18 @@ pub(super) fn block(
 }
 
 /// Tokens of a pass of `n` whose heads go through the cached rows together: as many as the
-/// fused attention holds (a row then costs one read for all of them), but split so that
-/// every thread gets work when the model has fewer key-value heads than threads.
+/// fused attention holds (a row then costs one read for all of them), in the fewest chunks
+/// that give every thread as many (key-value head, chunk) pairs as the others where the heads
+/// alone do not (SmolLM2's 3 at two threads: 2 pairs for one thread, 1 for the other).
 fn attention_chunk(n: usize, kv_heads: usize, group: usize, threads: usize) -> usize {
     let held = (kernels::ATTEND_HEADS / group.max(1)).max(1);
-    let per_head = threads.div_ceil(kv_heads.max(1)).max(1);
-    n.div_ceil(per_head).clamp(1, held)
+    let (kv_heads, threads) = (kv_heads.max(1), threads.max(1));
+    let least = n.div_ceil(held).max(1);
+    let chunks = (least..least + threads)
+        .find(|c| kv_heads * c % threads == 0)
+        .unwrap_or(least)
+        .min(n.max(1));
+    n.div_ceil(chunks).max(1)
 }
 
 /// `w.proj = down · act(gate · w.cur) ⊙ (up · w.cur)` for the `n` tokens of a pass (GELU for
@@ -356,4 +362,29 @@ fn dense_ffn(
         exec,
         &mut w.scratch,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chunk's heads fit the fused loop, and a pass of 2 to 17 tokens (a draft's) gives
+    /// both threads as many (key-value head, chunk) pairs: SmolLM2 (3 key-value heads of 3)
+    /// and Gemma 3 270M (1 of 4), as well as shapes such as 8 of 2 and 2 of 7.
+    #[test]
+    fn attention_chunks_fit_and_share_evenly() {
+        for (kv_heads, group) in [(3, 3), (1, 4), (8, 2), (2, 7)] {
+            for n in 1..=40 {
+                for threads in [1, 2, 3, 4] {
+                    let chunk = attention_chunk(n, kv_heads, group, threads);
+                    assert!(chunk >= 1 && chunk * group <= kernels::ATTEND_HEADS);
+                }
+                if (2..=17).contains(&n) {
+                    let chunk = attention_chunk(n, kv_heads, group, 2);
+                    let pairs = kv_heads * n.div_ceil(chunk);
+                    assert_eq!(pairs % 2, 0, "{n} tokens, {kv_heads}×{group} heads");
+                }
+            }
+        }
+    }
 }
