@@ -8,8 +8,8 @@
 //! four activations is subtracted exactly by starting the lane sums from a precomputed
 //! correction. The activations of up to eight columns are first repacked, block by block, into
 //! one [`PackedBlock`], so a single pointer with fixed displacements reaches all of them, and a
-//! block's step is one load, one `vpdpbusd` and three float operations (the scale product with
-//! the activation scale broadcast from memory). Q4_1's offset terms of the eight columns sit
+//! block's step is one load (Q4_1, unbiased: a zeroing idiom), one `vpdpbusd` and three float
+//! operations (the scale product with the activation scale broadcast from memory). Q4_1's offset terms of the eight columns sit
 //! side by side too, so one vector FMA updates all eight.
 //!
 //! Every (row, column) still sums the scalar reference's lanes in its order: integer sums are
@@ -97,10 +97,33 @@ macro_rules! step {
     };
 }
 
+/// [`step!`] for weights that need no bias (Q4_1's nibbles): the lane sums start from zero, a
+/// register idiom, where loading the column's correction (all zero) costs a load per step.
+macro_rules! step_unbiased {
+    ($acc:ident, $j:literal, $p:ident, $w:ident, $dw:ident) => {
+        asm!(
+            "vpxor {t:x}, {t:x}, {t:x}",
+            "{{evex}} vpdpbusd {t}, {w}, ymmword ptr [{p} + {q}]",
+            "vcvtdq2ps {t}, {t}",
+            "vmulps {s}, {dw}, dword ptr [{p} + {d}]{{1to8}}",
+            "vfmadd231ps {acc}, {s}, {t}",
+            p = in(reg) $p,
+            w = in(ymm_reg) $w,
+            dw = in(ymm_reg) $dw,
+            acc = inout(ymm_reg) $acc,
+            t = out(ymm_reg) _,
+            s = out(ymm_reg) _,
+            q = const QS + 32 * $j,
+            d = const D + 4 * $j,
+            options(pure, readonly, nostack, preserves_flags),
+        )
+    };
+}
+
 /// One row against the packed columns `$j…` (their accumulators `$acc…`): the eight results,
 /// the reference's `hsum8(lanes) + offset sum` for the listed columns (the others stay 0).
 macro_rules! tile {
-    ($row:ident, $packed:ident, $bytes:expr, $unpack:ident, $offset:expr;
+    ($row:ident, $packed:ident, $bytes:expr, $bias:expr, $unpack:ident, $offset:expr;
      $($acc:ident $j:literal),+) => {{
         $( let mut $acc = _mm256_setzero_ps(); )+
         let mut offsets = _mm256_setzero_ps();
@@ -108,7 +131,11 @@ macro_rules! tile {
             let (w, dm) = $unpack(block);
             let dw = _mm256_broadcastss_ps(dm);
             let p: *const PackedBlock = p;
-            $( step!($acc, $j, p, w, dw); )+
+            if $bias == 0 {
+                $( step_unbiased!($acc, $j, p, w, dw); )+
+            } else {
+                $( step!($acc, $j, p, w, dw); )+
+            }
             if $offset {
                 // Q4_1: every column's `m·s` sum in its own lane, in the reference's order.
                 offsets = _mm256_fmadd_ps(
@@ -178,17 +205,17 @@ macro_rules! packed_rows {
                         // waited on memory (a 2-token pass cost 1.7 single ones, 1.2 with).
                         prefetch_rows(w, row_bytes, r + 2, 1);
                         let results = match group {
-                            1 => tile!(row, packed, $bytes, $unpack, $offset; a0 0),
-                            2 => tile!(row, packed, $bytes, $unpack, $offset; a0 0, a1 1),
-                            3 => tile!(row, packed, $bytes, $unpack, $offset; a0 0, a1 1, a2 2),
-                            4 => tile!(row, packed, $bytes, $unpack, $offset; a0 0, a1 1, a2 2, a3 3),
-                            5 => tile!(row, packed, $bytes, $unpack, $offset;
+                            1 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0),
+                            2 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1),
+                            3 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2),
+                            4 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2, a3 3),
+                            5 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4),
-                            6 => tile!(row, packed, $bytes, $unpack, $offset;
+                            6 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5),
-                            7 => tile!(row, packed, $bytes, $unpack, $offset;
+                            7 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5, a6 6),
-                            _ => tile!(row, packed, $bytes, $unpack, $offset;
+                            _ => tile!(row, packed, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5, a6 6, a7 7),
                         };
                         for (j, result) in results[..group].iter().enumerate() {
