@@ -154,8 +154,8 @@ pub struct Queries<'a> {
     pub post_scale: f32,
 }
 
-/// Attention of `queries` over `rows` as llama.cpp's CPU flash attention runs it for one
-/// token, on `isa`. `acc` holds the heads' f16 accumulators one after another; per head, over
+/// Attention of `queries` over `rows` as llama.cpp's CPU flash attention runs it per head,
+/// on `isa`. `acc` holds the heads' f16 accumulators one after another; per head, over
 /// its span's rows in order: the score `q·k · post_scale`; a new maximum rescales the head's
 /// accumulator; then `acc ← f16(acc + e^(score−max)·v)`. `sums` receives each head's sum of
 /// weights. Every ISA gives the scalar reference's bits, whichever heads go together.
@@ -243,6 +243,9 @@ const BLOCK_VALUES: usize = 4096;
 
 /// Most rows in a block.
 const BLOCK_ROWS: usize = 32;
+
+// A block's rescaling rows are bits of a `u32`.
+const _: () = assert!(BLOCK_ROWS <= u32::BITS as usize);
 
 /// How many rows ahead the fused loop asks for keys and values.
 const PREFETCH_ROWS: usize = 16;
@@ -386,11 +389,11 @@ where
                 if span.is_empty() {
                     continue;
                 }
-                let rows = h * BLOCK_ROWS + span.start - b0..h * BLOCK_ROWS + span.end - b0;
+                let cells = h * BLOCK_ROWS + span.start - b0..h * BLOCK_ROWS + span.end - b0;
                 // A local, not `*sum`, carries the chain: through memory each step would wait on
                 // the previous store.
                 let mut total = *sum;
-                for (f, w) in factors[rows.clone()].iter().zip(&weights[rows]) {
+                for (f, w) in factors[cells.clone()].iter().zip(&weights[cells]) {
                     total = total.mul_add(*f, *w);
                 }
                 *sum = total;
@@ -1236,9 +1239,10 @@ mod tests {
 
     /// Attention gives the scalar reference's bits on every ISA, for any number of heads going
     /// through the rows together (1 to past the fused path's limit), each with its own rows (a
-    /// pass's later tokens see more; a sliding window starts later) across block boundaries,
-    /// head widths with and without a tail, and a score that keeps rising (every row
-    /// rescales) as well as a mixed one.
+    /// pass's later tokens see more; a sliding window starts later; none; from a block's first
+    /// row) across block boundaries, head widths with and without a tail (of the 32-value dot
+    /// steps and of the 8-value ones, down to a head narrower than 8), and a score that keeps
+    /// rising (every row rescales) as well as a mixed one.
     #[test]
     fn attention_matches_the_scalar_reference_on_every_isa() {
         let mut rng = Bytes(0x2545_f491_4f6c_dd1d);
@@ -1252,6 +1256,8 @@ mod tests {
             (64, 24, 3, 75),
             (512, 16, 1, 12),
             (64, 40, 1, 33),
+            (36, 5, 2, 41),
+            (4, 3, 1, 9),
         ] {
             let mut halves = |n: usize, spread: f32| -> Vec<u16> {
                 (0..n)
@@ -1274,7 +1280,12 @@ mod tests {
                     let token = h / 3;
                     let end = positions - (tokens - 1 - token).min(positions - 1);
                     let first = if token % 2 == 1 { (end / 3).max(1) } else { 1 };
-                    first.min(end)..end
+                    match h % 7 {
+                        // A head that attends to nothing, and one from a block's first row.
+                        4 => end / 2..end / 2,
+                        6 => BLOCK_ROWS.min(end)..end,
+                        _ => first.min(end)..end,
+                    }
                 })
                 .collect();
             for keys in [&keys, &rising] {

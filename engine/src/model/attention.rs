@@ -29,9 +29,14 @@ pub struct Scales {
     pub post: f32,
 }
 
-/// The widest head [`attend`] takes (its f16 buffers live on the stack); models with wider
-/// heads are refused when they load.
+/// The widest head [`attend`] takes; models with wider heads are refused when they load.
 pub const MAX_HEAD_DIM: usize = 512;
+
+/// Query heads `width` wide that [`attend`] takes through the cached rows together (more go
+/// in turns, each reading the rows again).
+pub fn heads_at_once(width: usize) -> usize {
+    (kernels::ATTEND_VALUES / width.max(1)).clamp(1, kernels::ATTEND_HEADS)
+}
 
 /// Computes `out = softmax(q·K) · V` for every head of every query over its cached rows of
 /// `cache`, rows in order; `out` holds the heads' results one after another (the queries'
@@ -45,7 +50,7 @@ pub fn attend(
     out: &mut [f32],
 ) {
     let width = width.clamp(1, MAX_HEAD_DIM);
-    let at_once = (kernels::ATTEND_VALUES / width).clamp(1, kernels::ATTEND_HEADS);
+    let at_once = heads_at_once(width);
     let mut heads = queries
         .iter()
         .flat_map(|query| query.q.chunks_exact(width).map(|q| (q, query.rows.clone())));

@@ -235,7 +235,7 @@ pub(super) fn block(
     };
     let group = h.n_head / h.n_head_kv;
     let span = group * hd;
-    let chunk = attention_chunk(n, h.n_head_kv, group, exec.pool.threads());
+    let chunk = attention_chunk(n, h.n_head_kv, group, hd, exec.pool.threads());
     let (keys, values) = (&keys[il], &values[il]);
     let queries = &w.q;
     // Each key-value head's query heads, for a chunk of the pass's tokens, go through the
@@ -301,19 +301,19 @@ pub(super) fn block(
     Ok(())
 }
 
-/// Tokens of a pass of `n` whose heads go through the cached rows together: as many as the
-/// fused attention holds (a row then costs one read for all of them), in the fewest chunks
-/// that give every thread as many (key-value head, chunk) pairs as the others where the heads
-/// alone do not (SmolLM2's 3 at two threads: 2 pairs for one thread, 1 for the other).
-fn attention_chunk(n: usize, kv_heads: usize, group: usize, threads: usize) -> usize {
-    let held = (kernels::ATTEND_HEADS / group.max(1)).max(1);
-    let (kv_heads, threads) = (kv_heads.max(1), threads.max(1));
-    let least = n.div_ceil(held).max(1);
-    let chunks = (least..least + threads)
-        .find(|c| kv_heads * c % threads == 0)
-        .unwrap_or(least)
-        .min(n.max(1));
-    n.div_ceil(chunks).max(1)
+/// Tokens of a pass of `n` whose heads (`group` per key-value head, `width` wide) go through
+/// the cached rows together: as many as [`attention::attend`] takes at once (a row then costs
+/// one read for all of them), in the fewest chunks that give every thread as many (key-value
+/// head, chunk) pairs as the others where the heads alone do not (SmolLM2's 3 at two threads:
+/// 2 pairs for one thread, 1 for the other).
+fn attention_chunk(n: usize, kv_heads: usize, group: usize, width: usize, threads: usize) -> usize {
+    let held = (attention::heads_at_once(width) / group.max(1)).max(1);
+    let (n, kv_heads, threads) = (n.max(1), kv_heads.max(1), threads.max(1));
+    let least = n.div_ceil(held);
+    (least..=n)
+        .map(|chunks| n.div_ceil(chunks))
+        .find(|&chunk| kv_heads * n.div_ceil(chunk) % threads == 0)
+        .unwrap_or(n.div_ceil(least))
 }
 
 /// `w.proj = down · act(gate · w.cur) ⊙ (up · w.cur)` for the `n` tokens of a pass (GELU for
@@ -368,21 +368,39 @@ fn dense_ffn(
 mod tests {
     use super::*;
 
-    /// A chunk's heads fit the fused loop, and a pass of 2 to 17 tokens (a draft's) gives
-    /// both threads as many (key-value head, chunk) pairs: SmolLM2 (3 key-value heads of 3)
-    /// and Gemma 3 270M (1 of 4), as well as shapes such as 8 of 2 and 2 of 7.
+    /// A chunk's heads fit what attention takes at once, and a pass of 2 to 17 tokens (a
+    /// draft's) gives both threads as many (key-value head, chunk) pairs, as do 8, 12 and 16
+    /// tokens four threads: SmolLM2 (3 key-value heads of 3, 64 wide), Gemma 3 270M (1 of 4,
+    /// 256 wide) and 8 of 2. Heads 512 wide fit too (1 of 8: two tokens a chunk).
     #[test]
     fn attention_chunks_fit_and_share_evenly() {
-        for (kv_heads, group) in [(3, 3), (1, 4), (8, 2), (2, 7)] {
+        for (kv_heads, group, width, even) in [
+            (3, 3, 64, true),
+            (1, 4, 256, true),
+            (8, 2, 128, true),
+            (1, 8, 512, false),
+        ] {
+            let held = attention::heads_at_once(width);
             for n in 1..=40 {
-                for threads in [1, 2, 3, 4] {
-                    let chunk = attention_chunk(n, kv_heads, group, threads);
-                    assert!(chunk >= 1 && chunk * group <= kernels::ATTEND_HEADS);
-                }
-                if (2..=17).contains(&n) {
-                    let chunk = attention_chunk(n, kv_heads, group, 2);
+                for threads in 1..=4 {
+                    let chunk = attention_chunk(n, kv_heads, group, width, threads);
+                    assert!(
+                        chunk >= 1 && chunk * group <= held,
+                        "{n} tokens, {width} wide"
+                    );
                     let pairs = kv_heads * n.div_ceil(chunk);
-                    assert_eq!(pairs % 2, 0, "{n} tokens, {kv_heads}×{group} heads");
+                    let shared = match threads {
+                        2 => (2..=17).contains(&n),
+                        4 => [8, 12, 16].contains(&n),
+                        _ => false,
+                    };
+                    if even && shared {
+                        assert_eq!(
+                            pairs % threads,
+                            0,
+                            "{n} tokens, {kv_heads}×{group} heads {width} wide, {threads} threads"
+                        );
+                    }
                 }
             }
         }

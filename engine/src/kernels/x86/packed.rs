@@ -8,8 +8,9 @@
 //! four activations is subtracted exactly by starting the lane sums from a precomputed
 //! correction. The activations of up to eight columns are first repacked, block by block, into
 //! one [`PackedBlock`], so a single pointer with fixed displacements reaches all of them, and a
-//! block's step is one load (Q4_1, unbiased: a zeroing idiom), one `vpdpbusd` and three float
-//! operations (the scale product with the activation scale broadcast from memory). Q4_1's offset terms of the eight columns sit
+//! block's step is one load (of the correction; Q4_1, unbiased, zeroes a register instead), one
+//! `vpdpbusd` and three float operations (the scale product with the activation scale broadcast
+//! from memory). Q4_1's offset terms of the eight columns sit
 //! side by side too, so one vector FMA updates all eight.
 //!
 //! Every (row, column) still sums the scalar reference's lanes in its order: integer sums are
@@ -55,12 +56,9 @@ thread_local! {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
-    // SAFETY: `bias != 0` kernels are only handed out after `vnni_supported()`; the asm reads
+    // SAFETY: the packed kernels are only handed out after `vnni_supported()`; the asm reads
     // the 32 bytes of `qs`.
     unsafe {
-        if bias == 0 {
-            return _mm256_setzero_si256();
-        }
         let mut sums = _mm256_setzero_si256();
         asm!(
             "{{evex}} vpdpbusd {sums}, {bias}, ymmword ptr [{qs}]",
@@ -192,10 +190,12 @@ macro_rules! packed_rows {
                             p.d[j] = d;
                             p.s[j] = s;
                             p.qs[j] = *qs;
-                            _mm256_store_si256(
-                                p.correction[j].as_mut_ptr().cast(),
-                                correction(qs, $bias),
-                            );
+                            if $bias != 0 {
+                                _mm256_store_si256(
+                                    p.correction[j].as_mut_ptr().cast(),
+                                    correction(qs, $bias),
+                                );
+                            }
                         }
                     }
                     let packed = &buffer[..blocks];
