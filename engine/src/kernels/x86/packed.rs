@@ -75,23 +75,8 @@ unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
 /// weights `$w` against its quants, then `acc += (dw·dy) · lanes` as the reference does it.
 macro_rules! step {
     ($acc:ident, $j:literal, $p:ident, $w:ident, $dw:ident) => {
-        asm!(
-            "vmovdqu {t}, ymmword ptr [{p} + {k}]",
-            "{{evex}} vpdpbusd {t}, {w}, ymmword ptr [{p} + {q}]",
-            "vcvtdq2ps {t}, {t}",
-            "vmulps {s}, {dw}, dword ptr [{p} + {d}]{{1to8}}",
-            "vfmadd231ps {acc}, {s}, {t}",
-            p = in(reg) $p,
-            w = in(ymm_reg) $w,
-            dw = in(ymm_reg) $dw,
-            acc = inout(ymm_reg) $acc,
-            t = out(ymm_reg) _,
-            s = out(ymm_reg) _,
-            k = const CORRECTION + 32 * $j,
-            q = const QS + 32 * $j,
-            d = const D + 4 * $j,
-            options(pure, readonly, nostack, preserves_flags),
-        )
+        step_from!("vmovdqu {t}, ymmword ptr [{p} + {k}]", $acc, $j, $p, $w, $dw;
+            k = const CORRECTION + 32 * $j,)
     };
 }
 
@@ -99,8 +84,15 @@ macro_rules! step {
 /// register idiom, where loading the column's correction (all zero) costs a load per step.
 macro_rules! step_unbiased {
     ($acc:ident, $j:literal, $p:ident, $w:ident, $dw:ident) => {
+        step_from!("vpxor {t:x}, {t:x}, {t:x}", $acc, $j, $p, $w, $dw;)
+    };
+}
+
+/// The step after `$start` has set the lane sums `t`; `$operands` are what `$start` reads.
+macro_rules! step_from {
+    ($start:literal, $acc:ident, $j:literal, $p:ident, $w:ident, $dw:ident; $($operands:tt)*) => {
         asm!(
-            "vpxor {t:x}, {t:x}, {t:x}",
+            $start,
             "{{evex}} vpdpbusd {t}, {w}, ymmword ptr [{p} + {q}]",
             "vcvtdq2ps {t}, {t}",
             "vmulps {s}, {dw}, dword ptr [{p} + {d}]{{1to8}}",
@@ -113,6 +105,7 @@ macro_rules! step_unbiased {
             s = out(ymm_reg) _,
             q = const QS + 32 * $j,
             d = const D + 4 * $j,
+            $($operands)*
             options(pure, readonly, nostack, preserves_flags),
         )
     };
