@@ -55,7 +55,8 @@ fn round_small(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
-fn round_f16(x: f32) -> f32 {
+/// `x` rounded to the nearest f16 (ties to even), back in f32.
+pub(super) fn round_f16(x: f32) -> f32 {
     f16_to_f32(f32_to_f16(x))
 }
 

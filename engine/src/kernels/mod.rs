@@ -412,7 +412,7 @@ where
                     let f = factors[p - b0];
                     (steps.scale)(&mut acc[..eights], f);
                     for a in &mut acc[eights..] {
-                        *a = round_f16(*a * f);
+                        *a = activations::round_f16(*a * f);
                     }
                     run = p;
                 }
@@ -453,7 +453,7 @@ fn add_weighted_rows<W, D, Ds, S, M, P>(
             let at = p * rows.stride + rows.offset;
             let tail = &rows.values[at + eights..at + width];
             for (a, &v) in acc[eights..].iter_mut().zip(tail) {
-                *a = round_f16(crate::quant::f16_to_f32(v).mul_add(*w, *a));
+                *a = activations::round_f16(crate::quant::f16_to_f32(v).mul_add(*w, *a));
             }
         }
     }
@@ -475,11 +475,6 @@ fn register_chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
         lane += 8 * eights;
         Some(piece)
     })
-}
-
-/// `x` rounded to the nearest f16 (ties to even), back in f32.
-fn round_f16(x: f32) -> f32 {
-    crate::quant::f16_to_f32(crate::quant::f32_to_f16(x))
 }
 
 /// One head's row loop of [`attend_f16`], around an ISA's dot product, rescale and

@@ -41,8 +41,8 @@ pub fn heads_at_once(width: usize) -> usize {
 /// Computes `out = softmax(q·K) · V` for every head of every query over its cached rows of
 /// `cache`, rows in order; `out` holds the heads' results one after another (the queries'
 /// order), each as wide as a cached row's head (at most [`MAX_HEAD_DIM`]).
-pub fn attend(
-    queries: &[Query<'_>],
+pub fn attend<'q>(
+    queries: impl IntoIterator<Item = Query<'q>>,
     scales: Scales,
     width: usize,
     cache: KvRows<'_>,
@@ -51,9 +51,10 @@ pub fn attend(
 ) {
     let width = width.clamp(1, MAX_HEAD_DIM);
     let at_once = heads_at_once(width);
-    let mut heads = queries
-        .iter()
-        .flat_map(|query| query.q.chunks_exact(width).map(|q| (q, query.rows.clone())));
+    let mut heads = queries.into_iter().flat_map(|query| {
+        let rows = query.rows;
+        query.q.chunks_exact(width).map(move |q| (q, rows.clone()))
+    });
     let mut outs = out.chunks_exact_mut(width);
     let mut spans: [Range<usize>; kernels::ATTEND_HEADS] = std::array::from_fn(|_| 0..0);
     let mut sums = [0f32; kernels::ATTEND_HEADS];
@@ -137,7 +138,7 @@ mod tests {
             stride: dim,
             offset: 0,
         };
-        attend(&[query], scales, dim, rows, Isa::Scalar, &mut out);
+        attend([query], scales, dim, rows, Isa::Scalar, &mut out);
         let scores: Vec<f64> = keys
             .iter()
             .map(|k| {

@@ -255,8 +255,7 @@ pub(super) fn block(
                 stride: kv_dim,
                 offset: kv_head * hd,
             };
-            let mut chunk_queries: Vec<Query<'_>> = Vec::with_capacity(tokens.len());
-            for t in tokens {
+            let chunk_queries = tokens.map(|t| {
                 let pos = first + t;
                 let from = match window {
                     // Key p0 is masked for query p1 when p1 - p0 >= window.
@@ -264,12 +263,12 @@ pub(super) fn block(
                     None => 0,
                 };
                 let at = t * q_dim + kv_head * span;
-                chunk_queries.push(Query {
+                Query {
                     q: &queries[at..at + span],
                     rows: from..pos + 1,
-                });
-            }
-            attention::attend(&chunk_queries, scales, hd, cache, isa, share.column(0));
+                }
+            });
+            attention::attend(chunk_queries, scales, hd, cache, isa, share.column(0));
         },
     );
     for (kv_head, by_token) in w.attn_by_head.chunks_exact(n * span).enumerate() {
