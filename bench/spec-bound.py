@@ -9,8 +9,12 @@ drafts) under a planner that knows in advance how many drafted tokens will be ac
 drafts exactly those (when the pass pays for itself). Pass costs relative to one step come
 from `engine bench --batch` on the same threads. It prints, per set, that bound as a speed-up
 over plain decoding: what no planner using this lookup can beat on these answers and costs.
+With `--replay`, it also replays the same answers and costs through the planner as built
+(`engine/examples/spec_replay.rs`): the share of the bound the planner gets, free of the
+machine's noise that a served benchmark carries.
 
-Usage: bench/spec-bound.py ENGINE MODEL [-t THREADS] [-n 128]
+Usage: bench/spec-bound.py ENGINE MODEL [-t THREADS] [-n 128] [--replay]
+(`--replay` builds the example: `cargo build --release -p engine --example spec_replay`)
 """
 import argparse
 import json
@@ -64,7 +68,13 @@ def main():
     ap.add_argument("model")
     ap.add_argument("-t", "--threads", default="1")
     ap.add_argument("-n", "--n-predict", type=int, default=128)
+    ap.add_argument("--replay", action="store_true", help="also replay through the planner as built")
     args = ap.parse_args()
+    replay = None
+    if args.replay:
+        subprocess.run(["cargo", "build", "--release", "--locked", "-p", "engine", "--example", "spec_replay"],
+                       check=True, stdout=sys.stderr)
+        replay = "target/release/examples/spec_replay"
     widths = list(range(1, MAX_DRAFT + 2))
     rows = json.loads(subprocess.run(
         [args.engine, "bench", "-m", args.model, "-p", "0", "-n", "0", "-t", args.threads, "-r", "5",
@@ -74,14 +84,20 @@ def main():
     cost = [ms[m] / ms[1] for m in widths]
     print(f"pass costs (steps) for 2, 4, 8, 16 tokens: {cost[1]:.2f}, {cost[3]:.2f}, {cost[7]:.2f}, {cost[15]:.2f}")
     for name, prompts in SETS.items():
-        gains = []
+        gains, chats = [], []
         for prompt in prompts:
             out = json.loads(subprocess.run(
                 [args.engine, "generate", "-m", args.model, "--chat", "-p", prompt, "-n", str(args.n_predict),
                  "--temp", "0", "--spec", "none", "-t", args.threads, "--json"],
                 check=True, capture_output=True, text=True).stdout)
             gains.append(bound(out["prompt_tokens"], out["tokens"], cost))
+            chats.append({"prompt": out["prompt_tokens"], "answer": out["tokens"]})
         print(f"{name}: at most {sum(gains) / len(gains):.2f}x plain ({', '.join(f'{g:.2f}' for g in gains)})")
+        if replay:
+            lines = subprocess.run([replay], input=json.dumps({"cost": cost, "chats": chats}),
+                                   check=True, capture_output=True, text=True).stdout.splitlines()
+            got = [json.loads(line)["speedup"] for line in lines]
+            print(f"{name}: the planner as built {sum(got) / len(got):.2f}x plain ({', '.join(f'{g:.2f}' for g in got)})")
 
 
 if __name__ == "__main__":
