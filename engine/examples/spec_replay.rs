@@ -3,7 +3,7 @@
 //! planner gets on those answers, free of this machine's noise.
 //!
 //! Reads JSON on stdin, `{"cost": [c1, c2, …], "chats": [{"prompt": [ids], "answer": [ids]}]}`
-//! (`cost[m - 1]`: a pass of `m` tokens in one-token steps), and prints one line of JSON per
+//! (`cost[m - 1]`: a pass of `m` tokens, in any unit), and prints one line of JSON per
 //! chat: the speed-up over plain decoding, the passes, and the drafted and accepted tokens.
 
 use std::io::Read;
@@ -67,7 +67,8 @@ fn main() -> Result<(), String> {
         println!(
             "{}",
             serde_json::json!({
-                "speedup": rest.len() as f64 / spent.max(f64::MIN_POSITIVE),
+                // Plain decoding: one pass of one token per token after the first.
+                "speedup": rest.len() as f64 * input.cost[0] / spent.max(f64::MIN_POSITIVE),
                 "passes": passes,
                 "drafted": drafted,
                 "accepted": accepted,
