@@ -27,7 +27,8 @@ pub struct Plan {
     /// Repetitions per row.
     pub repetitions: usize,
     /// Widths of single passes to time (several tokens checked at once, every token's logits
-    /// computed, as speculative decoding does); empty skips.
+    /// computed, as speculative decoding does) after each depth, at least 64 positions; empty
+    /// skips.
     pub batches: Vec<usize>,
     /// Greedy decoding of `generate` tokens after this prompt, plain and with n-gram
     /// speculation; `None` skips.
@@ -69,7 +70,10 @@ impl Row {
     /// llama-bench's name for the test: `pp128`, `tg64`; `pass4` for a 4-token pass.
     pub fn test_name(&self) -> String {
         if let Some(b) = self.n_batch {
-            format!("pass{b}")
+            match self.n_depth {
+                PASS_CONTEXT => format!("pass{b}"),
+                depth => format!("pass{b} @ d{depth}"),
+            }
         } else if let Some(spec) = self.speculative {
             format!("greedy{}{}", self.n_gen, if spec { "+ngram" } else { "" })
         } else {
@@ -100,7 +104,7 @@ fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 /// How the tokens go in: as a prompt (batched passes, last logits only), generated one by one,
-/// or as one pass after a short context with every token's logits.
+/// or as one pass with every token's logits after at least a short context.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Prompt,
@@ -108,11 +112,11 @@ enum Mode {
     Pass,
 }
 
-/// Context already in the cache before a timed single pass.
+/// Context already in the cache before a timed single pass, at least.
 const PASS_CONTEXT: usize = 64;
 
 /// Seconds to run `tokens` through the model on a fresh cache after `depth` positions (a
-/// pass after [`PASS_CONTEXT`]), which are filled first and not timed.
+/// pass after at least [`PASS_CONTEXT`]), which are filled first and not timed.
 fn timed_run(
     model: &Model<'_>,
     tokens: &[u32],
@@ -121,7 +125,7 @@ fn timed_run(
     threads: usize,
 ) -> Result<f64, String> {
     let depth = if mode == Mode::Pass {
-        PASS_CONTEXT
+        depth.max(PASS_CONTEXT)
     } else {
         depth
     };
@@ -309,10 +313,25 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
                 drafts: None,
             });
         }
-        for &width in &plan.batches {
+        let mut pass_depths: Vec<usize> = Vec::new();
+        for depth in depths.iter().map(|d| (*d).max(PASS_CONTEXT)) {
+            if !pass_depths.contains(&depth) {
+                pass_depths.push(depth);
+            }
+        }
+        for (&n_depth, &width) in pass_depths
+            .iter()
+            .flat_map(|d| plan.batches.iter().map(move |w| (d, w)))
+        {
             let tokens = random_tokens(width.max(1), vocab, 0xba7c + width as u64);
-            let (avg_ts, stddev_ts, samples_ts) =
-                measure(model, &tokens, 0, Mode::Pass, threads, plan.repetitions)?;
+            let (avg_ts, stddev_ts, samples_ts) = measure(
+                model,
+                &tokens,
+                n_depth,
+                Mode::Pass,
+                threads,
+                plan.repetitions,
+            )?;
             let ms = samples_ts
                 .iter()
                 .map(|ts| tokens.len() as f64 / ts * 1e3)
@@ -321,7 +340,7 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
             rows.push(Row {
                 n_prompt: 0,
                 n_gen: tokens.len(),
-                n_depth: PASS_CONTEXT,
+                n_depth,
                 n_threads: threads,
                 n_batch: Some(tokens.len()),
                 avg_ms: Some(ms),
@@ -385,5 +404,12 @@ mod tests {
         };
         assert_eq!(greedy(false).test_name(), "greedy64");
         assert_eq!(greedy(true).test_name(), "greedy64+ngram");
+        let pass = |n_depth| Row {
+            n_batch: Some(8),
+            n_depth,
+            ..row(0, 8)
+        };
+        assert_eq!(pass(PASS_CONTEXT).test_name(), "pass8");
+        assert_eq!(pass(300).test_name(), "pass8 @ d300");
     }
 }

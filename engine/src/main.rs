@@ -195,7 +195,8 @@ enum Command {
         #[arg(short = 'r', long, default_value_t = 5)]
         repetitions: usize,
         /// Also time single passes of these widths (comma-separated), every token's logits
-        /// computed, after a 64-token context.
+        /// computed, after each `-d` depth (at least 64 positions): what checking a draft costs
+        /// after a long document.
         #[arg(long, value_delimiter = ',')]
         batch: Vec<usize>,
         /// A JSON list of rows with llama-bench's field names instead of the table.
