@@ -525,6 +525,7 @@ unsafe fn attend_f16_neon(
         dots: |k32: &[f32], width: usize, q32: &[f32], out: &mut [f32]| unsafe {
             dots_f16_prepared(k32, width, q32, out)
         },
+        exps: |xs: &mut [f32]| unsafe { expf_all_neon(xs) },
         scale: |a: &mut [f32], s: f32| unsafe {
             let s = vdupq_n_f32(s);
             for a in a.chunks_exact_mut(4) {
@@ -965,8 +966,85 @@ unsafe fn gelu_mul_neon(gate: &mut [f32], up: &[f32]) {
     scalar::gelu_mul(&mut gate[whole..n], &up[whole..n]);
 }
 
+/// `x ← e^x` for each value, as `expf::expf` rounds it (four at a time in f64 pairs of two).
+#[target_feature(enable = "neon")]
+unsafe fn expf_all_neon(xs: &mut [f32]) {
+    use super::expf::{C, HIGHEST, INV_LN2_32, LOWEST, SHIFT, TABLE};
+    // SAFETY: NEON, which the caller guarantees; loads and stores are of 4-value chunks, and
+    // TABLE is read at indices masked to 0..32.
+    unsafe {
+        let two = |xd: float64x2_t| {
+            let (inv, shift) = (vdupq_n_f64(INV_LN2_32), vdupq_n_f64(SHIFT));
+            let shifted = vfmaq_f64(shift, xd, inv);
+            let k = vreinterpretq_u64_f64(shifted);
+            let r = vfmaq_f64(vnegq_f64(vsubq_f64(shifted, shift)), xd, inv);
+            let t = |lane: u64| TABLE[(lane % 32) as usize];
+            let table = vcombine_u64(
+                vcreate_u64(t(vgetq_lane_u64::<0>(k))),
+                vcreate_u64(t(vgetq_lane_u64::<1>(k))),
+            );
+            let s = vreinterpretq_f64_u64(vaddq_u64(table, vshlq_n_u64::<47>(k)));
+            let high = vfmaq_f64(vdupq_n_f64(C[1]), vdupq_n_f64(C[0]), r);
+            let low = vfmaq_f64(vdupq_n_f64(1.0), vdupq_n_f64(C[2]), r);
+            vmulq_f64(vfmaq_f64(low, high, vmulq_f64(r, r)), s)
+        };
+        let mut fours = xs.chunks_exact_mut(4);
+        for x4 in fours.by_ref() {
+            let x = vld1q_f32(x4.as_ptr());
+            // NaN or above HIGHEST in any lane: the scalar routine; below LOWEST: 0.
+            if vminvq_u32(vcleq_f32(x, vdupq_n_f32(HIGHEST))) == 0 {
+                super::expf::expf_all(x4);
+                continue;
+            }
+            let low = vcvt_f32_f64(two(vcvt_f64_f32(vget_low_f32(x))));
+            let y = vcvt_high_f32_f64(low, two(vcvt_high_f64_f32(x)));
+            let kept = vcgeq_f32(x, vdupq_n_f32(LOWEST));
+            vst1q_f32(
+                x4.as_mut_ptr(),
+                vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(y), kept)),
+            );
+        }
+        super::expf::expf_all(fours.into_remainder());
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// Four lanes at a time, every lane as the scalar routine, across the ranges attention
+    /// sees (down to −inf) and past both ends, NaN included, in every lane position.
+    #[test]
+    fn neon_exponential_equals_the_scalar_one() {
+        if !super::supported() {
+            return;
+        }
+        let mut xs: Vec<f32> = (0..200_000u32)
+            .map(|i| f32::from_bits(0xc2d0_0000u32.wrapping_sub(i.wrapping_mul(21_473))))
+            .chain((-1200..1000).map(|i| i as f32 / 10.0))
+            .chain([
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                f32::NAN,
+                -0.0,
+                0.0,
+                -103.97,
+                88.72,
+            ])
+            .collect();
+        xs.extend(
+            (0..4).flat_map(|lead| (0..4).map(move |l| if l == lead { f32::NAN } else { -1.0 })),
+        );
+        let mut want = xs.clone();
+        crate::kernels::expf::expf_all(&mut want);
+        // SAFETY: `supported()` checked NEON.
+        unsafe { super::expf_all_neon(&mut xs) };
+        for (got, want) in xs.iter().zip(&want) {
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{got} vs {want}"
+            );
+        }
+    }
+
     #[test]
     fn every_listed_type_has_a_neon_kernel_on_this_cpu() {
         if !super::supported() {

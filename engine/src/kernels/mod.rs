@@ -10,6 +10,7 @@ pub mod activations;
 #[cfg(target_arch = "aarch64")]
 #[allow(unsafe_code)]
 mod arm;
+mod expf;
 mod matrix;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -209,7 +210,7 @@ thread_local! {
 /// One ISA's steps of [`fused_attention`]. Accumulators are f32 holding f16 values (each step
 /// rounds through f16, as the reference's f16 accumulator does), so a head's accumulator can
 /// stay in registers across rows.
-struct FusedSteps<W, D, Ds, S, M, P> {
+struct FusedSteps<W, D, Ds, E, S, M, P> {
     /// f16 → f32, eight values at a time (whole eights only).
     widen: W,
     /// `k · q` as the ISA's `dot_f16(k, q)` computes it, the whole 32-value steps of both
@@ -218,6 +219,8 @@ struct FusedSteps<W, D, Ds, S, M, P> {
     /// `dot` for consecutive rows of a head as wide as its whole 32-value steps (no tail):
     /// `out[r] = k32[r·width..][..width] · q32`, several rows' sums folded together.
     dots: Ds,
+    /// `x ← e^x` for each value, as [`expf::expf`].
+    exps: E,
     /// `acc ← f16(acc·s)` over whole eights, as the ISA's `scale_f16`.
     scale: S,
     /// For each weight `w[r]` in order, `acc ← f16(acc + v[r]·w[r])` over whole eights, row
@@ -265,17 +268,18 @@ fn cache_lines(len: usize) -> impl Iterator<Item = usize> {
 /// reference's order (widening is exact), so the bits are the reference's. False (nothing
 /// done) when the heads do not fit its buffers.
 #[inline(always)]
-fn fused_attention<W, D, Ds, S, M, P>(
+fn fused_attention<W, D, Ds, E, S, M, P>(
     queries: Queries<'_>,
     rows: KvRows<'_>,
     acc: &mut [u16],
     sums: &mut [f32],
-    steps: &FusedSteps<W, D, Ds, S, M, P>,
+    steps: &FusedSteps<W, D, Ds, E, S, M, P>,
 ) -> bool
 where
     W: Fn(&[u16], &mut [f32]),
     D: Fn(&[f32], &[f32], &[u16], &[u16]) -> f32,
     Ds: Fn(&[f32], usize, &[f32], &mut [f32]),
+    E: Fn(&mut [f32]),
     S: Fn(&mut [f32], f32),
     M: Fn(&mut [f32], &[f32], usize, &[f32]),
     P: Fn(&[u16]),
@@ -368,19 +372,35 @@ where
                     *score *= post_scale;
                 }
             }
+            // The running maximum row by row (a new one rescales by e^(old − new) and weighs
+            // its row 1, any other row weighs e^(score − max)), the exponentials then all at
+            // once: they depend on nothing but their argument.
             for (h, (max, rescales)) in max.iter_mut().zip(&mut rescales).take(heads).enumerate() {
                 *rescales = 0;
-                for p in clip(h) {
+                let span = clip(h);
+                if span.is_empty() {
+                    continue;
+                }
+                for p in span.clone() {
                     let (r, i) = (p - b0, h * BLOCK_ROWS + p - b0);
                     let s = weights[i];
                     if s > *max {
-                        factors[i] = (*max - s).exp();
+                        weights[i] = *max - s;
                         *max = s;
                         *rescales |= 1 << r;
+                    } else {
+                        weights[i] = s - *max;
+                    }
+                }
+                let cells = h * BLOCK_ROWS + span.start - b0..h * BLOCK_ROWS + span.end - b0;
+                (steps.exps)(&mut weights[cells.clone()]);
+                for r in span.start - b0..span.end - b0 {
+                    let i = h * BLOCK_ROWS + r;
+                    if *rescales >> r & 1 == 1 {
+                        factors[i] = weights[i];
                         weights[i] = 1.0;
                     } else {
                         factors[i] = 1.0;
-                        weights[i] = (s - *max).exp();
                     }
                 }
             }
@@ -430,8 +450,8 @@ where
 /// `acc ← f16(acc + v_p·w_p)` for rows `p` of `run` in order (`w_p` at `weights[p − b0]` and
 /// `v_p` widened in `v32`, both from row `b0` on; the tail past the whole eights read as f16).
 #[inline(always)]
-fn add_weighted_rows<W, D, Ds, S, M, P>(
-    steps: &FusedSteps<W, D, Ds, S, M, P>,
+fn add_weighted_rows<W, D, Ds, E, S, M, P>(
+    steps: &FusedSteps<W, D, Ds, E, S, M, P>,
     acc: &mut [f32],
     v32: &[f32],
     rows: &KvRows<'_>,
@@ -496,12 +516,12 @@ fn online_softmax(
         let (k, v) = (&rows.keys[at..at + width], &rows.values[at..at + width]);
         let s = dot(k) * post_scale;
         let (old_scale, weight) = if s > max {
-            let rescale = (max - s).exp();
+            let rescale = expf::expf(max - s);
             max = s;
             scale(acc, rescale);
             (rescale, 1.0)
         } else {
-            (1.0, (s - max).exp())
+            (1.0, expf::expf(s - max))
         };
         mad(acc, v, weight);
         sum = sum.mul_add(old_scale, weight);

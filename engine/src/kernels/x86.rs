@@ -828,6 +828,7 @@ unsafe fn attend_f16_avx2(
         dots: |k32: &[f32], width: usize, q32: &[f32], out: &mut [f32]| unsafe {
             dots_f16_prepared(k32, width, q32, out)
         },
+        exps: |xs: &mut [f32]| unsafe { expf_all_avx2(xs) },
         scale: |a: &mut [f32], s: f32| unsafe {
             let s = _mm256_set1_ps(s);
             for a in a.chunks_exact_mut(8) {
@@ -1382,10 +1383,85 @@ unsafe fn expf_avx2(x: __m256) -> Option<__m256> {
     }
 }
 
+/// `x ← e^x` for each value, as `expf::expf` rounds it (eight at a time in f64 pairs of four).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn expf_all_avx2(xs: &mut [f32]) {
+    use super::expf::{C, HIGHEST, INV_LN2_32, LOWEST, SHIFT, TABLE};
+    // SAFETY: the caller guarantees the CPU features; loads and stores are of 8-value chunks,
+    // and the gathers read TABLE at indices masked to 0..32.
+    unsafe {
+        let four = |x: __m128| {
+            let xd = _mm256_cvtps_pd(x);
+            let (inv, shift) = (_mm256_set1_pd(INV_LN2_32), _mm256_set1_pd(SHIFT));
+            let shifted = _mm256_fmadd_pd(xd, inv, shift);
+            let k = _mm256_castpd_si256(shifted);
+            let r = _mm256_fmsub_pd(xd, inv, _mm256_sub_pd(shifted, shift));
+            let at = _mm256_and_si256(k, _mm256_set1_epi64x(31));
+            let t = _mm256_i64gather_epi64::<8>(TABLE.as_ptr().cast(), at);
+            let s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64::<47>(k)));
+            let high = _mm256_fmadd_pd(_mm256_set1_pd(C[0]), r, _mm256_set1_pd(C[1]));
+            let low = _mm256_fmadd_pd(_mm256_set1_pd(C[2]), r, _mm256_set1_pd(1.0));
+            let y = _mm256_fmadd_pd(high, _mm256_mul_pd(r, r), low);
+            _mm256_cvtpd_ps(_mm256_mul_pd(y, s))
+        };
+        let mut eights = xs.chunks_exact_mut(8);
+        for x8 in eights.by_ref() {
+            let x = _mm256_loadu_ps(x8.as_ptr());
+            // NaN or above HIGHEST in any lane: the scalar routine; below LOWEST: 0.
+            if _mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(HIGHEST), _CMP_LE_OQ)) != 0xff {
+                super::expf::expf_all(x8);
+                continue;
+            }
+            let y = _mm256_set_m128(
+                four(_mm256_extractf128_ps::<1>(x)),
+                four(_mm256_castps256_ps128(x)),
+            );
+            let kept = _mm256_cmp_ps(x, _mm256_set1_ps(LOWEST), _CMP_GE_OQ);
+            _mm256_storeu_ps(x8.as_mut_ptr(), _mm256_and_ps(y, kept));
+        }
+        super::expf::expf_all(eights.into_remainder());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quant::f16_to_f32;
+
+    /// Eight lanes at a time, every lane as the scalar routine, across the ranges attention
+    /// sees (down to −inf) and past both ends, NaN included, in every lane position.
+    #[test]
+    fn avx2_exponential_equals_the_scalar_one() {
+        if !supported() {
+            return;
+        }
+        let mut xs: Vec<f32> = (0..200_000u32)
+            .map(|i| f32::from_bits(0xc2d0_0000u32.wrapping_sub(i.wrapping_mul(21_473))))
+            .chain((-1200..1000).map(|i| i as f32 / 10.0))
+            .chain([
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                f32::NAN,
+                -0.0,
+                0.0,
+                -103.97,
+                88.72,
+            ])
+            .collect();
+        xs.extend(
+            (0..8).flat_map(|lead| (0..8).map(move |l| if l == lead { f32::NAN } else { -1.0 })),
+        );
+        let mut want = xs.clone();
+        crate::kernels::expf::expf_all(&mut want);
+        // SAFETY: `supported()` checked the features.
+        unsafe { expf_all_avx2(&mut xs) };
+        for (got, want) in xs.iter().zip(&want) {
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{got} vs {want}"
+            );
+        }
+    }
 
     #[test]
     fn f16c_conversion_equals_the_reference_for_every_f16() {
