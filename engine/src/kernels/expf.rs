@@ -91,6 +91,39 @@ pub fn expf_all(xs: &mut [f32]) {
     }
 }
 
+/// Asserts that `simd` (a path computing `lanes` values at a time) gives [`expf_all`]'s bits
+/// across the ranges attention sees (down to −inf) and past both ends, with a NaN in every lane
+/// position.
+#[cfg(test)]
+pub fn assert_lanes_equal_the_scalar_routine(lanes: usize, simd: impl Fn(&mut [f32])) {
+    let mut xs: Vec<f32> = (0..200_000u32)
+        .map(|i| f32::from_bits(0xc2d0_0000u32.wrapping_sub(i.wrapping_mul(21_473))))
+        .chain((-1200..1000).map(|i| i as f32 / 10.0))
+        .chain([
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+            f32::NAN,
+            -0.0,
+            0.0,
+            -103.97,
+            88.72,
+        ])
+        .collect();
+    xs.extend(
+        (0..lanes)
+            .flat_map(|lead| (0..lanes).map(move |l| if l == lead { f32::NAN } else { -1.0 })),
+    );
+    let (mut got, mut want) = (xs.clone(), xs.clone());
+    simd(&mut got);
+    expf_all(&mut want);
+    for (x, (got, want)) in xs.iter().zip(got.iter().zip(&want)) {
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "e^{x}: {got} against {want}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
