@@ -1,7 +1,10 @@
 //! e^x for attention's softmax, rounded as glibc's `expf` rounds it on x86-64 (checked over
 //! every f32 from −104 to 88.7; on aarch64 glibc it differs at one input), written out so the
 //! SIMD paths can compute eight (or four) at once with the same bits. The reference's
-//! softmax called libm `expf` once per head and row, a sixth of a wide pass's attention.
+//! softmax called libm `expf` once per head and row, about a fifth of a wide pass's attention.
+//! It is not `scalar::expf_poly`, the SiLU's exponential: each follows what llama.cpp runs in
+//! that place (libm in flash attention, ggml's vector polynomial in SiLU), and they round
+//! differently.
 //!
 //! The method (glibc's, after Szabolcs Nagy's): `x·32/ln2 = k + r`, `e^x = 2^(k/32)·2^(r/32)`
 //! with `2^(k/32)` from a 32-entry table and `2^(r/32)` by a degree-3 polynomial, all in f64
