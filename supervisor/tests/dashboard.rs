@@ -190,6 +190,9 @@ fn normalised(status: &Value) -> Value {
         // Seconds since the engine became ready, computed when read: a read on either side of
         // a second's boundary differs by one.
         "/engine/uptime_s",
+        // The board's clock itself: this simulated board keeps no clock file, so it is the
+        // host's, read a moment apart (`close_in_time` checks the two reads agree).
+        "/clock/now_unix",
     ];
     for pointer in CHANGING {
         if let Some(value) = status.pointer_mut(pointer) {
@@ -197,6 +200,15 @@ fn normalised(status: &Value) -> Value {
         }
     }
     status
+}
+
+/// The clocks two status documents report, read a moment apart, are within a few seconds.
+fn close_in_time(a: &Value, b: &Value) {
+    let now = |s: &Value| s.pointer("/clock/now_unix").and_then(Value::as_u64);
+    let (Some(x), Some(y)) = (now(a), now(b)) else {
+        panic!("a status without /clock/now_unix: {a:#} or {b:#}")
+    };
+    assert!(x.abs_diff(y) <= 5, "clocks {x} and {y} read a moment apart");
 }
 
 /// Every JSON pointer at which `a` and `b` differ, with both values.
@@ -376,6 +388,7 @@ fn login_sessions_tokens_csrf_live_events_and_the_rate_limit() {
     // credential.
     let session: Value = serde_json::from_str(&by_session.body).expect("json");
     for (what, document) in [("by session", &session), ("by token", &api)] {
+        close_in_time(document, &cli);
         let differing = differences(&normalised(document), &normalised(&cli));
         assert!(
             differing.is_empty(),
