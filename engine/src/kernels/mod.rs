@@ -394,6 +394,10 @@ where
                 }
                 let cells = h * BLOCK_ROWS + span.start - b0..h * BLOCK_ROWS + span.end - b0;
                 (steps.exps)(&mut weights[cells.clone()]);
+                // By index on purpose: the same loop over zipped `iter_mut`s with
+                // `(*f, *w) = (*w, 1.0)` is miscompiled by rustc 1.95 (LLVM's loop vectorizer
+                // under AVX2, codegen-units 1 or 4, so release builds only): rescaling rows got
+                // factor 1. `scripts/test` runs these kernels' tests in the release profile too.
                 for r in span.start - b0..span.end - b0 {
                     let i = h * BLOCK_ROWS + r;
                     if *rescales >> r & 1 == 1 {
