@@ -42,14 +42,27 @@ struct PackedBlock {
     s: [f32; GROUP],
 }
 
+/// One row block's `dw·dy` for each column of a [`PackedBlock`].
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+struct Scales([f32; GROUP]);
+
 const CORRECTION: usize = offset_of!(PackedBlock, correction);
 const QS: usize = offset_of!(PackedBlock, qs);
 const D: usize = offset_of!(PackedBlock, d);
+
+/// Columns from which a row is walked twice (see [`tile!`]). `kbench`-style timing of a
+/// 1536 × 576 Q4_1 matrix, cycles per block of a row: 8 columns 15.9 → 14.2, 6 columns 12.4 →
+/// 11.7, 4 columns 9.5 → 9.4, 2 columns 6.8 → 7.5: below five the second walk costs what the
+/// multiplies did.
+const SCALED_FROM: usize = 5;
 
 thread_local! {
     /// Each pool thread's packed activations, kept between calls so the token loop does not
     /// allocate once the widest matrix has been seen.
     static PACKED: Cell<Vec<PackedBlock>> = const { Cell::new(Vec::new()) };
+    /// Each pool thread's [`Scales`] of one row, kept likewise.
+    static SCALES: Cell<Vec<Scales>> = const { Cell::new(Vec::new()) };
 }
 
 /// `bias ×` the sum of each four consecutive quants, negated.
@@ -73,9 +86,11 @@ unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
 
 /// One (row block, column `$j`) step: the lane sums from the column's correction, the biased
 /// weights `$w` against its quants, then `acc += (dw·dy) · lanes` as the reference does it.
+/// `dw·dy` is, by `$kind`, multiplied here from `dw` in the register `$scale`
+/// (`multiply`), or broadcast from the row block's [`Scales`] at `$scale` (`scaled`).
 macro_rules! step {
-    ($acc:ident, $j:literal, $p:ident, $w:ident, $dw:ident) => {
-        step_from!("vmovdqu {t}, ymmword ptr [{p} + {k}]", $acc, $j, $p, $w, $dw;
+    ($kind:ident, $acc:ident, $j:literal, $p:ident, $w:ident, $scale:ident) => {
+        step_from!($kind, "vmovdqu {t}, ymmword ptr [{p} + {k}]", $acc, $j, $p, $w, $scale;
             k = const CORRECTION + 32 * $j,)
     };
 }
@@ -83,14 +98,15 @@ macro_rules! step {
 /// [`step!`] for weights that need no bias (Q4_1's nibbles): the lane sums start from zero, a
 /// register idiom, where loading the column's correction (all zero) costs a load per step.
 macro_rules! step_unbiased {
-    ($acc:ident, $j:literal, $p:ident, $w:ident, $dw:ident) => {
-        step_from!("vpxor {t:x}, {t:x}, {t:x}", $acc, $j, $p, $w, $dw;)
+    ($kind:ident, $acc:ident, $j:literal, $p:ident, $w:ident, $scale:ident) => {
+        step_from!($kind, "vpxor {t:x}, {t:x}, {t:x}", $acc, $j, $p, $w, $scale;)
     };
 }
 
 /// The step after `$start` has set the lane sums `t`; `$operands` are what `$start` reads.
 macro_rules! step_from {
-    ($start:literal, $acc:ident, $j:literal, $p:ident, $w:ident, $dw:ident; $($operands:tt)*) => {
+    (multiply, $start:literal, $acc:ident, $j:literal, $p:ident, $w:ident, $dw:ident;
+     $($operands:tt)*) => {
         asm!(
             $start,
             "{{evex}} vpdpbusd {t}, {w}, ymmword ptr [{p} + {q}]",
@@ -109,31 +125,78 @@ macro_rules! step_from {
             options(pure, readonly, nostack, preserves_flags),
         )
     };
+    (scaled, $start:literal, $acc:ident, $j:literal, $p:ident, $w:ident, $scales:ident;
+     $($operands:tt)*) => {
+        asm!(
+            $start,
+            "{{evex}} vpdpbusd {t}, {w}, ymmword ptr [{p} + {q}]",
+            "vcvtdq2ps {t}, {t}",
+            "vfmadd231ps {acc}, {t}, dword ptr [{scales} + {d}]{{1to8}}",
+            p = in(reg) $p,
+            w = in(ymm_reg) $w,
+            scales = in(reg) $scales,
+            acc = inout(ymm_reg) $acc,
+            t = out(ymm_reg) _,
+            q = const QS + 32 * $j,
+            d = const 4 * $j,
+            $($operands)*
+            options(pure, readonly, nostack, preserves_flags),
+        )
+    };
 }
 
 /// One row against the packed columns `$j…` (their accumulators `$acc…`): the eight results,
 /// the reference's `hsum8(lanes) + offset sum` for the listed columns (the others stay 0).
+///
+/// From [`SCALED_FROM`] columns on, two walks along the row: the first takes each block's
+/// `dw·dy` for all its columns in one multiply into `$scales` (and Q4_1's offsets), the second
+/// does the dot products, and each column's step broadcasts its product from there, a load
+/// rather than a multiply of its own (the same products, so the same sums). The multiply per
+/// (block, column) shared the FMA pipes with the dot product and the accumulation. Stored a
+/// whole row ahead, the products are read from L1; broadcast right after their store they
+/// stalled on store forwarding (slower than the multiplies), as they did one block ahead.
 macro_rules! tile {
-    ($row:ident, $packed:ident, $bytes:expr, $bias:expr, $unpack:ident, $offset:expr;
-     $($acc:ident $j:literal),+) => {{
-        $( let mut $acc = _mm256_setzero_ps(); )+
+    ($row:ident, $packed:ident, $scales:ident, $bytes:expr, $bias:expr, $unpack:ident,
+     $offset:expr; $($acc:ident $j:literal),+) => {{
+        let scaled = [$($j),+].len() >= SCALED_FROM;
         let mut offsets = _mm256_setzero_ps();
-        for (block, p) in $row.chunks_exact($bytes).zip($packed) {
-            let (w, dm) = $unpack(block);
-            let dw = _mm256_broadcastss_ps(dm);
-            let p: *const PackedBlock = p;
-            if $bias == 0 {
-                $( step_unbiased!($acc, $j, p, w, dw); )+
-            } else {
-                $( step!($acc, $j, p, w, dw); )+
+        // Q4_1: every column's `m·s` sum in its own lane, in the reference's order.
+        let offset = |offsets: __m256, dm: __m128, p: &PackedBlock| {
+            _mm256_fmadd_ps(_mm256_set1_ps(second(dm)), _mm256_load_ps(p.s.as_ptr()), offsets)
+        };
+        if scaled {
+            for ((block, p), scales) in $row.chunks_exact($bytes).zip($packed).zip(&mut *$scales) {
+                let dm = f16_pair(block);
+                let products =
+                    _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_load_ps(p.d.as_ptr()));
+                _mm256_store_ps(scales.0.as_mut_ptr(), products);
+                if $offset {
+                    offsets = offset(offsets, dm, p);
+                }
             }
-            if $offset {
-                // Q4_1: every column's `m·s` sum in its own lane, in the reference's order.
-                offsets = _mm256_fmadd_ps(
-                    _mm256_set1_ps(second(dm)),
-                    _mm256_load_ps((*p).s.as_ptr()),
-                    offsets,
-                );
+        }
+        $( let mut $acc = _mm256_setzero_ps(); )+
+        for ((block, p), scales) in $row.chunks_exact($bytes).zip($packed).zip(&*$scales) {
+            let w = $unpack(block);
+            let pointer: *const PackedBlock = p;
+            if scaled {
+                let scales: *const f32 = scales.0.as_ptr();
+                if $bias == 0 {
+                    $( step_unbiased!(scaled, $acc, $j, pointer, w, scales); )+
+                } else {
+                    $( step!(scaled, $acc, $j, pointer, w, scales); )+
+                }
+            } else {
+                let dm = f16_pair(block);
+                let dw = _mm256_broadcastss_ps(dm);
+                if $bias == 0 {
+                    $( step_unbiased!(multiply, $acc, $j, pointer, w, dw); )+
+                } else {
+                    $( step!(multiply, $acc, $j, pointer, w, dw); )+
+                }
+                if $offset {
+                    offsets = offset(offsets, dm, p);
+                }
             }
         }
         let mut sums = [0f32; GROUP];
@@ -145,9 +208,9 @@ macro_rules! tile {
 }
 
 /// A batched kernel over rows × columns (the `RowsFn` contract), for a legacy quant whose
-/// blocks are `$bytes` long, unpacked by `$unpack` to unsigned values (value + `$bias`) and the
-/// f16 pair at the block's start (with `$offset`, Q4_1's d and m), with activations `$act` read by
-/// `$parts` as (d, s, qs).
+/// blocks are `$bytes` long and start with an f16 pair (with `$offset`, Q4_1's d and m), whose
+/// weights `$unpack` gives as unsigned values (value + `$bias`), with activations `$act` read
+/// by `$parts` as (d, s, qs).
 macro_rules! packed_rows {
     ($name:ident, $act:ty, $bytes:expr, $bias:expr, $offset:expr, $unpack:ident, $parts:expr) => {
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -175,6 +238,11 @@ macro_rules! packed_rows {
                 if buffer.len() < blocks {
                     buffer.resize(blocks, PackedBlock::default());
                 }
+                let mut row_scales = SCALES.take();
+                if row_scales.len() < blocks {
+                    row_scales.resize(blocks, Scales::default());
+                }
+                let scales = &mut row_scales[..blocks];
                 for c0 in (0..columns).step_by(GROUP) {
                     let group = (columns - c0).min(GROUP);
                     for (i, p) in buffer[..blocks].iter_mut().enumerate() {
@@ -198,17 +266,17 @@ macro_rules! packed_rows {
                         // waited on memory (a 2-token pass cost 1.7 single ones, 1.2 with).
                         prefetch_rows(w, row_bytes, r + 2, 1);
                         let results = match group {
-                            1 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0),
-                            2 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1),
-                            3 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2),
-                            4 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2, a3 3),
-                            5 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
+                            1 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset; a0 0),
+                            2 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset; a0 0, a1 1),
+                            3 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2),
+                            4 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2, a3 3),
+                            5 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4),
-                            6 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
+                            6 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5),
-                            7 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
+                            7 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5, a6 6),
-                            _ => tile!(row, packed, $bytes, $bias, $unpack, $offset;
+                            _ => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5, a6 6, a7 7),
                         };
                         for (j, result) in results[..group].iter().enumerate() {
@@ -217,6 +285,7 @@ macro_rules! packed_rows {
                     }
                 }
                 PACKED.set(buffer);
+                SCALES.set(row_scales);
             }
         }
     };
@@ -225,40 +294,37 @@ macro_rules! packed_rows {
 /// Q4_0: nibbles are value + 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_unsigned(b: &[u8]) -> (__m256i, __m128) {
+unsafe fn q4_0_unsigned(b: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe { (nibbles(&b[2..]), f16_pair(b)) }
+    unsafe { nibbles(&b[2..]) }
 }
 
-/// Q4_1: the nibbles themselves; the f16 pair is (d, m).
+/// Q4_1: the nibbles themselves (the f16 pair before them is d and m).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_unsigned(b: &[u8]) -> (__m256i, __m128) {
+unsafe fn q4_1_unsigned(b: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe { (nibbles(&b[4..]), f16_pair(b)) }
+    unsafe { nibbles(&b[4..]) }
 }
 
 /// Q5_0: nibble | fifth bit << 4 is value + 16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0_unsigned(b: &[u8]) -> (__m256i, __m128) {
+unsafe fn q5_0_unsigned(b: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
         let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
         let high = _mm256_and_si256(super::bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        (_mm256_or_si256(nibbles(&b[6..]), high), f16_pair(b))
+        _mm256_or_si256(nibbles(&b[6..]), high)
     }
 }
 
 /// Q8_0: flipping the sign bit is value + 128.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_unsigned(b: &[u8]) -> (__m256i, __m128) {
+unsafe fn q8_0_unsigned(b: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let flipped = _mm256_xor_si256(load32(&b[2..]), _mm256_set1_epi8(0x80u8 as i8));
-        (flipped, f16_pair(b))
-    }
+    unsafe { _mm256_xor_si256(load32(&b[2..]), _mm256_set1_epi8(0x80u8 as i8)) }
 }
 
 fn q8_0_parts(y: &BlockQ8_0) -> (f32, f32, &[i8; 32]) {
