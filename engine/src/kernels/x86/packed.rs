@@ -51,10 +51,11 @@ const CORRECTION: usize = offset_of!(PackedBlock, correction);
 const QS: usize = offset_of!(PackedBlock, qs);
 const D: usize = offset_of!(PackedBlock, d);
 
-/// Columns from which a row is walked twice (see [`tile!`]). `kbench`-style timing of a
-/// 1536 × 576 Q4_1 matrix, cycles per block of a row: 8 columns 15.9 → 14.2, 6 columns 12.4 →
-/// 11.7, 4 columns 9.5 → 9.4, 2 columns 6.8 → 7.5: below five the second walk costs what the
-/// multiplies did.
+/// Columns from which a row is walked twice (see [`tile!`]). Timing the kernel alone on a
+/// 1536 × 576 Q4_1 matrix (Zen 4, cycles per block of a row, a timing loop not kept), always
+/// walking twice: 8 columns 15.9 → 14.2, 6 columns 12.4 → 11.7, 4 columns 9.5 → 9.4, 2 columns
+/// 6.8 → 7.5. Below five the second walk costs what the multiplies did. Whole passes:
+/// BENCHMARKS.md (`engine bench --batch`).
 const SCALED_FROM: usize = 5;
 
 thread_local! {
