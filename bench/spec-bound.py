@@ -13,7 +13,10 @@ With `--replay`, it also replays the same answers and costs through the planner 
 (`engine/examples/spec_replay.rs`): the share of the bound the planner gets, free of the
 machine's noise that a served benchmark carries.
 
-Usage: bench/spec-bound.py ENGINE MODEL [-t THREADS] [-n 128] [--replay]
+Usage: bench/spec-bound.py ENGINE MODEL [-t THREADS] [-n 128] [-d 64] [--chats bench|held-out] [--replay]
+(`-d`: positions already in the cache when the pass costs are timed, as `engine bench -d`; the
+quoting chats' answers start 120–260 positions in and run 128 more. `--chats held-out`: the
+sets the planner was not tuned on, `spec_prompts.HELD_OUT`.)
 (`--replay` builds the example: `cargo build --release -p engine --example spec_replay`)
 """
 import argparse
@@ -22,7 +25,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, "bench")
-from spec_prompts import SETS  # noqa: E402
+from spec_prompts import HELD_OUT, SETS  # noqa: E402
 
 MAX_DRAFT = 16
 MATCH_MAX = 64
@@ -68,8 +71,13 @@ def main():
     ap.add_argument("model")
     ap.add_argument("-t", "--threads", default="1")
     ap.add_argument("-n", "--n-predict", type=int, default=128)
+    ap.add_argument("-d", "--depth", type=int, default=64,
+                    help="positions in the cache when pass costs are timed (engine bench -d; 64 at least)")
+    ap.add_argument("--chats", choices=["bench", "held-out"], default="bench",
+                    help="the benchmark's chats, or the held-out ones the planner was not tuned on")
     ap.add_argument("--replay", action="store_true", help="also replay through the planner as built")
     args = ap.parse_args()
+    sets = SETS if args.chats == "bench" else HELD_OUT
     replay = None
     if args.replay:
         subprocess.run(["cargo", "build", "--release", "--locked", "-p", "engine", "--example", "spec_replay"],
@@ -78,12 +86,12 @@ def main():
     widths = list(range(1, MAX_DRAFT + 2))
     rows = json.loads(subprocess.run(
         [args.engine, "bench", "-m", args.model, "-p", "0", "-n", "0", "-t", args.threads, "-r", "5",
-         "--batch", ",".join(map(str, widths)), "--json"],
+         "-d", str(args.depth), "--batch", ",".join(map(str, widths)), "--json"],
         check=True, capture_output=True, text=True).stdout)
     ms = {row["n_batch"]: row["avg_ms"] for row in rows if row.get("n_batch")}
     cost = [ms[m] / ms[1] for m in widths]
     print(f"pass costs (steps) for 2, 4, 8, 16 tokens: {cost[1]:.2f}, {cost[3]:.2f}, {cost[7]:.2f}, {cost[15]:.2f}")
-    for name, prompts in SETS.items():
+    for name, prompts in sets.items():
         gains, chats = [], []
         for prompt in prompts:
             out = json.loads(subprocess.run(
