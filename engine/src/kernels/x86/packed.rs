@@ -9,9 +9,11 @@
 //! correction. The activations of up to eight columns are first repacked, block by block, into
 //! one [`PackedBlock`], so a single pointer with fixed displacements reaches all of them, and a
 //! block's step is one load (of the correction; Q4_1, unbiased, zeroes a register instead), one
-//! `vpdpbusd` and three float operations (the scale product with the activation scale broadcast
-//! from memory). Q4_1's offset terms of the eight columns sit
-//! side by side too, so one vector FMA updates all eight.
+//! `vpdpbusd` and three float operations (the conversion, the scale product with the activation
+//! scale broadcast from memory, the accumulation). From five columns on the scale products of
+//! all columns are one multiply per block, made in a walk of their own, and the step has two
+//! float operations (see [`tile!`]). Q4_1's offset terms of the eight columns sit side by side
+//! too, so one vector FMA updates all eight.
 //!
 //! Every (row, column) still sums the scalar reference's lanes in its order: integer sums are
 //! exact whatever the route, and the float steps are the reference's, one for one.
