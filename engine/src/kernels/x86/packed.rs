@@ -42,16 +42,15 @@ struct PackedBlock {
     d: [f32; GROUP],
     /// Per column, Q8_1's `d·Σq` (zero for Q8_0).
     s: [f32; GROUP],
+    /// Per column, `dw·d` for the weight block of the row being walked (see [`tile!`]):
+    /// rewritten for every row, read only by that row's steps.
+    products: [f32; GROUP],
 }
-
-/// One row block's `dw·dy` for each column of a [`PackedBlock`].
-#[derive(Clone, Copy, Default)]
-#[repr(C, align(32))]
-struct Scales([f32; GROUP]);
 
 const CORRECTION: usize = offset_of!(PackedBlock, correction);
 const QS: usize = offset_of!(PackedBlock, qs);
 const D: usize = offset_of!(PackedBlock, d);
+const PRODUCTS: usize = offset_of!(PackedBlock, products);
 
 /// Columns from which a row is walked twice (see [`tile!`]). Timing the kernel alone on a
 /// 1536 × 576 Q4_1 matrix (Zen 4, cycles per block of a row, a timing loop not kept), always
@@ -64,8 +63,6 @@ thread_local! {
     /// Each pool thread's packed activations, kept between calls so the token loop does not
     /// allocate once the widest matrix has been seen.
     static PACKED: Cell<Vec<PackedBlock>> = const { Cell::new(Vec::new()) };
-    /// Each pool thread's [`Scales`] of one row, kept likewise.
-    static SCALES: Cell<Vec<Scales>> = const { Cell::new(Vec::new()) };
 }
 
 /// `bias ×` the sum of each four consecutive quants, negated.
@@ -89,11 +86,11 @@ unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
 
 /// One (row block, column `$j`) step: the lane sums from the column's correction, the biased
 /// weights `$w` against its quants, then `acc += (dw·dy) · lanes` as the reference does it.
-/// `dw·dy` is, by `$kind`, multiplied here from `dw` in the register `$scale`
-/// (`multiply`), or broadcast from the row block's [`Scales`] at `$scale` (`scaled`).
+/// `dw·dy` is, by `$kind`, multiplied here from `dw` in the register `$dw` (`multiply`), or
+/// broadcast from the block's `products` (`scaled`, which takes no `$dw`).
 macro_rules! step {
-    ($kind:ident, $acc:ident, $j:literal, $p:ident, $w:ident, $scale:ident) => {
-        step_from!($kind, "vmovdqu {t}, ymmword ptr [{p} + {k}]", $acc, $j, $p, $w, $scale;
+    ($kind:ident, $acc:ident, $j:literal, $p:ident, $w:ident $(, $dw:ident)?) => {
+        step_from!($kind, "vmovdqu {t}, ymmword ptr [{p} + {k}]", $acc, $j, $p, $w $(, $dw)?;
             k = const CORRECTION + 32 * $j,)
     };
 }
@@ -101,8 +98,8 @@ macro_rules! step {
 /// [`step!`] for weights that need no bias (Q4_1's nibbles): the lane sums start from zero, a
 /// register idiom, where loading the column's correction (all zero) costs a load per step.
 macro_rules! step_unbiased {
-    ($kind:ident, $acc:ident, $j:literal, $p:ident, $w:ident, $scale:ident) => {
-        step_from!($kind, "vpxor {t:x}, {t:x}, {t:x}", $acc, $j, $p, $w, $scale;)
+    ($kind:ident, $acc:ident, $j:literal, $p:ident, $w:ident $(, $dw:ident)?) => {
+        step_from!($kind, "vpxor {t:x}, {t:x}, {t:x}", $acc, $j, $p, $w $(, $dw)?;)
     };
 }
 
@@ -128,20 +125,19 @@ macro_rules! step_from {
             options(pure, readonly, nostack, preserves_flags),
         )
     };
-    (scaled, $start:literal, $acc:ident, $j:literal, $p:ident, $w:ident, $scales:ident;
+    (scaled, $start:literal, $acc:ident, $j:literal, $p:ident, $w:ident;
      $($operands:tt)*) => {
         asm!(
             $start,
             "{{evex}} vpdpbusd {t}, {w}, ymmword ptr [{p} + {q}]",
             "vcvtdq2ps {t}, {t}",
-            "vfmadd231ps {acc}, {t}, dword ptr [{scales} + {d}]{{1to8}}",
+            "vfmadd231ps {acc}, {t}, dword ptr [{p} + {d}]{{1to8}}",
             p = in(reg) $p,
             w = in(ymm_reg) $w,
-            scales = in(reg) $scales,
             acc = inout(ymm_reg) $acc,
             t = out(ymm_reg) _,
             q = const QS + 32 * $j,
-            d = const 4 * $j,
+            d = const PRODUCTS + 4 * $j,
             $($operands)*
             options(pure, readonly, nostack, preserves_flags),
         )
@@ -152,15 +148,15 @@ macro_rules! step_from {
 /// the reference's `hsum8(lanes) + offset sum` for the listed columns (the others stay 0).
 ///
 /// From [`SCALED_FROM`] columns on, two walks along the row: the first takes each block's
-/// `dw·dy` for all its columns in one multiply into `$scales` (and Q4_1's offsets), the second
-/// does the dot products, and each column's step broadcasts its product from there, a load
+/// `dw·dy` for all its columns in one multiply into the packed block (and Q4_1's offsets), the
+/// second does the dot products, and each column's step broadcasts its product from there, a load
 /// rather than a multiply of its own (the same products, so the same sums). The multiply per
 /// (block, column) shared the FMA pipes with the dot product and the accumulation. Stored a
 /// whole row ahead, the products are read from L1; broadcast right after their store they
 /// stalled on store forwarding (slower than the multiplies), as they did one block ahead.
 macro_rules! tile {
-    ($row:ident, $packed:ident, $scales:ident, $bytes:expr, $bias:expr, $unpack:ident,
-     $offset:expr; $($acc:ident $j:literal),+) => {{
+    ($row:ident, $packed:ident, $bytes:expr, $bias:expr, $unpack:ident, $offset:expr;
+     $($acc:ident $j:literal),+) => {{
         let scaled = [$($j),+].len() >= SCALED_FROM;
         let mut offsets = _mm256_setzero_ps();
         // Q4_1: every column's `m·s` sum in its own lane, in the reference's order.
@@ -168,26 +164,25 @@ macro_rules! tile {
             _mm256_fmadd_ps(_mm256_set1_ps(second(dm)), _mm256_load_ps(p.s.as_ptr()), offsets)
         };
         if scaled {
-            for ((block, p), scales) in $row.chunks_exact($bytes).zip($packed).zip(&mut *$scales) {
+            for (block, p) in $row.chunks_exact($bytes).zip($packed.iter_mut()) {
                 let dm = f16_pair(block);
                 let products =
                     _mm256_mul_ps(_mm256_broadcastss_ps(dm), _mm256_load_ps(p.d.as_ptr()));
-                _mm256_store_ps(scales.0.as_mut_ptr(), products);
+                _mm256_store_ps(p.products.as_mut_ptr(), products);
                 if $offset {
                     offsets = offset(offsets, dm, p);
                 }
             }
         }
         $( let mut $acc = _mm256_setzero_ps(); )+
-        for ((block, p), scales) in $row.chunks_exact($bytes).zip($packed).zip(&*$scales) {
+        for (block, p) in $row.chunks_exact($bytes).zip($packed.iter()) {
             let w = $unpack(block);
             let pointer: *const PackedBlock = p;
             if scaled {
-                let scales: *const f32 = scales.0.as_ptr();
                 if $bias == 0 {
-                    $( step_unbiased!(scaled, $acc, $j, pointer, w, scales); )+
+                    $( step_unbiased!(scaled, $acc, $j, pointer, w); )+
                 } else {
-                    $( step!(scaled, $acc, $j, pointer, w, scales); )+
+                    $( step!(scaled, $acc, $j, pointer, w); )+
                 }
             } else {
                 let dm = f16_pair(block);
@@ -241,11 +236,6 @@ macro_rules! packed_rows {
                 if buffer.len() < blocks {
                     buffer.resize(blocks, PackedBlock::default());
                 }
-                let mut row_scales = SCALES.take();
-                if row_scales.len() < blocks {
-                    row_scales.resize(blocks, Scales::default());
-                }
-                let scales = &mut row_scales[..blocks];
                 for c0 in (0..columns).step_by(GROUP) {
                     let group = (columns - c0).min(GROUP);
                     for (i, p) in buffer[..blocks].iter_mut().enumerate() {
@@ -262,24 +252,24 @@ macro_rules! packed_rows {
                             }
                         }
                     }
-                    let packed = &buffer[..blocks];
+                    let packed = &mut buffer[..blocks];
                     for r in 0..n_rows {
                         let row = &w[r * row_bytes..(r + 1) * row_bytes];
                         // Rows are short (hundreds of bytes): without asking ahead, each one
                         // waited on memory (a 2-token pass cost 1.7 single ones, 1.2 with).
                         prefetch_rows(w, row_bytes, r + 2, 1);
                         let results = match group {
-                            1 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset; a0 0),
-                            2 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset; a0 0, a1 1),
-                            3 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2),
-                            4 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2, a3 3),
-                            5 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset;
+                            1 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0),
+                            2 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1),
+                            3 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2),
+                            4 => tile!(row, packed, $bytes, $bias, $unpack, $offset; a0 0, a1 1, a2 2, a3 3),
+                            5 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4),
-                            6 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset;
+                            6 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5),
-                            7 => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset;
+                            7 => tile!(row, packed, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5, a6 6),
-                            _ => tile!(row, packed, scales, $bytes, $bias, $unpack, $offset;
+                            _ => tile!(row, packed, $bytes, $bias, $unpack, $offset;
                                 a0 0, a1 1, a2 2, a3 3, a4 4, a5 5, a6 6, a7 7),
                         };
                         for (j, result) in results[..group].iter().enumerate() {
@@ -288,7 +278,6 @@ macro_rules! packed_rows {
                     }
                 }
                 PACKED.set(buffer);
-                SCALES.set(row_scales);
             }
         }
     };
