@@ -15,7 +15,7 @@ machine's noise that a served benchmark carries.
 
 Usage: bench/spec-bound.py ENGINE MODEL [-t THREADS] [-n 128] [-d 64] [--chats bench|held-out] [--replay]
 (`-d`: positions already in the cache when the pass costs are timed, as `engine bench -d`; the
-quoting chats' answers start 120–260 positions in and run 128 more. `--chats held-out`: the
+quoting chats' answers start 118–262 positions in and run 128 more. `--chats held-out`: the
 sets the planner was not tuned on, `spec_prompts.HELD_OUT`.)
 (`--replay` builds the example: `cargo build --release -p engine --example spec_replay`)
 """
