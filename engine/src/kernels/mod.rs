@@ -1178,6 +1178,39 @@ mod tests {
         }
     }
 
+    /// Every weight and activation at its extreme, so each lane sums four of the largest
+    /// products a block can hold (Q8_0: −128 · −127): the batched kernels take a lane sum to
+    /// float by adding it to 1.5·2²³ (exact below 2²²), and this is the largest they meet.
+    #[test]
+    fn largest_lane_sums_match_the_scalar_reference_on_every_isa() {
+        for isa in Isa::available() {
+            for name in ["Q4_0", "Q4_1", "Q5_0", "Q8_0"] {
+                let ty = tensor_type(name);
+                let scalar = row_dot(&ty, Isa::Scalar).expect("scalar");
+                let kernel = row_dot(&ty, isa).expect("kernel");
+                for fill in [0x00u8, 0xff, 0x80, 0x7f, 0x0f, 0xf0] {
+                    let mut rows = vec![fill; 5 * 24 * ty.block_bytes as usize];
+                    for block in rows.chunks_exact_mut(ty.block_bytes as usize) {
+                        block[..2].copy_from_slice(&f32_to_f16(0.01).to_le_bytes());
+                    }
+                    for (columns, sign) in [(1, 1.0), (2, -1.0), (5, -1.0), (8, 1.0), (9, -1.0)] {
+                        let xs: Vec<f32> = (0..768 * columns)
+                            .map(|i| if i % 64 < 32 { sign * 3.0 } else { -sign * 3.0 })
+                            .collect();
+                        let reference = run_rows(scalar, &rows, 5, &xs, columns);
+                        let got = run_rows(kernel, &rows, 5, &xs, columns);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&reference),
+                            "{name} filled with {fill:#x}, {columns} columns on {isa:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn silu_matches_the_scalar_reference_on_every_isa() {
         // Ordinary values, the saturating range past ±88 and beyond, zeros and a ragged tail.

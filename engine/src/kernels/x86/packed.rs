@@ -8,12 +8,18 @@
 //! four activations is subtracted exactly by starting the lane sums from a precomputed
 //! correction. The activations of up to eight columns are first repacked, block by block, into
 //! one [`PackedBlock`], so a single pointer with fixed displacements reaches all of them, and a
-//! block's step is one load (of the correction; Q4_1, unbiased, zeroes a register instead), one
-//! `vpdpbusd` and three float operations (the conversion, the scale product with the activation
-//! scale broadcast from memory, the accumulation). From five columns on the scale products of
-//! all columns are one multiply per block, made in a walk of their own, and the step has two
-//! float operations (see [`tile!`]). Q4_1's offset terms of the eight columns sit side by side
-//! too, so one vector FMA updates all eight.
+//! block's step is one load (of the correction; Q4_1, unbiased, copies a register instead), one
+//! `vpdpbusd` and three float operations (the lane sums to float, the scale product with the
+//! activation scale broadcast from memory, the accumulation). From five columns on the scale
+//! products of all columns are one multiply per block, made in a walk of their own, and the
+//! step has two float operations (see [`tile!`]). Q4_1's offset terms of the eight columns sit
+//! side by side too, so one vector FMA updates all eight.
+//!
+//! The lane sums become floats without a conversion: they start from [`MAGIC`] (folded into
+//! the correction), and one subtraction on the FP add pipes leaves each sum as a float. On Zen
+//! 4 `vcvtdq2ps` shares the two pipes that `vpdpbusd` and the FMA keep busy, the subtraction
+//! does not: 8 columns of Q4_1 22.8 → 19.0 cycles per block, Q8_0 21.5 → 17.8 (a timing loop
+//! not kept; whole passes in BENCHMARKS.md).
 //!
 //! Every (row, column) still sums the scalar reference's lanes in its order: integer sums are
 //! exact whatever the route, and the float steps are the reference's, one for one.
@@ -33,8 +39,9 @@ const GROUP: usize = 8;
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(32))]
 struct PackedBlock {
-    /// Per column, where its eight lane sums start: −bias × the sum of each lane's four
-    /// activations, so the biased weights' sums come out as the signed weights' sums.
+    /// Per column, where its eight lane sums start: [`MAGIC`] − bias × the sum of each lane's
+    /// four activations, so the biased weights' sums come out as the signed weights' sums,
+    /// ready to be taken to float (unused for Q4_1).
     correction: [[i32; 8]; GROUP],
     /// Per column, the 32 quants.
     qs: [[i8; 32]; GROUP],
@@ -65,7 +72,8 @@ thread_local! {
     static PACKED: Cell<Vec<PackedBlock>> = const { Cell::new(Vec::new()) };
 }
 
-/// `bias ×` the sum of each four consecutive quants, negated.
+/// `bias ×` the sum of each four consecutive quants, negated, plus [`MAGIC`]: where a biased
+/// step's lane sums start.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
@@ -80,8 +88,23 @@ unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
             qs = in(reg) qs.as_ptr(),
             options(pure, readonly, nostack, preserves_flags),
         );
-        _mm256_sub_epi32(_mm256_setzero_si256(), sums)
+        _mm256_sub_epi32(_mm256_set1_epi32(MAGIC), sums)
     }
+}
+
+/// The bits of 1.5·2²³, to which a lane sum `s` is added as an integer: for |s| < 2²² the bits
+/// are those of the float 1.5·2²³ + s (its unit in the last place is 1), and subtracting
+/// [`magic`] leaves `s`, the float `vcvtdq2ps` gives, +0 for 0 included. A lane here sums four
+/// products of at most 128 · 128 (65,536), far inside that range; the kernel test
+/// `largest_lane_sums_match_the_scalar_reference_on_every_isa` fills blocks with the extremes.
+const MAGIC: i32 = 0x4B40_0000;
+
+/// [`MAGIC`] as eight f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn magic() -> __m256 {
+    // SAFETY: the caller guarantees the CPU features.
+    unsafe { _mm256_castsi256_ps(_mm256_set1_epi32(MAGIC)) }
 }
 
 /// One (row block, column `$j`) step: the lane sums from the column's correction, the biased
@@ -95,11 +118,12 @@ macro_rules! step {
     };
 }
 
-/// [`step!`] for weights that need no bias (Q4_1's nibbles): the lane sums start from zero, a
-/// register idiom, where loading the column's correction (all zero) costs a load per step.
+/// [`step!`] for weights that need no bias (Q4_1's nibbles): the lane sums start from
+/// [`MAGIC`] copied from a register, where loading the column's correction (just [`MAGIC`])
+/// costs a load per step.
 macro_rules! step_unbiased {
     ($kind:ident, $acc:ident, $j:literal, $p:ident, $w:ident $(, $dw:ident)?) => {
-        step_from!($kind, "vpxor {t:x}, {t:x}, {t:x}", $acc, $j, $p, $w $(, $dw)?;)
+        step_from!($kind, "vmovaps {t}, {magic}", $acc, $j, $p, $w $(, $dw)?;)
     };
 }
 
@@ -110,10 +134,11 @@ macro_rules! step_from {
         asm!(
             $start,
             "{{evex}} vpdpbusd {t}, {w}, ymmword ptr [{p} + {q}]",
-            "vcvtdq2ps {t}, {t}",
+            "vsubps {t}, {t}, {magic}",
             "vmulps {s}, {dw}, dword ptr [{p} + {d}]{{1to8}}",
             "vfmadd231ps {acc}, {s}, {t}",
             p = in(reg) $p,
+            magic = in(ymm_reg) magic(),
             w = in(ymm_reg) $w,
             dw = in(ymm_reg) $dw,
             acc = inout(ymm_reg) $acc,
@@ -130,9 +155,10 @@ macro_rules! step_from {
         asm!(
             $start,
             "{{evex}} vpdpbusd {t}, {w}, ymmword ptr [{p} + {q}]",
-            "vcvtdq2ps {t}, {t}",
+            "vsubps {t}, {t}, {magic}",
             "vfmadd231ps {acc}, {t}, dword ptr [{p} + {d}]{{1to8}}",
             p = in(reg) $p,
+            magic = in(ymm_reg) magic(),
             w = in(ymm_reg) $w,
             acc = inout(ymm_reg) $acc,
             t = out(ymm_reg) _,
