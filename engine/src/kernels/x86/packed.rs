@@ -16,10 +16,11 @@
 //! side by side too, so one vector FMA updates all eight.
 //!
 //! The lane sums become floats without a conversion: they start from [`MAGIC`] (folded into
-//! the correction), and one subtraction on the FP add pipes leaves each sum as a float. On Zen
-//! 4 `vcvtdq2ps` shares the two pipes that `vpdpbusd` and the FMA keep busy, the subtraction
-//! does not: 8 columns of Q4_1 22.8 → 19.0 cycles per block, Q8_0 21.5 → 17.8 (a timing loop
-//! not kept; whole passes in BENCHMARKS.md).
+//! the correction), and one subtraction leaves each sum as a float. On the Xeon this was
+//! measured on (Emerald Rapids) `vcvtdq2ps` shares the two ports that `vpdpbusd` and the FMA
+//! keep busy, while an add or subtract can also go to a third: 8 columns of Q4_1 22.8 → 19.0
+//! time units per block, Q8_0 21.5 → 17.8 (a timing loop not kept; whole passes in
+//! BENCHMARKS.md).
 //!
 //! Every (row, column) still sums the scalar reference's lanes in its order: integer sums are
 //! exact whatever the route, and the float steps are the reference's, one for one.
