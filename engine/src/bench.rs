@@ -4,6 +4,7 @@
 //! With a speculation plan it also decodes greedily from a real prompt, plain and with n-gram
 //! speculation in alternating repetitions, so the two rows compare on the same machine state.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -64,6 +65,47 @@ pub struct Row {
     /// For speculative rows: tokens drafted and drafted tokens accepted, over all repetitions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drafts: Option<(usize, usize)>,
+    /// For greedy decoding rows: the passes run, by width, over all repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passes: Option<Vec<LoopPasses>>,
+}
+
+/// The passes of one width in greedy decoding runs, timed in the loop: from the end of the
+/// pass before to the end of this one, so the choice of tokens and the drafting between them
+/// count too. A pass timed alone (`--batch`) leaves out what the loop does to it; comparing
+/// the one-token passes of the plain and the speculative row shows that.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoopPasses {
+    /// Tokens per pass (the pending token and the drafted ones).
+    pub tokens: usize,
+    /// Passes of this width.
+    pub count: usize,
+    /// Mean milliseconds per pass.
+    pub avg_ms: f64,
+}
+
+/// The `ms/pass` cell of a greedy row: one-token passes, and the wider ones together as
+/// "ms (mean tokens per pass)".
+pub fn loop_summary(passes: &[LoopPasses]) -> String {
+    let mut parts = Vec::new();
+    for wide in [false, true] {
+        let (count, tokens, ms) =
+            passes
+                .iter()
+                .filter(|p| (p.tokens > 1) == wide)
+                .fold((0, 0, 0.0), |(c, t, m), p| {
+                    (
+                        c + p.count,
+                        t + p.count * p.tokens,
+                        m + p.count as f64 * p.avg_ms,
+                    )
+                });
+        if count > 0 {
+            let c = count as f64;
+            parts.push(format!("{:.2} ({:.1})", ms / c, tokens as f64 / c));
+        }
+    }
+    parts.join(" · ")
 }
 
 impl Row {
@@ -181,37 +223,57 @@ fn measure(
 }
 
 /// Greedy choices for every one of the wanted tokens (an end-of-generation token does not end
-/// a timed run, as llama-bench's generation does not stop either).
-struct Greedy(Sampler);
+/// a timed run, as llama-bench's generation does not stop either), and the time of each pass
+/// in the loop.
+struct Greedy<'p> {
+    sampler: Sampler,
+    /// End of the last pass (or the start of decoding).
+    since: Instant,
+    /// By tokens per pass: passes and their seconds.
+    passes: &'p mut BTreeMap<usize, (usize, f64)>,
+}
 
-impl Sink for Greedy {
+impl Sink for Greedy<'_> {
     fn choose(&mut self, logits: &[f32], history: &[u32]) -> Result<Option<u32>, String> {
-        Ok(Some(self.0.next(logits, history)))
+        Ok(Some(self.sampler.next(logits, history)))
     }
 
     fn emit(&mut self, _token: u32, _history: &[u32]) -> Result<bool, String> {
         Ok(true)
     }
+
+    fn passed(&mut self, tokens: usize, _len: usize) {
+        let now = Instant::now();
+        let width = self.passes.entry(tokens).or_insert((0, 0.0));
+        width.0 += 1;
+        width.1 += now.duration_since(self.since).as_secs_f64();
+        self.since = now;
+    }
 }
 
-/// Seconds to decode `n` tokens greedily after `prompt` (its prefill not timed), the tokens,
-/// and with `speculation` what it drafted.
+/// Seconds to decode `n` tokens greedily after `prompt` (its prefill not timed) and the
+/// tokens; with `speculation` what it drafted. Each pass is added to `passes` by width.
 fn timed_decode(
     model: &Model<'_>,
     prompt: &[u32],
     n: usize,
     threads: usize,
     speculation: Option<&mut Speculation>,
+    passes: &mut BTreeMap<usize, (usize, f64)>,
 ) -> Result<(f64, Vec<u32>), String> {
     let context = prompt.len() + n;
     let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
     model.forward(prompt, 0, &mut cache, Logits::Last)?;
     let mut history = prompt.to_vec();
-    let mut sink = Greedy(Sampler::new(Sampling {
-        temperature: 0.0,
-        ..Sampling::default()
-    }));
     let start = Instant::now();
+    let mut sink = Greedy {
+        sampler: Sampler::new(Sampling {
+            temperature: 0.0,
+            ..Sampling::default()
+        }),
+        since: start,
+        passes,
+    };
     speculate::decode(
         model,
         &mut cache,
@@ -239,14 +301,22 @@ fn greedy_rows(
     }
     let costs = Costs::measure(model, threads)?;
     let fresh = || Speculation::new(speculate::MAX_DRAFT, 0, costs.clone());
-    let (_, expected) = timed_decode(model, prompt, n, threads, None)?; // warm-up
+    let (_, expected) = timed_decode(model, prompt, n, threads, None, &mut BTreeMap::new())?; // warm-up
     let (mut plain, mut spec) = (Vec::new(), Vec::new());
+    let (mut plain_passes, mut spec_passes) = (BTreeMap::new(), BTreeMap::new());
     let mut drafts = (0, 0);
     for _ in 0..repetitions.max(1) {
-        let (seconds, _) = timed_decode(model, prompt, n, threads, None)?;
+        let (seconds, _) = timed_decode(model, prompt, n, threads, None, &mut plain_passes)?;
         plain.push(n as f64 / seconds);
         let mut speculation = fresh();
-        let (seconds, tokens) = timed_decode(model, prompt, n, threads, Some(&mut speculation))?;
+        let (seconds, tokens) = timed_decode(
+            model,
+            prompt,
+            n,
+            threads,
+            Some(&mut speculation),
+            &mut spec_passes,
+        )?;
         if tokens != expected {
             return Err(format!(
                 "speculative decoding chose different tokens than plain decoding on {threads} \
@@ -257,8 +327,16 @@ fn greedy_rows(
         let (drafted, accepted) = speculation.drafts();
         drafts = (drafts.0 + drafted, drafts.1 + accepted);
     }
-    let row = |samples_ts: Vec<f64>, speculative: bool| {
+    let row = |samples_ts: Vec<f64>, speculative: bool, passes: BTreeMap<usize, (usize, f64)>| {
         let (avg_ts, stddev_ts) = spread(&samples_ts);
+        let passes = passes
+            .into_iter()
+            .map(|(tokens, (count, seconds))| LoopPasses {
+                tokens,
+                count,
+                avg_ms: seconds * 1e3 / count.max(1) as f64,
+            })
+            .collect();
         Row {
             n_prompt: prompt.len(),
             n_gen: n,
@@ -271,9 +349,13 @@ fn greedy_rows(
             samples_ts,
             speculative: Some(speculative),
             drafts: speculative.then_some(drafts),
+            passes: Some(passes),
         }
     };
-    Ok([row(plain, false), row(spec, true)])
+    Ok([
+        row(plain, false, plain_passes),
+        row(spec, true, spec_passes),
+    ])
 }
 
 /// Runs the plan: for each thread count and depth, the prompt row then the generation row.
@@ -311,6 +393,7 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
                 samples_ts,
                 speculative: None,
                 drafts: None,
+                passes: None,
             });
         }
         let mut pass_depths: Vec<usize> = Vec::new();
@@ -349,6 +432,7 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
                 samples_ts,
                 speculative: None,
                 drafts: None,
+                passes: None,
             });
         }
         if let Some(prompt) = &plan.speculation {
@@ -390,6 +474,7 @@ mod tests {
             samples_ts: Vec::new(),
             speculative: None,
             drafts: None,
+            passes: None,
         };
         assert_eq!(row(128, 0).test_name(), "pp128");
         assert_eq!(row(0, 64).test_name(), "tg64");
@@ -411,5 +496,28 @@ mod tests {
         };
         assert_eq!(pass(PASS_CONTEXT).test_name(), "pass8");
         assert_eq!(pass(300).test_name(), "pass8 @ d300");
+    }
+
+    #[test]
+    fn loop_summary_separates_one_token_passes_from_wider_ones() {
+        let passes = |widths: &[(usize, usize, f64)]| {
+            widths
+                .iter()
+                .map(|&(tokens, count, avg_ms)| LoopPasses {
+                    tokens,
+                    count,
+                    avg_ms,
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(loop_summary(&passes(&[(1, 31, 6.0)])), "6.00 (1.0)");
+        // Wider passes: their mean time and width weighted by count (3×2 tokens at 9 ms and
+        // 1×6 tokens at 17 ms: 4 passes of 3 tokens on average, 11 ms).
+        assert_eq!(
+            loop_summary(&passes(&[(1, 10, 7.0), (2, 3, 9.0), (6, 1, 17.0)])),
+            "7.00 (1.0) · 11.00 (3.0)"
+        );
+        assert_eq!(loop_summary(&passes(&[(8, 2, 20.0)])), "20.00 (8.0)");
+        assert_eq!(loop_summary(&[]), "");
     }
 }

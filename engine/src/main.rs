@@ -498,7 +498,11 @@ fn main() -> ExitCode {
                      | --- | ---: | ---: | ---: | ---: | ---: |"
                 );
                 for row in rows {
-                    let ms = row.avg_ms.map(|m| format!("{m:.2}")).unwrap_or_default();
+                    let ms = match (&row.avg_ms, &row.passes) {
+                        (Some(m), _) => format!("{m:.2}"),
+                        (None, Some(passes)) => engine::bench::loop_summary(passes),
+                        (None, None) => String::new(),
+                    };
                     let drafts = row
                         .drafts
                         .map(|(drafted, accepted)| format!("{accepted} / {drafted}"))

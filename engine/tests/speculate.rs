@@ -189,8 +189,39 @@ fn bench_compares_greedy_decoding_with_and_without_drafts() {
         accepted <= drafted && accepted * 2 >= drafted,
         "{drafted} drafted, {accepted} accepted"
     );
-    for row in greedy {
+    for row in &greedy {
         assert_eq!(row["n_gen"], 32);
         assert!(row["avg_ts"].as_f64().expect("t/s") > 0.0);
     }
+    // The passes each row ran: the first token comes from the prompt's pass, each later one
+    // from a pass of its own in plain decoding; with drafts, a pass of 1 + k tokens yields its
+    // accepted drafts and one more token, so the passes' tokens exceed 31 by the rejected ones.
+    let passes = |row: &serde_json::Value| -> Vec<(u64, u64, f64)> {
+        row["passes"]
+            .as_array()
+            .expect("passes")
+            .iter()
+            .map(|p| {
+                let ms = p["avg_ms"].as_f64().expect("ms");
+                assert!(ms > 0.0, "{p}");
+                (
+                    p["tokens"].as_u64().expect("tokens"),
+                    p["count"].as_u64().expect("count"),
+                    ms,
+                )
+            })
+            .collect()
+    };
+    let plain = passes(greedy[0]);
+    assert_eq!(plain.len(), 1, "{plain:?}");
+    assert_eq!((plain[0].0, plain[0].1), (1, 31));
+    let spec = passes(greedy[1]);
+    let tokens: u64 = spec.iter().map(|(t, c, _)| t * c).sum();
+    assert_eq!(tokens, 31 + drafted - accepted, "{spec:?}");
+    let wide: u64 = spec
+        .iter()
+        .filter(|(t, ..)| *t > 1)
+        .map(|(_, c, _)| c)
+        .sum();
+    assert_eq!(wide > 0, drafted > 0, "{spec:?}");
 }
