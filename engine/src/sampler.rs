@@ -66,44 +66,47 @@ impl Sampler {
     /// The next token given the logits and the tokens so far.
     pub fn next(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let s = &self.settings;
-        let mut logits = logits.to_vec();
-        if s.repeat_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0 {
-            let recent = &history[history.len().saturating_sub(s.repeat_last_n)..];
-            let mut counts = std::collections::HashMap::new();
-            for &t in recent {
-                *counts.entry(t).or_insert(0u32) += 1;
-            }
-            for (t, count) in counts {
-                if let Some(l) = logits.get_mut(t as usize) {
-                    if *l > 0.0 {
-                        *l /= s.repeat_penalty;
-                    } else {
-                        *l *= s.repeat_penalty;
-                    }
-                    *l -= count as f32 * s.frequency_penalty + s.presence_penalty;
+        let penalised;
+        let logits =
+            if s.repeat_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0 {
+                let mut copy = logits.to_vec();
+                let recent = &history[history.len().saturating_sub(s.repeat_last_n)..];
+                let mut counts = std::collections::HashMap::new();
+                for &t in recent {
+                    *counts.entry(t).or_insert(0u32) += 1;
                 }
-            }
-        }
-        let argmax = || {
-            logits
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
-                .map_or(0, |(i, _)| i as u32)
-        };
+                for (t, count) in counts {
+                    if let Some(l) = copy.get_mut(t as usize) {
+                        if *l > 0.0 {
+                            *l /= s.repeat_penalty;
+                        } else {
+                            *l *= s.repeat_penalty;
+                        }
+                        *l -= count as f32 * s.frequency_penalty + s.presence_penalty;
+                    }
+                }
+                penalised = copy;
+                &penalised[..]
+            } else {
+                logits
+            };
         if s.temperature <= 0.0 {
-            return argmax();
+            return argmax(logits);
         }
-        // Candidates, most likely first (ties by id).
+        // Candidates, most likely first (ties by id: a total order, so selecting the top k
+        // before sorting gives the same list as sorting everything, for a fraction of the cost
+        // over a vocabulary of tens of thousands).
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let mut cands: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
             .map(|(i, &l)| (i as u32, l))
             .collect();
-        cands.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if s.top_k > 0 {
+        if s.top_k > 0 && s.top_k < cands.len() {
+            cands.select_nth_unstable_by(s.top_k - 1, order);
             cands.truncate(s.top_k);
         }
+        cands.sort_unstable_by(order);
         let probs = |c: &[(u32, f32)], temp: f32| -> Vec<f64> {
             let max = c.first().map_or(0.0, |x| x.1);
             let e: Vec<f64> = c
@@ -136,8 +139,19 @@ impl Sampler {
             }
             r -= q;
         }
-        cands.last().map_or_else(argmax, |c| c.0)
+        cands.last().map_or_else(|| argmax(logits), |c| c.0)
     }
+}
+
+/// The id of the largest logit, the lowest among equals (0 for none).
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, l) in logits.iter().enumerate().skip(1) {
+        if l.total_cmp(&logits[best]).is_gt() {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 #[cfg(test)]
@@ -183,6 +197,38 @@ mod tests {
             ..Sampling::default()
         });
         assert!((0..50).all(|_| s.next(&logits, &[]) % 17 == 16));
+    }
+
+    #[test]
+    fn top_k_keeps_the_k_most_likely_and_the_lowest_ids_among_equals() {
+        // Ten equal logits and a smaller one: the three kept are ids 0-2, each drawn.
+        let mut logits = vec![1.0f32; 10];
+        logits.insert(0, 0.5);
+        let mut s = Sampler::new(Sampling {
+            top_k: 3,
+            top_p: 1.0,
+            min_p: 0.0,
+            temperature: 1.0,
+            ..Sampling::default()
+        });
+        let drawn: std::collections::BTreeSet<u32> =
+            (0..300).map(|_| s.next(&logits, &[])).collect();
+        assert_eq!(drawn, [1, 2, 3].into_iter().collect());
+        // The k largest wherever they sit, in any vocabulary order.
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32).collect();
+        let mut s = Sampler::new(Sampling {
+            top_k: 5,
+            top_p: 1.0,
+            min_p: 0.0,
+            temperature: 100.0,
+            ..Sampling::default()
+        });
+        let best: std::collections::BTreeSet<u32> = (995..1000)
+            .map(|v| logits.iter().position(|&l| l == v as f32).unwrap_or(0) as u32)
+            .collect();
+        let drawn: std::collections::BTreeSet<u32> =
+            (0..500).map(|_| s.next(&logits, &[])).collect();
+        assert_eq!(drawn, best);
     }
 
     #[test]
