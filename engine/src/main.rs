@@ -203,7 +203,8 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// `ngram` adds greedy decoding rows after a real chat prompt, plain (`greedyN`) and
-        /// with n-gram speculation (`greedyN+ngram`), repetitions alternating.
+        /// with n-gram speculation (`greedyN+ngram`), repetitions alternating, with the time of
+        /// their passes in the decoding loop by width.
         #[arg(long, value_enum, default_value_t = Spec::None)]
         spec: Spec,
         /// The user message of that chat (default: quote the treatment and follow-up of a
