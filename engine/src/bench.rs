@@ -70,10 +70,10 @@ pub struct Row {
     pub passes: Option<Vec<LoopPasses>>,
 }
 
-/// The passes of one width in greedy decoding runs, timed in the loop: from the end of the
-/// pass before to the end of this one, so the choice of tokens and the drafting between them
-/// count too. A pass timed alone (`--batch`) leaves out what the loop does to it; comparing
-/// the one-token passes of the plain and the speculative row shows that.
+/// The passes of one width in greedy decoding runs, timed in the loop: each with the drafting
+/// before it and the choice of a token from each of its rows. A pass timed alone (`--batch`)
+/// leaves out what the loop does to it; comparing the one-token passes of the plain and the
+/// speculative row shows that.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LoopPasses {
     /// Tokens per pass (the pending token and the drafted ones).
@@ -223,31 +223,48 @@ fn measure(
 }
 
 /// Greedy choices for every one of the wanted tokens (an end-of-generation token does not end
-/// a timed run, as llama-bench's generation does not stop either), and the time of each pass
-/// in the loop.
+/// a timed run, as llama-bench's generation does not stop either), and what each pass costs the
+/// loop: the drafting before it, the pass, and the choice of a token from each of its rows.
 struct Greedy<'p> {
     sampler: Sampler,
-    /// End of the last pass (or the start of decoding).
+    /// When the loop's last piece of work that has been counted ended.
     since: Instant,
+    /// Tokens of the pass whose rows are being chosen from (0: the prompt's, not counted).
+    rows_of: usize,
     /// By tokens per pass: passes and their seconds.
     passes: &'p mut BTreeMap<usize, (usize, f64)>,
 }
 
+impl Greedy<'_> {
+    /// Adds the time since the last count to the passes of `tokens` tokens (as one more
+    /// pass with `new`).
+    fn count(&mut self, tokens: usize, new: bool) {
+        let now = Instant::now();
+        if tokens > 0 {
+            let width = self.passes.entry(tokens).or_insert((0, 0.0));
+            width.0 += usize::from(new);
+            width.1 += now.duration_since(self.since).as_secs_f64();
+        }
+        self.since = now;
+    }
+}
+
 impl Sink for Greedy<'_> {
     fn choose(&mut self, logits: &[f32], history: &[u32]) -> Result<Option<u32>, String> {
-        Ok(Some(self.sampler.next(logits, history)))
+        self.since = Instant::now();
+        let token = self.sampler.next(logits, history);
+        self.count(self.rows_of, false);
+        Ok(Some(token))
     }
 
     fn emit(&mut self, _token: u32, _history: &[u32]) -> Result<bool, String> {
+        self.since = Instant::now();
         Ok(true)
     }
 
     fn passed(&mut self, tokens: usize, _len: usize) {
-        let now = Instant::now();
-        let width = self.passes.entry(tokens).or_insert((0, 0.0));
-        width.0 += 1;
-        width.1 += now.duration_since(self.since).as_secs_f64();
-        self.since = now;
+        self.count(tokens, true);
+        self.rows_of = tokens;
     }
 }
 
@@ -272,6 +289,7 @@ fn timed_decode(
             ..Sampling::default()
         }),
         since: start,
+        rows_of: 0,
         passes,
     };
     speculate::decode(
