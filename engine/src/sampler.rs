@@ -63,33 +63,37 @@ impl Sampler {
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
+    /// The logits with the repetition, presence and frequency penalties applied to the recent
+    /// tokens of `history`; `None` when every penalty is off.
+    fn penalised(&self, logits: &[f32], history: &[u32]) -> Option<Vec<f32>> {
+        let s = &self.settings;
+        if s.repeat_penalty == 1.0 && s.presence_penalty == 0.0 && s.frequency_penalty == 0.0 {
+            return None;
+        }
+        let mut logits = logits.to_vec();
+        let recent = &history[history.len().saturating_sub(s.repeat_last_n)..];
+        let mut counts = std::collections::HashMap::new();
+        for &t in recent {
+            *counts.entry(t).or_insert(0u32) += 1;
+        }
+        for (t, count) in counts {
+            if let Some(l) = logits.get_mut(t as usize) {
+                if *l > 0.0 {
+                    *l /= s.repeat_penalty;
+                } else {
+                    *l *= s.repeat_penalty;
+                }
+                *l -= count as f32 * s.frequency_penalty + s.presence_penalty;
+            }
+        }
+        Some(logits)
+    }
+
     /// The next token given the logits and the tokens so far.
     pub fn next(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let penalised = self.penalised(logits, history);
+        let logits = penalised.as_deref().unwrap_or(logits);
         let s = &self.settings;
-        let penalised;
-        let logits =
-            if s.repeat_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0 {
-                let mut copy = logits.to_vec();
-                let recent = &history[history.len().saturating_sub(s.repeat_last_n)..];
-                let mut counts = std::collections::HashMap::new();
-                for &t in recent {
-                    *counts.entry(t).or_insert(0u32) += 1;
-                }
-                for (t, count) in counts {
-                    if let Some(l) = copy.get_mut(t as usize) {
-                        if *l > 0.0 {
-                            *l /= s.repeat_penalty;
-                        } else {
-                            *l *= s.repeat_penalty;
-                        }
-                        *l -= count as f32 * s.frequency_penalty + s.presence_penalty;
-                    }
-                }
-                penalised = copy;
-                &penalised[..]
-            } else {
-                logits
-            };
         if s.temperature <= 0.0 {
             return argmax(logits);
         }
