@@ -588,6 +588,16 @@ pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16], isa: Isa) {
     }
 }
 
+/// Rotary embedding of one head on `isa`: each pair of dimensions turned by its `(sin, cos)`
+/// in `pairs`, dimensions `i` and `i + pairs.len()` with `neox`, else `2i` and `2i + 1`.
+pub fn rotate_pairs(head: &mut [f32], pairs: &[(f32, f32)], neox: bool, isa: Isa) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni => x86::rotate_pairs(head, pairs, neox),
+        _ => scalar::rotate_pairs(head, pairs, neox),
+    }
+}
+
 /// `dst ← src·scale`, `src` in f16, on `isa`.
 pub fn from_f16(src: &[u16], scale: f32, dst: &mut [f32], isa: Isa) {
     match isa {
@@ -1108,6 +1118,16 @@ mod tests {
             (xs[800], xs[900]) = (-30.0, 30.0);
             (xs[1100], xs[1030]) = (25.0, -25.0);
             (xs[1290], xs[1293]) = (40.0, -40.0);
+            // Scales (amax / 127) across f16's whole range, which the SIMD paths round to f16
+            // precision their own way: subnormal, normal, past the largest f16 (and sums `d·Σq`
+            // past it too).
+            for (block, chunk) in xs[1536..3072].chunks_exact_mut(32).enumerate() {
+                let exponent = block as i32 % 48 - 30;
+                let scale = 2f32.powi(exponent) * (1.0 + (block * 37 % 101) as f32 / 101.0);
+                for v in chunk.iter_mut() {
+                    *v *= scale;
+                }
+            }
             let (mut a, mut b) = (Vec::new(), Vec::new());
             quantize_q8_0(&xs, &mut a, isa);
             activations::quantize_q8_0(&xs, &mut b);
@@ -1206,6 +1226,33 @@ mod tests {
                             "{name} filled with {fill:#x}, {columns} columns on {isa:?}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rotations_match_the_scalar_reference_on_every_isa() {
+        let mut rng = Bytes(0x0bad_5eed_1234_4321);
+        for isa in Isa::available() {
+            for neox in [false, true] {
+                for half in [1, 16, 32, 64, 128] {
+                    let head = activations(2 * half, &mut rng);
+                    let pairs: Vec<(f32, f32)> = (0..half)
+                        .map(|i| {
+                            let angle = (i as f32 + 0.3) * 0.7;
+                            (angle.sin(), angle.cos())
+                        })
+                        .collect();
+                    let (mut simd, mut reference) = (head.clone(), head);
+                    rotate_pairs(&mut simd, &pairs, neox, isa);
+                    scalar::rotate_pairs(&mut reference, &pairs, neox);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&simd),
+                        bits(&reference),
+                        "{half} pairs, neox {neox}, {isa:?}"
+                    );
                 }
             }
         }

@@ -301,6 +301,29 @@ pub fn f16_table() -> &'static [f32] {
     TABLE.get_or_init(|| (0..=u16::MAX).map(f16_to_f32).collect())
 }
 
+/// Rotary embedding: each pair of `head`'s dimensions turned by its `(sin, cos)` in `pairs`:
+/// dimensions `i` and `i + pairs.len()` with `neox`, else `2i` and `2i + 1`. The fused
+/// multiply-adds are those of ggml's compiled rotation (GCC contracts the scalar NEOX loop and
+/// vectorizes the adjacent-pair one with fmaddsub), so the rounding is alike.
+#[inline(always)]
+pub fn rotate_pairs(head: &mut [f32], pairs: &[(f32, f32)], neox: bool) {
+    let half = pairs.len();
+    for (i, &(sin, cos)) in pairs.iter().enumerate() {
+        let (a, b) = if neox {
+            (i, i + half)
+        } else {
+            (2 * i, 2 * i + 1)
+        };
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0.mul_add(cos, -(x1 * sin));
+        head[b] = if neox {
+            x0.mul_add(sin, x1 * cos)
+        } else {
+            x1.mul_add(cos, x0 * sin)
+        };
+    }
+}
+
 /// `dst ← f16(src·scale)` element-wise.
 pub fn to_f16(src: &[f32], scale: f32, dst: &mut [u16]) {
     for (d, &x) in dst.iter_mut().zip(src) {

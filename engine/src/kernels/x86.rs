@@ -1053,16 +1053,35 @@ unsafe fn scale_f16_avx2(acc: &mut [u16], s: f32) {
     }
 }
 
+/// `scalar::rotate_pairs` with FMA instructions: without the feature in the build each
+/// `mul_add` is a library call, two per pair, thousands per token on the one thread that
+/// rotates while the others wait.
+pub fn rotate_pairs(head: &mut [f32], pairs: &[(f32, f32)], neox: bool) {
+    if !supported() {
+        return scalar::rotate_pairs(head, pairs, neox);
+    }
+    // SAFETY: the CPU features were checked just above.
+    unsafe { rotate_pairs_fma(head, pairs, neox) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rotate_pairs_fma(head: &mut [f32], pairs: &[(f32, f32)], neox: bool) {
+    scalar::rotate_pairs(head, pairs, neox);
+}
+
 /// Activations quantized as `activations::quantize_q8_0` does (finite inputs), 32 lanes at once.
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) {
     if !supported() {
         return activations::quantize_q8_0(x, out);
     }
     // SAFETY: the CPU features were checked just above.
-    out.extend(
-        x.chunks_exact(32)
-            .map(|c| activations::q8_0_block(unsafe { q8_block_avx2(c) })),
-    );
+    out.extend(x.chunks_exact(32).map(|c| unsafe {
+        let (d, qs, _) = q8_block_avx2(c);
+        BlockQ8_0 {
+            d: round_f16_f16c(d),
+            qs,
+        }
+    }));
 }
 
 /// Activations quantized as `activations::quantize_q8_1` does (finite inputs).
@@ -1071,10 +1090,32 @@ pub fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) {
         return activations::quantize_q8_1(x, out);
     }
     // SAFETY: the CPU features were checked just above.
-    out.extend(
-        x.chunks_exact(32)
-            .map(|c| activations::q8_1_block(unsafe { q8_block_avx2(c) })),
-    );
+    out.extend(x.chunks_exact(32).map(|c| unsafe {
+        let (d, qs, sum) = q8_block_avx2(c);
+        BlockQ8_1 {
+            d: round_f16_f16c(d),
+            s: round_f16_f16c(d * sum as f32),
+            qs,
+        }
+    }));
+}
+
+/// `activations::round_f16` through the F16C unit, which rounds the same way (to nearest, ties
+/// to even, subnormals and overflow as IEEE says): a conversion each way where the bit-by-bit
+/// rounding took most of a block's quantization. Not-a-numbers take the reference's route, so
+/// their bits stay its.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn round_f16_f16c(x: f32) -> f32 {
+    if x.is_nan() {
+        return activations::round_f16(x);
+    }
+    // SAFETY: register-only conversions; the caller guarantees the CPU features.
+    unsafe {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
+            _mm_set_ss(x),
+        )))
+    }
 }
 
 /// Activations quantized as `activations::quantize_q8_k` does (finite inputs).

@@ -4,7 +4,7 @@
 
 use super::attention::{self, MAX_HEAD_DIM, Query, Scales};
 use super::{Arch, Ffn, Hparams, KvCache, Layer, Work, moe};
-use crate::kernels::{self, Exec, KvRows, Matrix, Product};
+use crate::kernels::{self, Exec, Isa, KvRows, Matrix, Product};
 use crate::pool::Schedule;
 
 /// `x ← x / sqrt(mean(x²) + eps) · w`, the sum of squares in f64 as ggml keeps it.
@@ -65,25 +65,9 @@ impl Rope<'_> {
         angles
     }
 
-    /// Rotates the first `n_rot` dimensions of `head` by `angles`.
-    pub fn apply(&self, head: &mut [f32], angles: &Angles) {
-        let half = angles.len;
-        for (i, &(sin, cos)) in angles.pairs[..half].iter().enumerate() {
-            let (a, b) = if self.neox {
-                (i, i + half)
-            } else {
-                (2 * i, 2 * i + 1)
-            };
-            let (x0, x1) = (head[a], head[b]);
-            // The fused multiply-adds ggml's compiled rotation uses (GCC contracts the scalar
-            // NEOX loop and vectorizes the adjacent-pair one with fmaddsub), so we round alike.
-            head[a] = x0.mul_add(cos, -(x1 * sin));
-            head[b] = if self.neox {
-                x0.mul_add(sin, x1 * cos)
-            } else {
-                x1.mul_add(cos, x0 * sin)
-            };
-        }
+    /// Rotates the first `n_rot` dimensions of `head` by `angles`, on `isa`.
+    pub fn apply(&self, head: &mut [f32], angles: &Angles, isa: Isa) {
+        kernels::rotate_pairs(head, &angles.pairs[..angles.len], self.neox, isa);
     }
 }
 
@@ -209,13 +193,13 @@ pub(super) fn block(
             if let Some(norm) = &layer.q_norm {
                 rms_norm(head, norm, h.rms_eps);
             }
-            rope.apply(head, &angles);
+            rope.apply(head, &angles, isa);
         }
         for head in k.chunks_exact_mut(hd) {
             if let Some(norm) = &layer.k_norm {
                 rms_norm(head, norm, h.rms_eps);
             }
-            rope.apply(head, &angles);
+            rope.apply(head, &angles, isa);
         }
         let row = pos * kv_dim..(pos + 1) * kv_dim;
         kernels::to_f16(k, 1.0, &mut keys[il][row.clone()], isa);
