@@ -105,6 +105,28 @@ fn chat_completions_plain_and_streamed_agree() {
         again["choices"][0]["message"]["content"],
         plain["choices"][0]["message"]["content"]
     );
+    // `cache_prompt: false` (llama.cpp's) prefills the whole prompt again, to the same answer.
+    let (_, fresh) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat(
+            "Name a colour.",
+            json!({ "max_tokens": 12, "cache_prompt": false }),
+        ),
+    );
+    assert_eq!(fresh["timings"]["cache_n"], 0, "{fresh}");
+    assert_eq!(
+        fresh["timings"]["prompt_n"].as_u64(),
+        again["timings"]["prompt_n"]
+            .as_u64()
+            .zip(again["timings"]["cache_n"].as_u64())
+            .map(|(evaluated, cached)| evaluated + cached),
+        "{fresh}"
+    );
+    assert_eq!(
+        fresh["choices"][0]["message"]["content"],
+        plain["choices"][0]["message"]["content"]
+    );
 }
 
 #[test]

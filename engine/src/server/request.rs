@@ -106,6 +106,9 @@ pub struct Knobs {
     /// Generate past end-of-generation tokens, up to the limit (llama.cpp).
     #[serde(default, deserialize_with = "null_is_false")]
     pub ignore_eos: bool,
+    /// `false`: prefill the whole prompt, not reusing a kept conversation's cache (llama.cpp).
+    #[serde(default)]
+    pub cache_prompt: Option<bool>,
     /// Choices to generate.
     #[serde(default)]
     pub n: Option<i64>,
@@ -449,6 +452,7 @@ impl Knobs {
             max_tokens: self.limit(defaults)?,
             stop: self.stops()?,
             ignore_eos: self.ignore_eos,
+            reuse_prompt: self.cache_prompt.unwrap_or(true),
             choices: self.choices()?,
             logprobs: self.logprobs(dialect)?,
             logit_bias: self.logit_bias(tokenizer)?,

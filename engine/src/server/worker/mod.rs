@@ -40,6 +40,10 @@ pub struct Params {
     pub stop: Vec<String>,
     /// Keep generating past end-of-generation tokens (llama.cpp's `ignore_eos`).
     pub ignore_eos: bool,
+    /// Start from the kept cache that shares the longest prefix with the prompt (llama.cpp's
+    /// `cache_prompt`); off, the whole prompt is prefilled (what a benchmark of prefill, or of
+    /// decoding right after it, needs).
+    pub reuse_prompt: bool,
     /// How many answers (OpenAI's `n`).
     pub choices: usize,
     /// Alternatives to report per token (`None`: no probabilities).
@@ -467,7 +471,12 @@ impl Runner<'_> {
         caches: &mut Caches,
         speeds: &Mutex<Speeds>,
     ) -> bool {
-        let reused = match caches.best_for(&job.prompt) {
+        let kept = if job.params.reuse_prompt {
+            caches.best_for(&job.prompt)
+        } else {
+            None
+        };
+        let reused = match kept {
             Some(c) => Some(c),
             // No shared prefix: recycle the oldest cache's memory (its tokens do not matter).
             None => caches.recycle().map(|mut c| {
