@@ -41,8 +41,8 @@ pub struct Params {
     /// Keep generating past end-of-generation tokens (llama.cpp's `ignore_eos`).
     pub ignore_eos: bool,
     /// Start from the kept cache that shares the longest prefix with the prompt (llama.cpp's
-    /// `cache_prompt`); off, the whole prompt is prefilled (what a benchmark of prefill, or of
-    /// decoding right after it, needs).
+    /// `cache_prompt`); off, the whole prompt is prefilled once for the request (what a
+    /// benchmark of prefill, or of decoding right after it, needs).
     pub reuse_prompt: bool,
     /// How many answers (OpenAI's `n`).
     pub choices: usize,
@@ -471,7 +471,9 @@ impl Runner<'_> {
         caches: &mut Caches,
         speeds: &Mutex<Speeds>,
     ) -> bool {
-        let kept = if job.params.reuse_prompt {
+        // Without `cache_prompt` only the request's own first choice prefills: the others
+        // still start from its prompt.
+        let kept = if job.params.reuse_prompt || choice > 0 {
             caches.best_for(&job.prompt)
         } else {
             None
