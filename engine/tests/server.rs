@@ -127,6 +127,23 @@ fn chat_completions_plain_and_streamed_agree() {
         fresh["choices"][0]["message"]["content"],
         plain["choices"][0]["message"]["content"]
     );
+    // Its choices still share one prefill: the second starts from the first's prompt.
+    let (_, before) = activity(&server);
+    let (_, two) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat(
+            "Name a colour.",
+            json!({ "max_tokens": 4, "n": 2, "cache_prompt": false }),
+        ),
+    );
+    let (_, after) = activity(&server);
+    let prompt_tokens = two["usage"]["prompt_tokens"].as_u64().expect("usage");
+    assert!(
+        prompt_tokens > 10 && after - before < 2 * prompt_tokens,
+        "{} tokens evaluated for two choices of a {prompt_tokens}-token prompt: {two}",
+        after - before
+    );
 }
 
 #[test]
