@@ -3,12 +3,14 @@
 //! check computes them) and twelve one-token passes, each of the twelve printed against the
 //! mean of the last four before the wide pass. A timing of passes back to back (`engine bench
 //! --batch`, the planner's calibration) cannot see this cost; a speculative answer pays it.
+//! `pause:MS` in place of a width sleeps MS milliseconds where the wide pass would run: what any
+//! break of that length in the stream of one-token passes costs the passes after it.
 //!
-//! Usage: `cargo run --release -p engine --example pass_aftermath -- MODEL.gguf THREADS WIDTH
-//! [ROUNDS]` (WIDTH 1: no wide pass, the baseline; ROUNDS: 30).
+//! Usage: `cargo run --release -p engine --example pass_aftermath -- MODEL.gguf THREADS
+//! WIDTH|pause:MS [ROUNDS]` (WIDTH 1: no wide pass, the baseline; ROUNDS: 30).
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use engine::model::{KvCache, Logits, Model};
 use engine::model_file::ModelFile;
@@ -20,7 +22,7 @@ const AFTER: usize = 12;
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: pass_aftermath MODEL.gguf THREADS WIDTH [ROUNDS]";
+    let usage = "usage: pass_aftermath MODEL.gguf THREADS WIDTH|pause:MS [ROUNDS]";
     let number = |i: usize, default: Option<usize>| -> Result<usize, String> {
         match (args.get(i), default) {
             (Some(text), _) => text
@@ -31,7 +33,17 @@ fn main() -> Result<(), String> {
         }
     };
     let path = args.get(1).ok_or(usage)?;
-    let (threads, width, rounds) = (number(2, None)?, number(3, None)?, number(4, Some(30))?);
+    // A pause stands where a 1-token "wide" pass would: nothing but the sleep between the rounds.
+    let (width, pause) = match args.get(3).and_then(|a| a.strip_prefix("pause:")) {
+        Some(ms) => {
+            let ms: u64 = ms
+                .parse()
+                .map_err(|_| format!("{ms:?} is not a number of milliseconds; {usage}"))?;
+            (1, Some(Duration::from_millis(ms)))
+        }
+        None => (number(3, None)?, None),
+    };
+    let (threads, rounds) = (number(2, None)?, number(4, Some(30))?);
     if !(1..=16).contains(&width) || rounds == 0 {
         return Err(format!(
             "WIDTH must be 1 to 16 and ROUNDS at least 1; {usage}"
@@ -73,6 +85,9 @@ fn main() -> Result<(), String> {
         if width > 1 {
             model.forward(&ids[pos..pos + width], pos, &mut cache, Logits::All)?;
         }
+        if let Some(pause) = pause {
+            std::thread::sleep(pause);
+        }
         for slot in &mut after {
             *slot += step(&mut pos, &mut cache)?;
         }
@@ -82,8 +97,12 @@ fn main() -> Result<(), String> {
         .iter()
         .map(|s| format!("{:.3}", s / rounds as f64 / before))
         .collect();
+    let between = match pause {
+        Some(p) => format!("a pause of {} ms", p.as_millis()),
+        None => format!("width {width}"),
+    };
     println!(
-        "threads {threads}, width {width}: one-token pass {:.2} ms before; the {AFTER} after it, against that: {}",
+        "threads {threads}, {between}: one-token pass {:.2} ms before; the {AFTER} after it, against that: {}",
         before * 1e3,
         ratios.join(" ")
     );
