@@ -33,7 +33,7 @@ fn main() -> Result<(), String> {
         }
     };
     let path = args.get(1).ok_or(usage)?;
-    // A pause stands where a 1-token "wide" pass would: nothing but the sleep between the rounds.
+    // With a pause the width is 1: no wide pass runs, only the sleep.
     let (width, pause) = match args.get(3).and_then(|a| a.strip_prefix("pause:")) {
         Some(ms) => {
             let ms: u64 = ms
