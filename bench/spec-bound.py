@@ -7,7 +7,8 @@ For each chat of the speculation benchmark (`spec_prompts.py`) it takes the gree
 occurrence agreeing with the longest suffix, 2 to 64 tokens, as `engine/src/speculate.rs`
 drafts) under a planner that knows in advance how many drafted tokens will be accepted and
 drafts exactly those (when the pass pays for itself). Pass costs relative to one step come
-from `engine bench --batch` on the same threads. It prints, per set, that bound as a speed-up
+from `engine bench --batch` on the same threads (passes timed back to back, as decoding runs
+them). It prints, per set, that bound as a speed-up
 over plain decoding: what no planner using this lookup can beat on these answers and costs.
 With `--replay`, it also replays the same answers and costs through the planner as built
 (`engine/examples/spec_replay.rs`): the share of the bound the planner gets, free of the

@@ -196,7 +196,8 @@ enum Command {
         repetitions: usize,
         /// Also time single passes of these widths (comma-separated), every token's logits
         /// computed, after each `-d` depth (at least 64 positions): what checking a draft costs
-        /// after a long document.
+        /// after a long document. Each is timed back to back with passes like it, as decoding
+        /// runs them (the mean of 8, after 3 untimed).
         #[arg(long, value_delimiter = ',')]
         batch: Vec<usize>,
         /// A JSON list of rows with llama-bench's field names instead of the table.
