@@ -13,7 +13,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::time::{Instant, Sleep};
 
-use crate::registry::InFlight;
+use crate::registry::{Activity, InFlight};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -72,27 +72,37 @@ pub(crate) struct BodyLimits {
 /// A request body read under the body limits: it fails with a [`Refusal`] when the client
 /// stalls or sends more than the limit. Past the limit it first reads and discards the rest
 /// (up to the drain limit), so the 413 is not lost to a reset. The clocks start when the
-/// handler first reads, not when the headers arrived.
+/// request's head has arrived, not when the handler first reads: a client owes its body from
+/// then on. What arrives is reported to the connection's [`Activity`], which is how a body
+/// still trickling in counts as evictable.
 pub(crate) struct GuardedBody<B> {
     inner: B,
     limits: BodyLimits,
     received: u64,
     draining: bool,
-    frame: Option<Pin<Box<Sleep>>>,
-    whole: Option<Pin<Box<Sleep>>>,
+    frame: Pin<Box<Sleep>>,
+    whole: Pin<Box<Sleep>>,
     verdict: Arc<Verdict>,
+    activity: Arc<Activity>,
 }
 
 impl<B> GuardedBody<B> {
-    pub(crate) fn new(inner: B, limits: BodyLimits, verdict: Arc<Verdict>) -> GuardedBody<B> {
+    pub(crate) fn new(
+        inner: B,
+        limits: BodyLimits,
+        verdict: Arc<Verdict>,
+        activity: Arc<Activity>,
+    ) -> GuardedBody<B> {
+        let now = Instant::now();
         GuardedBody {
             inner,
             limits,
             received: 0,
             draining: false,
-            frame: None,
-            whole: None,
+            frame: Box::pin(tokio::time::sleep_until(now + limits.frame_timeout)),
+            whole: Box::pin(tokio::time::sleep_until(now + limits.whole_timeout)),
             verdict,
+            activity,
         }
     }
 
@@ -116,25 +126,23 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         loop {
-            let now = Instant::now();
             let limits = this.limits;
-            let whole = this.whole.get_or_insert_with(|| {
-                Box::pin(tokio::time::sleep_until(now + limits.whole_timeout))
-            });
-            let frame = this.frame.get_or_insert_with(|| {
-                Box::pin(tokio::time::sleep_until(now + limits.frame_timeout))
-            });
             let next = match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(next) => next,
                 Poll::Pending => {
-                    if frame.as_mut().poll(cx).is_ready() || whole.as_mut().poll(cx).is_ready() {
+                    if this.frame.as_mut().poll(cx).is_ready()
+                        || this.whole.as_mut().poll(cx).is_ready()
+                    {
                         return this.refuse(Refusal::TimedOut);
                     }
                     return Poll::Pending;
                 }
             };
-            frame.as_mut().reset(now + limits.frame_timeout);
+            this.frame
+                .as_mut()
+                .reset(Instant::now() + limits.frame_timeout);
             let Some(Ok(next)) = next else {
+                this.activity.body_done();
                 if this.draining {
                     // Drained to its end (or the client gave up): now the 413.
                     return this.refuse(Refusal::TooLarge);
@@ -143,6 +151,10 @@ where
             };
             let size = next.data_ref().map_or(0, |d| d.len() as u64);
             this.received = this.received.saturating_add(size);
+            this.activity.body_received(size);
+            if this.inner.is_end_stream() {
+                this.activity.body_done();
+            }
             if this.draining {
                 if this.received > limits.drain {
                     return this.refuse(Refusal::TooLarge);

@@ -1,22 +1,27 @@
 //! One connection's task: the handshake, HTTP/1.1 through hyper with the header timeout, the
-//! idle timeout, eviction and graceful shutdown; and each request's way through the limits to
-//! the app.
+//! idle timeout, the write-stall timeout, eviction and graceful shutdown; and each request's
+//! way through the limits to the app.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::fmt::Display;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::Shared;
 use crate::body::{self, BodyLimits, GuardedBody, Refusal, Tracked, Verdict};
-use crate::handshake::Handshake;
 use crate::registry::{Activity, Admitted};
 
 /// Takes the connection out of the table however its task ends.
@@ -38,18 +43,21 @@ struct Connection<C, H> {
     activity: Arc<Activity>,
 }
 
-/// Serves one accepted connection until it closes, is evicted, idles too long or the server
-/// stops (then the request in flight, if any, is finished first).
-pub(crate) async fn run<C, H>(
+/// Serves one accepted connection until it closes, is evicted, idles too long, leaves an
+/// answer unread too long or the server stops (then the request in flight, if any, is
+/// finished first). `stream` is the connection after its handshake (run here, under the
+/// handshake timeout, so a silent client never holds up the accept loop).
+pub(crate) async fn run<C, H, S>(
     shared: Arc<Shared<H>>,
-    tcp: TcpStream,
-    peer: SocketAddr,
+    stream: impl Future<Output = io::Result<S>>,
+    peer: impl Display,
     info: C,
     admitted: Admitted,
     mut stop: watch::Receiver<bool>,
 ) where
     C: Clone + Send + Sync + 'static,
-    H: Handshake,
+    H: Send + Sync + 'static,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let _leave = Leave {
         shared: Arc::clone(&shared),
@@ -57,7 +65,7 @@ pub(crate) async fn run<C, H>(
     };
     let limits = shared.limits.clone();
     let stream = tokio::select! {
-        done = tokio::time::timeout(limits.handshake_timeout, shared.handshake.handshake(tcp)) => {
+        done = tokio::time::timeout(limits.handshake_timeout, stream) => {
             match done {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
@@ -72,6 +80,12 @@ pub(crate) async fn run<C, H>(
         }
         () = admitted.evicted.notified() => return,
         _ = stop.changed() => return,
+    };
+    let stream = Watched {
+        inner: stream,
+        activity: Arc::clone(&admitted.activity),
+        timeout: limits.write_timeout,
+        stall: None,
     };
     let connection = Arc::new(Connection {
         shared,
@@ -88,7 +102,8 @@ pub(crate) async fn run<C, H>(
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         // The head's size is checked however it arrived; the buffer bound caps what a
-        // half-open connection holds (hyper panics on one under its 8 KiB minimum).
+        // half-open connection holds (hyper panics on one under its 8 KiB minimum), and what
+        // hyper queues of an answer the client does not read.
         .max_header_size(limits.max_header_bytes)
         .max_buf_size(limits.max_header_bytes.max(8192));
     let conn = http.serve_connection(TokioIo::new(stream), service);
@@ -106,9 +121,9 @@ pub(crate) async fn run<C, H>(
         }
         // Our own bound on time without a request in flight, whatever hyper's timer covers;
         // while a request is in flight, look again one idle timeout later.
-        let now = tokio::time::Instant::now();
+        let now = Instant::now();
         let wake = match admitted.activity.idle_since() {
-            Some(since) => tokio::time::Instant::from_std(since) + limits.idle_timeout,
+            Some(since) => Instant::from_std(since) + limits.idle_timeout,
             None => now + limits.idle_timeout,
         };
         tokio::select! {
@@ -119,8 +134,9 @@ pub(crate) async fn run<C, H>(
                 return;
             }
             () = admitted.evicted.notified() => {
-                // Chosen while idle, but a request may have begun since: let it finish.
-                if admitted.activity.idle_since().is_none() {
+                // Chosen as evictable, but its client may have caught up since (a request
+                // begun, a body arrived, an answer read): then let that request finish.
+                if admitted.activity.evictable(std::time::Instant::now()).is_none() {
                     stopping = true;
                     conn.as_mut().graceful_shutdown();
                     continue;
@@ -144,6 +160,90 @@ pub(crate) async fn run<C, H>(
     }
 }
 
+/// The connection's stream, watched for writes the client does not take: each time the socket
+/// refuses bytes the connection is marked stalled (evictable after a grace), and a stall that
+/// lasts the write timeout fails the connection, which drops the answer and with it whatever
+/// produced it. Hyper writes only what the socket takes and reads the answer's body only as
+/// it writes, so the unsent bytes of a connection are the kernel's send buffer plus hyper's
+/// bounded buffer.
+struct Watched<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    timeout: Duration,
+    stall: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> Watched<S> {
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            if self.stall.take().is_some() {
+                self.activity
+                    .write_stalled(false, std::time::Instant::now());
+            }
+            return polled;
+        }
+        let stall = self.stall.get_or_insert_with(|| {
+            self.activity.write_stalled(true, std::time::Instant::now());
+            Box::pin(tokio::time::sleep(self.timeout))
+        });
+        if stall.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing of its answer within the write timeout",
+            )));
+        }
+        Poll::Pending
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.watch(cx, polled)
+    }
+}
+
 /// One request: counted in flight until its response body is sent, refused with a readable
 /// 413 when its body is too large (declared, or found so while reading), its body read under
 /// the body timeouts, the app's answer replaced by our 408 or 413 when the body was cut off.
@@ -154,7 +254,8 @@ async fn handle<C, H>(
 where
     C: Clone + Send + Sync + 'static,
 {
-    let in_flight = connection.activity.begin();
+    let activity = &connection.activity;
+    let in_flight = activity.begin(!request.body().is_end_stream(), std::time::Instant::now());
     let shared = &connection.shared;
     let limits = &shared.limits;
     let verdict = Arc::new(Verdict::default());
@@ -172,7 +273,12 @@ where
         max: max_body,
         drain: limits.drain_limit,
     };
-    let body = GuardedBody::new(incoming, body_limits, Arc::clone(&verdict));
+    let body = GuardedBody::new(
+        incoming,
+        body_limits,
+        Arc::clone(&verdict),
+        Arc::clone(activity),
+    );
     let too_large = format!("the request body is too large: at most {max_body} bytes are accepted");
     let response = match declared_length(&parts.headers) {
         Some(length) if length > max_body => {
@@ -180,6 +286,7 @@ where
             if !expects_continue(&parts.headers) && length <= limits.drain_limit {
                 body::drain(body).await;
             }
+            activity.body_done();
             closing((shared.error_body)(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &too_large,
@@ -194,6 +301,9 @@ where
                 Ok(response) => response,
                 Err(never) => match never {},
             };
+            // Answered: whatever of the body the app left unread no longer holds it up (hyper
+            // closes the connection after an answer to an unread body).
+            activity.body_done();
             match verdict.get() {
                 None => response,
                 Some(Refusal::TimedOut) => {

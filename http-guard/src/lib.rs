@@ -5,14 +5,22 @@
 //!   the whole body, and on time without a request in flight;
 //! - **a connection cap that evicts**: at [`Limits::max_connections`] a new connection closes
 //!   the one idle longest (waiting for its first request or between keep-alive requests),
-//!   never one whose request is being handled or whose response is still being sent (e.g. a
-//!   stream of server-sent events); attacker and user may share an address, so a per-address
-//!   cap alone could not keep the user served;
+//!   never one whose request is being handled or whose response is still being sent to a
+//!   client that reads it (e.g. a stream of server-sent events); attacker and user may share
+//!   an address, so a per-address cap alone could not keep the user served;
 //! - **a per-client cap**: at [`Limits::per_client`] a client's new connection closes that
-//!   client's own longest-idle one, or is itself closed if all of them are busy;
+//!   client's own most evictable one, or is itself closed if all of them are busy; an IPv6
+//!   client is counted by its /64;
+//! - **bodies and answers the client holds up**: a request body still arriving after a short
+//!   grace, and an answer the client has stopped reading, make room like idle connections do
+//!   (after them); the body clocks start when the head has arrived, and an answer not read
+//!   for [`Limits::write_timeout`] closes its connection. The kernel's send buffer is capped
+//!   at [`Limits::send_buffer`], so an unread answer holds little memory meanwhile;
 //! - **a readable 413**: a declared body over [`Limits::max_body`] is read and discarded (up to
 //!   [`Limits::drain_limit`]) before the answer, so the close is not a reset that loses it;
-//! - graceful shutdown: stop accepting, let requests in flight finish.
+//! - graceful shutdown: stop accepting, let requests in flight finish;
+//! - a Unix socket ([`Server::serve_unix`]) under the same limits: a path of its own for a
+//!   trusted local client (a supervisor's probe) that the TCP port's clients cannot fill.
 //!
 //! The app's own error shape is kept: 408 and 413 bodies come from the app's [`ErrorBody`],
 //! and the connection's client address reaches handlers as `ConnectInfo<C>` of the app's type.
@@ -23,14 +31,14 @@ mod handshake;
 mod registry;
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::Response;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 #[cfg(feature = "tls")]
 pub use handshake::Tls;
@@ -55,8 +63,14 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Time between two pieces of a request body.
     pub body_frame_timeout: Duration,
-    /// Time for a whole request body, from when the app starts reading it.
+    /// Time for a whole request body, from when its request's head has arrived.
     pub body_timeout: Duration,
+    /// Time an answer may wait for its client to take a single byte before the connection is
+    /// closed (the client stopped reading).
+    pub write_timeout: Duration,
+    /// The socket's send buffer (`SO_SNDBUF`; the kernel doubles it): at most this much of an
+    /// answer waits in the kernel for a client that does not read.
+    pub send_buffer: usize,
     /// The largest request head (request line and headers) read; larger ones get 431. Also
     /// the most hyper buffers per connection, so it bounds the memory half-open ones hold.
     pub max_header_bytes: usize,
@@ -94,6 +108,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             body_frame_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
+            send_buffer: 128 << 10,
             max_header_bytes: 64 << 10,
             max_body: 1 << 20,
             drain_limit: 16 << 20,
@@ -151,6 +167,39 @@ where
         router: Router,
         shutdown: impl Future<Output = ()>,
     ) {
+        let connect_info = self.connect_info;
+        let send_buffer = self.limits.send_buffer;
+        self.serve_with(
+            listener,
+            move |shared: &Arc<Shared<H>>, (tcp, peer): (tokio::net::TcpStream, SocketAddr)| {
+                // Streamed answers are many small writes; do not hold them back for
+                // coalescing. A small send buffer bounds what an unread answer holds.
+                let _ = tcp.set_nodelay(true);
+                let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(send_buffer);
+                let shared = Arc::clone(shared);
+                Accepted {
+                    client: peer.ip(),
+                    info: connect_info(peer),
+                    peer: peer.to_string(),
+                    stream: async move { shared.handshake.handshake(tcp).await },
+                }
+            },
+            router,
+            shutdown,
+        )
+        .await;
+    }
+
+    async fn serve_with<L: Listen, S, T>(
+        self,
+        listener: L,
+        mut accepted: impl FnMut(&Arc<Shared<H>>, L::Connection) -> Accepted<C, T>,
+        router: Router,
+        shutdown: impl Future<Output = ()>,
+    ) where
+        T: Future<Output = std::io::Result<S>> + Send + 'static,
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let shared = Arc::new(Shared {
             registry: Mutex::new(Registry::new(
                 self.limits.max_connections,
@@ -165,13 +214,13 @@ where
         let mut connections = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
-            let accepted = tokio::select! {
+            let next = tokio::select! {
                 () = &mut shutdown => break,
-                accepted = listener.accept() => accepted,
+                next = listener.accept() => next,
             };
             while connections.try_join_next().is_some() {}
-            let (tcp, peer) = match accepted {
-                Ok(accepted) => accepted,
+            let next = match next {
+                Ok(next) => next,
                 Err(e) => {
                     // Out of descriptors, typically: wait for some to close rather than spin.
                     tracing::warn!("accepting a connection failed: {e}");
@@ -179,25 +228,89 @@ where
                     continue;
                 }
             };
-            let Some(admitted) = shared.registry().admit(peer.ip(), Instant::now()) else {
+            let Accepted {
+                client,
+                info,
+                peer,
+                stream,
+            } = accepted(&shared, next);
+            let Some(admitted) = shared.registry().admit(client, Instant::now()) else {
                 tracing::debug!("{peer}: every connection busy at the cap; closed");
                 continue;
             };
-            // Streamed answers are many small writes; do not hold them back for coalescing.
-            let _ = tcp.set_nodelay(true);
             connections.spawn(connection::run(
                 Arc::clone(&shared),
-                tcp,
+                stream,
                 peer,
-                (self.connect_info)(peer),
+                info,
                 admitted,
                 stopped.clone(),
             ));
         }
+        // New clients are refused from now on rather than left waiting in the backlog.
         drop(listener);
         let _ = stop.send(true);
         while connections.join_next().await.is_some() {}
     }
+}
+
+/// A listening socket the server accepts from.
+trait Listen {
+    type Connection;
+    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Connection>>;
+}
+
+impl Listen for TcpListener {
+    type Connection = (tokio::net::TcpStream, SocketAddr);
+    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Connection>> {
+        TcpListener::accept(self)
+    }
+}
+
+impl Listen for UnixListener {
+    type Connection = (tokio::net::UnixStream, tokio::net::unix::SocketAddr);
+    fn accept(&self) -> impl Future<Output = std::io::Result<Self::Connection>> {
+        UnixListener::accept(self)
+    }
+}
+
+impl<C> Server<C, PlainTcp>
+where
+    C: Clone + Send + Sync + 'static,
+{
+    /// Serves `router` on a Unix socket until `shutdown` completes, like [`Server::serve`]:
+    /// every connection is one client, whose handlers see `ConnectInfo(info)`. Who may
+    /// connect is the socket file's permissions' to say.
+    pub async fn serve_unix(
+        self,
+        listener: UnixListener,
+        info: C,
+        router: Router,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        self.serve_with(
+            listener,
+            move |_: &Arc<Shared<PlainTcp>>, (unix, _): (tokio::net::UnixStream, _)| Accepted {
+                // One client: the caps count every connection against the same address.
+                client: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                info: info.clone(),
+                peer: "the Unix socket's client".to_string(),
+                stream: std::future::ready(Ok(unix)),
+            },
+            router,
+            shutdown,
+        )
+        .await;
+    }
+}
+
+/// A connection accepted, before admission: whom it counts against, what handlers see, its
+/// name in logs, and its stream once the handshake is done.
+struct Accepted<C, T> {
+    client: IpAddr,
+    info: C,
+    peer: String,
+    stream: T,
 }
 
 /// What the accept loop and every connection share.

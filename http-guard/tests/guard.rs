@@ -72,8 +72,48 @@ impl http_body::Body for Ticks {
     }
 }
 
+/// Which `/endless?id=N` answers have been dropped by the server (their connection closed).
+static DROPPED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn dropped(id: u32) -> bool {
+    DROPPED.lock().expect("dropped").contains(&id)
+}
+
+/// An endless answer of 64 KiB pieces as fast as the client takes them: what a long
+/// generation's stream is to a client that stops reading.
+struct Endless(u32);
+
+impl http_body::Body for Endless {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; 64 << 10])))))
+    }
+}
+
+impl Drop for Endless {
+    fn drop(&mut self) {
+        DROPPED.lock().expect("dropped").push(self.0);
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Id {
+    id: u32,
+}
+
 fn app() -> Router {
     Router::new()
+        .route(
+            "/endless",
+            get(|axum::extract::Query(Id { id }): axum::extract::Query<Id>| async move {
+                axum::body::Body::new(Endless(id))
+            }),
+        )
         .route(
             "/hello",
             get(|axum::extract::ConnectInfo(Client(peer)): axum::extract::ConnectInfo<Client>| async move {
@@ -510,4 +550,184 @@ fn shutting_down_finishes_the_request_in_flight() {
         TcpStream::connect(addr).is_err(),
         "still accepting after shutdown"
     );
+}
+
+/// Starts a request whose body never finishes arriving: headers, then a few bytes of a
+/// declared kilobyte.
+fn trickle(stream: &mut TcpStream) {
+    stream
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+        .expect("a slow body");
+}
+
+#[test]
+fn trickled_bodies_from_the_users_own_address_do_not_shut_it_out() {
+    let server = start(Limits {
+        max_connections: 64,
+        per_client: 8,
+        ..patient()
+    });
+    let mut attack: Vec<TcpStream> = (0..8).map(|_| connect(server.addr)).collect();
+    for stream in &mut attack {
+        trickle(stream);
+    }
+    // Their handlers are reading: each request is in flight. Past the grace a body still
+    // arriving makes room for a client that has a request to make.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mut user = connect(server.addr);
+    ask(&mut user, "/hello", true);
+    assert!(answer(&mut user).starts_with("HTTP/1.1 200"));
+    let mut poster = connect(server.addr);
+    poster
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello")
+        .expect("a whole body");
+    assert!(answer(&mut poster).ends_with("5 bytes"));
+    let closed = attack
+        .iter_mut()
+        .filter_map(|s| closed_within(s, Duration::from_millis(200)).then_some(()))
+        .count();
+    // The user's own closed connection left room for the second request.
+    assert_eq!(closed, 1, "one trickler made room");
+}
+
+#[test]
+fn a_body_owed_since_its_headers_times_out_even_if_the_app_never_reads_it() {
+    let server = start(Limits {
+        body_timeout: Duration::from_millis(500),
+        ..patient()
+    });
+    // The body timer runs from the head, so the app that reads at once sees it expired after
+    // half a second of silence, not after a fresh timeout.
+    let mut slow = connect(server.addr);
+    trickle(&mut slow);
+    let started = Instant::now();
+    let reply = answer(&mut slow);
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn an_answer_nobody_reads_makes_room_and_is_closed_after_the_write_timeout() {
+    let server = start(Limits {
+        per_client: 1,
+        write_timeout: Duration::from_secs(30),
+        ..patient()
+    });
+    let mut unread = connect(server.addr);
+    ask(&mut unread, "/endless?id=1", false);
+    // Not read at all: the socket fills, and after the grace the connection makes room.
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(!dropped(1), "the answer is kept while its connection is");
+    let mut user = connect(server.addr);
+    ask(&mut user, "/hello", true);
+    assert!(answer(&mut user).starts_with("HTTP/1.1 200"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dropped(1) {
+        assert!(
+            Instant::now() < deadline,
+            "the unread answer was not dropped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // With room to spare, the write timeout closes it on its own.
+    let server = start(Limits {
+        write_timeout: Duration::from_secs(1),
+        ..patient()
+    });
+    let mut unread = connect(server.addr);
+    ask(&mut unread, "/endless?id=2", false);
+    let started = Instant::now();
+    while !dropped(2) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "an unread answer outlived its write timeout"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A client that reads is never cut: the timeout is for no progress, not for length.
+    let mut reader = connect(server.addr);
+    ask(&mut reader, "/endless?id=3", false);
+    let mut buffer = vec![0; 1 << 20];
+    let mut total = 0usize;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        let n = reader.read(&mut buffer).expect("still answered");
+        assert!(n > 0, "closed while being read");
+        total += n;
+    }
+    assert!(!dropped(3) && total > 1 << 20, "{total} bytes read");
+}
+
+#[test]
+fn a_unix_socket_answers_while_tcp_clients_hold_every_connection() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("control.sock");
+    let (ready, addr) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let unix_path = path.clone();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let unix = tokio::net::UnixListener::bind(&unix_path).expect("bind the socket");
+            ready.send(tcp.local_addr().expect("addr")).expect("send");
+            let limits = Limits {
+                max_connections: 2,
+                per_client: 2,
+                ..patient()
+            };
+            let until = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            let unix_client = Client(SocketAddr::from(([0, 0, 0, 0], 0)));
+            tokio::join!(
+                Server::new(limits.clone(), Client, error_body).serve(
+                    tcp,
+                    app(),
+                    until(stopped.clone())
+                ),
+                Server::new(limits, Client, error_body).serve_unix(
+                    unix,
+                    unix_client,
+                    app(),
+                    until(stopped)
+                ),
+            );
+        });
+    });
+    let addr = addr.recv().expect("the server's address");
+    let mut streams: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = connect(addr);
+            ask(&mut s, "/stream", false);
+            read_ticks(&mut s, 1);
+            s
+        })
+        .collect();
+    let mut refused = connect(addr);
+    assert!(closed_within(&mut refused, Duration::from_secs(5)));
+    let mut local = std::os::unix::net::UnixStream::connect(&path).expect("connect");
+    local
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        local,
+        "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("ask");
+    let mut reply = String::new();
+    local.read_to_string(&mut reply).expect("the answer");
+    assert!(reply.ends_with("hello 0.0.0.0"), "{reply:?}");
+    for s in &mut streams {
+        read_ticks(s, 1);
+    }
+    drop(streams);
+    let _ = stop.send(true);
+    thread.join().expect("stopped");
 }
