@@ -132,6 +132,10 @@ enum Command {
         /// health probe and its own requests); only from the environment, never argv.
         #[arg(skip = std::env::var("ENGINE_CONTROL_KEY").ok())]
         control_key: Option<String>,
+        /// Also serve the API on this Unix socket (made owner-only): a path for the
+        /// supervisor's probe and chat that clients of the TCP port cannot fill.
+        #[arg(long)]
+        control_socket: Option<PathBuf>,
         /// A file holding the system prompt for chats that bring none (prefilled at start).
         #[arg(long)]
         system_prompt: Option<PathBuf>,
@@ -385,6 +389,7 @@ fn main() -> ExitCode {
             queue,
             api_key,
             control_key,
+            control_socket,
             system_prompt,
             alias,
             cache_mib,
@@ -421,6 +426,7 @@ fn main() -> ExitCode {
                 queue: usize::from(queue),
                 api_key: api_key.filter(|k| !k.is_empty()),
                 control_key: control_key.filter(|k| !k.is_empty()),
+                control_socket,
                 system_prompt,
                 model_id: alias,
                 cache_mib,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use super::{Grammar, MAX_DEPTH, MAX_STACKS, Sym};
 
 /// Most expansion steps one byte may take.
-pub(crate) const MAX_STEPS: usize = 1 << 16;
+pub const MAX_STEPS: usize = 1 << 16;
 /// Most return frames a matcher may hold (shared between stacks).
 pub(crate) const MAX_NODES: usize = 1 << 20;
 /// The empty return stack.

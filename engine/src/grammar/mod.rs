@@ -29,7 +29,7 @@ mod utf8;
 
 use std::fmt;
 
-pub use matcher::Matcher;
+pub use matcher::{MAX_STEPS, Matcher};
 pub use trie::VocabTrie;
 
 /// Most rules a compiled grammar may have (generated helper rules included).

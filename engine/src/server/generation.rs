@@ -11,7 +11,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use super::error::{ApiError, parse};
 use super::request::{self, ChatRequest, Dialect, PromptPiece};
 use super::worker::choose::TokenProbs;
-use super::worker::{self, Event, Job, Lane, Params, Summary};
+use super::worker::{self, Event, Job, Lane, Params, Place, Summary};
 use super::{AppState, Ready};
 use crate::chat::{Message, PromptError};
 use crate::tokenizer::{Budget, Stopped};
@@ -60,13 +60,26 @@ pub struct Started {
     pub choices: usize,
 }
 
-/// Queues `prompt` with `params`; a prompt that leaves no room to answer gets llama.cpp's
-/// context-size error.
+/// A place in the request's queue, taken before its prompt is tokenized: a request the queue
+/// would refuse is refused before it costs any work.
+pub fn reserve(ready: &Ready, lane: Lane) -> Result<Place, ApiError> {
+    ready.worker.reserve(lane).map_err(refusal)
+}
+
+fn refusal(refused: worker::Refused) -> ApiError {
+    match refused {
+        worker::Refused::Full => ApiError::unavailable("the request queue is full; retry shortly"),
+        worker::Refused::Stopped => ApiError::unavailable(SHUTTING_DOWN),
+    }
+}
+
+/// Queues `prompt` with `params` in its `place`; a prompt that leaves no room to answer gets
+/// llama.cpp's context-size error.
 pub fn start(
     ready: &Ready,
     prompt: Vec<u32>,
     params: Params,
-    lane: Lane,
+    place: Place,
     arrived: Instant,
 ) -> Result<Started, ApiError> {
     if prompt.len() >= ready.context {
@@ -75,21 +88,20 @@ pub fn start(
     let (events, receiver) = unbounded_channel();
     let prompt_tokens = prompt.len();
     let choices = params.choices;
+    let lane = place.lane();
     ready
         .worker
-        .submit(Job {
-            prompt,
-            params,
-            lane,
-            arrived,
-            events,
-        })
-        .map_err(|refused| match refused {
-            worker::Refused::Full => {
-                ApiError::unavailable("the request queue is full; retry shortly")
-            }
-            worker::Refused::Stopped => ApiError::unavailable(SHUTTING_DOWN),
-        })?;
+        .submit(
+            place,
+            Job {
+                prompt,
+                params,
+                lane,
+                arrived,
+                events,
+            },
+        )
+        .map_err(refusal)?;
     Ok(Started {
         events: receiver,
         prompt_tokens,
@@ -128,11 +140,19 @@ pub async fn collect(started: &mut Started) -> Result<Vec<Answer>, ApiError> {
                     return Ok(answers);
                 }
             }
-            Event::Failed(e) => return Err(ApiError::internal(e)),
+            Event::Failed(failure) => return Err(failed(failure)),
             Event::ShuttingDown => return Err(ApiError::unavailable(SHUTTING_DOWN)),
         }
     }
     Err(ApiError::internal("the generation thread stopped"))
+}
+
+/// A failed generation as the client is told: its own request's fault (400) or the engine's.
+pub fn failed(failure: worker::Failure) -> ApiError {
+    match failure {
+        worker::Failure::Request(why) => ApiError::bad_request(why),
+        worker::Failure::Engine(why) => ApiError::internal(why),
+    }
 }
 
 /// What a request cut off by the engine's shutdown is told.
@@ -186,15 +206,19 @@ fn check_text_size(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Runs tokenization on a blocking thread, so a long prompt never stalls other connections.
-/// When the client goes away (the handler's future is dropped), the work stops at its next
-/// piece instead of running to the end for nobody. The text was bounded by
-/// [`check_text_size`], so a prompt over the context is counted whole: the error can say by
-/// how much.
+/// Runs tokenization of `bytes` of text on a blocking thread in its turn at the shared
+/// budget ([`super::tokenizing`]), so a long prompt never stalls other connections and many
+/// at once cannot exhaust memory. When the client goes away (the handler's future is
+/// dropped), the work stops at its next piece instead of running to the end for nobody. The
+/// text was bounded by [`check_text_size`], so a prompt over the context is counted whole:
+/// the error can say by how much.
 async fn tokenize_off_thread(
     state: &AppState,
+    bytes: usize,
+    lane: Lane,
     work: impl FnOnce(&Ready, &Budget<'_>) -> Result<Vec<u32>, PromptError> + Send + 'static,
 ) -> Result<Vec<u32>, ApiError> {
+    let turn = state.tokenizing.enter(bytes, lane).await?;
     let ready = Arc::clone(&state.ready);
     let gone = CancelOnDrop(Arc::new(AtomicBool::new(false)));
     let cancelled = Arc::clone(&gone.0);
@@ -221,7 +245,7 @@ async fn tokenize_off_thread(
     })
     .await
     .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
-    drop(gone);
+    drop((gone, turn));
     tokenized
 }
 
@@ -242,21 +266,27 @@ pub fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message
             messages.insert(0, Message::new("system", system));
         }
     }
-    check_text_size(
-        ready,
-        messages
-            .iter()
-            .map(|m| m.content.len() + m.role.len())
-            .sum(),
-    )?;
+    check_text_size(ready, text_bytes(&messages))?;
     Ok(messages)
+}
+
+fn text_bytes(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| m.content.len() + m.role.len())
+        .sum()
 }
 
 /// A chat's prompt ids: the template with the generation cue, or, when the last message is a
 /// non-empty assistant message, that message continued (assistant prefill).
-pub async fn chat_prompt(state: &AppState, messages: Vec<Message>) -> Result<Vec<u32>, ApiError> {
+pub async fn chat_prompt(
+    state: &AppState,
+    messages: Vec<Message>,
+    lane: Lane,
+) -> Result<Vec<u32>, ApiError> {
     let prefill = continues(&messages);
-    tokenize_off_thread(state, move |r, budget| {
+    let bytes = text_bytes(&messages);
+    tokenize_off_thread(state, bytes, lane, move |r, budget| {
         if prefill {
             r.template
                 .continuation_ids_within(&r.tokenizer, &messages, budget)
@@ -281,19 +311,18 @@ pub async fn completion_prompt(
     state: &AppState,
     ready: &Ready,
     prompt: &Value,
+    lane: Lane,
 ) -> Result<Vec<u32>, ApiError> {
     let pieces = request::prompt(prompt, ready.tokenizer.vocab_size())?;
-    check_text_size(
-        ready,
-        pieces
-            .iter()
-            .map(|p| match p {
-                PromptPiece::Text(t) => t.len(),
-                PromptPiece::Id(_) => 1,
-            })
-            .sum(),
-    )?;
-    tokenize_off_thread(state, move |r, budget| {
+    let bytes = pieces
+        .iter()
+        .map(|p| match p {
+            PromptPiece::Text(t) => t.len(),
+            PromptPiece::Id(_) => 1,
+        })
+        .sum();
+    check_text_size(ready, bytes)?;
+    tokenize_off_thread(state, bytes, lane, move |r, budget| {
         let bos = r.tokenizer.bos_id();
         let mut ids: Vec<u32> = bos.into_iter().collect();
         for piece in &pieces {

@@ -14,6 +14,7 @@ mod native;
 mod openai;
 pub mod request;
 mod stream;
+mod tokenizing;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -67,6 +68,8 @@ pub struct AppState {
     pub control_key_sha256: Option<[u8; 32]>,
     /// The counters and histograms `/metrics` reports.
     pub metrics: Arc<metrics::Metrics>,
+    /// The budget of text tokenized at once, shared by every route that tokenizes.
+    pub tokenizing: tokenizing::Gate,
 }
 
 /// The router of every endpoint. OpenAI's routes are served with and without `/v1`, as
@@ -174,6 +177,8 @@ pub struct ServeConfig {
     pub api_key: Option<String>,
     /// The key whose requests skip the users' queue (given by the supervisor).
     pub control_key: Option<String>,
+    /// A Unix socket serving the same API (owner-only), for the supervisor.
+    pub control_socket: Option<std::path::PathBuf>,
     /// System prompt for chats that bring none.
     pub system_prompt: Option<String>,
     /// The id clients see in `/v1/models`.
@@ -220,6 +225,7 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
         model_path: Arc::from(config.model.as_path()),
         fingerprint: fingerprint(&config.model, config.context).into(),
         metrics: Arc::clone(&metrics),
+        tokenizing: tokenizing::Gate::default(),
         api_key_sha256: config.api_key.as_deref().map(|k| key_hash(k.trim())),
         control_key_sha256: config
             .control_key
@@ -237,6 +243,10 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
         eprintln!("engine: listening on http://{}", config.listen);
+        let control = match &config.control_socket {
+            Some(path) => Some(bind_control_socket(path)?),
+            None => None,
+        };
         let (failed, load_failure) = tokio::sync::oneshot::channel::<String>();
         let ready = Arc::clone(&state.ready);
         let cors = config.cors.clone();
@@ -251,6 +261,7 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
             }
         });
         let failure = Arc::new(std::sync::Mutex::new(None));
+        let (stopping, stopped) = tokio::sync::watch::channel(false);
         let stop = {
             let failure = Arc::clone(&failure);
             let ready = Arc::clone(&state.ready);
@@ -268,11 +279,28 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
                         *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                     }
                 }
+                let _ = stopping.send(true);
             }
         };
-        http_guard::Server::new(connection_limits(), |peer| peer, guard_error)
-            .serve(listener, router(state, &cors), stop)
-            .await;
+        let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        let app = router(state, &cors);
+        let served = http_guard::Server::new(connection_limits(), |peer| peer, guard_error).serve(
+            listener,
+            app.clone(),
+            until_stopped(stopped.clone()),
+        );
+        let control = async move {
+            if let Some(socket) = control {
+                // Handlers see the socket's one client as loopback.
+                let local = SocketAddr::from(([127, 0, 0, 1], 0));
+                http_guard::Server::new(control_limits(), |peer| peer, guard_error)
+                    .serve_unix(socket, local, app, until_stopped(stopped))
+                    .await;
+            }
+        };
+        tokio::join!(stop, served, control);
         let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
         match failed {
             Some(e) => Err(e),
@@ -293,6 +321,42 @@ fn connection_limits() -> http_guard::Limits {
         max_body: MAX_BODY_BYTES as u64,
         ..http_guard::Limits::default()
     }
+}
+
+/// The control socket's limits: its one client (the supervisor) needs a probe, a readiness
+/// check and a chat at once; every other limit is the TCP port's.
+fn control_limits() -> http_guard::Limits {
+    http_guard::Limits {
+        max_connections: 8,
+        per_client: 8,
+        ..connection_limits()
+    }
+}
+
+/// Binds the control socket at `path`, replacing a socket left by an earlier engine (never a
+/// file of another kind), owner-only: who may connect is who may read the supervisor's run
+/// directory and is this user.
+fn bind_control_socket(path: &std::path::Path) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let shown = path.display();
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)
+            .map_err(|e| format!("--control-socket {shown}: cannot remove the old socket: {e}"))?,
+        Ok(_) => {
+            return Err(format!(
+                "--control-socket {shown}: exists and is not a socket (remove it, or give \
+                 another path)"
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("--control-socket {shown}: {e}")),
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| format!("--control-socket {shown}: cannot listen: {e}"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("--control-socket {shown}: {e}"))?;
+    eprintln!("engine: control socket at {shown}");
+    Ok(listener)
 }
 
 /// The connection guard's refusals (413, 408) in the API's error shape.

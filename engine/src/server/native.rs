@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::error::{ApiError, Body, parse};
@@ -35,8 +35,9 @@ pub async fn completion(
     }
     let settings = generation_settings(&params, ready.context);
     let with_probs = params.logprobs.is_some();
-    let prompt = generation::completion_prompt(&state, ready, &request.prompt).await?;
-    let mut started = start(ready, prompt, params, lane, arrived)?;
+    let place = generation::reserve(ready, lane)?;
+    let prompt = generation::completion_prompt(&state, ready, &request.prompt, lane).await?;
+    let mut started = start(ready, prompt, params, place, arrived)?;
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
     let model = state.model_id.to_string();
     let prompt_tokens = started.prompt_tokens;
@@ -177,19 +178,28 @@ fn yes() -> bool {
 /// Texts a tokenize request may hold: a whole context's worth with room to spare.
 const MAX_TOKENIZE_BYTES: usize = 1 << 20;
 
-/// `POST /tokenize`: `{"tokens": [ids]}` or, `with_pieces`, `[{"id", "piece"}]`.
+/// `POST /tokenize`: `{"tokens": [ids]}` or, `with_pieces`, `[{"id", "piece"}]`. It takes
+/// its turn at the tokenizing budget, and the answer is written straight to bytes: a JSON
+/// value per token would cost several times the text.
 pub async fn tokenize(
     State(state): State<AppState>,
+    Extension(lane): Extension<Lane>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let request: TokenizeRequest = parse(&body)?;
+    drop(body);
     let ready = ready(&state)?;
     if request.content.len() > MAX_TOKENIZE_BYTES {
-        return Err(ApiError::bad_request("content is over 1 MiB"));
+        return Err(ApiError::bad_request(format!(
+            "content is {} bytes; at most {MAX_TOKENIZE_BYTES} are tokenized at once (split it)",
+            request.content.len()
+        )));
     }
+    let turn = state.tokenizing.enter(request.content.len(), lane).await?;
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
-    let tokens = tokio::task::spawn_blocking(move || {
+    let answer = tokio::task::spawn_blocking(move || {
         let mut ids = tokenizer.encode(&request.content, request.parse_special);
+        drop(request.content);
         if !request.add_special
             && tokenizer.bos_id().is_some()
             && ids.first() == tokenizer.bos_id().as_ref()
@@ -197,23 +207,48 @@ pub async fn tokenize(
             ids.remove(0);
         }
         if !request.with_pieces {
-            return json!(ids);
+            return serde_json::to_vec(&TokenizeAnswer { tokens: &ids });
         }
-        ids.iter()
-            .map(|&id| {
-                let bytes = tokenizer.token_bytes(id);
-                let piece = match String::from_utf8(bytes) {
-                    Ok(text) => json!(text),
-                    // A piece that splits a character is given as its bytes, as llama.cpp does.
-                    Err(e) => json!(e.into_bytes()),
-                };
-                json!({ "id": id, "piece": piece })
+        let pieces: Vec<TokenPiece> = ids
+            .iter()
+            .map(|&id| TokenPiece {
+                id,
+                // A piece that splits a character is given as its bytes, as llama.cpp does.
+                piece: match String::from_utf8(tokenizer.token_bytes(id)) {
+                    Ok(text) => PieceText::Text(text),
+                    Err(e) => PieceText::Bytes(e.into_bytes()),
+                },
             })
-            .collect()
+            .collect();
+        serde_json::to_vec(&TokenizeAnswer { tokens: &pieces })
     })
     .await
-    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?;
-    Ok(axum::Json(json!({ "tokens": tokens })).into_response())
+    .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))?
+    .map_err(|e| ApiError::internal(format!("writing the tokens: {e}")))?;
+    drop(turn);
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        answer,
+    )
+        .into_response())
+}
+
+#[derive(Serialize)]
+struct TokenizeAnswer<'a, T: Serialize> {
+    tokens: &'a [T],
+}
+
+#[derive(Serialize)]
+struct TokenPiece {
+    id: u32,
+    piece: PieceText,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum PieceText {
+    Text(String),
+    Bytes(Vec<u8>),
 }
 
 /// `POST /detokenize`.

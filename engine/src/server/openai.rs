@@ -106,9 +106,10 @@ pub async fn chat_completions(
     let (request, ready, params) =
         generation::checked::<ChatRequest>(&state, &body, Dialect::Chat)?;
     let messages = generation::chat_messages(ready, &request)?;
-    let prompt = generation::chat_prompt(&state, messages).await?;
+    let place = generation::reserve(ready, lane)?;
+    let prompt = generation::chat_prompt(&state, messages, lane).await?;
     let with_probs = params.logprobs.is_some();
-    let mut started = start(ready, prompt, params, lane, arrived)?;
+    let mut started = start(ready, prompt, params, place, arrived)?;
     let envelope = Envelope::new(&state, "chatcmpl");
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
     let logprobs = move |probs: &[TokenProbs]| {
@@ -218,9 +219,10 @@ pub async fn completions(
     let arrived = Instant::now();
     let (request, ready, params) =
         generation::checked::<CompletionRequest>(&state, &body, Dialect::Completions)?;
-    let prompt = generation::completion_prompt(&state, ready, &request.prompt).await?;
+    let place = generation::reserve(ready, lane)?;
+    let prompt = generation::completion_prompt(&state, ready, &request.prompt, lane).await?;
     let with_probs = params.logprobs.is_some();
-    let mut started = start(ready, prompt, params, lane, arrived)?;
+    let mut started = start(ready, prompt, params, place, arrived)?;
     let envelope = Envelope::new(&state, "cmpl");
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
     const OBJECT: &str = "text_completion";

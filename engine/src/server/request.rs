@@ -289,6 +289,10 @@ pub const MAX_CHOICES: i64 = 4;
 /// Most alternatives reported per token.
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 
+/// The largest bias magnitude kept: far past any logit's range, so it forces or bans as
+/// well as any larger one would, and every sum and scale of it stays finite.
+const MAX_BIAS: f64 = 1e6;
+
 /// Most `logit_bias` entries.
 pub const MAX_LOGIT_BIAS: usize = 1024;
 
@@ -577,10 +581,12 @@ impl Knobs {
         };
         let bias = |key: &str, v: &Value| match v {
             Value::Bool(false) => Ok(f32::NEG_INFINITY),
+            // Beyond ±MAX_BIAS a bias only forces or bans; clamped there (as f32, 1e308
+            // would be +inf and break every probability computed from the logits).
             v => v
                 .as_f64()
                 .filter(|b| b.is_finite())
-                .map(|b| b as f32)
+                .map(|b| b.clamp(-MAX_BIAS, MAX_BIAS) as f32)
                 .ok_or_else(|| {
                     ApiError::bad_request(format!(
                         "logit_bias: the bias of {key} must be a number (or false to ban it)"
@@ -682,7 +688,22 @@ impl Knobs {
             }
             _ => None,
         };
-        Ok(grammar.map(Arc::new))
+        let Some(grammar) = grammar.map(Arc::new) else {
+            return Ok(None);
+        };
+        // A grammar whose very start outgrows the matcher's bounds could never be followed:
+        // the client hears so now, not as a failed generation.
+        let start = crate::grammar::Matcher::new(Arc::clone(&grammar));
+        if !start.can_continue() && !start.is_complete() {
+            return Err(ApiError::bad_request(format!(
+                "the grammar is too ambiguous to follow: at its start more than {} alternatives \
+                 are alive at once, or one byte takes more than {} expansion steps (make its \
+                 alternatives differ sooner)",
+                crate::grammar::MAX_STACKS,
+                crate::grammar::MAX_STEPS
+            )));
+        }
+        Ok(Some(grammar))
     }
 
     /// Sampler settings: the server's defaults, then llama.cpp server's, where the request is

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::error::ApiError;
-use super::generation::{SHUTTING_DOWN, Started, usage};
+use super::generation::{SHUTTING_DOWN, Started, failed, usage};
 use super::worker::choose::TokenProbs;
 use super::worker::{Event, Summary};
 
@@ -109,9 +109,9 @@ pub fn stream(
                 }
                 out
             }
-            Some(Event::Failed(e)) => {
+            Some(Event::Failed(failure)) => {
                 run.done = true;
-                final_error(&ApiError::internal(e), format)
+                final_error(&failed(failure), format)
             }
             Some(Event::ShuttingDown) => {
                 run.done = true;

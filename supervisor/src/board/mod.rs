@@ -413,6 +413,16 @@ impl Board {
         fs::create_dir_all(self.path(box_path)).map_err(|e| self.err("creating", box_path, e))
     }
 
+    /// Creates a directory (and its missing parents) that only this user may enter, making an
+    /// existing one so too: runtime state under `/run` that other users must not reach.
+    pub fn create_private_dir(&self, box_path: &str) -> BoardResult<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.path(box_path);
+        fs::create_dir_all(&path)
+            .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o700)))
+            .map_err(|e| self.err("creating", box_path, e))
+    }
+
     /// Creates a cgroup directory (the kernel fills in its interface files).
     pub fn create_cgroup(&self, box_path: &str) -> BoardResult<()> {
         let path = self.path(box_path);

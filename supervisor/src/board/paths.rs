@@ -72,6 +72,10 @@ pub const RUN_NETWORK_DIR: &str = "/run/systemd/network";
 pub const RUN_TIMESYNCD_DIR: &str = "/run/systemd/timesyncd.conf.d";
 /// Provisioned files for other daemons (Wi-Fi, SSH), in RAM, made again at every boot.
 pub const RUN_APPLIANCE: &str = "/run/appliance";
+/// The engine's control socket's directory: the supervisor's user only.
+pub const ENGINE_CONTROL_DIR: &str = "/run/appliance/engine";
+/// The engine's control socket: the supervisor's own way in to the engine's API.
+pub const ENGINE_CONTROL_SOCKET: &str = "/run/appliance/engine/control.sock";
 
 /// The version of the system in the booted slot, as its image build stamped it.
 pub const SYSTEM_VERSION: &str = "/usr/share/appliance/version";

@@ -62,10 +62,14 @@ async fn not_healthy(
             status.reason
         )));
     }
-    let key = status.control_key?;
-    let port = config.engine.port.get();
+    // Never healthy by default: without the way in to this engine there is no proof.
+    let (Some(key), Some(socket)) = (status.control_key, status.control_socket) else {
+        return Some(pending(
+            "the engine's control key and socket are not known yet".into(),
+        ));
+    };
     let answered = tokio::task::spawn_blocking(move || {
-        engine::probe::complete_one_token(port, Duration::from_secs(60), &key)
+        engine::probe::complete_one_token(&socket, Duration::from_secs(60), &key)
     })
     .await
     .unwrap_or_else(|e| Err(format!("the completion crashed: {e}")));

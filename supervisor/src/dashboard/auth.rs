@@ -138,10 +138,33 @@ impl Sessions {
     }
 }
 
-/// Failed login attempts in the last [`WINDOW`], per client and overall.
+/// Failed login attempts in the last [`WINDOW`], per client and overall. An attempt counts as
+/// failed from the moment its password check begins until it succeeds, so checks running at
+/// once cannot together take more tries than the limit allows.
 #[derive(Debug, Default)]
 pub struct LoginLimiter {
-    failures: Mutex<VecDeque<(IpAddr, Instant)>>,
+    failures: Mutex<VecDeque<Failure>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Failure {
+    client: IpAddr,
+    at: Instant,
+    id: u64,
+}
+
+/// A password check under way, counted as failed unless [`Attempt::succeeded`] is called.
+pub struct Attempt<'a> {
+    limiter: &'a LoginLimiter,
+    id: u64,
+}
+
+impl Attempt<'_> {
+    /// The password was right: the attempt no longer counts against the client.
+    pub fn succeeded(self) {
+        self.limiter.lock().retain(|f| f.id != self.id);
+    }
 }
 
 /// The address a client is counted under: an IPv6 client by its /64 (one subscriber's share,
@@ -164,14 +187,20 @@ impl LoginLimiter {
         self.check_at(client, Instant::now())
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Failure>> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn check_at(&self, client: IpAddr, now: Instant) -> Option<u64> {
-        let client = client_key(client);
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        failures.retain(|(_, t)| now.duration_since(*t) < WINDOW);
+        Self::wait_in(&mut self.lock(), client_key(client), now)
+    }
+
+    fn wait_in(failures: &mut VecDeque<Failure>, client: IpAddr, now: Instant) -> Option<u64> {
+        failures.retain(|f| now.duration_since(f.at) < WINDOW);
         let mine: Vec<Instant> = failures
             .iter()
-            .filter(|(ip, _)| *ip == client)
-            .map(|(_, t)| *t)
+            .filter(|f| f.client == client)
+            .map(|f| f.at)
             .collect();
         if mine.is_empty() {
             return None;
@@ -185,7 +214,7 @@ impl LoginLimiter {
             let left = WINDOW.saturating_sub(now.duration_since(oldest));
             Some(left.as_secs().max(1))
         };
-        let all: Vec<Instant> = failures.iter().map(|(_, t)| *t).collect();
+        let all: Vec<Instant> = failures.iter().map(|f| f.at).collect();
         match (
             wait_for(&mine, FAILURES_PER_CLIENT),
             wait_for(&all, FAILURES_GLOBAL),
@@ -200,25 +229,36 @@ impl LoginLimiter {
     pub fn has_failed(&self, client: IpAddr) -> bool {
         let client = client_key(client);
         let now = Instant::now();
-        self.failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.lock()
             .iter()
-            .any(|(ip, t)| *ip == client && now.duration_since(*t) < WINDOW)
+            .any(|f| f.client == client && now.duration_since(f.at) < WINDOW)
     }
 
-    /// Counts a failed attempt.
-    pub fn failed(&self, client: IpAddr) {
-        self.failed_at(client, Instant::now());
+    /// A password check for `client` begins, counted as failed until it succeeds; `Err(seconds
+    /// to wait)` when the client may not try now. Checking and counting are one step, so
+    /// attempts running at once never exceed the limit.
+    pub fn attempt(&self, client: IpAddr) -> Result<Attempt<'_>, u64> {
+        self.attempt_at(client, Instant::now())
     }
 
-    fn failed_at(&self, client: IpAddr, now: Instant) {
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        failures.retain(|(_, t)| now.duration_since(*t) < WINDOW);
+    fn attempt_at(&self, client: IpAddr, now: Instant) -> Result<Attempt<'_>, u64> {
+        let client = client_key(client);
+        let mut failures = self.lock();
+        if let Some(wait) = Self::wait_in(&mut failures, client, now) {
+            return Err(wait);
+        }
         if failures.len() >= MAX_REMEMBERED_FAILURES {
             failures.pop_front();
         }
-        failures.push_back((client_key(client), now));
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        failures.push_back(Failure {
+            client,
+            at: now,
+            id,
+        });
+        Ok(Attempt { limiter: self, id })
     }
 }
 
@@ -277,8 +317,9 @@ mod tests {
         let t0 = Instant::now();
         for _ in 0..FAILURES_PER_CLIENT {
             assert_eq!(limiter.check_at(a, t0), None);
-            limiter.failed_at(a, t0);
+            limiter.attempt_at(a, t0).expect("allowed");
         }
+        assert!(limiter.attempt_at(a, t0).is_err(), "the sixth is refused");
         let wait = limiter.check_at(a, t0).expect("limited");
         assert!((1..=60).contains(&wait), "{wait}");
         assert_eq!(
@@ -291,14 +332,14 @@ mod tests {
         let limiter = LoginLimiter::default();
         for i in 0..FAILURES_GLOBAL {
             let ip: IpAddr = [10, 0, (i / 200) as u8, (i % 200) as u8].into();
-            limiter.failed_at(ip, t0);
+            limiter.attempt_at(ip, t0).expect("allowed");
         }
         assert_eq!(
             limiter.check_at(b, t0),
             None,
             "a client that has not failed is never locked out by others"
         );
-        limiter.failed_at(b, t0);
+        limiter.attempt_at(b, t0).expect("allowed");
         assert!(
             limiter.check_at(b, t0).is_some(),
             "one that has failed is held to the global limit"
@@ -312,7 +353,7 @@ mod tests {
         let t0 = Instant::now();
         for i in 0..FAILURES_PER_CLIENT as u16 {
             let ip: IpAddr = [0x2001, 0xdb8, 0, 1, 0, 0, 0, i + 1].into();
-            limiter.failed_at(ip, t0);
+            limiter.attempt_at(ip, t0).expect("allowed");
         }
         let same_64: IpAddr = [0x2001, 0xdb8, 0, 1, 0xffff, 0, 0, 9].into();
         let other_64: IpAddr = [0x2001, 0xdb8, 0, 2, 0, 0, 0, 1].into();
@@ -321,7 +362,26 @@ mod tests {
         let mapped: IpAddr = std::net::Ipv4Addr::new(192, 168, 1, 10)
             .to_ipv6_mapped()
             .into();
-        limiter.failed_at([192, 168, 1, 10].into(), t0);
+        limiter
+            .attempt_at([192, 168, 1, 10].into(), t0)
+            .expect("allowed");
         assert!(limiter.has_failed(mapped));
+    }
+
+    #[test]
+    fn checks_running_at_once_take_no_more_tries_than_the_limit() {
+        let limiter = LoginLimiter::default();
+        let a: IpAddr = [192, 168, 1, 10].into();
+        let t0 = Instant::now();
+        // Every check begun before any ends: the limit still holds.
+        let running: Vec<Attempt<'_>> = (0..3 * FAILURES_PER_CLIENT)
+            .filter_map(|_| limiter.attempt_at(a, t0).ok())
+            .collect();
+        assert_eq!(running.len(), FAILURES_PER_CLIENT);
+        // A right password gives its try back.
+        let mut running = running.into_iter();
+        running.next().expect("one").succeeded();
+        assert!(limiter.attempt_at(a, t0).is_ok());
+        assert!(limiter.attempt_at(a, t0).is_err());
     }
 }

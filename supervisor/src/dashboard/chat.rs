@@ -1,13 +1,15 @@
-//! The "try it" box: one question passed to the engine's loopback chat endpoint, so the engine
-//! itself is never exposed to the network. Bounded question, bounded answer, with a deadline.
+//! The "try it" box: one question passed to the engine's chat endpoint over its control socket,
+//! so the engine itself is never exposed to the network and users who fill its TCP port do not
+//! lock the owner out. Bounded question, bounded answer, with a deadline.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::DashError;
-use crate::engine::{ControlKey, control};
+use crate::engine::{ControlKey, control, local};
 
 /// Longest question accepted, in characters.
 pub const MAX_QUESTION: usize = 2000;
@@ -16,7 +18,7 @@ const MAX_TOKENS: u32 = 128;
 /// How long the engine gets to answer.
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// Largest engine answer read, in bytes.
-const MAX_ANSWER_BYTES: u64 = 256 * 1024;
+const MAX_ANSWER_BYTES: usize = 256 * 1024;
 
 /// The browser's request.
 #[derive(Debug, Deserialize)]
@@ -25,10 +27,10 @@ pub struct Question {
     pub message: String,
 }
 
-/// Asks the engine at `base_url` (loopback) and returns its answer and the engine's response.
+/// Asks the engine on its control `socket` and returns its answer and the engine's response.
 /// The request carries the launch's control key: the owner trying the box is served even while
 /// users fill the engine's queue.
-pub fn ask(base_url: &str, key: &ControlKey, question: &Question) -> Result<Value, DashError> {
+pub fn ask(socket: &Path, key: &ControlKey, question: &Question) -> Result<Value, DashError> {
     let message = question.message.trim();
     if message.is_empty() {
         return Err(DashError::BadRequest("the question is empty".into()));
@@ -38,31 +40,23 @@ pub fn ask(base_url: &str, key: &ControlKey, question: &Question) -> Result<Valu
             "the question is longer than {MAX_QUESTION} characters"
         )));
     }
-    let url = format!("{base_url}/v1/chat/completions");
     let body = json!({
         "messages": [{ "role": "user", "content": message }],
         "max_tokens": MAX_TOKENS,
     });
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(TIMEOUT))
-        .http_status_as_error(false)
-        .build()
-        .into();
     let unavailable =
         |e: String| DashError::EngineUnavailable(format!("the engine did not answer: {e}"));
-    let mut response = agent
-        .post(&url)
-        .header("content-type", "application/json")
-        .header(control::HEADER, key.as_str())
-        .send(body.to_string())
-        .map_err(|e| unavailable(e.to_string()))?;
-    let status = response.status().as_u16();
-    let text = response
-        .body_mut()
-        .with_config()
-        .limit(MAX_ANSWER_BYTES)
-        .read_to_string()
-        .map_err(|e| unavailable(e.to_string()))?;
+    let answer = local::request(
+        socket,
+        "POST",
+        "/v1/chat/completions",
+        &[(control::HEADER, key.as_str())],
+        Some(&body.to_string()),
+        TIMEOUT,
+        MAX_ANSWER_BYTES,
+    )
+    .map_err(unavailable)?;
+    let (status, text) = (answer.status, answer.body);
     if status != 200 {
         return Err(unavailable(format!("status {status}: {}", text.trim())));
     }

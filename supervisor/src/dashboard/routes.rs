@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Form, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Form, FromRequest, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -280,7 +280,7 @@ async fn login(
     Extension(served): Extension<Served>,
     ConnectInfo(ClientAddr(client)): ConnectInfo<ClientAddr>,
     headers: HeaderMap,
-    Form(form): Form<HashMap<String, String>>,
+    request: axum::extract::Request,
 ) -> Result<Response, DashError> {
     if app.open {
         return Ok(Redirect::to("/").into_response());
@@ -308,10 +308,17 @@ async fn login(
             .await
             .map_err(|e| DashError::Internal(format!("password check unavailable: {e}")))?
     };
-    // Asked again now: attempts of a burst that waited for a check may have failed meanwhile.
-    if let Some(wait) = app.limiter.check(client.ip()) {
-        return Err(DashError::TooManyAttempts(wait));
-    }
+    // Asked again now, and counted in the same step: attempts of a burst that waited for a
+    // check may have failed meanwhile, and one running beside this one counts already.
+    let attempt = app
+        .limiter
+        .attempt(client.ip())
+        .map_err(DashError::TooManyAttempts)?;
+    // The body only now: a refused or cross-origin login costs no read of its form.
+    let form = match Form::<HashMap<String, String>>::from_request(request, &()).await {
+        Ok(Form(form)) => form,
+        Err(rejection) => return Ok(rejection.into_response()),
+    };
     let password = form.get("password").cloned().unwrap_or_default();
     let phc = app
         .sources
@@ -325,7 +332,7 @@ async fn login(
         .await
         .map_err(|e| DashError::Internal(format!("password check crashed: {e}")))?;
     if !ok {
-        app.limiter.failed(client.ip());
+        // The attempt stays counted as failed.
         tracing::warn!(client = %client.ip(), "dashboard: wrong password");
         return Ok((
             StatusCode::UNAUTHORIZED,
@@ -333,6 +340,7 @@ async fn login(
         )
             .into_response());
     }
+    attempt.succeeded();
     tracing::info!(client = %client.ip(), "dashboard: logged in");
     let (_, cookie) = app.new_session()?;
     let mut response = Redirect::to("/").into_response();
@@ -534,8 +542,8 @@ async fn api_chat(
     let question: chat::Question = serde_json::from_slice(&body)
         .map_err(|e| DashError::BadRequest(format!("expected {{\"message\": \"...\"}}: {e}")))?;
     let engine = app.sources.engine.borrow().clone();
-    let (url, key) = match (engine.state, engine.url, engine.control_key) {
-        (crate::engine::Phase::Ready, Some(url), Some(key)) => (url, key),
+    let (socket, key) = match (engine.state, engine.control_socket, engine.control_key) {
+        (crate::engine::Phase::Ready, Some(socket), Some(key)) => (socket, key),
         (state, _, _) => {
             return Err(DashError::EngineUnavailable(format!(
                 "the engine is not ready ({}); try again shortly",
@@ -543,7 +551,7 @@ async fn api_chat(
             )));
         }
     };
-    let answer = tokio::task::spawn_blocking(move || chat::ask(&url, &key, &question))
+    let answer = tokio::task::spawn_blocking(move || chat::ask(&socket, &key, &question))
         .await
         .map_err(|e| DashError::Internal(format!("the chat request crashed: {e}")))??;
     Ok(Json(answer).into_response())

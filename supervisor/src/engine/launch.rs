@@ -1,12 +1,12 @@
 //! The engine's command line, from the configuration and the verified model's manifest.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use weights::gate::Approved;
 
 use super::control::ControlKey;
-use crate::board::Board;
+use crate::board::{Board, paths};
 use crate::config::{Config, available_cpus};
 
 /// How the engine is started.
@@ -20,7 +20,12 @@ pub struct Launch {
     pub port: u16,
     /// This launch's control key, given to the engine in its environment only.
     pub control_key: ControlKey,
+    /// The engine's control socket: where the probe and the dashboard's chat reach it.
+    pub control_socket: PathBuf,
 }
+
+/// The longest path a Unix socket may have (`sun_path` less its terminating zero).
+const MAX_SOCKET_PATH: usize = 107;
 
 /// The `engine` binary: the configured one, else `engine` beside the supervisor's own
 /// executable (how the image and `cargo build` lay them out), else `engine` on `PATH`.
@@ -78,13 +83,30 @@ impl Launch {
             args.push("--system-prompt".into());
             args.push(board.path(prompt).into_os_string());
         }
+        let control_socket = board.path(paths::ENGINE_CONTROL_SOCKET);
+        check_socket_path(&control_socket)?;
+        args.push("--control-socket".into());
+        args.push(control_socket.clone().into_os_string());
         Ok(Launch {
             program: binary(config),
             args,
             port: e.port.get(),
             control_key: ControlKey::generate()?,
+            control_socket,
         })
     }
+}
+
+fn check_socket_path(path: &Path) -> Result<(), String> {
+    let length = path.as_os_str().len();
+    if length > MAX_SOCKET_PATH {
+        return Err(format!(
+            "not started: its control socket {} is {length} bytes long, over the {MAX_SOCKET_PATH} \
+             a Unix socket's path may have (run with a shorter --root)",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

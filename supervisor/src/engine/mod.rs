@@ -7,6 +7,7 @@
 
 pub mod control;
 mod launch;
+pub(crate) mod local;
 mod logs;
 pub(crate) mod probe;
 mod process;

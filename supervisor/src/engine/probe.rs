@@ -1,5 +1,7 @@
-//! Talking to the engine over loopback HTTP: readiness (`/health`) and the health probe.
-//! Blocking calls, run off the async runtime.
+//! Talking to the engine over its control socket: readiness (`/health`) and the health probe.
+//! Blocking calls, run off the async runtime. The socket is the supervisor's alone, so users
+//! who hold every connection of the engine's TCP port (slow bodies, unread answers, many
+//! streams) cannot make a healthy engine look dead.
 //!
 //! A busy engine is a healthy engine: while it generates, the probe's own completion would wait
 //! behind the user's answer, so then progress (`tokens_processed` growing) is the proof of life;
@@ -7,11 +9,16 @@
 //! from one probe to the next: the engine counts a long prompt's tokens a slice (128 tokens) at
 //! a time, and on a loaded board one slice can take longer than a probe interval.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
 use super::control::{self, ControlKey};
+use super::local;
+
+/// The largest answer of `/health` or the probe's completion read.
+const MAX_ANSWER: usize = 64 << 10;
 
 /// The engine's answer to `/health`.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -36,30 +43,13 @@ pub struct Speeds {
     pub decode_tokens_per_second: Option<f64>,
 }
 
-fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
-
 /// `GET /health`: `Ok` once the model is loaded (200), `Err` with why not otherwise.
-pub fn health(port: u16, timeout: Duration) -> Result<Health, String> {
-    let url = format!("http://127.0.0.1:{port}/health");
-    let mut response = agent(timeout)
-        .get(&url)
-        .call()
-        .map_err(|e| format!("{url}: {e}"))?;
-    let status = response.status().as_u16();
-    let body = response
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| format!("{url}: {e}"))?;
-    if status != 200 {
-        return Err(format!("{url} answered {status}"));
+pub fn health(socket: &Path, timeout: Duration) -> Result<Health, String> {
+    let answer = local::request(socket, "GET", "/health", &[], None, timeout, MAX_ANSWER)?;
+    if answer.status != 200 {
+        return Err(format!("/health answered {}", answer.status));
     }
-    serde_json::from_str(&body).map_err(|e| format!("{url}: unexpected answer: {e}"))
+    serde_json::from_str(&answer.body).map_err(|e| format!("/health: unexpected answer: {e}"))
 }
 
 /// How the engine answered the probe's completion.
@@ -74,36 +64,34 @@ pub enum Completion {
 /// A one-token greedy completion: the engine is healthy only if it can still generate. It
 /// carries the launch's control key, so an engine that knows it serves it ahead of users.
 pub fn complete_one_token(
-    port: u16,
+    socket: &Path,
     timeout: Duration,
     key: &ControlKey,
 ) -> Result<Completion, String> {
-    let url = format!("http://127.0.0.1:{port}/completion");
     let body = r#"{"prompt":"Hello","n_predict":1,"temperature":0}"#;
-    let mut response = agent(timeout)
-        .post(&url)
-        .header("content-type", "application/json")
-        .header(control::HEADER, key.as_str())
-        .send(body)
-        .map_err(|e| format!("{url}: {e}"))?;
-    let status = response.status().as_u16();
-    let text = response
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| format!("{url}: {e}"))?;
+    let answer = local::request(
+        socket,
+        "POST",
+        "/completion",
+        &[(control::HEADER, key.as_str())],
+        Some(body),
+        timeout,
+        MAX_ANSWER,
+    )?;
+    let (status, text) = (answer.status, answer.body);
     // A full queue is an engine answering; any other 503 (shutting down, its generation
     // thread gone) is an engine that cannot generate.
     if status == 503 && text.contains("queue is full") {
         return Ok(Completion::QueueFull);
     }
     if status != 200 {
-        return Err(format!("{url} answered {status}: {}", text.trim()));
+        return Err(format!("/completion answered {status}: {}", text.trim()));
     }
     let answer: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{url}: unexpected answer: {e}"))?;
+        serde_json::from_str(&text).map_err(|e| format!("/completion: unexpected answer: {e}"))?;
     match answer.get("tokens_predicted").and_then(|n| n.as_u64()) {
         Some(_) => Ok(Completion::Generated),
-        None => Err(format!("{url}: no tokens_predicted in the answer")),
+        None => Err("/completion: no tokens_predicted in the answer".into()),
     }
 }
 
@@ -155,15 +143,15 @@ impl Progress {
 /// completion fails but the engine processed tokens meanwhile (a user's request arrived first
 /// and the probe's waited behind it), it is busy, not dead. Whether a busy engine progresses is
 /// [`Progress`]'s to judge.
-pub fn check(port: u16, timeout: Duration, key: &ControlKey) -> Result<Health, String> {
-    let before = health(port, timeout)?;
+pub fn check(socket: &Path, timeout: Duration, key: &ControlKey) -> Result<Health, String> {
+    let before = health(socket, timeout)?;
     if before.busy {
         return Ok(before);
     }
-    match complete_one_token(port, timeout, key) {
-        Ok(Completion::Generated | Completion::QueueFull) => health(port, timeout),
+    match complete_one_token(socket, timeout, key) {
+        Ok(Completion::Generated | Completion::QueueFull) => health(socket, timeout),
         Err(e) => {
-            let after = health(port, timeout)?;
+            let after = health(socket, timeout)?;
             if after.tokens_processed > before.tokens_processed {
                 Ok(after)
             } else {
@@ -179,11 +167,19 @@ mod tests {
     use std::io::{BufRead, BufReader, Write};
     use std::sync::{Arc, Mutex};
 
-    /// A stand-in engine on loopback: `/health` says idle, `/completion` answers `status`.
-    /// Returns its port and the requests it saw (request line and headers).
-    fn stand_in(completion_status: u16, message: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("addr").port();
+    /// A stand-in engine on a control socket: `/health` says idle, `/completion` answers
+    /// `status`. Returns its socket (in a directory kept while it lives) and the requests it
+    /// saw (request line and headers).
+    fn stand_in(
+        completion_status: u16,
+        message: &'static str,
+    ) -> (
+        (tempfile::TempDir, std::path::PathBuf),
+        Arc<Mutex<Vec<String>>>,
+    ) {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = dir.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&seen);
         std::thread::spawn(move || {
@@ -220,7 +216,7 @@ mod tests {
                 );
             }
         });
-        (port, seen)
+        ((dir, socket), seen)
     }
 
     #[test]
@@ -260,8 +256,8 @@ mod tests {
     #[test]
     fn a_full_queue_is_an_engine_answering_not_a_dead_one() {
         let key = ControlKey::generate().expect("key");
-        let (port, seen) = stand_in(503, "the request queue is full; retry shortly");
-        let health = check(port, Duration::from_secs(5), &key).expect("alive");
+        let ((_dir, socket), seen) = stand_in(503, "the request queue is full; retry shortly");
+        let health = check(&socket, Duration::from_secs(5), &key).expect("alive");
         assert_eq!(health.tokens_processed, 7);
         let requests = seen.lock().expect("log").clone();
         let completion = requests
@@ -275,11 +271,11 @@ mod tests {
             "{completion}"
         );
         // Any other failure still counts, a 503 that is not a full queue too.
-        let (port, _) = stand_in(500, "generation failed");
-        let e = check(port, Duration::from_secs(5), &key).expect_err("failing");
+        let ((_dir, socket), _) = stand_in(500, "generation failed");
+        let e = check(&socket, Duration::from_secs(5), &key).expect_err("failing");
         assert!(e.contains("answered 500"), "{e}");
-        let (port, _) = stand_in(503, "the engine is shutting down");
-        let e = check(port, Duration::from_secs(5), &key).expect_err("cannot generate");
+        let ((_dir, socket), _) = stand_in(503, "the engine is shutting down");
+        let e = check(&socket, Duration::from_secs(5), &key).expect_err("cannot generate");
         assert!(e.contains("answered 503"), "{e}");
     }
 }

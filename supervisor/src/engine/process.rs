@@ -29,7 +29,7 @@ pub struct Running {
 }
 
 /// The command every engine process is started from: arguments as a vector, nothing on stdin,
-/// output piped to the supervisor, and SIGTERM when the supervisor dies, even by SIGKILL. A
+/// output piped to the supervisor, and SIGKILL when the supervisor dies, even by SIGKILL. A
 /// server gets its control key in the environment, where other users cannot read it.
 fn command(
     program: &Path,
@@ -57,7 +57,9 @@ fn tie_to_parent(command: &mut std::process::Command) {
     // async-signal-safe calls prctl, getppid and kill.
     unsafe {
         command.pre_exec(move || {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+            // SIGKILL: a stopped engine, or one that ignores SIGTERM, must not outlive a
+            // supervisor that crashed.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // The parent may have died between fork and prctl.
             if nix::unistd::getppid() != parent {
                 let _ = kill(nix::unistd::getpid(), Signal::SIGKILL);
@@ -87,6 +89,9 @@ pub async fn spawn(
     launch: &Launch,
     logs: &Arc<LogRing>,
 ) -> Result<Running, String> {
+    board
+        .create_private_dir(paths::ENGINE_CONTROL_DIR)
+        .map_err(|e| format!("not started: {e}"))?;
     let mut command = tokio::process::Command::from(command(
         &launch.program,
         &launch.args,

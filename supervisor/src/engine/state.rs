@@ -62,6 +62,9 @@ pub struct EngineStatus {
     /// never in the published file or `status --json`.
     #[serde(skip)]
     pub control_key: Option<ControlKey>,
+    /// The running engine's control socket, for the same requests: in memory only.
+    #[serde(skip)]
+    pub control_socket: Option<std::path::PathBuf>,
 }
 
 impl EngineStatus {
@@ -83,6 +86,7 @@ impl EngineStatus {
             recent_log: Vec::new(),
             supervisor_pid: Some(std::process::id()),
             control_key: None,
+            control_socket: None,
         }
     }
 

@@ -252,6 +252,7 @@ impl Supervisor {
         self.status.pid = Some(running.pid);
         self.status.ready_unix = None;
         self.status.control_key = Some(launch.control_key.clone());
+        self.status.control_socket = Some(launch.control_socket.clone());
         tracing::info!(
             pid = running.pid,
             "engine started: {}",
@@ -261,7 +262,7 @@ impl Supervisor {
 
         let started = Instant::now();
         let start_timeout = Duration::from_secs(self.config.engine.start_timeout_s.get());
-        let port = launch.port;
+        let socket = launch.control_socket.clone();
         let health = loop {
             tokio::select! {
                 exit = running.exited() => {
@@ -270,7 +271,8 @@ impl Supervisor {
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
                 why = refused(&mut model) => return self.refuse(running, why).await,
                 _ = tokio::time::sleep(READY_POLL) => {
-                    match blocking(move || probe::health(port, READY_POLL * 4)).await {
+                    let socket = socket.clone();
+                    match blocking(move || probe::health(&socket, READY_POLL * 4)).await {
                         Ok(health) => break health,
                         Err(e) if started.elapsed() >= start_timeout => {
                             let exit = running.stop(STOP_GRACE).await;
@@ -313,7 +315,8 @@ impl Supervisor {
                 why = refused(&mut model) => return self.refuse(running, why).await,
                 _ = probes.tick() => {
                     let key = launch.control_key.clone();
-                    let probe = blocking(move || probe::check(port, timeout, &key));
+                    let socket = socket.clone();
+                    let probe = blocking(move || probe::check(&socket, timeout, &key));
                     match probe.await {
                         Ok(health) => {
                             failed_probes = 0;

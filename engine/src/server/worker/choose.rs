@@ -63,6 +63,9 @@ pub enum Choice {
     Token(u32, Option<TokenProbs>),
     /// The grammar is complete and nothing may follow: the answer ends here.
     End,
+    /// The request cannot be followed any further (its grammar outgrew the matcher's bounds,
+    /// or its logit bias banned every token the grammar allows): why, for the client.
+    Unfollowable(String),
 }
 
 /// Everything a request's choices are made with.
@@ -93,11 +96,13 @@ impl Chooser<'_> {
                 if m.is_complete() {
                     return Ok(Choice::End);
                 }
-                return Err(
-                    "the grammar allows nothing more here and is not complete (it is \
-                            too large or too ambiguous to follow)"
-                        .into(),
-                );
+                return Ok(Choice::Unfollowable(format!(
+                    "the grammar allows nothing more here and is not complete: it is too \
+                     ambiguous to follow (more than {} alternatives alive at once, or more \
+                     than {} expansion steps for one byte); make its alternatives differ sooner",
+                    crate::grammar::MAX_STACKS,
+                    crate::grammar::MAX_STEPS,
+                )));
             }
         }
         let mut adjusted = Cow::Borrowed(logits);
@@ -119,7 +124,13 @@ impl Chooser<'_> {
         let mut token = self.sampler.next(&adjusted, history);
         if let Some(m) = &self.grammar {
             if !self.fits(m, token) {
-                let masked = self.masked(m, adjusted.into_owned())?;
+                let Some(masked) = self.masked(m, adjusted.into_owned())? else {
+                    return Ok(Choice::Unfollowable(
+                        "no token of the vocabulary can continue the grammar here (does \
+                         logit_bias ban every token it allows?)"
+                            .into(),
+                    ));
+                };
                 token = self.sampler.next(&masked, history);
             }
         }
@@ -152,8 +163,8 @@ impl Chooser<'_> {
             && m.accepts(&bytes)
     }
 
-    /// `logits` with every token the grammar refuses at −∞.
-    fn masked(&self, m: &Matcher, logits: Vec<f32>) -> Result<Vec<f32>, String> {
+    /// `logits` with every token the grammar refuses at −∞; `None` when that is every token.
+    fn masked(&self, m: &Matcher, logits: Vec<f32>) -> Result<Option<Vec<f32>>, String> {
         let vocab = self
             .vocab
             .ok_or("a grammar without its vocabulary (an engine bug)")?;
@@ -178,10 +189,7 @@ impl Chooser<'_> {
                 if ok { l } else { f32::NEG_INFINITY }
             })
             .collect();
-        if !any {
-            return Err("no token of the vocabulary can continue the grammar here".into());
-        }
-        Ok(masked)
+        Ok(any.then_some(masked))
     }
 }
 

@@ -107,9 +107,31 @@ pub enum Event {
         summary: Summary,
     },
     /// Generation could not run.
-    Failed(String),
+    Failed(Failure),
     /// The engine is shutting down: the answer was cut off (or never started).
     ShuttingDown,
+}
+
+/// Why a choice could not be answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The request asks for what cannot be followed (a grammar past the matcher's bounds): the
+    /// client's to change (400).
+    Request(String),
+    /// The engine failed (500).
+    Engine(String),
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure::Engine(message)
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        Failure::Engine(message.to_string())
+    }
 }
 
 /// Why generation ended.
@@ -379,19 +401,57 @@ impl Worker {
         *self.speeds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues `job`, or says why not.
-    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+    /// Takes a place in `lane`'s queue, or says why not: taken before a request's prompt is
+    /// tokenized, so a request that would be refused costs no tokenizing.
+    pub fn reserve(&self, lane: Lane) -> Result<Place, Refused> {
         if self.progress.stopping() {
             return Err(Refused::Stopped);
         }
-        let lane = job.lane;
         if !self.waiting.enter(lane) {
             return Err(Refused::Full);
         }
-        self.queue.send(job).map_err(|_| {
+        Ok(Place {
+            waiting: Arc::clone(&self.waiting),
+            lane,
+            taken: true,
+        })
+    }
+
+    /// Queues `job` in the place taken for it.
+    pub fn submit(&self, mut place: Place, job: Job) -> Result<(), Refused> {
+        let lane = place.lane;
+        if self.progress.stopping() {
+            return Err(Refused::Stopped);
+        }
+        // The queue's count now follows the job; a send that fails gives the place back.
+        place.taken = false;
+        self.queue.send(Job { lane, ..job }).map_err(|_| {
             self.waiting.leave(lane);
             Refused::Stopped
         })
+    }
+}
+
+/// A place in a lane's queue, held while the request's prompt is tokenized; given back when
+/// dropped unless its job was submitted.
+pub struct Place {
+    waiting: Arc<Waiting>,
+    lane: Lane,
+    taken: bool,
+}
+
+impl Place {
+    /// The lane the place is in.
+    pub fn lane(&self) -> Lane {
+        self.lane
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.taken {
+            self.waiting.leave(self.lane);
+        }
     }
 }
 
@@ -526,7 +586,7 @@ impl Runner<'_> {
         job: &Job,
         choice: usize,
         reused: Option<Cached>,
-    ) -> Result<(Summary, Cached), String> {
+    ) -> Result<(Summary, Cached), Failure> {
         let Runner {
             model,
             tokenizer,
@@ -538,10 +598,10 @@ impl Runner<'_> {
         } = *self;
         let (prompt, params) = (&job.prompt, &job.params);
         if prompt.is_empty() || prompt.len() >= context {
-            return Err(format!(
+            return Err(Failure::Engine(format!(
                 "the prompt has {} tokens; the context holds {context}",
                 prompt.len()
-            ));
+            )));
         }
         // At least the last prompt token runs, so there are logits to sample from.
         let (mut cache, cache_n) = match reused {
@@ -615,6 +675,7 @@ impl Runner<'_> {
             last_token: Instant::now(),
             finish: None,
             stopping_word: String::new(),
+            unfollowable: None,
         };
         let mut history = prompt.clone();
         let (end, in_cache) = decode(
@@ -626,6 +687,9 @@ impl Runner<'_> {
             speculation.as_mut(),
             &mut sink,
         )?;
+        if let Some(why) = sink.unfollowable.take() {
+            return Err(Failure::Request(why));
+        }
         let finish = match end {
             End::Length => Finish::Length,
             End::Sink => sink.finish.unwrap_or(Finish::Stop),
@@ -688,6 +752,8 @@ struct Answering<'a> {
     last_token: Instant,
     finish: Option<Finish>,
     stopping_word: String,
+    /// Why the request could not be followed, when it could not.
+    unfollowable: Option<String>,
 }
 
 impl Answering<'_> {
@@ -712,6 +778,10 @@ impl Sink for Answering<'_> {
         }
         match self.chooser.next(logits, history)? {
             Choice::End => Ok(None),
+            Choice::Unfollowable(why) => {
+                self.unfollowable = Some(why);
+                Ok(None)
+            }
             Choice::Token(token, _) if self.end_ids.contains(&token) => Ok(None),
             Choice::Token(token, probs) => {
                 self.chosen_probs = probs;
