@@ -50,6 +50,7 @@ struct Connection<C, H> {
 pub(crate) async fn run<C, H, S>(
     shared: Arc<Shared<H>>,
     stream: impl Future<Output = io::Result<S>>,
+    abort: Option<std::os::fd::OwnedFd>,
     peer: impl Display,
     info: C,
     admitted: Admitted,
@@ -86,6 +87,7 @@ pub(crate) async fn run<C, H, S>(
         activity: Arc::clone(&admitted.activity),
         timeout: limits.write_timeout,
         stall: None,
+        abort,
     };
     let connection = Arc::new(Connection {
         shared,
@@ -171,6 +173,10 @@ struct Watched<S> {
     activity: Arc<Activity>,
     timeout: Duration,
     stall: Option<Pin<Box<Sleep>>>,
+    /// The socket's second descriptor (TCP): closed with the stream, after being set to
+    /// reset the connection when the write timeout gave up on it, so the kernel does not keep
+    /// retrying the unread bytes for an orphaned socket.
+    abort: Option<std::os::fd::OwnedFd>,
 }
 
 impl<S> Watched<S> {
@@ -191,6 +197,9 @@ impl<S> Watched<S> {
             Box::pin(tokio::time::sleep(self.timeout))
         });
         if stall.as_mut().poll(cx).is_ready() {
+            if let Some(fd) = &self.abort {
+                let _ = socket2::SockRef::from(fd).set_linger(Some(Duration::ZERO));
+            }
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the client read nothing of its answer within the write timeout",

@@ -176,8 +176,11 @@ where
                 // coalescing. A small send buffer bounds what an unread answer holds.
                 let _ = tcp.set_nodelay(true);
                 let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(send_buffer);
+                // A second handle on the socket, to reset it if its client stops reading.
+                let abort = std::os::fd::AsFd::as_fd(&tcp).try_clone_to_owned().ok();
                 let shared = Arc::clone(shared);
                 Accepted {
+                    abort,
                     client: peer.ip(),
                     info: connect_info(peer),
                     peer: peer.to_string(),
@@ -229,6 +232,7 @@ where
                 }
             };
             let Accepted {
+                abort,
                 client,
                 info,
                 peer,
@@ -241,6 +245,7 @@ where
             connections.spawn(connection::run(
                 Arc::clone(&shared),
                 stream,
+                abort,
                 peer,
                 info,
                 admitted,
@@ -291,6 +296,7 @@ where
         self.serve_with(
             listener,
             move |_: &Arc<Shared<PlainTcp>>, (unix, _): (tokio::net::UnixStream, _)| Accepted {
+                abort: None,
                 // One client: the caps count every connection against the same address.
                 client: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
                 info: info.clone(),
@@ -307,6 +313,9 @@ where
 /// A connection accepted, before admission: whom it counts against, what handlers see, its
 /// name in logs, and its stream once the handshake is done.
 struct Accepted<C, T> {
+    /// A duplicate of a TCP socket's descriptor, to reset the connection (discarding what the
+    /// kernel still holds of an unread answer) when the write timeout closes it.
+    abort: Option<std::os::fd::OwnedFd>,
     client: IpAddr,
     info: C,
     peer: String,

@@ -308,23 +308,14 @@ fn weights_that_fail_reverification_while_served_stop_the_engine_until_they_veri
     board.wait_no_processes(Duration::from_secs(5));
 }
 
-#[test]
-fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second() {
-    let board = board_with_model();
-    let (port, dashboard) = (free_port(), free_port());
-    let config = format!(
-        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\n\n[dashboard]\nlisten = \"127.0.0.1:{dashboard}\"\n",
-        engine_binary().display()
-    );
-    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
-    let mut supervisor = board.run();
-    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready"));
+/// A question through the dashboard's chat (open on loopback without a password: its page
+/// carries the session and CSRF token): the status and the body of the answer.
+fn dashboard_chat(dashboard: u16, question: &str) -> (u16, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(300)))
         .build()
         .into();
-    // Without a password the dashboard is open on loopback; its page carries the CSRF token.
     let base = format!("http://127.0.0.1:{dashboard}");
     let mut page = agent.get(&base).call().expect("the page");
     let cookie = page
@@ -341,9 +332,6 @@ fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second()
         .and_then(|rest| rest.split('"').next())
         .expect("csrf token")
         .to_string();
-    // The longest question the box accepts, about a thousand tokens: many prompt slices, each
-    // of which can outlast a probe interval.
-    let question = "x ".repeat(1000);
     let body = serde_json::json!({ "message": question }).to_string();
     let mut answer = agent
         .post(format!("{base}/api/chat"))
@@ -353,7 +341,79 @@ fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second()
         .send(body)
         .expect("chat");
     let status = answer.status().as_u16();
-    let text = answer.body_mut().read_to_string().expect("answer");
+    (status, answer.body_mut().read_to_string().expect("answer"))
+}
+
+/// A supervisor that is killed, with what it started, if the test ends without stopping it.
+struct Supervised(Child);
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        // SIGKILL: its engine dies with it (PR_SET_PDEATHSIG).
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn slow_bodies_on_the_engines_port_neither_get_it_restarted_nor_lock_out_the_dashboard() {
+    use std::io::Write;
+    let board = board_with_model();
+    let (port, dashboard) = (free_port(), free_port());
+    let config = format!(
+        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nhealth_timeout_ms = 2000\nrestart_backoff_ms = 100\n\n[dashboard]\nlisten = \"127.0.0.1:{dashboard}\"\n",
+        engine_binary().display()
+    );
+    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let mut supervisor = Supervised(board.run());
+    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready"));
+    // A local process takes every connection the engine allows one address, from the
+    // address the supervisor would probe from, and keeps each body trickling.
+    let mut attack: Vec<std::net::TcpStream> = (0..32)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            s.write_all(
+                b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                  Content-Length: 100000\r\n\r\n{",
+            )
+            .expect("a slow body");
+            s
+        })
+        .collect();
+    // Many probe intervals (two failed probes in a row would kill the engine).
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        for s in &mut attack {
+            let _ = s.write_all(b" ");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (status, text) = dashboard_chat(dashboard, "Name a colour.");
+    assert_eq!(status, 200, "{text}");
+    let engine = board.status()["engine"].clone();
+    assert_eq!(pid_of(&engine), pid, "the same engine serves: {engine:#}");
+    assert_eq!(engine["restarts"], 0, "{engine:#}");
+    assert_eq!(engine["state"], "ready", "{engine:#}");
+    drop(attack);
+    signal(&supervisor.0, Signal::SIGTERM);
+    assert!(supervisor.0.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}
+
+#[test]
+fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second() {
+    let board = board_with_model();
+    let (port, dashboard) = (free_port(), free_port());
+    let config = format!(
+        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\n\n[dashboard]\nlisten = \"127.0.0.1:{dashboard}\"\n",
+        engine_binary().display()
+    );
+    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let mut supervisor = board.run();
+    let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready"));
+    // The longest question the box accepts, about a thousand tokens: many prompt slices, each
+    // of which can outlast a probe interval.
+    let (status, text) = dashboard_chat(dashboard, &"x ".repeat(1000));
     assert_eq!(status, 200, "{text}");
     let reply: Value = serde_json::from_str(&text).expect("json");
     assert!(
