@@ -48,8 +48,13 @@ for manifest in "${manifests[@]}"; do
   esac
   for round in $(seq 1 "$rounds"); do
     echo "$name round $round: llama-bench" >&2
-    "$llama_bin/llama-bench" -m "$model" -p "$prompt" -n "$gen" -d "$depth" -t "$threads" -r "$reps" -o json \
-      > "$out/$name.llama.$round.json" 2>/dev/null
+    if ! "$llama_bin/llama-bench" -m "$model" -p "$prompt" -n "$gen" -d "$depth" -t "$threads" -r "$reps" -o json \
+      > "$out/$name.llama.$round.json" 2> "$out/$name.llama.$round.err" ||
+      ! python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1])) else 1)' "$out/$name.llama.$round.json" 2>/dev/null; then
+      tail -n 20 "$out/$name.llama.$round.err" >&2
+      echo "bench/engine-vs-llama.sh: llama-bench gave no rows for $name (above: its last words); no ratio without the reference" >&2
+      exit 1
+    fi
     echo "$name round $round: engine bench" >&2
     target/release/engine bench -m "$model" -p "$prompt" -n "$gen" -d "$depth" -t "$threads" -r "$reps" --json \
       > "$out/$name.engine.$round.json"

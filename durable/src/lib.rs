@@ -26,6 +26,53 @@ pub fn replace_private(path: &Path, contents: &[u8]) -> io::Result<()> {
     replace_with_mode(path, contents, 0o600)
 }
 
+/// Creates `path` with `contents`, owner-only, only if nothing is there yet: `Ok(true)` when
+/// this call made it, `Ok(false)` when it already existed (then it is left as it is). The
+/// contents are written whole to a temporary file first and then hard-linked into place, which
+/// fails if the name is taken: of two callers at once exactly one creates it, and a reader or
+/// a crash never sees a partial file. For secrets made once (a fleet's secret, a device key).
+pub fn create_private(path: &Path, contents: &[u8]) -> io::Result<bool> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(
+        ".new-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let tmp = dir.join(tmp_name);
+    let _ = fs::remove_file(&tmp);
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(contents)?;
+        file.sync_all()?;
+        drop(file);
+        let created = match fs::hard_link(&tmp, path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(e),
+        };
+        fs::remove_file(&tmp)?;
+        sync_dir(dir)?;
+        Ok(created)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
 /// Replaces `path` atomically with everything `source` yields (large files: a kernel, an
 /// initramfs), streamed rather than held in memory.
 pub fn replace_from(path: &Path, source: &mut impl Read) -> io::Result<()> {
@@ -190,6 +237,32 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn of_creators_at_once_exactly_one_creates_and_its_contents_stay() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("secret");
+        let creators: Vec<_> = (0..16u8)
+            .map(|i| {
+                let path = path.clone();
+                std::thread::spawn(move || (i, create_private(&path, &[i; 32]).expect("create")))
+            })
+            .collect();
+        let winners: Vec<u8> = creators
+            .into_iter()
+            .map(|c| c.join().expect("creator"))
+            .filter_map(|(i, created)| created.then_some(i))
+            .collect();
+        assert_eq!(winners.len(), 1, "{winners:?}");
+        assert_eq!(fs::read(&path).expect("read"), vec![winners[0]; 32]);
+        let mode = fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(!create_private(&path, b"other").expect("exists"));
+        assert_eq!(fs::read(&path).expect("read"), vec![winners[0]; 32]);
+        let names = fs::read_dir(dir.path()).expect("list").count();
+        assert_eq!(names, 1, "no temporary file left");
+    }
 
     #[test]
     fn replaces_contents_and_leaves_no_temp_file() {

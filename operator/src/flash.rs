@@ -2,36 +2,78 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
 const CHUNK: usize = 4 << 20;
 
-/// Refuses a device that must not be overwritten: a partition rather than a whole disk, a disk
-/// with a mounted partition (the system disk always has one), or one another driver holds
-/// (RAID, LVM, swap). A regular file is an image being written, and is allowed.
-pub fn check_target(device: &Path) -> Result<(), String> {
-    let meta = fs::metadata(device).map_err(|e| format!("{}: {e}", device.display()))?;
-    if meta.file_type().is_file() {
-        return Ok(());
-    }
-    if !meta.file_type().is_block_device() {
+/// Opens the target to write, and refuses it unless it may be overwritten: a partition
+/// rather than a whole disk, a disk with a mounted partition (the system disk always has one),
+/// or one another driver holds (RAID, LVM, swap); a regular file (an image being written) only
+/// if it is not `source` itself. A disk is opened with `O_EXCL`, which the kernel refuses while
+/// anything has it mounted or claimed and which keeps it ours from the check to the last
+/// write; the checks read the opened descriptor, never the path again. When the kernel's
+/// tables cannot be read, the disk is refused: not knowing is not "free".
+pub fn open_target(device: &Path, source: &File) -> Result<File, String> {
+    let at = |e: io::Error| format!("{}: {e}", device.display());
+    let meta = fs::metadata(device).map_err(at)?;
+    let file = if meta.file_type().is_block_device() {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(nix::libc::O_EXCL)
+            .open(device)
+            .map_err(|e| {
+                if e.raw_os_error() == Some(nix::libc::EBUSY) {
+                    format!(
+                        "{} is in use (mounted, or held by another program); unmount it first",
+                        device.display()
+                    )
+                } else {
+                    at(e)
+                }
+            })?
+    } else if meta.file_type().is_file() {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(device)
+            .map_err(at)?
+    } else {
         return Err(format!(
             "{} is neither a disk nor a file; name the card's device (e.g. /dev/sdb or /dev/mmcblk0)",
             device.display()
         ));
+    };
+    let opened = file.metadata().map_err(at)?;
+    let image = source.metadata().map_err(at)?;
+    if opened.dev() == image.dev() && opened.ino() == image.ino() {
+        return Err(format!(
+            "{} is the image being written; name the card's device",
+            device.display()
+        ));
     }
-    let rdev = meta.rdev();
-    let id = format!(
-        "{}:{}",
-        nix::sys::stat::major(rdev),
-        nix::sys::stat::minor(rdev)
-    );
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let swaps = fs::read_to_string("/proc/swaps").unwrap_or_default();
-    in_use(device, &id, Path::new("/sys/dev/block"), &mountinfo, &swaps)
+    if opened.file_type().is_block_device() {
+        let rdev = opened.rdev();
+        let id = format!(
+            "{}:{}",
+            nix::sys::stat::major(rdev),
+            nix::sys::stat::minor(rdev)
+        );
+        let read = |path: &str| {
+            fs::read_to_string(path).map_err(|e| {
+                format!(
+                    "cannot tell whether {} is in use ({path}: {e}); not written",
+                    device.display()
+                )
+            })
+        };
+        let (mountinfo, swaps) = (read("/proc/self/mountinfo")?, read("/proc/swaps")?);
+        in_use(device, &id, Path::new("/sys/dev/block"), &mountinfo, &swaps)?;
+    }
+    Ok(file)
 }
 
 /// Whether the disk `id` (`major:minor`) or one of its partitions is mounted, swapped on or
@@ -106,17 +148,12 @@ pub fn write_and_verify(
     device: &Path,
     mut progress: impl FnMut(&str, u64, u64),
 ) -> Result<String, String> {
-    check_target(device)?;
     fn at(p: &Path) -> impl Fn(io::Error) -> String + '_ {
         move |e| format!("{}: {e}", p.display())
     }
     let mut source = File::open(image).map_err(at(image))?;
     let total = source.metadata().map_err(at(image))?.len();
-    let mut target = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(device)
-        .map_err(at(device))?;
+    let mut target = open_target(device, &source)?;
     let meta = target.metadata().map_err(at(device))?;
     if meta.file_type().is_block_device() {
         let capacity = crate::disk::disk_len(&mut target).map_err(at(device))?;
@@ -219,6 +256,28 @@ mod tests {
                              23 22 8:1 / /boot rw - vfat /dev/sda1 rw\n\
                              24 22 0:5 / /proc rw - proc proc rw\n";
     const SWAPS: &str = "Filename Type Size Used Priority\n";
+
+    #[test]
+    fn the_image_itself_is_never_the_target_even_by_another_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let image = dir.path().join("appliance.img");
+        fs::write(&image, vec![7u8; 4096]).expect("image");
+        let alias = dir.path().join("alias.img");
+        std::os::unix::fs::symlink(&image, &alias).expect("link");
+        for target in [&image, &alias] {
+            let e = write_and_verify(&image, target, |_, _, _| {}).expect_err("the source");
+            assert!(e.contains("is the image being written"), "{e}");
+        }
+        assert_eq!(
+            fs::read(&image).expect("read"),
+            vec![7u8; 4096],
+            "untouched"
+        );
+        let copy = dir.path().join("copy.img");
+        fs::write(&copy, b"old").expect("copy");
+        write_and_verify(&image, &copy, |_, _, _| {}).expect("another file is written");
+        assert_eq!(fs::read(&copy).expect("read"), vec![7u8; 4096]);
+    }
 
     #[test]
     fn the_system_disk_and_its_partitions_are_refused_a_free_disk_is_not() {

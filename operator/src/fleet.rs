@@ -66,29 +66,37 @@ impl Paths {
     }
 }
 
-/// The fleet's secret, made (owner-only) the first time a card is stamped.
+/// The fleet's secret, made (owner-only) the first time a card is stamped. Made with an
+/// exclusive create: of two `stamp` runs at once one makes it and both use that one, so no
+/// card is ever stamped with a secret that is then replaced.
 pub fn secret(paths: &Paths) -> Result<Vec<u8>, String> {
+    if let Some(secret) = read_secret(paths)? {
+        return Ok(secret);
+    }
+    let mut secret = vec![0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| format!("the OS random source failed: {e}"))?;
+    durable::create_private(
+        &paths.secret,
+        format!("{}\n", hex::encode(&secret)).as_bytes(),
+    )
+    .map_err(|e| format!("{}: {e}", paths.secret.display()))?;
+    // Whoever created it, the file is the secret.
+    read_secret(paths)?.ok_or_else(|| format!("{} vanished as it was made", paths.secret.display()))
+}
+
+fn read_secret(paths: &Paths) -> Result<Option<Vec<u8>>, String> {
     match std::fs::read_to_string(&paths.secret) {
         Ok(text) => hex::decode(text.trim())
             .ok()
             .filter(|s| s.len() == 32)
+            .map(Some)
             .ok_or_else(|| {
                 format!(
                     "{} is damaged (not 64 hex digits); restore it from your backup",
                     paths.secret.display()
                 )
             }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut secret = vec![0u8; 32];
-            getrandom::fill(&mut secret)
-                .map_err(|e| format!("the OS random source failed: {e}"))?;
-            durable::replace_private(
-                &paths.secret,
-                format!("{}\n", hex::encode(&secret)).as_bytes(),
-            )
-            .map_err(|e| format!("{}: {e}", paths.secret.display()))?;
-            Ok(secret)
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("{}: {e}", paths.secret.display())),
     }
 }
@@ -642,4 +650,24 @@ pub fn table(rows: &[Row]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_run_at_once_share_one_fleet_secret() {
+        let dir = tempfile::tempdir().expect("dir");
+        let paths = Paths::beside(&dir.path().join("fleet.toml"));
+        let runs: Vec<_> = (0..8)
+            .map(|_| {
+                let paths = Paths::beside(&paths.fleet);
+                std::thread::spawn(move || secret(&paths).expect("secret"))
+            })
+            .collect();
+        let secrets: Vec<Vec<u8>> = runs.into_iter().map(|r| r.join().expect("run")).collect();
+        assert!(secrets.iter().all(|s| s == &secrets[0]), "{secrets:?}");
+        assert_eq!(secret(&paths).expect("again"), secrets[0]);
+    }
 }

@@ -269,6 +269,24 @@ impl Board {
         Ok(())
     }
 
+    /// Bytes an unprivileged writer may still store on the filesystem holding `box_path`.
+    pub fn free_bytes(&self, box_path: &str) -> BoardResult<u64> {
+        let stat = nix::sys::statvfs::statvfs(&self.path(box_path))
+            .map_err(|e| self.err("measuring the free space of", box_path, io::Error::from(e)))?;
+        Ok(stat.blocks_available().saturating_mul(stat.fragment_size()))
+    }
+
+    /// Creates `box_path` owner-only with `contents` unless it exists (`Ok(false)` then, the
+    /// file untouched): of two creators at once exactly one makes it ([`durable::create_private`]).
+    pub fn create_private_file(&self, box_path: &str, contents: &[u8]) -> BoardResult<bool> {
+        let path = self.path(box_path);
+        self.writing();
+        let created = durable::create_private(&path, contents)
+            .map_err(|e| self.err("creating", box_path, e))?;
+        self.wrote();
+        Ok(created)
+    }
+
     /// Points the symbolic link `box_path` at `target` atomically (a new link renamed over the
     /// old one).
     pub fn replace_symlink(&self, box_path: &str, target: &str) -> BoardResult<()> {

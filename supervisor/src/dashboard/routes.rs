@@ -408,10 +408,15 @@ async fn api_update_upload(
     } else {
         app.require_csrf(&headers, None)?;
     }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok());
     let progress = super::update::accept(
         Arc::clone(&app.uploads),
         app.sources.board.clone(),
         app.sources.config.clone(),
+        declared,
         body,
     )
     .await?;

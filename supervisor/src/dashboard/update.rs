@@ -86,6 +86,7 @@ pub async fn accept(
     uploads: Arc<Uploads>,
     board: Board,
     config: Config,
+    declared: Option<u64>,
     body: Body,
 ) -> Result<Progress, DashError> {
     {
@@ -100,7 +101,7 @@ pub async fn accept(
             ..Progress::default()
         };
     }
-    let stored = store(&uploads, &board, &config, body).await;
+    let stored = store(&uploads, &board, &config, declared, body).await;
     let path = match stored {
         Ok(path) => path,
         Err(e) => {
@@ -141,10 +142,30 @@ pub async fn accept(
     Ok(progress)
 }
 
+/// Space left free on the data partition beside an upload (the box keeps recording its state
+/// there, and the install unpacks nothing there, but a full disk breaks every durable write).
+const KEEP_FREE: u64 = 64 << 20;
+
+/// The partial upload, removed when the upload does not complete: an error, the client gone
+/// (the handler's future dropped mid-stream) or a full disk leave no gigabytes behind.
+struct Partial {
+    path: std::path::PathBuf,
+    kept: bool,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 async fn store(
     uploads: &Uploads,
     board: &Board,
     config: &Config,
+    declared: Option<u64>,
     body: Body,
 ) -> Result<String, String> {
     let path = upload_path(config);
@@ -152,7 +173,26 @@ async fn store(
     board
         .create_dir_all(&config.model.data_dir)
         .map_err(|e| e.to_string())?;
+    // A partial upload a power cut left behind is given back first, then the space checked.
+    let _ = board.remove_file(&partial);
+    let free = board
+        .free_bytes(&config.model.data_dir)
+        .map_err(|e| e.to_string())?;
+    let needed = declared.unwrap_or(0).saturating_add(KEEP_FREE);
+    if free < needed {
+        return Err(format!(
+            "the data partition has {} MiB free; this bundle needs {} MiB and {} MiB must stay \
+             free (remove old files, or install from a USB stick)",
+            free >> 20,
+            declared.unwrap_or(0).div_ceil(1 << 20),
+            KEEP_FREE >> 20
+        ));
+    }
     let host = board.path(&partial);
+    let mut guard = Partial {
+        path: host.clone(),
+        kept: false,
+    };
     let mut file = tokio::fs::File::create(&host)
         .await
         .map_err(|e| format!("storing the upload in {partial}: {e}"))?;
@@ -162,13 +202,17 @@ async fn store(
         let chunk =
             chunk.map_err(|e| format!("the upload broke off after {received} bytes: {e}"))?;
         received += chunk.len() as u64;
+        if declared.is_none() && received.saturating_add(KEEP_FREE) > free {
+            return Err(format!(
+                "the upload outgrew the data partition's free space after {received} bytes"
+            ));
+        }
         file.write_all(&chunk)
             .await
             .map_err(|e| format!("storing the upload in {partial}: {e}"))?;
         uploads.lock().received = received;
     }
     if received == 0 {
-        let _ = tokio::fs::remove_file(&host).await;
         return Err("the request carried no bundle: send the .raucb file as the body".into());
     }
     file.sync_all()
@@ -178,6 +222,7 @@ async fn store(
     tokio::fs::rename(&host, board.path(&path))
         .await
         .map_err(|e| format!("placing the upload at {path}: {e}"))?;
+    guard.kept = true;
     uploads.say(&format!("received {received} bytes"));
     Ok(path)
 }

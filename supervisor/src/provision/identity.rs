@@ -16,14 +16,11 @@ pub const TLS_KEY: &str = "/var/lib/appliance/provision/tls-key.der";
 /// The TLS certificate (DER), self-signed.
 pub const TLS_CERT: &str = "/var/lib/appliance/provision/tls-cert.der";
 
-/// The device key, made the first time it is needed.
+/// The device key, made the first time it is needed: with an exclusive create, so two callers
+/// at once (provisioning and an enrolment answer) end with the same key, never one each.
 pub fn device_key(board: &Board) -> Result<SigningKey, String> {
-    if let Some(text) = board.read_optional(DEVICE_KEY).map_err(|e| e.to_string())? {
-        let seed: [u8; 32] = hex::decode(text.trim())
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| format!("{DEVICE_KEY} is damaged (not 64 hex digits)"))?;
-        return Ok(SigningKey::from_bytes(&seed));
+    if let Some(key) = read_device_key(board)? {
+        return Ok(key);
     }
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| format!("the OS random source failed: {e}"))?;
@@ -31,9 +28,20 @@ pub fn device_key(board: &Board) -> Result<SigningKey, String> {
         .create_dir_all(PROVISION_DIR)
         .map_err(|e| e.to_string())?;
     board
-        .replace_private_file(DEVICE_KEY, format!("{}\n", hex::encode(seed)).as_bytes())
+        .create_private_file(DEVICE_KEY, format!("{}\n", hex::encode(seed)).as_bytes())
         .map_err(|e| e.to_string())?;
-    Ok(SigningKey::from_bytes(&seed))
+    read_device_key(board)?.ok_or_else(|| format!("{DEVICE_KEY} vanished as it was made"))
+}
+
+fn read_device_key(board: &Board) -> Result<Option<SigningKey>, String> {
+    let Some(text) = board.read_optional(DEVICE_KEY).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let seed: [u8; 32] = hex::decode(text.trim())
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| format!("{DEVICE_KEY} is damaged (not 64 hex digits)"))?;
+    Ok(Some(SigningKey::from_bytes(&seed)))
 }
 
 /// The device key's public half in hex.
