@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::model::{KvCache, Logits, Model};
 use crate::sampler::{Sampler, Sampling};
-use crate::speculate::{self, Costs, Sink, Speculation};
+use crate::speculate::{self, LearnedCosts, Sink, Speculation};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -338,8 +338,8 @@ fn greedy_rows(
     if prompt.is_empty() || n == 0 {
         return Err("greedy decoding needs a prompt and tokens to generate".into());
     }
-    let costs = Costs::measure(model, threads)?;
-    let fresh = || Speculation::new(speculate::MAX_DRAFT, 0, costs.clone());
+    // Pass costs as `engine serve` has them: a prior, then what the repetitions' passes cost.
+    let mut learned = LearnedCosts::default();
     let (_, expected) = timed_decode(model, prompt, n, threads, None, &mut BTreeMap::new())?; // warm-up
     let (mut plain, mut spec) = (Vec::new(), Vec::new());
     let (mut plain_passes, mut spec_passes) = (BTreeMap::new(), BTreeMap::new());
@@ -347,7 +347,7 @@ fn greedy_rows(
     for _ in 0..repetitions.max(1) {
         let (seconds, _) = timed_decode(model, prompt, n, threads, None, &mut plain_passes)?;
         plain.push(n as f64 / seconds);
-        let mut speculation = fresh();
+        let mut speculation = Speculation::new(speculate::MAX_DRAFT, 0, learned.costs());
         let (seconds, tokens) = timed_decode(
             model,
             prompt,
@@ -363,6 +363,7 @@ fn greedy_rows(
             ));
         }
         spec.push(n as f64 / seconds);
+        learned.learn(&speculation);
         let (drafted, accepted) = speculation.drafts();
         drafts = (drafts.0 + drafted, drafts.1 + accepted);
     }

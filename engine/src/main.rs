@@ -327,7 +327,7 @@ fn main() -> ExitCode {
                     Spec::Ngram => Some(engine::speculate::Speculation::new(
                         engine::speculate::MAX_DRAFT,
                         0,
-                        engine::speculate::Costs::measure(&m, threads)?,
+                        engine::speculate::Costs::prior(),
                     )),
                     Spec::None => None,
                 };

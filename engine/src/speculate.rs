@@ -6,8 +6,9 @@
 //! only when it is the token chosen, and the first mismatch ends the run with the target's
 //! own token, so the output is the same with and without speculation.
 //!
-//! How far to draft is chosen per step from the measured cost of a pass of `m` tokens
-//! against a pass of one ([`Costs`], timed on this machine at start) and the acceptance seen
+//! How far to draft is chosen per step from the cost of a pass of `m` tokens against a pass of
+//! one ([`Costs`]: timed up front by `engine bench`, learned from the passes requests run by
+//! `engine serve`, [`LearnedCosts`]) and the acceptance seen
 //! so far in the request, kept apart by how long the match is: a match of 2 tokens in prose
 //! ("of the") rarely predicts the next ones, a match of 16 (a sentence being quoted, a loop)
 //! nearly always does. Novel text, whose drafts miss, stops drafting.
@@ -106,11 +107,6 @@ pub fn draft(history: &[u32], n: usize) -> Draft<'_> {
     }
 }
 
-/// Positions already in the cache when pass costs are timed: attention over earlier
-/// positions is part of what every decoded token costs, and a pass timed at position 0 leaves
-/// it out (there a pass of 8 measured 2.9–3.9 steps on SmolLM2 where decoding took 4.1–4.5).
-const CALIBRATION_CONTEXT: usize = 64;
-
 /// Time of a pass of `m` tokens relative to a pass of one, for m = 1..=[`MAX_DRAFT`] + 1.
 #[derive(Debug, Clone)]
 pub struct Costs {
@@ -118,66 +114,16 @@ pub struct Costs {
 }
 
 impl Costs {
-    /// Times passes of 1 to `MAX_DRAFT + 1` tokens of `model` on `threads` threads, as decoding
-    /// runs them: after [`CALIBRATION_CONTEXT`] positions already in a scratch cache, every
-    /// token's logits computed. A few sizes are timed, the rest interpolated; each size's
-    /// cost is the median over rounds of its time against the one-token pass of the same
-    /// round, so a slow moment of the machine (a shared VM, a throttled Pi) falls on both
-    /// sides of a ratio. About 30 one-token passes' worth of work per round.
-    pub fn measure(model: &Model<'_>, threads: usize) -> Result<Costs, String> {
-        const SIZES: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, MAX_DRAFT + 1];
-        const ROUNDS: usize = 7;
-        let vocab = model.hparams.vocab as u32;
-        let at = CALIBRATION_CONTEXT.min(model.hparams.train_context.saturating_sub(MAX_DRAFT + 1));
-        let context = (at + MAX_DRAFT + 1).min(model.hparams.train_context);
-        let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
-        // Ordinary ids spread over the vocabulary (the first few are often control tokens).
-        let ids = |n: usize, salt: u32| -> Vec<u32> {
-            (0..n as u32)
-                .map(|t| t.wrapping_mul(7919).wrapping_add(salt) % vocab)
-                .collect()
-        };
-        if at > 0 {
-            model.forward(&ids(at, 11), 0, &mut cache, Logits::None)?;
-        }
-        let tokens = ids(MAX_DRAFT + 1, 101);
-        // Warm the threads and caches first; then rounds that interleave the sizes.
-        for _ in 0..4 {
-            model.forward(&tokens[..1], at, &mut cache, Logits::All)?;
-        }
-        let mut ratios: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); SIZES.len()];
-        for _ in 0..ROUNDS {
-            let mut round = [0.0f64; SIZES.len()];
-            for (m, seconds) in SIZES.iter().zip(&mut round) {
-                let started = Instant::now();
-                model.forward(&tokens[..*m], at, &mut cache, Logits::All)?;
-                *seconds = started.elapsed().as_secs_f64();
-            }
-            for (ratio, seconds) in ratios.iter_mut().zip(&round) {
-                ratio.push(seconds / round[0].max(f64::MIN_POSITIVE));
-            }
-        }
-        let timed: Vec<(usize, f64)> = SIZES
-            .iter()
-            .zip(&mut ratios)
-            .map(|(&m, r)| {
-                r.sort_by(f64::total_cmp);
-                (m, r[r.len() / 2])
-            })
-            .collect();
-        let seconds: Vec<f64> = (1..=MAX_DRAFT + 1)
-            .map(|m| {
-                let after = timed.iter().position(|&(size, _)| size >= m).unwrap_or(0);
-                let (m1, s1) = timed[after];
-                match after.checked_sub(1).map(|i| timed[i]) {
-                    Some((m0, s0)) if m1 > m0 => {
-                        s0 + (s1 - s0) * (m - m0) as f64 / (m1 - m0) as f64
-                    }
-                    _ => s1,
-                }
-            })
-            .collect();
-        Ok(Costs::from_seconds(&seconds))
+    /// What passes cost before any is timed: each token past the first adds [`PRIOR_EXTRA`]
+    /// of a step. Dearer than most machines measure (0.1 on a Pi 5 with a larger model, 0.35
+    /// on a shared two-core VM with SmolLM2), so a server that has not timed a pass yet drafts
+    /// only where acceptance is high, and the passes it runs correct the rest.
+    pub fn prior() -> Costs {
+        Costs::from_seconds(
+            &(0..=MAX_DRAFT)
+                .map(|extra| 1.0 + PRIOR_EXTRA * extra as f64)
+                .collect::<Vec<_>>(),
+        )
     }
 
     /// The relative cost of passes of 1, 2, … tokens (for reports).
@@ -218,6 +164,78 @@ struct Record {
     accepted: usize,
 }
 
+/// Extra cost of each drafted token in [`Costs::prior`], in steps.
+const PRIOR_EXTRA: f64 = 0.4;
+
+/// Pass costs learned from the passes requests ran, starting from [`Costs::prior`]: a server
+/// is ready at once rather than after timing passes at start (seconds on a Pi with a larger
+/// model, all of them before the first answer), and the costs it learns are those of real
+/// contexts on the machine as it is now.
+#[derive(Debug, Clone)]
+pub struct LearnedCosts {
+    /// Each width's recent costs (index: width − 1; width 1 is the unit and stays empty).
+    by_width: Vec<Recent>,
+}
+
+impl Default for LearnedCosts {
+    fn default() -> LearnedCosts {
+        LearnedCosts {
+            by_width: vec![Recent::empty(); MAX_DRAFT + 1],
+        }
+    }
+}
+
+impl LearnedCosts {
+    /// Takes in what a request's wider passes cost (the median per width it ran).
+    pub fn learn(&mut self, speculation: &Speculation) {
+        for (learned, seen) in self.by_width.iter_mut().zip(&speculation.by_width) {
+            if let Some(cost) = seen.median() {
+                learned.push(cost);
+            }
+        }
+    }
+
+    /// Widths whose cost has been timed.
+    pub fn timed(&self) -> usize {
+        self.by_width.iter().filter(|r| r.filled > 0).count()
+    }
+
+    /// Costs now: a timed width's median; between timed widths, a straight line; past the
+    /// widest timed one, the prior's extra cost scaled as that width's was.
+    pub fn costs(&self) -> Costs {
+        let prior = Costs::prior();
+        let timed: Vec<(usize, f64)> = std::iter::once((1, 1.0))
+            .chain(
+                self.by_width
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, r)| Some((i + 1, r.median()?))),
+            )
+            .collect();
+        let (last, last_cost) = timed[timed.len() - 1];
+        let beyond = if last > 1 {
+            (last_cost - 1.0) / (prior.of(last) - 1.0)
+        } else {
+            1.0
+        };
+        let seconds: Vec<f64> = (1..=MAX_DRAFT + 1)
+            .map(|m| {
+                let Some(after) = timed.iter().position(|&(w, _)| w >= m) else {
+                    return 1.0 + (prior.of(m) - 1.0) * beyond;
+                };
+                let (m1, c1) = timed[after];
+                match after.checked_sub(1).map(|i| timed[i]) {
+                    Some((m0, c0)) if m1 > m0 => {
+                        c0 + (c1 - c0) * (m - m0) as f64 / (m1 - m0) as f64
+                    }
+                    _ => c1,
+                }
+            })
+            .collect();
+        Costs::from_seconds(&seconds)
+    }
+}
+
 /// A request's speculation: its limits and what its drafts have achieved so far.
 #[derive(Debug, Clone)]
 pub struct Speculation {
@@ -242,6 +260,8 @@ pub struct Speculation {
     /// calibration cannot see the request's context length, nor a machine that has since
     /// slowed or got busier.
     extra_scales: Recent,
+    /// This request's wider passes in steps (index: width − 1), for [`LearnedCosts`].
+    by_width: Vec<Recent>,
 }
 
 /// Timings a request remembers of each kind (odd: the median is one of them).
@@ -318,6 +338,7 @@ impl Speculation {
             idle: 0,
             step_seconds: Recent::empty(),
             extra_scales: Recent::all(1.0),
+            by_width: vec![Recent::empty(); MAX_DRAFT + 1],
         }
     }
 
@@ -335,7 +356,13 @@ impl Speculation {
     /// The draft for the next pass after `history`, at most `room` tokens: the length whose
     /// expected tokens per unit of cost is best, given the acceptance so far; empty when one
     /// plain step is best. What it returns counts as drafted.
+    ///
+    /// The request's first pass is a plain step: wider passes are timed against its steps, and
+    /// a request whose every pass drafted would teach [`LearnedCosts`] nothing.
     pub fn next<'h>(&mut self, history: &'h [u32], room: usize) -> &'h [u32] {
+        if self.step_seconds.filled == 0 {
+            return &[];
+        }
         let found = draft(history, self.n_max.min(room));
         let chosen = self.length(found);
         let tokens = &found.tokens[..chosen];
@@ -377,8 +404,14 @@ impl Speculation {
             return;
         }
         let calibrated = self.costs.of(tokens) - 1.0;
-        if let (Some(step), true) = (self.step_seconds.median(), calibrated > 1e-3) {
-            let observed = (seconds / step - 1.0).max(0.0);
+        let Some(step) = self.step_seconds.median() else {
+            return;
+        };
+        let observed = (seconds / step - 1.0).max(0.0);
+        if let Some(width) = self.by_width.get_mut(tokens - 1) {
+            width.push(1.0 + observed);
+        }
+        if calibrated > 1e-3 {
             self.extra_scales
                 .push((observed / calibrated).clamp(0.25, 8.0));
         }
@@ -513,6 +546,13 @@ pub fn decode(
 mod tests {
     use super::*;
 
+    /// A request's speculation after its first plain step.
+    fn stepped(n_max: usize, costs: Costs) -> Speculation {
+        let mut s = Speculation::new(n_max, 0, costs);
+        s.timed(1, 0.010);
+        s
+    }
+
     /// Costs of passes that grow by `per_token` of a pass's base cost per token.
     fn linear_costs(per_token: f64) -> Costs {
         Costs::from_seconds(
@@ -566,12 +606,12 @@ mod tests {
     fn drafting_stops_where_it_does_not_pay() {
         // Passes cost as much per token as steps: drafting can never pay.
         let flat = Costs::from_seconds(&(1..=17).map(f64::from).collect::<Vec<_>>());
-        let mut s = Speculation::new(8, 0, flat);
+        let mut s = stepped(8, flat);
         let h = [1, 2, 3, 4, 5, 1, 2, 3];
         assert!(s.next(&h, 8).is_empty());
         // Nearly free batches and drafts that hit: the whole match is drafted.
         let cheap = linear_costs(0.02);
-        let mut s = Speculation::new(8, 0, cheap.clone());
+        let mut s = stepped(8, cheap.clone());
         // A record of drafts after 3-token matches (this history's) that hit.
         s.by_match[bucket(3)] = Record {
             drafted: 100,
@@ -580,7 +620,7 @@ mod tests {
         };
         assert_eq!(s.next(&h, 8), &[4, 5, 1, 2, 3]);
         // The same costs with drafts that always missed: none.
-        let mut s = Speculation::new(8, 0, cheap);
+        let mut s = stepped(8, cheap);
         s.by_match[bucket(3)] = Record {
             drafted: 400,
             checked: 100,
@@ -592,7 +632,7 @@ mod tests {
     #[test]
     fn each_match_length_keeps_its_own_record() {
         let cheap = linear_costs(0.1);
-        let mut s = Speculation::new(8, 0, cheap);
+        let mut s = stepped(8, cheap);
         // 2-token matches ("… 5 6" after "5 6 7") whose drafts all missed.
         let short = [5, 6, 7, 8, 9, 5, 6];
         assert!(
@@ -623,7 +663,7 @@ mod tests {
             checked: 100,
             accepted: 80,
         };
-        let mut s = Speculation::new(8, 0, cheap);
+        let mut s = stepped(8, cheap);
         s.by_match[bucket(3)] = hits;
         let before = s.next(&h, 8).len();
         assert!(before >= 4, "cheap passes and good drafts: {before}");
@@ -656,7 +696,7 @@ mod tests {
         let costs = linear_costs(0.3);
         // A loop: the longest match, nearly every drafted token accepted so far.
         let h: Vec<u32> = (0..20).cycle().take(100).collect();
-        let mut s = Speculation::new(16, 0, costs);
+        let mut s = stepped(16, costs);
         s.by_match[bucket(MATCH_MAX)] = Record {
             drafted: 64,
             checked: 64,
@@ -686,7 +726,7 @@ mod tests {
     #[test]
     fn a_long_draft_missed_at_its_first_token_is_one_miss() {
         let cheap = linear_costs(0.1);
-        let mut s = Speculation::new(16, 0, cheap);
+        let mut s = stepped(16, cheap);
         let h: Vec<u32> = (0..40).chain(0..20).collect();
         let first = s.next(&h, 16).len();
         assert!(first > 4, "a 20-token match drafts long: {first}");
@@ -694,5 +734,40 @@ mod tests {
         assert_eq!(s.drafts(), (first, 0));
         let again = s.next(&h, 16).len();
         assert!(again > 4, "one miss, not {first}: {again}");
+    }
+
+    #[test]
+    fn learned_costs_start_from_the_prior_and_follow_the_passes_run() {
+        let mut learned = LearnedCosts::default();
+        assert_eq!(learned.timed(), 0);
+        assert_eq!(learned.costs().relative(), Costs::prior().relative());
+        // A request whose 9-token passes took 2 steps and whose 3-token passes took 1.2.
+        let mut s = stepped(16, Costs::prior());
+        for _ in 0..4 {
+            s.timed(1, 0.010);
+            s.timed(9, 0.020);
+            s.timed(3, 0.012);
+        }
+        learned.learn(&s);
+        assert_eq!(learned.timed(), 2);
+        let r = learned.costs().relative().to_vec();
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(near(r[8], 2.0) && near(r[2], 1.2), "{r:?}");
+        // Between timed widths a straight line; from 1 to the first timed one as well.
+        assert!(
+            near(r[1], 1.1) && near(r[5], 1.2 + 0.8 * 3.0 / 6.0),
+            "{r:?}"
+        );
+        // Past the widest timed width: the prior's extra cost, scaled as width 9's was.
+        let scale = 1.0 / (Costs::prior().of(9) - 1.0);
+        assert!(
+            near(r[16], 1.0 + (Costs::prior().of(17) - 1.0) * scale),
+            "{r:?}"
+        );
+        // Cheaper passes than the prior make drafting pay sooner.
+        let h = [1, 2, 3, 4, 5, 1, 2, 3];
+        let mut prior = stepped(8, Costs::prior());
+        let mut taught = stepped(8, learned.costs());
+        assert!(taught.next(&h, 8).len() >= prior.next(&h, 8).len());
     }
 }

@@ -390,7 +390,8 @@ fn a_full_queue_answers_503_with_retry_after() {
 }
 
 /// The supervisor's own requests (its health probe) carry the control key and are never
-/// refused because users filled the queue; a wrong key is just a user.
+/// refused because users filled the queue, and go before users already waiting; a wrong key is
+/// just a user.
 #[test]
 fn control_requests_skip_a_full_user_queue() {
     let server = start_with_env(&["--queue", "1"], &[("ENGINE_CONTROL_KEY", "box-secret")]);
@@ -425,6 +426,12 @@ fn control_requests_skip_a_full_user_queue() {
         probe,
     );
     assert!(control.starts_with("HTTP/1.0 200"), "{control}");
+    // Served before the user request that was already waiting: that one still has its 400
+    // tokens to generate (a queue served in order would have answered it first).
+    assert!(
+        !users[1].is_finished(),
+        "the waiting user request was answered before the control request"
+    );
     for user in users {
         let answer = user.join().expect("thread");
         assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");

@@ -4,11 +4,11 @@
 //! with the provisioned password.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
 use operator::https;
 use serde_json::Value;
+use test_support::Owned;
 
 const APPLIANCE: &str = env!("CARGO_BIN_EXE_appliance");
 const PASSWORD: &str = "front desk 42";
@@ -60,7 +60,7 @@ struct Box_ {
     root: PathBuf,
     https: String,
     plain: String,
-    daemon: Option<Child>,
+    daemon: Option<Owned>,
 }
 
 impl Box_ {
@@ -97,35 +97,21 @@ impl Box_ {
     }
 
     fn start(&mut self) {
-        let child = Command::new(supervisor_binary())
-            .args(["--root", self.root.to_str().expect("utf8"), "run"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("supervisor run");
+        let mut child = Owned::spawn(
+            Command::new(supervisor_binary())
+                .args(["--root", self.root.to_str().expect("utf8"), "run"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            "supervisor run",
+        );
+        let https = &self.https;
+        child.wait_until(|| https::request(https, "GET", "/login", None, None, None).is_ok());
         self.daemon = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while https::request(&self.https, "GET", "/login", None, None, None).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "HTTPS never came up on {}",
-                self.https
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
     }
 
+    /// Kills the daemon (a power cut, as far as the box's state is concerned).
     fn stop(&mut self) {
-        if let Some(mut child) = self.daemon.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Box_ {
-    fn drop(&mut self) {
-        self.stop();
+        self.daemon = None;
     }
 }
 

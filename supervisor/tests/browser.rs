@@ -9,11 +9,12 @@
 //! installs them). Without them the test fails: it never skips.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{Value, json};
+use test_support::Owned;
 
 mod common;
 
@@ -36,21 +37,12 @@ fn which(program: &str) -> Option<PathBuf> {
     })
 }
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// One WebDriver session.
 struct Browser {
     base: String,
     session: String,
     agent: ureq::Agent,
-    _driver: Killed,
+    _driver: Owned,
 }
 
 impl Browser {
@@ -63,28 +55,25 @@ impl Browser {
             .find_map(|name| which(name))
             .expect("chromium is not installed: apt-get install chromium chromium-driver");
         let port = free_port();
-        let child = Command::new(driver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver");
+        let mut driver = Owned::spawn(
+            Command::new(driver)
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            "chromedriver",
+        );
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(120)))
             .build()
             .into();
         let base = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while agent.get(&format!("{base}/status")).call().is_err() {
-            assert!(Instant::now() < deadline, "chromedriver did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        driver.wait_until(|| agent.get(&format!("{base}/status")).call().is_ok());
         let mut browser = Browser {
             base,
             session: String::new(),
             agent,
-            _driver: Killed(child),
+            _driver: driver,
         };
         let caps = json!({ "capabilities": { "alwaysMatch": {
             "browserName": "chrome",
@@ -222,7 +211,7 @@ impl Drop for Browser {
 }
 
 /// A simulated board with the default model, and `supervisor run` serving the dashboard.
-fn start_supervisor(dir: &Path, port: u16) -> Killed {
+fn start_supervisor(dir: &Path, port: u16) -> Owned {
     let root = dir.join("board");
     supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
     common::install_default_model(&root);
@@ -234,21 +223,18 @@ fn start_supervisor(dir: &Path, port: u16) -> Killed {
         supervisor_with_stdin(&["dashboard", "hash-password"], PASSWORD).trim()
     );
     std::fs::write(root.join("etc/appliance/appliance.toml"), config).expect("config");
-    let child = Command::new(BIN)
-        .arg("--root")
-        .arg(&root)
-        .arg("run")
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("supervisor run");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the dashboard did not listen");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Killed(child)
+    let mut child = Owned::spawn(
+        Command::new(BIN)
+            .arg("--root")
+            .arg(&root)
+            .arg("run")
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "supervisor run",
+    );
+    child.wait_until(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    child
 }
 
 #[test]

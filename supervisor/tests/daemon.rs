@@ -4,11 +4,12 @@
 
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use test_support::Owned;
 
 mod common;
 
@@ -17,7 +18,7 @@ struct Daemon {
     _dir: tempfile::TempDir,
     root: PathBuf,
     socket: UnixDatagram,
-    child: Child,
+    child: Owned,
 }
 
 fn start(config: &str, watchdog_usec: Option<&str>) -> Daemon {
@@ -40,7 +41,7 @@ fn start(config: &str, watchdog_usec: Option<&str>) -> Daemon {
     if let Some(usec) = watchdog_usec {
         command.env("WATCHDOG_USEC", usec);
     }
-    let child = command.spawn().expect("spawn");
+    let child = Owned::spawn(&mut command, "supervisor run");
     Daemon {
         _dir: dir,
         root,

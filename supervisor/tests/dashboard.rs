@@ -6,10 +6,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use test_support::Owned;
 
 mod common;
 
@@ -33,15 +34,8 @@ fn new_token() -> (String, String) {
 struct Daemon {
     _dir: tempfile::TempDir,
     root: PathBuf,
-    child: Child,
+    child: Owned,
     base: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn start(dashboard: &str, port: u16) -> Daemon {
@@ -59,27 +53,23 @@ fn start(dashboard: &str, port: u16) -> Daemon {
         free_port()
     );
     std::fs::write(root.join("etc/appliance/appliance.toml"), config).expect("config");
-    let child = Command::new(BIN)
-        .args(["--root", root.to_str().expect("utf8"), "run"])
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("supervisor run");
-    let daemon = Daemon {
+    let child = Owned::spawn(
+        Command::new(BIN)
+            .args(["--root", root.to_str().expect("utf8"), "run"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "supervisor run",
+    );
+    let mut daemon = Daemon {
         _dir: dir,
         root,
         child,
         base: format!("http://127.0.0.1:{port}"),
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the dashboard did not listen on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    daemon
+        .child
+        .wait_until(|| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
     daemon
 }
 

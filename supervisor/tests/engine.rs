@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
+use test_support::Owned;
 
 mod common;
 
@@ -77,17 +78,20 @@ impl Board {
         }
     }
 
-    fn run(&self) -> Child {
-        Command::new(BIN)
-            .arg("--root")
-            .arg(&self.root)
-            .arg("run")
-            .env("RUST_LOG", "info")
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("supervisor run")
+    /// `supervisor run`, killed if the test ends without stopping it (SIGKILL: its engine
+    /// dies with it, PR_SET_PDEATHSIG).
+    fn run(&self) -> Owned {
+        Owned::spawn(
+            Command::new(BIN)
+                .arg("--root")
+                .arg(&self.root)
+                .arg("run")
+                .env("RUST_LOG", "info")
+                .env_remove("NOTIFY_SOCKET")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            "supervisor run",
+        )
     }
 
     fn cgroup_members(&self) -> String {
@@ -344,17 +348,6 @@ fn dashboard_chat(dashboard: u16, question: &str) -> (u16, String) {
     (status, answer.body_mut().read_to_string().expect("answer"))
 }
 
-/// A supervisor that is killed, with what it started, if the test ends without stopping it.
-struct Supervised(Child);
-
-impl Drop for Supervised {
-    fn drop(&mut self) {
-        // SIGKILL: its engine dies with it (PR_SET_PDEATHSIG).
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn slow_bodies_on_the_engines_port_neither_get_it_restarted_nor_lock_out_the_dashboard() {
     use std::io::Write;
@@ -365,7 +358,7 @@ fn slow_bodies_on_the_engines_port_neither_get_it_restarted_nor_lock_out_the_das
         engine_binary().display()
     );
     std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
-    let mut supervisor = Supervised(board.run());
+    let mut supervisor = board.run();
     let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready"));
     // A local process takes every connection the engine allows one address, from the
     // address the supervisor would probe from, and keeps each body trickling.
@@ -395,8 +388,8 @@ fn slow_bodies_on_the_engines_port_neither_get_it_restarted_nor_lock_out_the_das
     assert_eq!(engine["restarts"], 0, "{engine:#}");
     assert_eq!(engine["state"], "ready", "{engine:#}");
     drop(attack);
-    signal(&supervisor.0, Signal::SIGTERM);
-    assert!(supervisor.0.wait().expect("wait").success());
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
     board.wait_no_processes(Duration::from_secs(5));
 }
 

@@ -159,15 +159,16 @@ impl Sim {
     }
 
     /// `supervisor run` on this board, as systemd starts it at every boot.
-    fn daemon(&self) -> std::process::Child {
-        Command::new(BIN)
-            .arg("--root")
-            .arg(&self.root)
-            .arg("--config")
-            .arg(&self.config)
-            .arg("run")
-            .spawn()
-            .expect("daemon")
+    fn daemon(&self) -> test_support::Owned {
+        test_support::Owned::spawn(
+            Command::new(BIN)
+                .arg("--root")
+                .arg(&self.root)
+                .arg("--config")
+                .arg(&self.config)
+                .arg("run"),
+            "supervisor run",
+        )
     }
 
     /// Runs `overclock COMMAND`, which must fail with exit status 1 and say `needle`.

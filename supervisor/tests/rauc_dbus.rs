@@ -328,16 +328,17 @@ fn a_bundle_uploaded_to_the_dashboard_is_installed_and_rebooted_into() {
         ),
     )
     .expect("config");
-    let mut daemon = Command::new(BIN)
-        .arg("--root")
-        .arg(&b.root)
-        .arg("run")
-        .env("DBUS_SYSTEM_BUS_ADDRESS", &b.bus.address)
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("run");
+    let mut daemon = test_support::Owned::spawn(
+        Command::new(BIN)
+            .arg("--root")
+            .arg(&b.root)
+            .arg("run")
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &b.bus.address)
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+        "supervisor run",
+    );
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(std::time::Duration::from_secs(20)))

@@ -8,7 +8,7 @@
 //! other.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -16,6 +16,7 @@ use serde_json::Value;
 mod common;
 
 use common::{BIN, engine_binary, free_port};
+use test_support::Owned;
 
 const BOOT: &str = "boot/firmware";
 
@@ -135,7 +136,7 @@ impl Sim {
     }
 
     /// The daemon with the real engine on the real default model.
-    fn daemon(&self, extra: &str) -> Child {
+    fn daemon(&self, extra: &str) -> Owned {
         let config = format!(
             "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\nmax_restarts = 1\n\n[dashboard]\nlisten = \"127.0.0.1:{}\"\n\n{extra}",
             engine_binary().display(),
@@ -143,16 +144,17 @@ impl Sim {
             free_port()
         );
         self.configure(&config);
-        self.command(&["run"])
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("supervisor run")
+        Owned::spawn(
+            self.command(&["run"])
+                .env_remove("NOTIFY_SOCKET")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            "supervisor run",
+        )
     }
 
     /// Waits until the update record has a last outcome, then stops the daemon.
-    fn wait_for_verdict(&self, mut daemon: Child, within: Duration) -> Value {
+    fn wait_for_verdict(&self, mut daemon: Owned, within: Duration) -> Value {
         let deadline = Instant::now() + within;
         loop {
             let status = self.status();
@@ -249,13 +251,13 @@ fn an_update_whose_engine_never_becomes_healthy_rolls_back_by_itself() {
     assert!(out.contains("this boot tries slot B"), "{out}");
     assert!(!sim.reboot_requested());
     // Now with the broken engine: the supervision gives up on it and the slot is rolled back.
-    let daemon = sim
-        .command(&["run"])
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run");
+    let daemon = Owned::spawn(
+        sim.command(&["run"])
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "supervisor run",
+    );
     let status = sim.wait_for_verdict(daemon, Duration::from_secs(120));
     assert_eq!(status["last"]["result"], "rolled-back", "{status:#}");
     assert!(

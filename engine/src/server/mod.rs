@@ -135,6 +135,10 @@ async fn health(State(state): State<AppState>) -> Response {
                 "tokens_processed": activity.tokens_processed,
                 "queued": activity.queued,
                 "speeds": ready.worker.speeds(),
+                "pass_costs": ready.worker.pass_costs().map(|(relative, timed)| json!({
+                    "relative": relative,
+                    "widths_timed": timed,
+                })),
             }))
             .into_response()
         }

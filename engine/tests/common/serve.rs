@@ -3,24 +3,18 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::{Value, json};
+use test_support::Owned;
 
 /// A running server, killed on drop.
 pub struct Server {
     /// The `engine serve` process.
-    pub child: Child,
+    pub child: Owned,
     /// Where it listens.
     pub port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 pub fn free_port() -> u16 {
@@ -37,30 +31,39 @@ pub fn start(extra: &[&str]) -> Server {
 pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
     let model = super::smollm2();
     let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .envs(env.iter().copied())
-        .args(["serve", "-m"])
-        .arg(&model)
-        .args(["--port", &port.to_string(), "-t", "2"])
-        .args(if extra.contains(&"-c") {
-            &[][..]
-        } else {
-            &["-c", "512"][..]
-        })
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start engine serve");
-    let server = Server { child, port };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Some((200, _)) = request(&server, "GET", "/health", None, None) {
-            return server;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("the server did not become healthy");
+    let child = Owned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_engine"))
+            .envs(env.iter().copied())
+            .args(["serve", "-m"])
+            .arg(&model)
+            .args(["--port", &port.to_string(), "-t", "2"])
+            .args(if extra.contains(&"-c") {
+                &[][..]
+            } else {
+                &["-c", "512"][..]
+            })
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        "engine serve",
+    );
+    let mut server = Server { child, port };
+    // It maps the model and answers, with no work before readiness that grows with the
+    // machine's load: the wait lasts while it starts and ends if it exits.
+    server.child.wait_until(|| {
+        matches!(
+            request_at(port, "GET", "/health", None, None),
+            Some((200, _))
+        )
+    });
+    server
+}
+
+/// `GET path`'s JSON body.
+pub fn get_json(server: &Server, path: &str) -> Value {
+    let (status, text) = request(server, "GET", path, None, None).expect("response");
+    assert_eq!(status, 200, "{path}: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"))
 }
 
 /// One HTTP/1.0 request (so the body ends when the connection closes, never chunked).
@@ -71,7 +74,18 @@ pub fn request(
     body: Option<&str>,
     key: Option<&str>,
 ) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).ok()?;
+    request_at(server.port, method, path, body, key)
+}
+
+/// [`request`] to a port.
+fn request_at(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    key: Option<&str>,
+) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(120)))
         .ok()?;

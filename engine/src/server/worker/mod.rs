@@ -23,7 +23,7 @@ use super::metrics::Metrics;
 use crate::grammar::{Grammar, Matcher};
 use crate::model::{KvCache, Logits, Model};
 use crate::sampler::{Sampler, Sampling};
-use crate::speculate::{Costs, End, Sink, Speculation, decode};
+use crate::speculate::{End, LearnedCosts, Sink, Speculation, decode};
 use crate::tokenizer::{TextStream, Tokenizer};
 use cache::{Cached, Caches, common_prefix};
 use choose::{Choice, Chooser, TokenProbs, Vocab};
@@ -258,6 +258,8 @@ pub struct Worker {
     waiting: Arc<Waiting>,
     speeds: Arc<Mutex<Speeds>>,
     progress: Arc<Progress>,
+    /// Pass costs as the generation thread learns them, when speculation is on.
+    learned: Option<Arc<Mutex<LearnedCosts>>>,
 }
 
 /// Jobs submitted and not yet started, per lane, against each lane's bound.
@@ -329,22 +331,11 @@ impl Worker {
         let recorded = Arc::clone(&speeds);
         let progress = Arc::new(Progress::default());
         let reported = Arc::clone(&progress);
-        // Timed before the engine reports ready, so no request waits behind it.
-        let costs = settings
+        // Learned from the passes requests run, so readiness waits for no timing.
+        let learned = settings
             .speculation
-            .then(|| Costs::measure(&model, threads))
-            .and_then(|measured| {
-                measured
-                    .map_err(|e| eprintln!("warning: speculation is off: {e}"))
-                    .ok()
-            });
-        if let Some(c) = &costs {
-            let r = c.relative();
-            eprintln!(
-                "engine: speculation on; a pass of 2, 4, 8, 16 tokens costs {:.2}, {:.2}, {:.2}, {:.2} steps here",
-                r[1], r[3], r[7], r[15]
-            );
-        }
+            .then(|| Arc::new(Mutex::new(LearnedCosts::default())));
+        let learning = learned.clone();
         std::thread::Builder::new()
             .name("engine-generation".into())
             .spawn(move || {
@@ -361,7 +352,7 @@ impl Worker {
                     progress: &reported,
                     vocab: std::sync::OnceLock::new(),
                     metrics: &metrics,
-                    costs: costs.as_ref(),
+                    learned: learning.as_deref(),
                 };
                 let mut queues = Queues {
                     jobs,
@@ -378,6 +369,7 @@ impl Worker {
             waiting,
             speeds,
             progress,
+            learned,
         }
     }
 
@@ -396,9 +388,16 @@ impl Worker {
         self.progress.stopping.store(true, Ordering::Relaxed);
     }
 
+    /// What passes of 1, 2, … tokens cost in steps as learned so far, and how many widths
+    /// have been timed (`None`: speculation is off).
+    pub fn pass_costs(&self) -> Option<(Vec<f64>, usize)> {
+        let learned = lock(self.learned.as_deref()?);
+        Some((learned.costs().relative().to_vec(), learned.timed()))
+    }
+
     /// The recent speeds.
     pub fn speeds(&self) -> Speeds {
-        *self.speeds.lock().unwrap_or_else(|p| p.into_inner())
+        *lock(&self.speeds)
     }
 
     /// Takes a place in `lane`'s queue, or says why not: taken before a request's prompt is
@@ -487,6 +486,12 @@ impl Queues {
     }
 }
 
+/// `mutex`'s value, even if a thread panicked holding it (what it guards stays consistent
+/// between statements: records and tables replaced whole).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// What the generation thread generates with.
 struct Runner<'a> {
     model: &'a Model<'static>,
@@ -498,8 +503,8 @@ struct Runner<'a> {
     /// The vocabulary for grammars, built on the first request that has one.
     vocab: std::sync::OnceLock<Vocab>,
     metrics: &'a Metrics,
-    /// Pass costs on this machine, when speculation is on.
-    costs: Option<&'a Costs>,
+    /// Pass costs on this machine as learned so far, when speculation is on.
+    learned: Option<&'a Mutex<LearnedCosts>>,
 }
 
 impl Runner<'_> {
@@ -556,10 +561,7 @@ impl Runner<'_> {
                 caches.keep(kept);
                 self.metrics
                     .finished(&summary, caches.kept_bytes(), caches.kept_count());
-                speeds
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .record(&summary);
+                lock(speeds).record(&summary);
                 // Idle before the last answer leaves: a client that reads `/metrics` as soon as
                 // it has its answer must not see its own request still processing.
                 if choice + 1 >= job.params.choices.max(1) {
@@ -654,9 +656,10 @@ impl Runner<'_> {
             ignore_eos: params.ignore_eos,
             logprobs: params.logprobs,
         };
-        let mut speculation = match (self.costs, params.draft_max) {
-            (Some(costs), n_max) if n_max > 0 => {
-                Some(Speculation::new(n_max, params.draft_min, costs.clone()))
+        let mut speculation = match (self.learned, params.draft_max) {
+            (Some(learned), n_max) if n_max > 0 => {
+                let costs = lock(learned).costs();
+                Some(Speculation::new(n_max, params.draft_min, costs))
             }
             _ => None,
         };
@@ -687,6 +690,9 @@ impl Runner<'_> {
             speculation.as_mut(),
             &mut sink,
         )?;
+        if let (Some(learned), Some(s)) = (self.learned, &speculation) {
+            lock(learned).learn(s);
+        }
         if let Some(why) = sink.unfollowable.take() {
             return Err(Failure::Request(why));
         }

@@ -1,0 +1,127 @@
+//! What the workspace's tests share.
+//!
+//! A test owns every process it starts: [`Owned`] kills and reaps its child when dropped, so a
+//! failed assertion (a panic) leaves no daemon behind. A wait for a started process to become
+//! ready ([`Owned::wait_until`]) ends as soon as that process exits, and otherwise lasts as long
+//! as the start does: its bound is only a last resort for a process hung far past any start,
+//! not a guess at how fast a quiet machine is.
+
+use std::ops::{Deref, DerefMut};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// The bound of [`Owned::wait_until`]: a start that takes this long is hung, on any machine.
+pub const HUNG: Duration = Duration::from_secs(600);
+
+/// A started process, killed and reaped when dropped.
+#[derive(Debug)]
+pub struct Owned {
+    child: Child,
+    what: String,
+}
+
+impl Owned {
+    /// Starts `command`; `what` names it in failures.
+    ///
+    /// # Panics
+    /// When it cannot be started.
+    pub fn spawn(command: &mut Command, what: &str) -> Owned {
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        Owned {
+            child,
+            what: what.to_string(),
+        }
+    }
+
+    /// Polls `ready` until it holds.
+    ///
+    /// # Panics
+    /// When the process exits first, or is still not ready after [`HUNG`].
+    pub fn wait_until(&mut self, ready: impl FnMut() -> bool) {
+        self.wait_until_for(HUNG, ready);
+    }
+
+    /// [`Owned::wait_until`] with a bound of its own (for a wait whose work is known to be
+    /// short, where a long hang would only delay the failure).
+    ///
+    /// # Panics
+    /// When the process exits first, or is still not ready after `bound`.
+    pub fn wait_until_for(&mut self, bound: Duration, mut ready: impl FnMut() -> bool) {
+        let deadline = Instant::now() + bound;
+        loop {
+            if ready() {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("{} exited before it was ready: {status}", self.what);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} was not ready after {} s",
+                self.what,
+                bound.as_secs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Deref for Owned {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl DerefMut for Owned {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // Already reaped by the test: nothing to kill, and the error says so.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_process_is_killed() {
+        let owned = Owned::spawn(Command::new("sleep").arg("600"), "sleep");
+        let pid = owned.id();
+        drop(owned);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
+        assert!(status.is_err(), "process {pid} outlived its owner");
+    }
+
+    #[test]
+    fn a_process_killed_on_panic() {
+        let pid = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let seen = std::sync::Arc::clone(&pid);
+        let failed = std::thread::spawn(move || {
+            let owned = Owned::spawn(Command::new("sleep").arg("600"), "sleep");
+            seen.store(owned.id(), std::sync::atomic::Ordering::SeqCst);
+            panic!("an assertion failed");
+        })
+        .join();
+        assert!(failed.is_err());
+        let pid = pid.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(std::fs::read_to_string(format!("/proc/{pid}/status")).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "exited before it was ready")]
+    fn a_wait_ends_when_the_process_does() {
+        let mut owned = Owned::spawn(&mut Command::new("true"), "true");
+        owned.wait_until(|| false);
+    }
+}
