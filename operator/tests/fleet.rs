@@ -13,19 +13,9 @@ use test_support::Owned;
 const APPLIANCE: &str = env!("CARGO_BIN_EXE_appliance");
 const PASSWORD: &str = "front desk 42";
 
-/// The `supervisor` binary of this build (built here when only this crate's tests run).
+/// The `supervisor` binary of this checkout, brought up to date by cargo.
 fn supervisor_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe.ancestors().nth(2).expect("target/<profile>");
-    let binary = profile_dir.join("supervisor");
-    if !binary.is_file() {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--locked", "-p", "supervisor"])
-            .status()
-            .expect("cargo");
-        assert!(status.success(), "building the supervisor");
-    }
-    binary
+    test_support::binary("supervisor", "supervisor")
 }
 
 fn supervisor(args: &[&str], stdin: &str) -> Output {

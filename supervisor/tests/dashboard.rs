@@ -714,6 +714,60 @@ fn metrics_are_prometheus_text_for_the_readers_of_api_status() {
             "{name} vs {pointer}"
         );
     }
+    // And what it has is reported with the status's values: a real-time clock, the end of an
+    // update that was rolled back.
+    let rtc = d.root.join("sys/class/rtc/rtc0");
+    std::fs::create_dir_all(&rtc).expect("rtc");
+    std::fs::write(rtc.join("since_epoch"), "1764930000\n").expect("rtc time");
+    let record = supervisor::update::Record {
+        last: Some(supervisor::update::Ended {
+            slot: supervisor::update::slot::Slot::B,
+            system_version: Some("2.1.0".into()),
+            from_version: Some("2.0.3".into()),
+            result: supervisor::update::UpdateResult::RolledBack,
+            reason: "the engine never became healthy".into(),
+            ended_unix: 1_764_900_000,
+        }),
+        ..supervisor::update::Record::default()
+    };
+    let data = d
+        .root
+        .join(weights::install::DEFAULT_DATA_DIR.trim_start_matches('/'));
+    std::fs::create_dir_all(&data).expect("data dir");
+    std::fs::write(
+        data.join("update.json"),
+        serde_json::to_vec(&record).expect("record"),
+    )
+    .expect("update record");
+    let families = prometheus_parse(&get(&metrics, &[("authorization", &auth)]).body);
+    let api: Value =
+        serde_json::from_str(&get(&status, &[("authorization", &auth)]).body).expect("json");
+    assert_eq!(
+        only(&families, "appliance_rtc_time_seconds", "gauge"),
+        1_764_930_000.0
+    );
+    assert_eq!(api["clock"]["rtc_unix"], 1_764_930_000);
+    let last = family(&families, "appliance_update_last_info", "gauge");
+    assert_eq!(last.len(), 1, "{last:?}");
+    let labels = &last[0]["labels"];
+    assert_eq!(labels["slot"], "B", "{labels}");
+    assert_eq!(labels["version"], api["update"]["last"]["system_version"]);
+    assert_eq!(
+        labels["from_version"],
+        api["update"]["last"]["from_version"]
+    );
+    assert_eq!(labels["result"], "rolled-back");
+    assert_eq!(api["update"]["last"]["result"], "rolled-back");
+    assert_eq!(
+        only(
+            &families,
+            "appliance_update_last_ended_timestamp_seconds",
+            "gauge"
+        ),
+        1_764_900_000.0
+    );
+    assert_eq!(api["update"]["last"]["ended_unix"], 1_764_900_000);
+
     std::fs::remove_file(&temperature).expect("remove the sensor");
     let families = prometheus_parse(&get(&metrics, &[("authorization", &auth)]).body);
     assert!(families.get("appliance_soc_temperature_celsius").is_none());

@@ -1,5 +1,9 @@
 //! What the workspace's tests share.
 //!
+//! A test that runs another crate's binary runs the one built from this checkout:
+//! [`binary`] has cargo bring it up to date first (a no-op when it is), where a binary
+//! found lying in `target/` may be from an older commit.
+//!
 //! A test owns every process it starts: [`Owned`] kills and reaps its child when dropped, so a
 //! failed assertion (a panic) leaves no daemon behind. A wait for a started process to become
 //! ready ([`Owned::wait_until`]) ends as soon as that process exits, and otherwise lasts as long
@@ -7,8 +11,31 @@
 //! not a guess at how fast a quiet machine is.
 
 use std::ops::{Deref, DerefMut};
+use std::path::PathBuf;
 use std::process::{Child, Command};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The binary `name` of workspace package `package`, built by cargo in the running test's
+/// profile (`target/<profile>/`) when it is not up to date.
+///
+/// # Panics
+/// When the build fails.
+pub fn binary(package: &str, name: &str) -> PathBuf {
+    // One build at a time from this test process (tests run on parallel threads).
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
+    let exe = std::env::current_exe().expect("the test executable");
+    let profile_dir = exe.ancestors().nth(2).expect("target/<profile>");
+    let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    build.args(["build", "--locked", "-p", package, "--bin", name]);
+    if profile_dir.ends_with("release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("cargo");
+    assert!(status.success(), "building {package}'s {name}");
+    profile_dir.join(name)
+}
 
 /// The bound of [`Owned::wait_until`]: a start that takes this long is hung, on any machine.
 pub const HUNG: Duration = Duration::from_secs(600);

