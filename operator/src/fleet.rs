@@ -270,6 +270,11 @@ pub struct Row {
     pub system_version: Option<String>,
     /// How its last update ended: `committed`, `rolled-back` or `cancelled`, with the version.
     pub last_update: Option<String>,
+    /// When that update ended, by the box's clock.
+    pub last_update_ended_unix: Option<u64>,
+    /// The update under way: `writing`, `installed` (waiting for its reboot, in the box's
+    /// update window when one is set), `rebooting` or `checking`.
+    pub update_stage: Option<String>,
     /// The boot partition it booted from.
     pub boot_partition: Option<u64>,
     /// The model id.
@@ -401,8 +406,31 @@ pub fn status_one(
             update["last"]["system_version"].as_str().unwrap_or("?")
         )
     });
+    row.last_update_ended_unix = update["last"]["ended_unix"].as_u64();
+    row.update_stage = trial_stage(&update["trial"]).map(str::to_string);
     row
 }
+
+/// The stage of the update under way, from the box's trial record.
+fn trial_stage(trial: &Value) -> Option<&'static str> {
+    let has = |field: &str| trial[field].as_u64().is_some();
+    if !trial.is_object() {
+        return None;
+    }
+    Some(if has("checking_since_unix") {
+        "checking"
+    } else if has("rebooted_unix") {
+        "rebooting"
+    } else if has("prepared_unix") {
+        "installed"
+    } else {
+        "writing"
+    })
+}
+
+/// A box that is waiting for its update window may wait this long for it to open (a window
+/// opens once a day), on top of the rollout's wait.
+const WINDOW_WAIT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// How long a box may take from its upload to its update's verdict (the install, the reboot,
 /// the trial boot's health check).
@@ -489,18 +517,27 @@ pub fn update_one(
     if let Some(e) = progress["error"].as_str() {
         return Err(format!("{name}: the install failed: {e}"));
     }
-    let target = ask("GET", "/api/status", None)
+    // This install's trial: its version, and when the box armed it (by the box's clock). Only
+    // an outcome the box recorded after that is this install's verdict: a re-run of the same
+    // bundle must not read the previous rollout's `committed`, nor an earlier rollback of the
+    // same version.
+    let trial = ask("GET", "/api/status", None)
         .ok()
         .and_then(|r| serde_json::from_slice::<Value>(&r.body).ok())
-        .and_then(|s| {
-            s["update"]["trial"]["system_version"]
-                .as_str()
-                .map(str::to_string)
-        });
+        .map(|s| s["update"]["trial"].clone())
+        .filter(Value::is_object)
+        .ok_or_else(|| {
+            format!("{name}: the install ended but the box shows no update under way")
+        })?;
+    let target = trial["system_version"].as_str().map(str::to_string);
+    let armed = trial["armed_unix"].as_u64().unwrap_or(0);
     say(&format!(
         "{name}: installed {}; waiting for it to reboot into it and prove healthy",
         target.as_deref().unwrap_or("the bundle")
     ));
+    let latest = deadline + WINDOW_WAIT;
+    let mut deadline = deadline;
+    let mut told_window = false;
     loop {
         std::thread::sleep(std::time::Duration::from_secs(10));
         let row = status_one(fleet, lock, name, api_token, overrides);
@@ -510,32 +547,76 @@ pub fn update_one(
                 row.error.unwrap_or_else(|| "identity mismatch".into())
             ));
         }
-        let last = row.last_update.clone().unwrap_or_default();
-        let settled = |result: &str| {
-            target.as_deref().map_or(last.starts_with(result), |t| {
-                last == format!("{result} {t}")
-            })
-        };
-        if row.error.is_none() && settled("committed") && row.system_version == target {
-            return Ok(format!(
-                "{name}: running {} in slot {}",
-                row.system_version.unwrap_or_default(),
-                row.slot.unwrap_or_default()
-            ));
+        // Installed and not rebooted: the box waits for its update window, and the time to
+        // the verdict counts from when it reboots.
+        if row.update_stage.as_deref() == Some("installed") {
+            deadline = (std::time::Instant::now() + wait).min(latest);
+            if !told_window {
+                say(&format!("{name}: waiting for its update window to reboot"));
+                told_window = true;
+            }
         }
-        if row.error.is_none() && settled("rolled-back") {
-            return Err(format!(
-                "{name}: the update was rolled back; it runs {} again",
-                row.system_version.unwrap_or_default()
-            ));
+        match verdict(&row, target.as_deref(), armed) {
+            Verdict::Committed => {
+                return Ok(format!(
+                    "{name}: running {} in slot {}",
+                    row.system_version.unwrap_or_default(),
+                    row.slot.unwrap_or_default()
+                ));
+            }
+            Verdict::RolledBack => {
+                return Err(format!(
+                    "{name}: the update was rolled back; it runs {} again",
+                    row.system_version.unwrap_or_default()
+                ));
+            }
+            Verdict::Pending => {}
         }
         if std::time::Instant::now() > deadline {
             return Err(format!(
                 "{name}: no verdict within {} s (last seen: {})",
                 wait.as_secs(),
-                row.error.unwrap_or(last)
+                row.error
+                    .or(row.update_stage)
+                    .or(row.last_update)
+                    .unwrap_or_default()
             ));
         }
+    }
+}
+
+/// What a box's status says of the install under way.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// It runs the target version, committed.
+    Committed,
+    /// It was rolled back.
+    RolledBack,
+    /// No verdict yet (or the box could not be asked).
+    Pending,
+}
+
+/// The verdict on an install of `target` whose trial the box armed at `armed` (its clock):
+/// only an outcome recorded since then, with no update under way, counts.
+fn verdict(row: &Row, target: Option<&str>, armed: u64) -> Verdict {
+    let this_install = row.error.is_none()
+        && row.update_stage.is_none()
+        && row
+            .last_update_ended_unix
+            .is_some_and(|ended| ended >= armed);
+    let last = row.last_update.as_deref().unwrap_or_default();
+    let ended = |result: &str| {
+        this_install
+            && target.map_or(last.starts_with(result), |t| {
+                last == format!("{result} {t}")
+            })
+    };
+    if ended("committed") && row.system_version.as_deref() == target {
+        Verdict::Committed
+    } else if ended("rolled-back") {
+        Verdict::RolledBack
+    } else {
+        Verdict::Pending
     }
 }
 
@@ -655,6 +736,55 @@ pub fn table(rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A box's row: its slot's version, its last outcome and when that ended, the stage of an
+    /// update under way.
+    fn row(version: &str, last: Option<(&str, u64)>, stage: Option<&str>) -> Row {
+        Row {
+            system_version: Some(version.into()),
+            last_update: last.map(|(l, _)| l.into()),
+            last_update_ended_unix: last.map(|(_, t)| t),
+            update_stage: stage.map(str::to_string),
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn only_an_outcome_recorded_after_this_install_is_its_verdict() {
+        let armed = 2_000;
+        let target = Some("2");
+        // A re-run of a rollout of version 2: before its reboot the box still shows the first
+        // rollout's `committed 2` (ended before this trial was armed).
+        let rerun = row("2", Some(("committed 2", 1_000)), None);
+        assert_eq!(verdict(&rerun, target, armed), Verdict::Pending);
+        // An earlier rollback of the same version is not this install's.
+        let earlier = row("1", Some(("rolled-back 2", 1_500)), None);
+        assert_eq!(verdict(&earlier, target, armed), Verdict::Pending);
+        // While its trial is under way nothing counts.
+        let checking = row("2", Some(("committed 2", 2_500)), Some("checking"));
+        assert_eq!(verdict(&checking, target, armed), Verdict::Pending);
+        // This install's outcomes.
+        let committed = row("2", Some(("committed 2", 2_500)), None);
+        assert_eq!(verdict(&committed, target, armed), Verdict::Committed);
+        let rolled = row("1", Some(("rolled-back 2", 2_500)), None);
+        assert_eq!(verdict(&rolled, target, armed), Verdict::RolledBack);
+        // Committed but running another version is no success.
+        let elsewhere = row("1", Some(("committed 2", 2_500)), None);
+        assert_eq!(verdict(&elsewhere, target, armed), Verdict::Pending);
+    }
+
+    #[test]
+    fn the_trial_stage_reads_the_box_record() {
+        use serde_json::json;
+        assert_eq!(trial_stage(&Value::Null), None);
+        assert_eq!(trial_stage(&json!({ "armed_unix": 1 })), Some("writing"));
+        let installed = json!({ "armed_unix": 1, "prepared_unix": 2, "rebooted_unix": null });
+        assert_eq!(trial_stage(&installed), Some("installed"));
+        let rebooting = json!({ "prepared_unix": 2, "rebooted_unix": 3 });
+        assert_eq!(trial_stage(&rebooting), Some("rebooting"));
+        let checking = json!({ "prepared_unix": 2, "rebooted_unix": 3, "checking_since_unix": 4 });
+        assert_eq!(trial_stage(&checking), Some("checking"));
+    }
 
     #[test]
     fn stamps_run_at_once_share_one_fleet_secret() {

@@ -113,9 +113,21 @@ fn appliance(args: &[&str], token: &str) -> Output {
         .expect("appliance")
 }
 
-#[test]
-fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// A fleet of boxes, each a supervisor started from its stamped card.
+struct Fleet {
+    /// The API token every box takes.
+    token: String,
+    /// `fleet.toml`.
+    path: PathBuf,
+    file: provision::FleetFile,
+    /// The fleet secret cards are stamped with.
+    secret: Vec<u8>,
+    boxes: Vec<Box_>,
+}
+
+/// A fleet file `fleet.toml` in `dir` with boxes `names` (the password [`PASSWORD`], one API
+/// token) and each box's supervisor started from its stamped card.
+fn fleet_of(dir: &Path, names: &[&str]) -> Fleet {
     let hash = text(&supervisor(&["dashboard", "hash-password"], PASSWORD).stdout)
         .trim()
         .to_string();
@@ -129,13 +141,16 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
             .to_string()
     };
     let (token, digest) = (field("token "), field("sha256 "));
-    let fleet_path = dir.path().join("fleet.toml");
+    let fleet_path = dir.join("fleet.toml");
+    let boxes: String = names
+        .iter()
+        .map(|n| format!("\n[[box]]\nname = \"{n}\"\n"))
+        .collect();
     std::fs::write(
         &fleet_path,
         format!(
             "[fleet]\nname = \"clinics\"\ngeneration = 1\n\n[fleet.defaults]\n\
-             password_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n\n\
-             [[box]]\nname = \"north\"\n\n[[box]]\nname = \"south\"\n"
+             password_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n{boxes}"
         ),
     )
     .expect("fleet");
@@ -143,12 +158,79 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
     let fleet = provision::FleetFile::parse(&fleet_text, "fleet.toml").expect("parse");
     let secret =
         operator::fleet::secret(&operator::fleet::Paths::beside(&fleet_path)).expect("secret");
-    let card = |name: &str| {
-        operator::stamp::provisioning_text(&fleet, &operator::stamp::Target::Box(name), &secret)
-            .expect("stamp")
-    };
-    let mut north = Box_::new(dir.path(), "north", &card("north"));
-    let mut south = Box_::new(dir.path(), "south", &card("south"));
+    let started = names
+        .iter()
+        .map(|name| {
+            let card = operator::stamp::provisioning_text(
+                &fleet,
+                &operator::stamp::Target::Box(name),
+                &secret,
+            )
+            .expect("stamp");
+            Box_::new(dir, name, &card)
+        })
+        .collect();
+    Fleet {
+        token,
+        path: fleet_path,
+        file: fleet,
+        secret,
+        boxes: started,
+    }
+}
+
+#[test]
+fn an_enrolment_token_answers_once_even_to_requests_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Fleet { token, boxes, .. } = fleet_of(dir.path(), &["east"]);
+    let address = boxes[0].https.clone();
+    let answers: Vec<u16> = std::thread::scope(|scope| {
+        let asking: Vec<_> = (0..8)
+            .map(|i| {
+                let (address, token) = (&address, &token);
+                scope.spawn(move || {
+                    let nonce = format!("{i:0>32}");
+                    https::request(
+                        address,
+                        "POST",
+                        "/api/enroll",
+                        Some(token),
+                        Some((
+                            "application/json",
+                            format!("{{\"nonce\": \"{nonce}\"}}").as_bytes(),
+                        )),
+                        None,
+                    )
+                    .expect("an answer")
+                    .status
+                })
+            })
+            .collect();
+        asking
+            .into_iter()
+            .map(|a| a.join().expect("thread"))
+            .collect()
+    });
+    assert_eq!(
+        answers.iter().filter(|&&s| s == 200).count(),
+        1,
+        "{answers:?}"
+    );
+    assert!(answers.iter().all(|&s| s == 200 || s == 409), "{answers:?}");
+}
+
+#[test]
+fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Fleet {
+        token,
+        path: fleet_path,
+        file: fleet,
+        secret,
+        boxes,
+    } = fleet_of(dir.path(), &["north", "south"]);
+    let [mut north, mut south]: [Box_; 2] =
+        boxes.try_into().unwrap_or_else(|_| panic!("two boxes"));
     let fleet_arg = fleet_path.to_str().expect("utf8");
     let at_north = format!("north={}", north.https);
     let at_south = format!("south={}", south.https);

@@ -522,6 +522,8 @@ fn enroll(
     let settings = p::committed_settings(board)
         .map_err(DashError::Internal)?
         .ok_or_else(|| DashError::Conflict("this box is not provisioned".into()))?;
+    // Once per generation: the check and the spending of the token under one lock.
+    let _record = p::lock_record(board).map_err(DashError::Internal)?;
     let mut record = p::read_record(board)
         .map_err(DashError::Internal)?
         .unwrap_or_default();

@@ -107,6 +107,7 @@ pub enum Source {
 /// Runs one provisioning pass (see the module docs). `Err` is a failure of the board itself
 /// (a write that did not happen); a bad file is an `Ok` report with [`Outcome::Rejected`].
 pub fn apply(board: &Board, source: &Source) -> Result<Report, String> {
+    let _record = lock_record(board)?;
     let mut committed = read_committed(board)?;
     let serial = board_serial(board);
     let stored = read_record(board)?;
@@ -225,6 +226,18 @@ pub fn write_record(board: &Board, record: &Record) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     board
         .replace_file(RECORD, format!("{text}\n").as_bytes())
+        .map_err(|e| e.to_string())
+}
+
+/// Held while the record is read, changed and written: a provisioning pass and an enrolment
+/// answer (or two enrolment requests) at once would each write the record as they read it,
+/// and two boxes' worth of answers could spend one one-time token.
+pub fn lock_record(board: &Board) -> Result<nix::fcntl::Flock<std::fs::File>, String> {
+    board
+        .create_dir_all(PROVISION_DIR)
+        .map_err(|e| e.to_string())?;
+    board
+        .lock(&format!("{PROVISION_DIR}/record.lock"))
         .map_err(|e| e.to_string())
 }
 
