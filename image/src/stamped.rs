@@ -276,5 +276,30 @@ pub fn check_scrubbed(stamped: &Stamped, disk: &Path) -> Result<(), String> {
     if !text.contains(HOSTNAME) {
         return Err(format!("the scrubbed file lost its settings:\n{text}"));
     }
+    // Not in the file is not enough: the medium itself, free clusters included, must hold
+    // none of them (a card pulled from the box is read raw).
+    let raw = boot_partition_bytes(disk)?;
+    for secret in stamped.secrets.iter().filter(|s| !s.is_empty()) {
+        if raw.windows(secret.len()).any(|w| w == secret.as_bytes()) {
+            return Err(format!(
+                "a stamped secret ({} bytes) is still readable in the boot partition's raw bytes",
+                secret.len()
+            ));
+        }
+    }
     Ok(())
+}
+
+/// Every byte of `disk`'s boot partition, free space included.
+fn boot_partition_bytes(disk: &Path) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", disk.display());
+    let mut file = std::fs::File::open(disk).map_err(|e| at(&e))?;
+    let len = file.metadata().map_err(|e| at(&e))?.len();
+    let partition = operator::disk::boot_partition(&mut file, len)?;
+    let mut bytes = vec![0u8; usize::try_from(partition.len).map_err(|e| at(&e))?];
+    file.seek(SeekFrom::Start(partition.start))
+        .and_then(|_| file.read_exact(&mut bytes))
+        .map_err(|e| at(&e))?;
+    Ok(bytes)
 }

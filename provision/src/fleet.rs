@@ -195,6 +195,22 @@ impl BoxSettings {
                 .is_some_and(|w| w.psk.is_some())
     }
 
+    /// The secret values these settings hold (what [`BoxSettings::without_secrets`] drops).
+    pub fn secrets(&self) -> Vec<&str> {
+        let mut secrets: Vec<&str> = Vec::new();
+        secrets.extend(self.password_hash.as_ref().map(|h| h.as_str()));
+        secrets.extend(self.api_token_sha256.iter().flatten().map(|d| d.as_str()));
+        secrets.extend(self.enrollment_token.as_ref().map(|t| t.as_str()));
+        secrets.extend(
+            self.network
+                .as_ref()
+                .and_then(|n| n.wifi.as_ref())
+                .and_then(|w| w.psk.as_ref())
+                .map(|p| p.as_str()),
+        );
+        secrets
+    }
+
     /// The same settings without their secrets.
     pub fn without_secrets(&self) -> BoxSettings {
         let mut plain = self.clone();
@@ -348,6 +364,14 @@ impl FleetFile {
     /// Whether a secret is anywhere in the file.
     pub fn has_secrets(&self) -> bool {
         self.fleet.defaults.has_secrets() || self.boxes.iter().any(BoxSettings::has_secrets)
+    }
+
+    /// Every secret value in the file (the defaults' and each box's).
+    pub fn secrets(&self) -> Vec<&str> {
+        std::iter::once(&self.fleet.defaults)
+            .chain(&self.boxes)
+            .flat_map(BoxSettings::secrets)
+            .collect()
     }
 
     /// The file without any secret: what a box leaves on its boot partition.

@@ -140,8 +140,21 @@ fn a_good_file_is_applied_whole_and_its_secrets_leave_the_boot_partition() {
     let board = Board::new();
     let hash = password_hash();
     board.stamp(&one_box(1, "north-1", &hash));
+    // A second name for the stamped file's own blocks: what a rename leaves on the medium.
+    let blocks = board.root.join("stamped-blocks");
+    std::fs::hard_link(board.path(BOOT_FILE), &blocks).expect("link");
     let out = board.apply();
     assert!(out.status.success(), "apply: {}", stderr(&out));
+    // The secrets were overwritten where they were written, and what is left there is still
+    // a valid file (what a power cut between the overwrite and the rename leaves).
+    let old = std::fs::read_to_string(&blocks).expect("the old blocks");
+    for secret in [hash.as_str(), TOKEN_DIGEST, PSK] {
+        assert!(
+            !old.contains(secret),
+            "a secret is left in the old blocks:\n{old}"
+        );
+    }
+    provision::FleetFile::parse(&old, "old blocks").expect("still a provisioning file");
 
     assert_eq!(board.hostname(), "north-1");
     let wired = board.read("run/systemd/network/10-appliance-wired.network");

@@ -211,6 +211,32 @@ impl Board {
         Ok(())
     }
 
+    /// Writes each `(offset, bytes)` of `edits` over `box_path` where those bytes lie (the same
+    /// blocks: on FAT, the same clusters), then syncs. For secrets that must not stay readable
+    /// on the medium once the file is replaced: a rename leaves the old clusters as they were.
+    /// Not atomic: a crash leaves some edits made, so each must keep the file valid alone.
+    pub fn overwrite_in_place(
+        &self,
+        box_path: &str,
+        edits: &[(usize, Vec<u8>)],
+    ) -> BoardResult<()> {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .open(self.path(box_path))
+            .map_err(|e| self.err("opening", box_path, e))?;
+        self.writing();
+        for (offset, bytes) in edits {
+            file.seek(SeekFrom::Start(*offset as u64))
+                .and_then(|_| file.write_all(bytes))
+                .map_err(|e| self.err("overwriting", box_path, e))?;
+        }
+        file.sync_all()
+            .map_err(|e| self.err("syncing", box_path, e))?;
+        self.wrote();
+        Ok(())
+    }
+
     /// Replaces `box_path` atomically with a copy of the regular file `source` (a path on the
     /// running system, e.g. inside a mounted slot), streamed.
     pub fn copy_file_in(&self, source: &Path, box_path: &str) -> BoardResult<()> {

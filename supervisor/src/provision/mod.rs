@@ -124,9 +124,11 @@ pub fn apply(board: &Board, source: &Source) -> Result<Report, String> {
                 Source::SignedDir(dir) => format!("no {PROVISION_FILE} in {dir}"),
             },
         ),
-        Some((path, text)) => match text.and_then(|t| check(board, &path, &t, serial.as_ref())) {
+        Some((path, text)) => match text.and_then(|t| {
+            check(board, &path, &t, serial.as_ref()).map(|(file, entry)| (file, entry, t))
+        }) {
             Err(reason) => (Outcome::Rejected, reason),
-            Ok((file, entry)) => {
+            Ok((file, entry, raw)) => {
                 let applied = committed.as_ref().map_or(0, |c| c.fleet.generation);
                 let result = if file.fleet.generation > applied {
                     let one = FleetFile {
@@ -167,7 +169,7 @@ pub fn apply(board: &Board, source: &Source) -> Result<Report, String> {
                     )
                 };
                 if file.has_secrets() && *source == Source::BootPartition {
-                    scrub(board, &path, &file)?;
+                    scrub(board, &path, raw.as_bytes(), &file)?;
                 }
                 result
             }
@@ -384,17 +386,96 @@ const SCRUBBED_HEADER: &str = "# Applied by this box. Its secrets (password hash
 # removed once they were stored on the data partition; `supervisor status` shows what was\n\
 # applied. To re-provision, write a file with a higher [fleet] generation.\n";
 
-fn scrub(board: &Board, path: &str, file: &FleetFile) -> Result<(), String> {
+/// Removes the secrets from the provisioning file at `path` (its text `raw`, parsed as `file`):
+/// first each secret's bytes are overwritten where they lie on the medium, then the file is
+/// replaced with its secret-free form. A rename alone would leave the old clusters on the
+/// card, readable by anyone who pulls it. A crash between the steps leaves the old file with
+/// its secrets blanked but still valid (its generation already applied: it is only scrubbed
+/// again).
+fn scrub(board: &Board, path: &str, raw: &[u8], file: &FleetFile) -> Result<(), String> {
+    let at = |e: &dyn std::fmt::Display| format!("removing the secrets from {path}: {e}");
+    let mut edits = Vec::new();
+    for secret in file.secrets() {
+        let found = occurrences(raw, secret.as_bytes());
+        if found.is_empty() {
+            // Every secret is ASCII without a character TOML escapes: parsed, it is its text.
+            return Err(at(&"a secret's text was not found to overwrite it"));
+        }
+        let blank = blanked(secret);
+        edits.extend(
+            found
+                .into_iter()
+                .map(|offset| (offset, blank.clone().into_bytes())),
+        );
+    }
+    board.overwrite_in_place(path, &edits).map_err(|e| at(&e))?;
     let text = format!("{SCRUBBED_HEADER}{}", file.without_secrets().to_text());
     board
         .replace_file(path, text.as_bytes())
-        .map_err(|e| format!("removing the secrets from {path}: {e}"))
+        .map_err(|e| at(&e))
+}
+
+/// Where `needle` starts in `raw`.
+fn occurrences(raw: &[u8], needle: &[u8]) -> Vec<usize> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(i) = raw
+        .get(from..)
+        .and_then(|rest| rest.windows(needle.len()).position(|w| w == needle))
+    {
+        found.push(from + i);
+        from += i + needle.len().max(1);
+    }
+    found
+}
+
+/// A value of the same length and kind as `secret` that gives nothing away: the salt and
+/// hash of an Argon2 PHC string become `A`s (its algorithm and costs are no secret), a hex
+/// digest becomes `0`s. The file stays valid, so a crash before its replacement leaves a
+/// file the next boot reads.
+fn blanked(secret: &str) -> String {
+    if !secret.starts_with('$') {
+        return "0".repeat(secret.len());
+    }
+    let parts: Vec<&str> = secret.split('$').collect();
+    let salt = parts.len().saturating_sub(2);
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            if i >= salt && i > 0 {
+                "A".repeat(part.len())
+            } else {
+                (*part).to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("$")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Config;
+
+    #[test]
+    fn blanked_secrets_keep_their_kind_and_give_nothing_away() {
+        let hash = crate::dashboard::auth::hash_password("front-desk").expect("hash");
+        let blank = blanked(&hash);
+        assert_eq!(blank.len(), hash.len());
+        assert!(
+            blank.parse::<provision::values::PasswordHash>().is_ok(),
+            "{blank}"
+        );
+        let secret_parts: Vec<&str> = hash.rsplitn(3, '$').take(2).collect();
+        for part in secret_parts {
+            assert!(!blank.contains(part), "{blank} keeps {part}");
+        }
+        let digest = "9f".repeat(32);
+        assert_eq!(blanked(&digest), "0".repeat(64));
+        assert_eq!(occurrences(b"ab ab a", b"ab"), vec![0, 3]);
+        assert!(occurrences(b"a", b"ab").is_empty());
+    }
 
     #[test]
     fn the_supervisor_runs_with_what_was_provisioned_under_the_boot_override() {
