@@ -411,3 +411,159 @@ fn a_bundle_uploaded_to_the_dashboard_is_installed_and_rebooted_into() {
         "the upload's space is given back"
     );
 }
+
+/// The real `rauc service` (the RAUC 1.8 that Debian ships; the image's is newer) on the
+/// private bus, with two file-backed slots and `box`'s certificate as its keyring: the
+/// supervisor's own install path must refuse what RAUC's signature check refuses, with RAUC's
+/// words, and take a bundle RAUC verified.
+#[test]
+fn the_real_rauc_refuses_unsigned_and_wrongly_signed_bundles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("{program} must be installed (scripts/test does): {e}"));
+        assert!(out.status.success(), "{program} {args:?}: {}", stderr(&out));
+    };
+    for name in ["box", "stranger"] {
+        let (key, cert) = (at(&format!("{name}.key")), at(&format!("{name}.cert")));
+        run(
+            "openssl",
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &cert,
+                "-days",
+                "1",
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        );
+    }
+    // One bundle's contents, signed by each key and not at all. Version 0.5 is older than the
+    // box's 1: a bundle that passes RAUC's check is then refused by the supervisor's own.
+    let content = dir.path().join("content");
+    std::fs::create_dir(&content).expect("content");
+    std::fs::write(
+        content.join("manifest.raucm"),
+        "[update]\ncompatible=appliance-rpi5\nversion=0.5\n\n[image.rootfs]\nfilename=rootfs.img\n",
+    )
+    .expect("manifest");
+    std::fs::write(content.join("rootfs.img"), vec![0x5a; 64 << 10]).expect("image");
+    for name in ["box", "stranger"] {
+        run(
+            "rauc",
+            &[
+                &format!("--cert={}", at(&format!("{name}.cert"))),
+                &format!("--key={}", at(&format!("{name}.key"))),
+                "bundle",
+                content.to_str().expect("utf8"),
+                &at(&format!("{name}.raucb")),
+            ],
+        );
+    }
+    run(
+        "mksquashfs",
+        &[
+            content.to_str().expect("utf8"),
+            &at("unsigned.raucb"),
+            "-quiet",
+            "-all-root",
+            "-noappend",
+        ],
+    );
+    for slot in ["slot-a.img", "slot-b.img"] {
+        std::fs::write(dir.path().join(slot), vec![0; 1 << 20]).expect("slot");
+    }
+    std::fs::create_dir(dir.path().join("rauc-data")).expect("data");
+    let conf = dir.path().join("system.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "[system]\ncompatible=appliance-rpi5\nbootloader=noop\ndata-directory={}\n\n\
+             [keyring]\npath={}\n\n\
+             [slot.rootfs.0]\ndevice={}\ntype=raw\nbootname=A\n\n\
+             [slot.rootfs.1]\ndevice={}\ntype=raw\nbootname=B\n",
+            at("rauc-data"),
+            at("box.cert"),
+            at("slot-a.img"),
+            at("slot-b.img"),
+        ),
+    )
+    .expect("system.conf");
+
+    let root = dir.path().join("board");
+    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    let bus = start_bus();
+    let mut rauc = test_support::Owned::spawn(
+        Command::new("rauc")
+            .arg(format!("--conf={}", conf.display()))
+            .args(["service", "--override-boot-slot=A"])
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+        "rauc service",
+    );
+    let install = |bundle: &str| {
+        Command::new(BIN)
+            .arg("--root")
+            .arg(&root)
+            .args(["update", "install", bundle])
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+            .output()
+            .expect("update install")
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (_connection, names) = runtime.block_on(async {
+        let connection = zbus::connection::Builder::address(bus.address.as_str())
+            .expect("address")
+            .build()
+            .await
+            .expect("the bus");
+        let names = zbus::fdo::DBusProxy::new(&connection)
+            .await
+            .expect("the bus's names");
+        (connection, names)
+    });
+    rauc.wait_until(|| {
+        runtime
+            .block_on(names.name_has_owner("de.pengutronix.rauc".try_into().expect("name")))
+            .unwrap_or(false)
+    });
+    // RAUC 1.8 says only "rauc info error" over D-Bus; the supervisor says what it means.
+    for bundle in ["stranger.raucb", "unsigned.raucb"] {
+        let refused = install(&at(bundle));
+        assert!(!refused.status.success(), "{bundle} was accepted");
+        assert!(
+            stderr(&refused).contains("RAUC refused the bundle")
+                && stderr(&refused).contains("not signed by the key this image trusts"),
+            "{bundle}: {}",
+            stderr(&refused)
+        );
+    }
+    // Signed by the box's key: RAUC vouches for its manifest, whose version the supervisor
+    // then refuses as a downgrade.
+    let verified = install(&at("box.raucb"));
+    assert!(!verified.status.success());
+    assert!(
+        stderr(&verified).contains("older than the running 1"),
+        "a verified bundle: {}",
+        stderr(&verified)
+    );
+    let image = std::fs::read(dir.path().join("slot-b.img")).expect("slot B");
+    assert!(
+        image.iter().all(|&b| b == 0),
+        "nothing was written to slot B"
+    );
+}

@@ -63,10 +63,14 @@ impl Rauc {
 
     /// The bundle's compatible string and version, once RAUC has checked its signature.
     pub async fn info(&self, bundle: &str) -> Result<(String, String), String> {
-        self.installer
-            .info(bundle)
-            .await
-            .map_err(|e| dbus("the bundle", e))
+        self.installer.info(bundle).await.map_err(|e| {
+            // RAUC before 1.10 answers every refusal here with only "rauc info error".
+            let why = dbus("the bundle", e);
+            format!(
+                "{why} (not a bundle, or not signed by the key this image trusts; \
+                 `rauc info --keyring /etc/rauc/keyring.pem {bundle}` on the box says which)"
+            )
+        })
     }
 
     /// This system's compatible string.
