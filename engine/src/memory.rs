@@ -123,7 +123,7 @@ pub struct Need {
 
 /// Bytes of one context's keys and values (f16 each).
 fn kv_bytes(h: &Hparams, context: usize) -> u64 {
-    (h.n_layer * context * h.n_head_kv * h.head_dim * 2 * 2) as u64
+    (context * h.kv_bytes_per_position()) as u64
 }
 
 impl Need {
@@ -145,15 +145,19 @@ impl Need {
         };
         let (q_dim, kv_dim) = (h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
         let moe = h.n_expert + (h.n_expert_used + 2) * h.n_embd;
-        let per_token = 3 * h.n_embd + 2 * q_dim + 2 * kv_dim + 2 * h.n_ff + moe;
+        let ple = h.n_embd_per_layer * h.n_layer;
+        let per_token = 3 * h.n_embd + 2 * q_dim + 2 * kv_dim + 2 * h.n_ff + moe + ple;
         let work = (4 * (MAX_BATCH * per_token + (MAX_DRAFT + 1) * h.vocab)) as u64;
         let experts = model.expert_bytes() as u64;
         let used = match h.n_expert as u64 {
             0 => 0,
             n => experts * h.n_expert_used as u64 / n,
         };
+        // Gemma 4's per-layer token embeddings are read a row per token through the map:
+        // only the rows of the tokens in use are ever resident, a small share of the table.
+        let row_read = model.row_read_bytes() as u64;
         Ok(Need {
-            weights: file_bytes.saturating_sub(experts) + used,
+            weights: file_bytes.saturating_sub(experts + row_read) + used,
             widened: model.widened_bytes() as u64,
             kv,
             kept,

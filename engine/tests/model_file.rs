@@ -5,6 +5,7 @@ mod common;
 
 use common::smollm2;
 
+use engine::model::{KvCache, Model};
 use engine::model_file::ModelFile;
 use engine::quant::dequantize;
 
@@ -49,4 +50,61 @@ fn broken_files_are_refused_with_the_reason() {
             .contains("too short")
     );
     assert!(ModelFile::open(&dir.path().join("absent.gguf")).is_err());
+}
+
+/// Hostile headers on the architecture with the most metadata (Gemma 4's per-layer arrays, bool
+/// pattern, shared layers): 400 single-byte mutations of the tiny model's header each load or
+/// are refused with a reason, and one that loads runs a step; none panics.
+#[test]
+fn mutated_gemma4_headers_load_or_are_refused_without_a_panic() {
+    let tiny = common::tiny::MODELS
+        .iter()
+        .find(|t| t.arch == "gemma4")
+        .expect("a tiny gemma4");
+    let bytes = common::tiny::gguf_bytes(tiny);
+    let header_end = gguf::Header::parse(&bytes)
+        .expect("parse")
+        .tensors
+        .iter()
+        .map(|t| t.span.end)
+        .max()
+        .expect("tensors");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (mut loaded, mut refused) = (0, 0);
+    for i in 0..400 {
+        let mut mutant = bytes.clone();
+        let at = (next() % header_end as u64) as usize;
+        mutant[at] = (next() >> 32) as u8;
+        let path = dir.path().join(format!("m{i}.gguf"));
+        std::fs::write(&path, &mutant).expect("write");
+        let outcome = std::panic::catch_unwind(|| {
+            let Ok(file) = ModelFile::open(&path) else {
+                return false;
+            };
+            let Ok(model) = Model::load(&file) else {
+                return false;
+            };
+            if let Ok(mut cache) = KvCache::new(&model.hparams, 4) {
+                let _ = model.step(1, 0, &mut cache);
+            }
+            true
+        });
+        match outcome {
+            Ok(true) => loaded += 1,
+            Ok(false) => refused += 1,
+            Err(_) => panic!("mutation {i} (byte {at}) made the loader or a step panic"),
+        }
+    }
+    eprintln!("{loaded} mutants loaded, {refused} refused");
+    assert!(
+        refused > 0,
+        "no mutation was refused: the header was not reached"
+    );
 }

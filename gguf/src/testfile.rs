@@ -77,6 +77,28 @@ impl Builder {
         self
     }
 
+    /// A u32-array key.
+    pub fn u32s(mut self, key: &str, items: &[u32]) -> Builder {
+        self.key(key, 9);
+        self.kvs.extend_from_slice(&4u32.to_le_bytes());
+        self.kvs
+            .extend_from_slice(&(items.len() as u64).to_le_bytes());
+        for v in items {
+            self.kvs.extend_from_slice(&v.to_le_bytes());
+        }
+        self
+    }
+
+    /// A bool-array key.
+    pub fn bools(mut self, key: &str, items: &[bool]) -> Builder {
+        self.key(key, 9);
+        self.kvs.extend_from_slice(&7u32.to_le_bytes());
+        self.kvs
+            .extend_from_slice(&(items.len() as u64).to_le_bytes());
+        self.kvs.extend(items.iter().map(|&b| u8::from(b)));
+        self
+    }
+
     /// An i32-array key.
     pub fn i32s(mut self, key: &str, items: &[i32]) -> Builder {
         self.key(key, 9);

@@ -244,3 +244,41 @@ fn arrays_are_read_on_demand_and_type_checked() {
     let scalar = h.entry("tokenizer.ggml.eos_token_id").expect("eos");
     assert!(crate::arrays::strings(&file, scalar).is_err());
 }
+
+#[test]
+fn per_layer_arrays_read_as_counts_and_bools() {
+    let file = Builder::new()
+        .u32s("a.ff", &[512, 1024])
+        .i32s("a.heads", &[8, 4])
+        .i32s("a.bad", &[3, -1])
+        .bools("a.swa", &[true, false, true])
+        .f32s("a.floats", &[1.0])
+        .build();
+    let header = Header::parse(&file).expect("parse");
+    let entry = |k: &str| header.entry(k).expect(k);
+    assert_eq!(
+        crate::arrays::counts(&file, entry("a.ff")).expect("u32"),
+        [512, 1024]
+    );
+    assert_eq!(
+        crate::arrays::counts(&file, entry("a.heads")).expect("i32"),
+        [8, 4]
+    );
+    let negative = crate::arrays::counts(&file, entry("a.bad")).expect_err("negative");
+    assert!(negative.to_string().contains("negative"), "{negative}");
+    assert!(crate::arrays::counts(&file, entry("a.floats")).is_err());
+    assert_eq!(
+        crate::arrays::bools(&file, entry("a.swa")).expect("bools"),
+        [true, false, true]
+    );
+    assert!(crate::arrays::bools(&file, entry("a.ff")).is_err());
+    // A bool byte other than 0 or 1 is refused, not read as true.
+    let mut bent = file.clone();
+    let at = entry("a.swa").span.end - 1;
+    bent[at] = 7;
+    let header = Header::parse(&bent);
+    if let Ok(header) = header {
+        let swa = header.entry("a.swa").expect("a.swa");
+        assert!(crate::arrays::bools(&bent, swa).is_err());
+    }
+}

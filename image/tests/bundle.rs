@@ -22,31 +22,7 @@ fn run(program: &str, args: &[&str]) -> Output {
 }
 
 fn pair(dir: &Path, name: &str) -> Signing {
-    let key = dir.join(format!("{name}.key.pem"));
-    let cert = dir.join(format!("{name}.cert.pem"));
-    let out = run(
-        "openssl",
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            key.to_str().expect("utf8"),
-            "-out",
-            cert.to_str().expect("utf8"),
-            "-days",
-            "1",
-            "-subj",
-            &format!("/CN={name}"),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (key, cert) = test_support::signing_pair(dir, name);
     Signing { key, cert }
 }
 

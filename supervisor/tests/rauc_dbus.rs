@@ -428,25 +428,7 @@ fn the_real_rauc_refuses_unsigned_and_wrongly_signed_bundles() {
         assert!(out.status.success(), "{program} {args:?}: {}", stderr(&out));
     };
     for name in ["box", "stranger"] {
-        let (key, cert) = (at(&format!("{name}.key")), at(&format!("{name}.cert")));
-        run(
-            "openssl",
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-out",
-                &cert,
-                "-days",
-                "1",
-                "-subj",
-                &format!("/CN={name}"),
-            ],
-        );
+        test_support::signing_pair(dir.path(), name);
     }
     // One bundle's contents, signed by each key and not at all. Version 0.5 is older than the
     // box's 1: a bundle that passes RAUC's check is then refused by the supervisor's own.
@@ -462,8 +444,8 @@ fn the_real_rauc_refuses_unsigned_and_wrongly_signed_bundles() {
         run(
             "rauc",
             &[
-                &format!("--cert={}", at(&format!("{name}.cert"))),
-                &format!("--key={}", at(&format!("{name}.key"))),
+                &format!("--cert={}", at(&format!("{name}.cert.pem"))),
+                &format!("--key={}", at(&format!("{name}.key.pem"))),
                 "bundle",
                 content.to_str().expect("utf8"),
                 &at(&format!("{name}.raucb")),
@@ -493,7 +475,7 @@ fn the_real_rauc_refuses_unsigned_and_wrongly_signed_bundles() {
              [slot.rootfs.0]\ndevice={}\ntype=raw\nbootname=A\n\n\
              [slot.rootfs.1]\ndevice={}\ntype=raw\nbootname=B\n",
             at("rauc-data"),
-            at("box.cert"),
+            at("box.cert.pem"),
             at("slot-a.img"),
             at("slot-b.img"),
         ),

@@ -11,7 +11,7 @@
 //! not a guess at how fast a quiet machine is.
 
 use std::ops::{Deref, DerefMut};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -35,6 +35,30 @@ pub fn binary(package: &str, name: &str) -> PathBuf {
     let status = build.status().expect("cargo");
     assert!(status.success(), "building {package}'s {name}");
     profile_dir.join(name)
+}
+
+/// A fresh self-signed RSA key and certificate made by `openssl` in `dir`
+/// (`NAME.key.pem`, `NAME.cert.pem`, common name `name`): what signs update bundles.
+///
+/// # Panics
+/// When `openssl` is missing or fails.
+pub fn signing_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let key = dir.join(format!("{name}.key.pem"));
+    let cert = dir.join(format!("{name}.cert.pem"));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .args(["-days", "1", "-subj", &format!("/CN={name}")])
+        .output()
+        .unwrap_or_else(|e| panic!("openssl must be installed (scripts/test installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (key, cert)
 }
 
 /// The bound of [`Owned::wait_until`]: a start that takes this long is hung, on any machine.

@@ -1,6 +1,6 @@
 //! Hyperparameters from GGUF metadata (`{arch}.…` keys), checked for consistency.
 
-use gguf::{Header, Value};
+use gguf::{Header, KeyValue, Value};
 
 /// Most routed experts per layer (Qwen 3's MoE models have 128).
 pub const MAX_EXPERTS: usize = 512;
@@ -19,6 +19,45 @@ pub enum Arch {
     /// `qwen3moe`: Qwen 3's attention, and an FFN of routed experts (softmax gate, top-k,
     /// the chosen weights renormalised to sum to one).
     Qwen3Moe,
+    /// `gemma4`: Gemma 3's block with per-layer shapes (head width by layer type, FFN width
+    /// and key-value heads per layer), the last layers reading earlier layers' keys and values,
+    /// per-layer token embeddings, an unweighted norm on values, attention scale 1 and a
+    /// soft-capped output.
+    Gemma4,
+}
+
+/// One layer's shape and attention.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerShape {
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// FFN width.
+    pub n_ff: usize,
+    /// Attends over a sliding window.
+    pub swa: bool,
+    /// The layer whose keys and values it attends over (itself, or an earlier layer of the
+    /// same kind for Gemma 4's shared ones, which write none).
+    pub kv_from: usize,
+    /// Rotated dimensions per head.
+    pub n_rot: usize,
+    /// RoPE base.
+    pub rope_base: f32,
+}
+
+impl LayerShape {
+    /// Width of its queries.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of its keys (and of its values).
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
 }
 
 /// What the forward pass needs to know about a model.
@@ -58,6 +97,12 @@ pub struct Hparams {
     pub attn_scale: f32,
     /// Context the model was trained for.
     pub train_context: usize,
+    /// Each layer's shape (the scalar fields above are the widest, for buffers).
+    pub layers: Vec<LayerShape>,
+    /// Width of each layer's slice of the per-layer token embeddings (Gemma 4; 0: none).
+    pub n_embd_per_layer: usize,
+    /// Logits become `cap · tanh(logit / cap)` (Gemma 4; 0: not capped).
+    pub logit_softcap: f32,
 }
 
 fn get_u(header: &Header, key: &str) -> Result<Option<usize>, String> {
@@ -93,8 +138,43 @@ impl Hparams {
         Ok(())
     }
 
-    /// Reads and checks the hyperparameters.
-    pub fn from_header(header: &Header) -> Result<Hparams, String> {
+    /// Keys and values of one position, in bytes (f16 each), over the layers that keep them.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        self.layers
+            .iter()
+            .enumerate()
+            .filter(|(il, l)| l.kv_from == *il)
+            .map(|(_, l)| 2 * 2 * l.kv_dim())
+            .sum()
+    }
+
+    /// Every layer the same shape (every architecture before Gemma 4), with Gemma 3's sliding
+    /// window on five layers of every six.
+    pub fn uniform_layers(&self) -> Vec<LayerShape> {
+        (0..self.n_layer)
+            .map(|il| {
+                let swa = self.sliding_window.is_some() && il % 6 < 5;
+                LayerShape {
+                    n_head: self.n_head,
+                    n_head_kv: self.n_head_kv,
+                    head_dim: self.head_dim,
+                    n_ff: self.n_ff,
+                    swa,
+                    kv_from: il,
+                    n_rot: self.n_rot,
+                    rope_base: if swa {
+                        self.rope_base_swa
+                    } else {
+                        self.rope_base
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Reads and checks the hyperparameters; `file` is what the header was parsed from (arrays
+    /// are read from it).
+    pub fn from_header(header: &Header, file: &[u8]) -> Result<Hparams, String> {
         let arch_name = match header.get("general.architecture") {
             Some(Value::String(s)) => s.clone(),
             _ => return Err("general.architecture is missing".into()),
@@ -105,13 +185,17 @@ impl Hparams {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "qwen3moe" => Arch::Qwen3Moe,
+            "gemma4" => Arch::Gemma4,
             other => {
                 return Err(format!(
                     "architecture {other} is not supported (llama, qwen2, qwen3, qwen3moe, \
-                     gemma3)"
+                     gemma3, gemma4)"
                 ));
             }
         };
+        if arch == Arch::Gemma4 {
+            return gemma4(header, file);
+        }
         let key = |k: &str| format!("{arch_name}.{k}");
         let need =
             |k: &str| get_u(header, &key(k))?.ok_or_else(|| format!("{} is missing", key(k)));
@@ -139,7 +223,7 @@ impl Hparams {
         } else {
             (need("feed_forward_length")?, 0, 0)
         };
-        let h = Hparams {
+        let mut h = Hparams {
             arch,
             vocab,
             n_embd,
@@ -161,7 +245,11 @@ impl Hparams {
             },
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             train_context: get_u(header, &key("context_length"))?.unwrap_or(2048),
+            layers: Vec::new(),
+            n_embd_per_layer: 0,
+            logit_softcap: 0.0,
         };
+        h.layers = h.uniform_layers();
         let sane = h.n_embd > 0
             && h.n_head > 0
             && h.n_head_kv > 0
@@ -181,4 +269,187 @@ impl Hparams {
         }
         Ok(h)
     }
+}
+
+/// A per-layer count: an array of one value per layer, or one value for all of them.
+fn per_layer(
+    header: &Header,
+    file: &[u8],
+    key: &str,
+    n_layer: usize,
+) -> Result<Option<Vec<usize>>, String> {
+    let Some(entry) = header.entry(key) else {
+        return Ok(None);
+    };
+    let values = match &entry.value {
+        Value::Array { .. } => array_counts(file, entry)?,
+        one => {
+            vec![
+                one.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| format!("{key} must be a non-negative integer, not {one:?}"))?;
+                n_layer
+            ]
+        }
+    };
+    if values.len() != n_layer {
+        return Err(format!(
+            "{key} holds {} values for {n_layer} layers",
+            values.len()
+        ));
+    }
+    Ok(Some(values))
+}
+
+fn array_counts(file: &[u8], entry: &KeyValue) -> Result<Vec<usize>, String> {
+    gguf::arrays::counts(file, entry)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|n| usize::try_from(n).map_err(|_| format!("{}: {n} is too large", entry.key)))
+        .collect()
+}
+
+/// Gemma 4's hyperparameters, as llama.cpp 11434 reads them (`src/models/gemma4.cpp`,
+/// `src/llama-model.cpp`): per-layer arrays, the layer types from a bool array, head widths
+/// by layer type, and the shared key-value layers' sources.
+fn gemma4(header: &Header, file: &[u8]) -> Result<Hparams, String> {
+    let key = |k: &str| format!("gemma4.{k}");
+    let need = |k: &str| get_u(header, &key(k))?.ok_or_else(|| format!("{} is missing", key(k)));
+    if get_u(header, &key("expert_count"))?.unwrap_or(0) > 0 {
+        return Err(
+            "Gemma 4 with routed experts (26B-A4B) is not supported; E2B and E4B are".into(),
+        );
+    }
+    let n_embd = need("embedding_length")?;
+    let n_layer = need("block_count")?;
+    if n_layer == 0 || n_layer > 1024 {
+        return Err(format!("gemma4.block_count of {n_layer} is out of range"));
+    }
+    let layers_of = |k: &str| per_layer(header, file, &key(k), n_layer);
+    let n_ff = layers_of("feed_forward_length")?.ok_or("gemma4.feed_forward_length is missing")?;
+    let n_head =
+        layers_of("attention.head_count")?.ok_or("gemma4.attention.head_count is missing")?;
+    let n_head_kv = layers_of("attention.head_count_kv")?.unwrap_or_else(|| n_head.clone());
+    let pattern_key = key("attention.sliding_window_pattern");
+    let swa = match header.entry(&pattern_key) {
+        Some(entry) => gguf::arrays::bools(file, entry).map_err(|e| e.to_string())?,
+        None => return Err(format!("{pattern_key} is missing (one bool per layer)")),
+    };
+    if swa.len() != n_layer {
+        return Err(format!(
+            "{pattern_key} holds {} values for {n_layer} layers",
+            swa.len()
+        ));
+    }
+    let equal = |k: &str, v: &str| -> Result<Option<usize>, String> {
+        let (k_len, v_len) = (get_u(header, &key(k))?, get_u(header, &key(v))?);
+        match (k_len, v_len) {
+            (Some(a), Some(b)) if a != b => Err(format!(
+                "{} ({a}) and {} ({b}) differ; Gemma 4 needs them equal",
+                key(k),
+                key(v)
+            )),
+            (a, b) => Ok(a.or(b)),
+        }
+    };
+    let head_full = equal("attention.key_length", "attention.value_length")?
+        .unwrap_or_else(|| n_embd / n_head[0].max(1));
+    let head_swa = equal("attention.key_length_swa", "attention.value_length_swa")?
+        .ok_or("gemma4.attention.key_length_swa is missing")?;
+    let n_rot_full = get_u(header, &key("rope.dimension_count"))?.unwrap_or(head_full);
+    let n_rot_swa = get_u(header, &key("rope.dimension_count_swa"))?.unwrap_or(n_rot_full);
+    let rope_base = get_f(header, &key("rope.freq_base"))?.unwrap_or(10_000.0);
+    let rope_base_swa = get_f(header, &key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
+    let shared = get_u(header, &key("attention.shared_kv_layers"))?.unwrap_or(0);
+    let kv_start = n_layer
+        .checked_sub(shared)
+        .filter(|&start| shared == 0 || start >= 2)
+        .ok_or_else(|| {
+            format!("gemma4.attention.shared_kv_layers ({shared}) leaves fewer than 2 of {n_layer} layers their own keys and values")
+        })?;
+    let mut layers = Vec::with_capacity(n_layer);
+    for il in 0..n_layer {
+        let kv_from = if il < kv_start {
+            il
+        } else {
+            kv_start - if swa[il] { 2 } else { 1 }
+        };
+        layers.push(LayerShape {
+            n_head: n_head[il],
+            n_head_kv: n_head_kv[il],
+            head_dim: if swa[il] { head_swa } else { head_full },
+            n_ff: n_ff[il],
+            swa: swa[il],
+            kv_from,
+            n_rot: if swa[il] { n_rot_swa } else { n_rot_full },
+            rope_base: if swa[il] { rope_base_swa } else { rope_base },
+        });
+    }
+    for (il, l) in layers.iter().enumerate() {
+        let source = layers[l.kv_from];
+        let sane = l.n_head > 0
+            && l.n_head <= 1024
+            && l.n_ff <= 1 << 20
+            && l.n_head_kv > 0
+            && l.n_head % l.n_head_kv == 0
+            && l.head_dim > 0
+            && l.head_dim % 2 == 0
+            && l.head_dim <= super::attention::MAX_HEAD_DIM
+            && l.n_rot <= l.head_dim
+            && l.n_rot % 2 == 0
+            && l.n_ff > 0;
+        if !sane {
+            return Err(format!(
+                "layer {il} has inconsistent hyperparameters: {l:?}"
+            ));
+        }
+        if source.swa != l.swa || source.kv_dim() != l.kv_dim() || source.head_dim != l.head_dim {
+            return Err(format!(
+                "layer {il} would read layer {}'s keys and values, which are of another kind or shape",
+                l.kv_from
+            ));
+        }
+    }
+    let max = |f: fn(&LayerShape) -> usize| layers.iter().map(f).max().unwrap_or(0);
+    let vocab = header
+        .tensors
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .ok_or("token_embd.weight is missing")? as usize;
+    let h = Hparams {
+        arch: Arch::Gemma4,
+        vocab,
+        n_embd,
+        n_layer,
+        n_head: max(|l| l.n_head),
+        n_head_kv: max(|l| l.n_head_kv),
+        head_dim: max(|l| l.head_dim),
+        n_ff: max(|l| l.n_ff),
+        n_expert: 0,
+        n_expert_used: 0,
+        rms_eps: get_f(header, &key("attention.layer_norm_rms_epsilon"))?
+            .ok_or("gemma4.attention.layer_norm_rms_epsilon is missing")?,
+        rope_base,
+        rope_base_swa,
+        n_rot: n_rot_full,
+        sliding_window: Some(
+            get_u(header, &key("attention.sliding_window"))?
+                .ok_or("gemma4.attention.sliding_window is missing")?,
+        ),
+        attn_scale: 1.0,
+        train_context: get_u(header, &key("context_length"))?.unwrap_or(2048),
+        layers,
+        n_embd_per_layer: get_u(header, &key("embedding_length_per_layer_input"))?
+            .ok_or("gemma4.embedding_length_per_layer_input is missing")?,
+        logit_softcap: get_f(header, &key("final_logit_softcapping"))?.unwrap_or(0.0),
+    };
+    if h.n_embd == 0
+        || h.n_embd > 1 << 16
+        || h.n_embd_per_layer > 1 << 16
+        || !(h.logit_softcap >= 0.0 && h.logit_softcap.is_finite())
+    {
+        return Err(format!("inconsistent hyperparameters: {h:?}"));
+    }
+    Ok(h)
 }

@@ -3,7 +3,7 @@
 //! sums, iterated rope angles, GELU through f16) so results track llama.cpp's closely.
 
 use super::attention::{self, MAX_HEAD_DIM, Query, Scales};
-use super::{Arch, Ffn, Hparams, KvCache, Layer, Work, moe};
+use super::{Arch, Ffn, Hparams, KvCache, Layer, LayerShape, Work, moe};
 use crate::kernels::{self, Exec, Isa, KvRows, Matrix, Product};
 use crate::pool::Schedule;
 
@@ -21,6 +21,12 @@ fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
         *o = *v * scale * g;
     }
+}
+
+/// `x ← x / sqrt(mean(x²) + eps)`: Gemma 4's norm of values, without a weight.
+fn rms_norm_unweighted(x: &mut [f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    x.iter_mut().for_each(|v| *v *= scale);
 }
 
 fn rms_scale(x: &[f32], eps: f32) -> f32 {
@@ -133,19 +139,17 @@ pub(super) fn block(
     first: usize,
     cache: &mut KvCache,
 ) -> Result<(), String> {
-    let gemma = h.arch == Arch::Gemma3;
-    let (hd, kv_dim) = (h.head_dim, h.n_head_kv * h.head_dim);
-    // Gemma 3: every sixth layer is global, the others see a sliding window with their own base.
-    let window = h.sliding_window.filter(|_| gemma && il % 6 < 5);
+    let gemma = matches!(h.arch, Arch::Gemma3 | Arch::Gemma4);
+    let shape: &LayerShape = &h.layers[il];
+    let (hd, kv_dim, q_dim) = (shape.head_dim, shape.kv_dim(), shape.q_dim());
+    let window = h.sliding_window.filter(|_| shape.swa);
     let rope = Rope {
-        n_rot: h.n_rot,
-        base: if window.is_some() {
-            h.rope_base_swa
-        } else {
-            h.rope_base
-        },
+        n_rot: shape.n_rot,
+        base: shape.rope_base,
         neox: h.arch != Arch::Llama,
-        freq_factors: rope_freqs,
+        // Gemma 4's factors make its full layers' rotation proportional; its sliding ones
+        // rotate every pair.
+        freq_factors: rope_freqs.filter(|_| h.arch != Arch::Gemma4 || !shape.swa),
     };
     let KvCache {
         exec,
@@ -155,39 +159,54 @@ pub(super) fn block(
         ..
     } = cache;
     let isa = exec.isa;
+    w.shape_layer(shape, n);
 
     norm_into(exec, x, &layer.attn_norm, &mut w.cur, h);
-    kernels::matmul(
-        &mut [
-            Product {
-                w: &layer.wq,
-                out: &mut w.q,
-            },
-            Product {
-                w: &layer.wk,
-                out: &mut w.k,
-            },
-            Product {
-                w: &layer.wv,
-                out: &mut w.v,
-            },
-        ],
-        &w.cur,
-        n,
-        exec,
-        &mut w.scratch,
-    )?;
-    let q_dim = h.n_head * hd;
-    for (t, ((q, k), v)) in
-        w.q.chunks_exact_mut(q_dim)
-            .zip(w.k.chunks_exact_mut(kv_dim))
-            .zip(w.v.chunks_exact_mut(kv_dim))
-            .enumerate()
-    {
+    let q = Product {
+        w: &layer.wq,
+        out: &mut w.q,
+    };
+    match (&layer.wk, &layer.wv) {
+        (Some(wk), Some(wv)) => kernels::matmul(
+            &mut [
+                q,
+                Product {
+                    w: wk,
+                    out: &mut w.k,
+                },
+                Product {
+                    w: wv,
+                    out: &mut w.v,
+                },
+            ],
+            &w.cur,
+            n,
+            exec,
+            &mut w.scratch,
+        )?,
+        (Some(wk), None) => {
+            kernels::matmul(
+                &mut [
+                    q,
+                    Product {
+                        w: wk,
+                        out: &mut w.k,
+                    },
+                ],
+                &w.cur,
+                n,
+                exec,
+                &mut w.scratch,
+            )?;
+            // Gemma 4 without values: the keys' projection is the values' too.
+            w.v.copy_from_slice(&w.k);
+        }
+        (None, _) => kernels::matmul(&mut [q], &w.cur, n, exec, &mut w.scratch)?,
+    }
+    let owns_kv = layer.wk.is_some();
+    for (t, q) in w.q.chunks_exact_mut(q_dim).enumerate() {
         let pos = first + t;
         add_bias(q, layer.bq.as_ref());
-        add_bias(k, layer.bk.as_ref());
-        add_bias(v, layer.bv.as_ref());
         let angles = rope.angles(pos);
         for head in q.chunks_exact_mut(hd) {
             if let Some(norm) = &layer.q_norm {
@@ -195,11 +214,23 @@ pub(super) fn block(
             }
             rope.apply(head, &angles, isa);
         }
+        if !owns_kv {
+            continue;
+        }
+        let k = &mut w.k[t * kv_dim..(t + 1) * kv_dim];
+        let v = &mut w.v[t * kv_dim..(t + 1) * kv_dim];
+        add_bias(k, layer.bk.as_ref());
+        add_bias(v, layer.bv.as_ref());
         for head in k.chunks_exact_mut(hd) {
             if let Some(norm) = &layer.k_norm {
                 rms_norm(head, norm, h.rms_eps);
             }
             rope.apply(head, &angles, isa);
+        }
+        if layer.v_norm {
+            for head in v.chunks_exact_mut(hd) {
+                rms_norm_unweighted(head, h.rms_eps);
+            }
         }
         let row = pos * kv_dim..(pos + 1) * kv_dim;
         kernels::to_f16(k, 1.0, &mut keys[il][row.clone()], isa);
@@ -217,10 +248,10 @@ pub(super) fn block(
             post: h.attn_scale,
         }
     };
-    let group = h.n_head / h.n_head_kv;
+    let group = shape.n_head / shape.n_head_kv;
     let span = group * hd;
-    let chunk = attention_chunk(n, h.n_head_kv, group, hd, exec.pool.threads());
-    let (keys, values) = (&keys[il], &values[il]);
+    let chunk = attention_chunk(n, shape.n_head_kv, group, hd, exec.pool.threads());
+    let (keys, values) = (&keys[shape.kv_from], &values[shape.kv_from]);
     let queries = &w.q;
     // Each key-value head's query heads, for a chunk of the pass's tokens, go through the
     // cached rows together: a row is read once for all of them. The threads claim (head,
@@ -276,11 +307,59 @@ pub(super) fn block(
     norm_into(exec, x, &layer.ffn_norm, &mut w.cur, h);
     match &layer.ffn {
         Ffn::Dense { gate, up, down } => {
-            dense_ffn(h, (gate, up, down), exec, w, n, gemma)?;
+            dense_ffn(shape.n_ff, (gate, up, down), exec, w, n, gemma)?;
         }
         Ffn::Experts(experts) => moe::ffn(h, experts, exec, w, n)?,
     }
     add_residual(exec, x, &w.proj, layer.post_ffn_norm.as_deref(), h);
+    if let Some(ple) = &layer.ple {
+        per_layer_input(h, il, ple, exec, w, x, n)?;
+    }
+    if let Some(scale) = layer.out_scale {
+        x.iter_mut().for_each(|v| *v *= scale);
+    }
+    Ok(())
+}
+
+/// Gemma 4: `x += rms_norm(proj · (gelu(inp_gate · x) ⊙ input); post_norm)`, where input is
+/// the token's per-layer input for layer `il` (in `w.ple`).
+fn per_layer_input(
+    h: &Hparams,
+    il: usize,
+    ple: &super::LayerPle<'_>,
+    exec: &Exec,
+    w: &mut Work,
+    x: &mut [f32],
+    n: usize,
+) -> Result<(), String> {
+    let width = h.n_embd_per_layer;
+    let all = width * h.n_layer;
+    w.gate.resize(n * width, 0.0);
+    kernels::matmul(
+        &mut [Product {
+            w: &ple.inp_gate,
+            out: &mut w.gate,
+        }],
+        x,
+        n,
+        exec,
+        &mut w.scratch,
+    )?;
+    for (t, gate) in w.gate.chunks_exact_mut(width).enumerate() {
+        let at = t * all + il * width;
+        kernels::gelu_mul(gate, &w.ple[at..at + width], exec.isa);
+    }
+    kernels::matmul(
+        &mut [Product {
+            w: &ple.proj,
+            out: &mut w.proj,
+        }],
+        &w.gate,
+        n,
+        exec,
+        &mut w.scratch,
+    )?;
+    add_residual(exec, x, &w.proj, Some(&ple.post_norm), h);
     Ok(())
 }
 
@@ -302,7 +381,7 @@ fn attention_chunk(n: usize, kv_heads: usize, group: usize, width: usize, thread
 /// `w.proj = down · act(gate · w.cur) ⊙ (up · w.cur)` for the `n` tokens of a pass (GELU for
 /// Gemma, SiLU otherwise).
 fn dense_ffn(
-    h: &Hparams,
+    n_ff: usize,
     (gate, up, down): (&Matrix<'_>, &Matrix<'_>, &Matrix<'_>),
     exec: &Exec,
     w: &mut Work,
@@ -327,8 +406,8 @@ fn dense_ffn(
         &mut w.scratch,
     )?;
     let up = &w.up;
-    per_token(exec, &mut w.gate, h.n_ff, &|first, gate| {
-        let up = &up[first * h.n_ff..first * h.n_ff + gate.len()];
+    per_token(exec, &mut w.gate, n_ff, &|first, gate| {
+        let up = &up[first * n_ff..first * n_ff + gate.len()];
         if gemma {
             kernels::gelu_mul(gate, up, isa);
         } else {

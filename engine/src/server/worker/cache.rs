@@ -179,6 +179,13 @@ mod tests {
             sliding_window: None,
             attn_scale: 1.0,
             train_context: 16,
+            layers: Vec::new(),
+            n_embd_per_layer: 0,
+            logit_softcap: 0.0,
+        };
+        let h = crate::model::Hparams {
+            layers: h.uniform_layers(),
+            ..h
         };
         KvCache::new(&h, 4).expect("cache")
     }
