@@ -74,6 +74,12 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def product(w, x, name):
+    """x times the weight `name`, transposed: exact here; `rounded_many.py` rounds x first as
+    ggml does."""
+    return x @ w.get(name).T
+
+
 def forward(w, ids):
     """Log-probabilities after every position of ids, (len(ids), vocab), in float64."""
     gemma = w.arch == "gemma3"
@@ -95,9 +101,9 @@ def forward(w, ids):
     for il in range(n_layer):
         p = f"blk.{il}."
         h = rms_norm(x, w.get(p + "attn_norm.weight"), eps)
-        q = (h @ w.get(p + "attn_q.weight").T).reshape(t, n_head, head_dim)
-        k = (h @ w.get(p + "attn_k.weight").T).reshape(t, n_kv, head_dim)
-        v = (h @ w.get(p + "attn_v.weight").T).reshape(t, n_kv, head_dim)
+        q = product(w, h, p + "attn_q.weight").reshape(t, n_head, head_dim)
+        k = product(w, h, p + "attn_k.weight").reshape(t, n_kv, head_dim)
+        v = product(w, h, p + "attn_v.weight").reshape(t, n_kv, head_dim)
         mask = causal
         layer_base = base
         if gemma:
@@ -118,21 +124,20 @@ def forward(w, ids):
             s = np.where(mask, s, -np.inf)
             s = np.exp(s - s.max(axis=1, keepdims=True))
             out[:, hd] = (s / s.sum(axis=1, keepdims=True)) @ vh
-        o = out.reshape(t, n_head * head_dim) @ w.get(p + "attn_output.weight").T
+        o = product(w, out.reshape(t, n_head * head_dim), p + "attn_output.weight")
         if gemma:
             o = rms_norm(o, w.get(p + "post_attention_norm.weight"), eps)
         x = x + o
         h = rms_norm(x, w.get(p + "ffn_norm.weight"), eps)
-        gate = h @ w.get(p + "ffn_gate.weight").T
-        up = h @ w.get(p + "ffn_up.weight").T
+        gate = product(w, h, p + "ffn_gate.weight")
+        up = product(w, h, p + "ffn_up.weight")
         act = gelu_tanh(gate) if gemma else silu(gate)
-        f = (act * up) @ w.get(p + "ffn_down.weight").T
+        f = product(w, act * up, p + "ffn_down.weight")
         if gemma:
             f = rms_norm(f, w.get(p + "post_ffw_norm.weight"), eps)
         x = x + f
     x = rms_norm(x, w.get("output_norm.weight"), eps)
-    head = w.get("output.weight") if w.has("output.weight") else embd
-    logits = x @ head.T
+    logits = product(w, x, "output.weight" if w.has("output.weight") else "token_embd.weight")
     logits -= logits.max(axis=1, keepdims=True)
     return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
 
