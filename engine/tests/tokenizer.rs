@@ -63,3 +63,37 @@ fn smollm2_tokenizes_like_llama_cpp() {
 fn gemma3_tokenizes_like_llama_cpp() {
     tokenizes_like_llama_cpp(gemma3(), "gemma3-tokenizer.json");
 }
+
+/// Gemma 4's BPE (raw UTF-8, `▁` for spaces, runs of newlines apart) against llama.cpp's own
+/// cases for its vocabulary (`models/ggml-vocab-gemma-4.gguf` with `.inp`/`.out`, tokenized
+/// without special tokens), and every case's text given back by decoding.
+#[test]
+fn gemma4_tokenizes_llama_cpp_s_own_cases() {
+    let vocab = common::llama_cpp_file("models/ggml-vocab-gemma-4.gguf");
+    let inputs =
+        std::fs::read_to_string(common::llama_cpp_file("models/ggml-vocab-gemma-4.gguf.inp"))
+            .expect("inputs");
+    let outputs =
+        std::fs::read_to_string(common::llama_cpp_file("models/ggml-vocab-gemma-4.gguf.out"))
+            .expect("outputs");
+    let file = ModelFile::open(&vocab).expect("open");
+    let tok = Tokenizer::load(&file).expect("tokenizer");
+    let bos = tok.bos_id().expect("Gemma 4 adds BOS");
+    let cases: Vec<&str> = inputs.split("\n__ggml_vocab_test__\n").collect();
+    let expected: Vec<&str> = outputs.lines().collect();
+    assert!(cases.len() >= 30, "{} cases", cases.len());
+    let mut checked = 0;
+    for (text, ids) in cases.iter().zip(&expected) {
+        let want: Vec<u32> = ids
+            .split_whitespace()
+            .map(|n| n.parse().expect("id"))
+            .collect();
+        let mut got = tok.encode(text, false);
+        assert_eq!(got.first(), Some(&bos), "{text:?}");
+        got.remove(0);
+        assert_eq!(got, want, "{text:?}");
+        assert_eq!(tok.decode(&got), *text, "{text:?} decoded");
+        checked += 1;
+    }
+    assert_eq!(checked, cases.len().min(expected.len()));
+}

@@ -122,8 +122,11 @@ impl Header {
             tensors.push(read_tensor(&mut r, i)?);
         }
         let directory_end = r.pos;
+        // A file without tensors (llama.cpp's vocabulary files) may end before the padding.
+        let no_tensors = tensors.is_empty();
         let data_start = align_up(directory_end as u64, alignment)
             .and_then(|d| usize::try_from(d).ok())
+            .map(|d| if no_tensors { d.min(file.len()) } else { d })
             .filter(|&d| d <= file.len())
             .ok_or_else(|| {
                 GgufError::at(

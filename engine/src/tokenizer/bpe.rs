@@ -18,9 +18,41 @@ const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|
 /// A byte-level BPE model: pre-tokenizer regexes applied in sequence, and merge ranks.
 pub struct Bpe {
     splits: Vec<Regex>,
-    /// Merge ranks by the joined text, each with the byte length of its left part: a lookup
-    /// borrows the joined symbols straight from the piece, allocating nothing.
-    ranks: HashMap<String, Vec<(usize, usize)>>,
+    ranks: Ranks,
+}
+
+/// Merge ranks by the joined text, each with the byte length of its left part: a lookup
+/// borrows the joined symbols straight from the text, allocating nothing.
+pub struct Ranks(HashMap<String, Vec<(usize, usize)>>);
+
+impl Ranks {
+    /// The ranks of `merges` (`"left right"` each), split by `split`.
+    pub fn new(
+        merges: &[&str],
+        split: impl Fn(&str) -> Option<(&str, &str)>,
+    ) -> Result<Ranks, String> {
+        let mut ranks: HashMap<String, Vec<(usize, usize)>> = HashMap::with_capacity(merges.len());
+        for (rank, merge) in merges.iter().enumerate() {
+            let (a, b) = split(merge)
+                .ok_or_else(|| format!("merge {rank} ({merge:?}) is not two symbols"))?;
+            let splits = ranks.entry(format!("{a}{b}")).or_default();
+            // The first listing of a pair is its rank.
+            if !splits.iter().any(|&(left, _)| left == a.len()) {
+                splits.push((a.len(), rank));
+            }
+        }
+        Ok(Ranks(ranks))
+    }
+
+    /// How urgently `left` and what follows it merge into `joined`: the lower the rank, the
+    /// higher (`None`: no such merge).
+    pub fn priority(&self, left: &str, joined: &str) -> Option<f64> {
+        self.0
+            .get(joined)?
+            .iter()
+            .find(|&&(split, _)| split == left.len())
+            .map(|&(_, rank)| -(rank as f64))
+    }
 }
 
 /// GPT-2's reversible byte → character table: printable bytes map to themselves, the others to
@@ -71,17 +103,7 @@ impl Bpe {
             .iter()
             .map(|p| Regex::new(p).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut ranks: HashMap<String, Vec<(usize, usize)>> = HashMap::with_capacity(merges.len());
-        for (rank, merge) in merges.iter().enumerate() {
-            let (a, b) = merge
-                .split_once(' ')
-                .ok_or_else(|| format!("merge {rank} ({merge:?}) is not two symbols"))?;
-            let splits = ranks.entry(format!("{a}{b}")).or_default();
-            // The first listing of a pair is its rank.
-            if !splits.iter().any(|&(left, _)| left == a.len()) {
-                splits.push((a.len(), rank));
-            }
-        }
+        let ranks = Ranks::new(merges, |m| m.split_once(' '))?;
         Ok(Bpe { splits, ranks })
     }
 
@@ -113,13 +135,8 @@ impl Bpe {
     pub fn encode_piece(&self, piece: &str, ids: &HashMap<String, u32>, out: &mut Vec<u32>) {
         let mapped: String = piece.bytes().map(byte_char).collect();
         // Lowest merge rank first.
-        let symbols = super::merge::merge(&mapped, |left, _, joined| {
-            self.ranks
-                .get(joined)?
-                .iter()
-                .find(|&&(split, _)| split == left.len())
-                .map(|&(_, rank)| -(rank as f64))
-        });
+        let symbols =
+            super::merge::merge(&mapped, |left, _, joined| self.ranks.priority(left, joined));
         for symbol in symbols {
             match ids.get(symbol) {
                 Some(&id) => out.push(id),

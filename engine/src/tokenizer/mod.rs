@@ -1,9 +1,11 @@
 //! Tokenizers built from GGUF metadata: byte-level BPE (`tokenizer.ggml.model = gpt2`, with the
-//! `smollm`, `gpt-2` and default pre-tokenizers) and SentencePiece-style (`llama`, Gemma), with
-//! special tokens recognised in templated prompts.
+//! `smollm`, `gpt-2` and default pre-tokenizers), SentencePiece-style (`llama`, Gemma 3) and
+//! Gemma 4's BPE over raw UTF-8 with `▁` for spaces (`gemma4`), with special tokens recognised in
+//! templated prompts.
 
 mod bpe;
 mod merge;
+mod metaspace;
 mod protect;
 mod spm;
 mod stream;
@@ -16,6 +18,7 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use gguf::arrays;
 
 pub use bpe::Bpe;
+pub use metaspace::MetaspaceBpe;
 pub use spm::Spm;
 pub use stream::TextStream;
 
@@ -85,6 +88,8 @@ impl SpecialSet {
 enum Algorithm {
     Bpe(Bpe),
     Spm(Spm),
+    /// Gemma 4's BPE over raw UTF-8 with `▁` for spaces.
+    Metaspace(MetaspaceBpe),
 }
 
 use crate::model_file::ModelFile;
@@ -153,6 +158,8 @@ impl Tokenizer {
             h.get("tokenizer.ggml.bos_token_id"),
         ) {
             (Some(gguf::Value::Bool(true)), Some(v)) => v.as_u64().map(|b| b as u32),
+            // llama.cpp always adds Gemma 4's BOS (whatever the file says).
+            (_, Some(v)) if kind == "gemma4" => v.as_u64().map(|b| b as u32),
             _ => None,
         };
         let algorithm = match kind.as_str() {
@@ -170,9 +177,14 @@ impl Tokenizer {
                 );
                 Algorithm::Spm(Spm::new(&tokens, scores, add_space_prefix))
             }
+            "gemma4" => {
+                let merges = arrays::strings(bytes, entry("tokenizer.ggml.merges")?)
+                    .map_err(|e| e.to_string())?;
+                Algorithm::Metaspace(MetaspaceBpe::new(&tokens, &merges)?)
+            }
             other => {
                 return Err(format!(
-                    "tokenizer model {other} is not supported (gpt2, llama)"
+                    "tokenizer model {other} is not supported (gpt2, llama, gemma4)"
                 ));
             }
         };
@@ -280,6 +292,12 @@ impl Tokenizer {
                 spm.encode(text, &self.ids, out);
                 budget.check(out.len())?;
             }
+            Algorithm::Metaspace(m) => {
+                for run in MetaspaceBpe::runs(text) {
+                    m.encode_run(&run, &self.ids, out);
+                    budget.check(out.len())?;
+                }
+            }
         }
         Ok(())
     }
@@ -288,7 +306,9 @@ impl Tokenizer {
     /// the special tokens that end a turn in the common chat formats, for files that do not
     /// name their end-of-turn token.
     pub fn end_ids(&self, file: &ModelFile) -> Vec<u32> {
-        const END_OF_TURN: [&str; 6] = [
+        const END_OF_TURN: [&str; 8] = [
+            "<turn|>",
+            "<|tool_response>",
             "<|im_end|>",
             "<|eot_id|>",
             "<end_of_turn>",
@@ -352,7 +372,7 @@ impl Tokenizer {
         };
         match self.algorithm {
             Algorithm::Bpe(_) => bpe::unmap_bytes(token),
-            Algorithm::Spm(_) => spm::token_bytes(token),
+            Algorithm::Spm(_) | Algorithm::Metaspace(_) => spm::token_bytes(token),
         }
     }
 }

