@@ -82,11 +82,20 @@ pub(crate) async fn run<C, H, S>(
         () = admitted.evicted.notified() => return,
         _ = stop.changed() => return,
     };
+    // Closing a connection the client stopped reading resets it: a plain close would leave an
+    // answer it never took in the kernel, retried for minutes for an orphaned socket.
+    let reset = abort.as_ref().and_then(|fd| fd.try_clone().ok());
+    let reset_on_close = || {
+        if let Some(fd) = &reset {
+            let _ = socket2::SockRef::from(fd).set_linger(Some(Duration::ZERO));
+        }
+    };
     let stream = Watched {
         inner: stream,
         activity: Arc::clone(&admitted.activity),
         timeout: limits.write_timeout,
         stall: None,
+        taken: 0,
         abort,
     };
     let connection = Arc::new(Connection {
@@ -132,6 +141,18 @@ pub(crate) async fn run<C, H, S>(
             done = conn.as_mut() => {
                 if let Err(e) = done {
                     tracing::debug!("connection with {peer}: {e}");
+                    // Ended by a timeout or an error, perhaps with an answer its client has not
+                    // taken still in the kernel: the client gets the rest and the end (FIN) at
+                    // once, and one write timeout to take them before the connection is reset.
+                    if let Some(fd) = reset.as_ref().and_then(|fd| fd.try_clone().ok()) {
+                        let grace = limits.write_timeout;
+                        tokio::spawn(async move {
+                            let socket = socket2::SockRef::from(&fd);
+                            let _ = socket.shutdown(std::net::Shutdown::Write);
+                            tokio::time::sleep(grace).await;
+                            let _ = socket.set_linger(Some(Duration::ZERO));
+                        });
+                    }
                 }
                 return;
             }
@@ -144,6 +165,7 @@ pub(crate) async fn run<C, H, S>(
                     continue;
                 }
                 tracing::debug!("connection with {peer} evicted to make room");
+                reset_on_close();
                 return;
             }
             // Handled at the top of the loop.
@@ -155,6 +177,7 @@ pub(crate) async fn run<C, H, S>(
                     .is_some_and(|since| since.elapsed() >= limits.idle_timeout);
                 if expired {
                     tracing::debug!("connection with {peer} idle too long");
+                    reset_on_close();
                     return;
                 }
             }
@@ -164,7 +187,9 @@ pub(crate) async fn run<C, H, S>(
 
 /// The connection's stream, watched for writes the client does not take: each time the socket
 /// refuses bytes the connection is marked stalled (evictable after a grace), and a stall that
-/// lasts the write timeout fails the connection, which drops the answer and with it whatever
+/// lasts the write timeout fails the connection (a stall ends only when the client has taken
+/// [`STALL_ENDS_AFTER`] bytes since it began, or everything: a client that never reads still
+/// lets its kernel take a byte now and then, by the sender's zero-window probes), which drops the answer and with it whatever
 /// produced it. Hyper writes only what the socket takes and reads the answer's body only as
 /// it writes, so the unsent bytes of a connection are the kernel's send buffer plus hyper's
 /// bounded buffer.
@@ -173,39 +198,69 @@ struct Watched<S> {
     activity: Arc<Activity>,
     timeout: Duration,
     stall: Option<Pin<Box<Sleep>>>,
+    /// Bytes the socket took since the stall began.
+    taken: usize,
     /// The socket's second descriptor (TCP): closed with the stream, after being set to
     /// reset the connection when the write timeout gave up on it, so the kernel does not keep
     /// retrying the unread bytes for an orphaned socket.
     abort: Option<std::os::fd::OwnedFd>,
 }
 
+/// Bytes a stalled client must take before its stall is over.
+const STALL_ENDS_AFTER: usize = 4096;
+
 impl<S> Watched<S> {
+    /// `polled` is a write's outcome; `took` the bytes it moved (`usize::MAX`: everything
+    /// buffered went out, as a finished flush or shutdown says).
     fn watch<T>(
         &mut self,
         cx: &mut Context<'_>,
         polled: Poll<io::Result<T>>,
+        took: impl Fn(&T) -> usize,
     ) -> Poll<io::Result<T>> {
-        if polled.is_ready() {
-            if self.stall.take().is_some() {
+        if let Poll::Ready(result) = &polled {
+            if self.stall.is_none() {
+                return polled;
+            }
+            let took = result.as_ref().map_or(usize::MAX, &took);
+            self.taken = self.taken.saturating_add(took);
+            if self.taken >= STALL_ENDS_AFTER {
+                self.stall = None;
                 self.activity
                     .write_stalled(false, std::time::Instant::now());
+                return polled;
             }
-            return polled;
+            // A trickle does not end the stall; its time may be up all the same.
+            return match self.expired(cx) {
+                Some(error) => Poll::Ready(Err(error)),
+                None => polled,
+            };
         }
-        let stall = self.stall.get_or_insert_with(|| {
+        if self.stall.is_none() {
+            self.taken = 0;
             self.activity.write_stalled(true, std::time::Instant::now());
-            Box::pin(tokio::time::sleep(self.timeout))
-        });
-        if stall.as_mut().poll(cx).is_ready() {
-            if let Some(fd) = &self.abort {
-                let _ = socket2::SockRef::from(fd).set_linger(Some(Duration::ZERO));
-            }
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client read nothing of its answer within the write timeout",
-            )));
+            self.stall = Some(Box::pin(tokio::time::sleep(self.timeout)));
         }
-        Poll::Pending
+        match self.expired(cx) {
+            Some(error) => Poll::Ready(Err(error)),
+            None => Poll::Pending,
+        }
+    }
+
+    /// The write timeout's error when the stall has lasted it (the connection is then set to
+    /// reset on close); polling the timer otherwise, so the task wakes when it runs out.
+    fn expired(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        let stall = self.stall.as_mut()?;
+        if stall.as_mut().poll(cx).is_pending() {
+            return None;
+        }
+        if let Some(fd) = &self.abort {
+            let _ = socket2::SockRef::from(fd).set_linger(Some(Duration::ZERO));
+        }
+        Some(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the client took under 4 KiB of its answer within the write timeout",
+        ))
     }
 }
 
@@ -226,7 +281,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.watch(cx, polled)
+        self.watch(cx, polled, |n| *n)
     }
 
     fn poll_write_vectored(
@@ -235,7 +290,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        self.watch(cx, polled)
+        self.watch(cx, polled, |n| *n)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -244,12 +299,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let polled = Pin::new(&mut self.inner).poll_flush(cx);
-        self.watch(cx, polled)
+        self.watch(cx, polled, |()| usize::MAX)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let polled = Pin::new(&mut self.inner).poll_shutdown(cx);
-        self.watch(cx, polled)
+        self.watch(cx, polled, |()| usize::MAX)
     }
 }
 

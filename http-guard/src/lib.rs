@@ -14,8 +14,11 @@
 //! - **bodies and answers the client holds up**: a request body still arriving after a short
 //!   grace, and an answer the client has stopped reading, make room like idle connections do
 //!   (after them); the body clocks start when the head has arrived, and an answer not read
-//!   for [`Limits::write_timeout`] closes its connection. The kernel's send buffer is capped
-//!   at [`Limits::send_buffer`], so an unread answer holds little memory meanwhile;
+//!   for [`Limits::write_timeout`] (under 4 KiB taken: zero-window probes trickle a byte now
+//!   and then) resets its connection. The kernel's send buffer is capped at
+//!   [`Limits::send_buffer`], so an unread answer holds little memory meanwhile; one that fit
+//!   in it whole is reset a write timeout after its connection ended (idle or timed out), not
+//!   left to the kernel's retries;
 //! - **a readable 413**: a declared body over [`Limits::max_body`] is read and discarded (up to
 //!   [`Limits::drain_limit`]) before the answer, so the close is not a reset that loses it;
 //! - graceful shutdown: stop accepting, let requests in flight finish;

@@ -58,6 +58,33 @@ impl LayerShape {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+
+    /// Whether its numbers make a layer the kernels can run (bounded, so no product of them
+    /// overflows).
+    fn is_sane(&self) -> bool {
+        self.n_head > 0
+            && self.n_head <= 1024
+            && self.n_head_kv > 0
+            && self.n_head % self.n_head_kv == 0
+            && self.head_dim > 0
+            && self.head_dim % 2 == 0
+            && self.head_dim <= super::attention::MAX_HEAD_DIM
+            && self.n_rot <= self.head_dim
+            && self.n_rot % 2 == 0
+            && self.n_ff > 0
+            && self.n_ff <= 1 << 20
+    }
+}
+
+/// Vocabulary size: the rows of the token embedding matrix.
+fn vocab_of(header: &Header) -> Result<usize, String> {
+    header
+        .tensors
+        .iter()
+        .find(|t| t.name == "token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| "token_embd.weight is missing".to_string())
 }
 
 /// What the forward pass needs to know about a model.
@@ -207,12 +234,7 @@ impl Hparams {
             None if n_head > 0 => n_embd / n_head,
             None => 0,
         };
-        let vocab = header
-            .tensors
-            .iter()
-            .find(|t| t.name == "token_embd.weight")
-            .and_then(|t| t.dims.get(1).copied())
-            .ok_or("token_embd.weight is missing")? as usize;
+        let vocab = vocab_of(header)?;
         let moe = arch == Arch::Qwen3Moe;
         let (n_ff, n_expert, n_expert_used) = if moe {
             (
@@ -251,17 +273,9 @@ impl Hparams {
         };
         h.layers = h.uniform_layers();
         let sane = h.n_embd > 0
-            && h.n_head > 0
-            && h.n_head_kv > 0
-            && h.n_head % h.n_head_kv == 0
-            && h.head_dim > 0
-            && h.head_dim % 2 == 0
-            && h.head_dim <= super::attention::MAX_HEAD_DIM
-            && h.n_rot <= h.head_dim
-            && h.n_rot % 2 == 0
+            && h.layers.iter().all(LayerShape::is_sane)
             && h.n_layer > 0
             && h.n_layer <= 1024
-            && h.n_ff > 0
             && (!moe || (h.n_expert_used > 0 && h.n_expert_used <= h.n_expert))
             && h.n_expert <= MAX_EXPERTS;
         if !sane {
@@ -387,18 +401,7 @@ fn gemma4(header: &Header, file: &[u8]) -> Result<Hparams, String> {
     }
     for (il, l) in layers.iter().enumerate() {
         let source = layers[l.kv_from];
-        let sane = l.n_head > 0
-            && l.n_head <= 1024
-            && l.n_ff <= 1 << 20
-            && l.n_head_kv > 0
-            && l.n_head % l.n_head_kv == 0
-            && l.head_dim > 0
-            && l.head_dim % 2 == 0
-            && l.head_dim <= super::attention::MAX_HEAD_DIM
-            && l.n_rot <= l.head_dim
-            && l.n_rot % 2 == 0
-            && l.n_ff > 0;
-        if !sane {
+        if !l.is_sane() {
             return Err(format!(
                 "layer {il} has inconsistent hyperparameters: {l:?}"
             ));
@@ -411,12 +414,7 @@ fn gemma4(header: &Header, file: &[u8]) -> Result<Hparams, String> {
         }
     }
     let max = |f: fn(&LayerShape) -> usize| layers.iter().map(f).max().unwrap_or(0);
-    let vocab = header
-        .tensors
-        .iter()
-        .find(|t| t.name == "token_embd.weight")
-        .and_then(|t| t.dims.get(1).copied())
-        .ok_or("token_embd.weight is missing")? as usize;
+    let vocab = vocab_of(header)?;
     let h = Hparams {
         arch: Arch::Gemma4,
         vocab,

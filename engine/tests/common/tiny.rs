@@ -362,6 +362,15 @@ fn matrix(ty: &str, rows: usize, cols: usize, r: &mut Random) -> (u32, Vec<u8>) 
     (info.id, bytes)
 }
 
+/// A function adding a random `rows` × `cols` matrix to a file, of the type `mix` gives a role
+/// in a layer.
+fn adder(mix: Mix) -> impl Fn(Builder, &mut Random, &str, Role, usize, usize, usize) -> Builder {
+    move |b, r, name, role, layer, rows, cols| {
+        let (ty, bytes) = matrix(mix.type_of(role, layer), rows, cols, r);
+        b.raw_tensor(name, &[cols as u64, rows as u64], ty, bytes)
+    }
+}
+
 /// The GGUF file of `t`.
 pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
     // Each model its own weights: the seed is the name's FNV-1a hash.
@@ -401,10 +410,7 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
     }
     let norm =
         |r: &mut Random, n: usize| -> Vec<f32> { (0..n).map(|_| 1.0 + 0.2 * r.signed()).collect() };
-    let add = |b: Builder, r: &mut Random, name: &str, role: Role, layer: usize, rows, cols| {
-        let (ty, bytes) = matrix(t.mix.type_of(role, layer), rows, cols, r);
-        b.raw_tensor(name, &[cols as u64, rows as u64], ty, bytes)
-    };
+    let add = adder(t.mix);
     b = add(
         b,
         &mut r,
@@ -567,10 +573,7 @@ fn gemma4_bytes(t: &Tiny, g: &Gemma4Tiny, r: &mut Random) -> Vec<u8> {
             .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6)
             .f32(&key("final_logit_softcapping"), g.softcap),
     );
-    let add = |b: Builder, r: &mut Random, name: &str, role: Role, layer: usize, rows, cols| {
-        let (ty, bytes) = matrix(t.mix.type_of(role, layer), rows, cols, r);
-        b.raw_tensor(name, &[cols as u64, rows as u64], ty, bytes)
-    };
+    let add = adder(t.mix);
     let all = g.per_layer * layers;
     b = add(
         b,
