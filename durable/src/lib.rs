@@ -33,21 +33,14 @@ pub fn replace_private(path: &Path, contents: &[u8]) -> io::Result<()> {
 /// a crash never sees a partial file. For secrets made once (a fleet's secret, a device key).
 pub fn create_private(path: &Path, contents: &[u8]) -> io::Result<bool> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(
-        ".new-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let tmp = dir.join(tmp_name);
+    let (dir, tmp) = beside(
+        path,
+        &format!(
+            ".new-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ),
+    )?;
     let _ = fs::remove_file(&tmp);
     let result = (|| {
         let mut file = OpenOptions::new()
@@ -73,6 +66,22 @@ pub fn create_private(path: &Path, contents: &[u8]) -> io::Result<bool> {
     result
 }
 
+/// `path`'s directory, and the hidden temporary name `.NAME{suffix}` in it (beside the file,
+/// so a rename or link into place stays on one filesystem).
+fn beside<'p>(path: &'p Path, suffix: &str) -> io::Result<(&'p Path, std::path::PathBuf)> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(suffix);
+    Ok((dir, dir.join(tmp_name)))
+}
+
 /// Replaces `path` atomically with everything `source` yields (large files: a kernel, an
 /// initramfs), streamed rather than held in memory.
 pub fn replace_from(path: &Path, source: &mut impl Read) -> io::Result<()> {
@@ -88,17 +97,7 @@ fn replace_streaming(
     mode: u32,
     fill: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
+    let (dir, tmp) = beside(path, &format!(".tmp-{}", std::process::id()))?;
 
     // A stale temporary file from a crash would keep its old mode through `open`.
     let _ = fs::remove_file(&tmp);
