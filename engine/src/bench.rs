@@ -320,6 +320,7 @@ fn timed_decode(
         n,
         context,
         speculation,
+        None,
         &mut sink,
     )?;
     let seconds = start.elapsed().as_secs_f64();

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::model::{KvCache, Logits, Model};
+use crate::model::{DraftHead, KvCache, Logits, Model};
 use crate::sampler::Sampler;
 use crate::speculate::{Sink, Speculation, decode};
 
@@ -30,7 +30,9 @@ pub struct Budget {
 
 /// Generates up to `budget.limit` tokens after `prompt`; `end` holds the end-of-generation ids,
 /// and `on_token` sees each generated token as soon as it is sampled. With `speculation`,
-/// n-gram drafts are checked in batched passes; the tokens are the same either way.
+/// drafts (from `head` where given, n-grams otherwise) are checked in batched passes; the
+/// tokens are the same either way.
+#[allow(clippy::too_many_arguments)]
 pub fn generate(
     model: &Model<'_>,
     prompt: &[u32],
@@ -38,6 +40,7 @@ pub fn generate(
     sampler: &mut Sampler,
     end: &[u32],
     speculation: Option<&mut Speculation>,
+    head: Option<&DraftHead<'_>>,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<(Vec<u32>, Stop), String> {
     let Budget {
@@ -70,6 +73,7 @@ pub fn generate(
         limit,
         context,
         speculation,
+        head,
         &mut sink,
     )?;
     let stop = if sink.eos { Stop::Eos } else { Stop::Limit };

@@ -10,6 +10,7 @@ use engine::chat::{ChatTemplate, Message};
 use engine::model::Model;
 use engine::model_file::ModelFile;
 use engine::sampler::{Sampler, Sampling};
+use engine::speculate::Source;
 use engine::tokenizer::{TextStream, Tokenizer};
 
 /// The Appliance inference engine.
@@ -33,10 +34,27 @@ struct Generated {
 /// Speculative decoding modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Spec {
+    /// Drafts from the model's draft head (`--model-draft`).
+    Mtp,
     /// Drafts from n-grams of the sequence itself.
     Ngram,
     /// Plain decoding.
     None,
+}
+
+impl Spec {
+    /// The mode asked for, or by default `mtp` with a draft head and `ngram` without.
+    fn source(spec: Option<Spec>, draft: Option<&Path>) -> Result<Source, String> {
+        match (spec, draft) {
+            (Some(Spec::Mtp) | None, Some(_)) => Ok(Source::Mtp),
+            (Some(Spec::Mtp), None) => {
+                Err("--spec mtp needs the model's draft head: --model-draft FILE".into())
+            }
+            (Some(Spec::Ngram) | None, None) => Ok(Source::Ngram),
+            (Some(Spec::Ngram), Some(_)) => Ok(Source::Ngram),
+            (Some(Spec::None), _) => Ok(Source::None),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -73,10 +91,14 @@ enum Command {
         /// Send the prompt as a user message through the model's chat template (ChatML if it has none).
         #[arg(long)]
         chat: bool,
-        /// Speculative decoding: `ngram` checks drafts looked up in the sequence itself in
-        /// batched passes (the same tokens, faster where the answer repeats its input).
-        #[arg(long, value_enum, default_value_t = Spec::Ngram)]
-        spec: Spec,
+        /// Speculative decoding (the same tokens either way): `mtp` checks the draft head's
+        /// drafts (the default with --model-draft), `ngram` drafts looked up in the sequence
+        /// itself (the default without; faster where the answer repeats its input).
+        #[arg(long, value_enum)]
+        spec: Option<Spec>,
+        /// The model's draft head (Gemma 4's `gemma4-assistant` GGUF).
+        #[arg(long, value_name = "FILE")]
+        model_draft: Option<PathBuf>,
         /// Threads (default: the CPUs this process may use).
         #[arg(short = 't', long, value_parser = thread_count)]
         threads: Option<usize>,
@@ -159,10 +181,14 @@ enum Command {
         /// A Jinja chat template to use instead of the model's.
         #[arg(long)]
         chat_template_file: Option<PathBuf>,
-        /// Speculative decoding for requests (`speculative.n_max` per request; 0 turns it off):
-        /// `ngram` checks drafts looked up in the sequence itself in batched passes.
-        #[arg(long, value_enum, default_value_t = Spec::Ngram)]
-        spec: Spec,
+        /// Speculative decoding for requests (`speculative.n_max` per request; 0 turns it off),
+        /// the same tokens either way: `mtp` checks the draft head's drafts (the default with
+        /// --model-draft), `ngram` drafts looked up in the sequence itself (the default without).
+        #[arg(long, value_enum)]
+        spec: Option<Spec>,
+        /// The model's draft head (Gemma 4's `gemma4-assistant` GGUF), verified to fit the model.
+        #[arg(long, value_name = "FILE")]
+        model_draft: Option<PathBuf>,
         /// Browser origins allowed to call the API (CORS): `*`, or origins such as
         /// `http://192.168.1.20:3000` separated by commas. Default: none.
         #[arg(long, default_value = "", value_parser = cors_origins)]
@@ -276,11 +302,23 @@ fn main() -> ExitCode {
             seed,
             chat,
             spec,
+            model_draft,
             threads,
             ctx_size,
             json,
             memory_limit,
         } => {
+            let source = match Spec::source(spec, model_draft.as_deref()) {
+                Ok(source) => source,
+                Err(e) => return fail(e),
+            };
+            let head_file = match model_draft.as_deref().filter(|_| source == Source::Mtp) {
+                Some(path) => match open(path) {
+                    Ok(f) => Some(f),
+                    Err(code) => return code,
+                },
+                None => None,
+            };
             let model = match (model, installed) {
                 (Some(model), _) => model,
                 (None, id) => match engine::installed::resolve(&data, id.flatten().as_deref()) {
@@ -323,14 +361,19 @@ fn main() -> ExitCode {
                     }
                     text.push_str(&piece);
                 };
-                let mut speculation = match spec {
-                    Spec::Ngram => Some(engine::speculate::Speculation::new(
+                let head = match &head_file {
+                    Some(f) => {
+                        Some(engine::model::DraftHead::load(f, &m).map_err(|e| e.to_string())?)
+                    }
+                    None => None,
+                };
+                let mut speculation = (source != Source::None).then(|| {
+                    engine::speculate::Speculation::new(
                         engine::speculate::MAX_DRAFT,
                         0,
                         engine::speculate::Costs::prior(),
-                    )),
-                    Spec::None => None,
-                };
+                    )
+                });
                 let (tokens, stop) = engine::generate::generate(
                     &m,
                     &ids,
@@ -342,6 +385,7 @@ fn main() -> ExitCode {
                     &mut sampler,
                     &tok.end_ids(&file),
                     speculation.as_mut(),
+                    head.as_ref(),
                     &mut show,
                 )?;
                 // A character the limit cut in half is not text: it is dropped, not shown as U+FFFD.
@@ -399,8 +443,13 @@ fn main() -> ExitCode {
             chat_template_file,
             cors_origins,
             spec,
+            model_draft,
             memory_limit,
         } => {
+            let source = match Spec::source(spec, model_draft.as_deref()) {
+                Ok(source) => source,
+                Err(e) => return fail(e),
+            };
             let chat_template = match chat_template_file.map(|p| {
                 std::fs::read_to_string(&p)
                     .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))
@@ -437,7 +486,8 @@ fn main() -> ExitCode {
                 },
                 chat_template,
                 cors: cors_origins,
-                speculation: spec == Spec::Ngram,
+                speculation: source,
+                model_draft,
                 memory_limit: memory_limit_of(memory_limit),
             }) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -466,6 +516,12 @@ fn main() -> ExitCode {
             };
             let speculation = match spec {
                 Spec::None => None,
+                Spec::Mtp => {
+                    return fail(
+                        "engine bench times n-gram speculation (--spec ngram); a draft head is \
+                         measured by bench/mtp.sh",
+                    );
+                }
                 Spec::Ngram => match bench_chat(&file, &model, spec_prompt.as_deref()) {
                     Ok(ids) => Some(ids),
                     Err(e) => return fail(e),

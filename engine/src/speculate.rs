@@ -1,7 +1,8 @@
-//! Lossless speculative decoding from n-grams: the sequence's own recent tokens are looked up
-//! in what it already holds (the prompt and the answer so far) and the tokens that followed
-//! the earlier occurrence that agrees with the longest suffix are proposed as a draft; one
-//! batched pass checks them all. Each row of that pass is sampled exactly as a single step
+//! Lossless speculative decoding. Drafts come from n-grams (the sequence's own recent tokens
+//! are looked up in what it already holds, the prompt and the answer so far, and the tokens
+//! that followed the earlier occurrence that agrees with the longest suffix are proposed) or
+//! from a model's draft head ([`DraftHead`], Gemma 4's MTP head); one batched pass checks them
+//! all. Each row of that pass is sampled exactly as a single step
 //! would be (same logits bit for bit, same draws in the same order), a drafted token is kept
 //! only when it is the token chosen, and the first mismatch ends the run with the target's
 //! own token, so the output is the same with and without speculation.
@@ -11,11 +12,24 @@
 //! `engine serve`, [`LearnedCosts`]) and the acceptance seen
 //! so far in the request, kept apart by how long the match is: a match of 2 tokens in prose
 //! ("of the") rarely predicts the next ones, a match of 16 (a sentence being quoted, a loop)
-//! nearly always does. Novel text, whose drafts miss, stops drafting.
+//! nearly always does. Novel text, whose drafts miss, stops drafting. A draft head's depth is
+//! chosen the same way from its own record, each of its steps costing what it was timed at.
 
 use std::time::Instant;
 
-use crate::model::{KvCache, Logits, Model};
+use crate::model::{DraftHead, DraftWork, KvCache, Logits, Model};
+
+/// Where a server's or a generation's drafts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Plain decoding.
+    None,
+    /// N-grams of the sequence itself.
+    Ngram,
+    /// The model's draft head (multi-token prediction).
+    Mtp,
+}
 
 /// Shortest match that proposes a draft (one token matches too often to predict anything).
 const NGRAM_MIN: usize = 2;
@@ -30,6 +44,14 @@ const BUCKETS: [usize; 5] = [2, 3, 4, 8, 16];
 fn bucket(matched: usize) -> usize {
     BUCKETS.iter().rposition(|&b| matched >= b).unwrap_or(0)
 }
+
+/// The record a draft head's drafts count in (after the n-gram ones).
+const HEAD: usize = BUCKETS.len();
+
+/// A draft head's step before it is timed, in target steps (a head is a few layers as narrow
+/// as a fraction of the target's: E2B's costs about 4 % of a step; dearer here so a head
+/// whose steps are not timed yet drafts only where it is accepted).
+const HEAD_STEP_PRIOR: f64 = 0.1;
 
 /// How far back the lookup searches (tokens): beyond a context this is the whole sequence.
 const LOOKBACK: usize = 8192;
@@ -244,10 +266,10 @@ pub struct Speculation {
     /// Fewest tokens worth drafting; shorter drafts are not checked.
     pub n_min: usize,
     costs: Costs,
-    /// Drafts by the length of the match (index: [`bucket`]): a long
-    /// match predicts far better than a 2-token one in prose, about as well in a quotation,
-    /// and the request's own record tells which it is in.
-    by_match: [Record; BUCKETS.len()],
+    /// Drafts by the length of the match (index: [`bucket`]), then a draft head's ([`HEAD`]):
+    /// a long match predicts far better than a 2-token one in prose, about as well in a
+    /// quotation, and the request's own record tells which it is in.
+    by_match: [Record; BUCKETS.len() + 1],
     /// Which record the draft being checked counts in.
     checking: usize,
     /// Steps since the last draft (a pause in drafting is lifted now and then, so a request
@@ -262,6 +284,8 @@ pub struct Speculation {
     extra_scales: Recent,
     /// This request's wider passes in steps (index: width − 1), for [`LearnedCosts`].
     by_width: Vec<Recent>,
+    /// Seconds of this request's last draft head steps.
+    head_seconds: Recent,
 }
 
 /// Timings a request remembers of each kind (odd: the median is one of them).
@@ -322,9 +346,17 @@ const RETRY_MATCH: usize = 3;
 /// own record: a 2-token match (in prose often "of the") is trusted one time in three, 3
 /// tokens one in two, 4–7 four in five, 8–15 eight in nine and 16 or more sixteen in
 /// seventeen. Measured on both shipped models' greedy answers (quoting and open questions),
-/// the longer the match, the longer the run of drafted tokens the model then chooses.
-const PRIOR: [(f64, f64); BUCKETS.len()] =
-    [(1.0, 3.0), (2.0, 4.0), (4.0, 5.0), (8.0, 9.0), (16.0, 17.0)];
+/// the longer the match, the longer the run of drafted tokens the model then chooses. A draft
+/// head's tokens are trusted two times in three (E2B's head at depth 2 makes ~1.45 tokens a
+/// pass of ~1.1 steps, which needs about that).
+const PRIOR: [(f64, f64); BUCKETS.len() + 1] = [
+    (1.0, 3.0),
+    (2.0, 4.0),
+    (4.0, 5.0),
+    (8.0, 9.0),
+    (16.0, 17.0),
+    (2.0, 3.0),
+];
 
 impl Speculation {
     /// Speculation with these limits and costs.
@@ -333,12 +365,63 @@ impl Speculation {
             n_max: n_max.min(MAX_DRAFT),
             n_min,
             costs,
-            by_match: [Record::default(); BUCKETS.len()],
+            by_match: [Record::default(); BUCKETS.len() + 1],
             checking: 0,
             idle: 0,
             step_seconds: Recent::empty(),
             extra_scales: Recent::all(1.0),
             by_width: vec![Recent::empty(); MAX_DRAFT + 1],
+            head_seconds: Recent::empty(),
+        }
+    }
+
+    /// How many tokens a draft head should draft for the next pass, at most `room`: the depth
+    /// whose expected tokens per unit of cost (the pass and the head's steps) is best, given
+    /// the head's acceptance so far; 0 when one plain step is best. What it returns counts as
+    /// drafted.
+    pub fn depth(&mut self, room: usize) -> usize {
+        let Some(step) = self.step_seconds.median() else {
+            return 0;
+        };
+        let (hits, tries) = PRIOR[HEAD];
+        let own = self.by_match[HEAD];
+        let rate = (own.accepted as f64 + hits) / (own.checked as f64 + tries);
+        let scale = self.extra_scales.median().unwrap_or(1.0);
+        let head_step = self
+            .head_seconds
+            .median()
+            .map_or(HEAD_STEP_PRIOR, |s| s / step);
+        let value = |k: usize| {
+            let tokens: f64 = (0..=k).map(|i| rate.powi(i as i32)).sum();
+            tokens / (self.cost(k + 1, scale) + k as f64 * head_step)
+        };
+        let most = self.n_max.min(room);
+        let best = (1..=most)
+            .filter(|&k| k >= self.n_min)
+            .max_by(|&a, &b| value(a).total_cmp(&value(b)))
+            .unwrap_or(0);
+        let chosen = if best > 0 && value(best) > value(0) {
+            self.idle = 0;
+            best
+        } else {
+            self.idle += 1;
+            // Now and then one token, so a head that starts being accepted is noticed.
+            if self.idle >= RETRY_AFTER && self.n_min <= 1 && most >= 1 {
+                self.idle = 0;
+                1
+            } else {
+                0
+            }
+        };
+        self.checking = HEAD;
+        self.by_match[HEAD].drafted += chosen;
+        chosen
+    }
+
+    /// A draft head's step took `seconds`.
+    pub fn head_timed(&mut self, seconds: f64) {
+        if seconds.is_finite() && seconds > 0.0 {
+            self.head_seconds.push(seconds);
         }
     }
 
@@ -476,8 +559,10 @@ pub enum End {
 
 /// Decodes after `history`, whose last token's logits are in `cache` (the prefill's), until
 /// the sink ends it, `limit` tokens are generated or `context` positions are used. With
-/// `speculation`, drafted tokens are checked in batched passes; the tokens chosen are the
-/// same either way. Returns why it ended and how many positions of `history` the cache holds.
+/// `speculation`, drafted tokens (from `head` where given, n-grams otherwise) are checked in
+/// batched passes; the tokens chosen are the same either way. Returns why it ended and how
+/// many positions of `history` the cache holds.
+#[allow(clippy::too_many_arguments)]
 pub fn decode(
     model: &Model<'_>,
     cache: &mut KvCache,
@@ -485,15 +570,22 @@ pub fn decode(
     limit: usize,
     context: usize,
     mut speculation: Option<&mut Speculation>,
+    head: Option<&DraftHead<'_>>,
     sink: &mut dyn Sink,
 ) -> Result<(End, usize), String> {
     let vocab = model.hparams.vocab;
     let start = history.len();
     let mut drafts: Vec<u32> = Vec::new();
     let mut in_cache = start;
+    let mut head_work = DraftWork::default();
+    let mut hidden: Vec<f32> = Vec::new();
     loop {
+        // The row of the last pass whose logits chose the last token: its hidden state is
+        // where a draft head starts.
+        let mut chosen_row = 0;
         // Rows of the last pass: row i predicts what follows its input token i.
         for i in 0..=drafts.len() {
+            chosen_row = i;
             if history.len() - start >= limit || history.len() >= context {
                 return Ok((End::Length, in_cache));
             }
@@ -519,9 +611,36 @@ pub fn decode(
         }
         // The last chosen token is not in the cache yet; drafts follow it.
         let room = (limit - generated - 1).min(context - history.len());
-        drafts = match speculation.as_deref_mut() {
-            Some(s) => s.next(history, room).to_vec(),
-            None => Vec::new(),
+        drafts = match (speculation.as_deref_mut(), head) {
+            (Some(s), Some(head)) => {
+                let depth = s.depth(room);
+                let e = model.hparams.n_embd;
+                hidden.clear();
+                if depth > 0 {
+                    let row = cache
+                        .hidden(chosen_row, e)
+                        .ok_or("the last pass kept no hidden state to draft from")?;
+                    hidden.extend_from_slice(row);
+                }
+                let pos = history.len() - 1;
+                let mut drafted = Vec::with_capacity(depth);
+                let mut token = history[pos];
+                for step in 0..depth {
+                    if step > 0 {
+                        hidden.clear();
+                        hidden.extend_from_slice(head_work.hidden());
+                    }
+                    let started = Instant::now();
+                    token = head
+                        .draft(model, cache, token, &hidden, pos, &mut head_work)?
+                        .token;
+                    s.head_timed(started.elapsed().as_secs_f64());
+                    drafted.push(token);
+                }
+                drafted
+            }
+            (Some(s), None) => s.next(history, room).to_vec(),
+            (None, _) => Vec::new(),
         };
         let pending = history.len() - 1;
         let mut input = Vec::with_capacity(drafts.len() + 1);

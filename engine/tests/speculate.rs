@@ -50,6 +50,7 @@ fn run(
         &mut sampler,
         end,
         speculation.as_mut(),
+        None,
         &mut |_| {},
     )
     .expect("generate");

@@ -177,6 +177,10 @@ fn write_tiny_models() {
     std::fs::create_dir_all(&dir).expect("create the directory");
     for t in &MODELS {
         std::fs::write(dir.join(format!("{}.gguf", t.name)), gguf_bytes(t)).expect("write");
+        if t.gemma4.is_some() {
+            let head = common::tiny::gemma4_head_bytes(t);
+            std::fs::write(dir.join(format!("{}-head.gguf", t.name)), head).expect("write");
+        }
     }
     let ids = serde_json::to_string(&common::tiny::prompt()).expect("json");
     std::fs::write(dir.join("prompt.json"), ids).expect("write the prompt");

@@ -24,6 +24,22 @@ pub enum Arch {
     /// per-layer token embeddings, an unweighted norm on values, attention scale 1 and a
     /// soft-capped output.
     Gemma4,
+    /// `gemma4-assistant`: Gemma 4's multi-token-prediction draft head. Its layers have
+    /// queries only and attend over the target's keys and values; it reads the target's
+    /// embeddings and last hidden state, and gives logits and the next hidden state.
+    Gemma4Assistant,
+}
+
+impl Arch {
+    /// Gemma's block: embeddings scaled by √width, norms after attention and FFN, GELU.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, Arch::Gemma3 | Arch::Gemma4 | Arch::Gemma4Assistant)
+    }
+
+    /// Gemma 4's attention: rope factors on full layers only, attention scale 1.
+    pub fn is_gemma4(self) -> bool {
+        matches!(self, Arch::Gemma4 | Arch::Gemma4Assistant)
+    }
 }
 
 /// One layer's shape and attention.
@@ -130,6 +146,8 @@ pub struct Hparams {
     pub n_embd_per_layer: usize,
     /// Logits become `cap · tanh(logit / cap)` (Gemma 4; 0: not capped).
     pub logit_softcap: f32,
+    /// A draft head's target width: the hidden state it takes and gives (0: not a head).
+    pub n_embd_out: usize,
 }
 
 fn get_u(header: &Header, key: &str) -> Result<Option<usize>, String> {
@@ -213,15 +231,16 @@ impl Hparams {
             "qwen3" => Arch::Qwen3,
             "qwen3moe" => Arch::Qwen3Moe,
             "gemma4" => Arch::Gemma4,
+            "gemma4-assistant" => Arch::Gemma4Assistant,
             other => {
                 return Err(format!(
                     "architecture {other} is not supported (llama, qwen2, qwen3, qwen3moe, \
-                     gemma3, gemma4)"
+                     gemma3, gemma4, gemma4-assistant)"
                 ));
             }
         };
-        if arch == Arch::Gemma4 {
-            return gemma4(header, file);
+        if arch.is_gemma4() {
+            return gemma4(arch, header, file);
         }
         let key = |k: &str| format!("{arch_name}.{k}");
         let need =
@@ -270,6 +289,7 @@ impl Hparams {
             layers: Vec::new(),
             n_embd_per_layer: 0,
             logit_softcap: 0.0,
+            n_embd_out: 0,
         };
         h.layers = h.uniform_layers();
         let sane = h.n_embd > 0
@@ -325,9 +345,13 @@ fn array_counts(file: &[u8], entry: &KeyValue) -> Result<Vec<usize>, String> {
 
 /// Gemma 4's hyperparameters, as llama.cpp 11434 reads them (`src/models/gemma4.cpp`,
 /// `src/llama-model.cpp`): per-layer arrays, the layer types from a bool array, head widths
-/// by layer type, and the shared key-value layers' sources.
-fn gemma4(header: &Header, file: &[u8]) -> Result<Hparams, String> {
-    let key = |k: &str| format!("gemma4.{k}");
+/// by layer type, and the shared key-value layers' sources. Its draft head
+/// (`gemma4-assistant.cpp`) has the same keys, its target's width, and no per-layer inputs,
+/// shared layers or soft cap; which target layers it reads is set when it is paired.
+fn gemma4(arch: Arch, header: &Header, file: &[u8]) -> Result<Hparams, String> {
+    let head = arch == Arch::Gemma4Assistant;
+    let prefix = if head { "gemma4-assistant" } else { "gemma4" };
+    let key = |k: &str| format!("{prefix}.{k}");
     let need = |k: &str| get_u(header, &key(k))?.ok_or_else(|| format!("{} is missing", key(k)));
     if get_u(header, &key("expert_count"))?.unwrap_or(0) > 0 {
         return Err(
@@ -337,12 +361,16 @@ fn gemma4(header: &Header, file: &[u8]) -> Result<Hparams, String> {
     let n_embd = need("embedding_length")?;
     let n_layer = need("block_count")?;
     if n_layer == 0 || n_layer > 1024 {
-        return Err(format!("gemma4.block_count of {n_layer} is out of range"));
+        return Err(format!(
+            "{} of {n_layer} is out of range",
+            key("block_count")
+        ));
     }
     let layers_of = |k: &str| per_layer(header, file, &key(k), n_layer);
-    let n_ff = layers_of("feed_forward_length")?.ok_or("gemma4.feed_forward_length is missing")?;
-    let n_head =
-        layers_of("attention.head_count")?.ok_or("gemma4.attention.head_count is missing")?;
+    let n_ff = layers_of("feed_forward_length")?
+        .ok_or_else(|| format!("{} is missing", key("feed_forward_length")))?;
+    let n_head = layers_of("attention.head_count")?
+        .ok_or_else(|| format!("{} is missing", key("attention.head_count")))?;
     let n_head_kv = layers_of("attention.head_count_kv")?.unwrap_or_else(|| n_head.clone());
     let pattern_key = key("attention.sliding_window_pattern");
     let swa = match header.entry(&pattern_key) {
@@ -369,17 +397,25 @@ fn gemma4(header: &Header, file: &[u8]) -> Result<Hparams, String> {
     let head_full = equal("attention.key_length", "attention.value_length")?
         .unwrap_or_else(|| n_embd / n_head[0].max(1));
     let head_swa = equal("attention.key_length_swa", "attention.value_length_swa")?
-        .ok_or("gemma4.attention.key_length_swa is missing")?;
+        .ok_or_else(|| format!("{} is missing", key("attention.key_length_swa")))?;
     let n_rot_full = get_u(header, &key("rope.dimension_count"))?.unwrap_or(head_full);
     let n_rot_swa = get_u(header, &key("rope.dimension_count_swa"))?.unwrap_or(n_rot_full);
     let rope_base = get_f(header, &key("rope.freq_base"))?.unwrap_or(10_000.0);
     let rope_base_swa = get_f(header, &key("rope.freq_base_swa"))?.unwrap_or(10_000.0);
-    let shared = get_u(header, &key("attention.shared_kv_layers"))?.unwrap_or(0);
+    // A head reads its target's keys and values and keeps none: nothing of its own is shared.
+    let shared = if head {
+        0
+    } else {
+        get_u(header, &key("attention.shared_kv_layers"))?.unwrap_or(0)
+    };
     let kv_start = n_layer
         .checked_sub(shared)
         .filter(|&start| shared == 0 || start >= 2)
         .ok_or_else(|| {
-            format!("gemma4.attention.shared_kv_layers ({shared}) leaves fewer than 2 of {n_layer} layers their own keys and values")
+            format!(
+                "{} ({shared}) leaves fewer than 2 of {n_layer} layers their own keys and values",
+                key("attention.shared_kv_layers")
+            )
         })?;
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
@@ -416,7 +452,7 @@ fn gemma4(header: &Header, file: &[u8]) -> Result<Hparams, String> {
     let max = |f: fn(&LayerShape) -> usize| layers.iter().map(f).max().unwrap_or(0);
     let vocab = vocab_of(header)?;
     let h = Hparams {
-        arch: Arch::Gemma4,
+        arch,
         vocab,
         n_embd,
         n_layer,
@@ -427,23 +463,44 @@ fn gemma4(header: &Header, file: &[u8]) -> Result<Hparams, String> {
         n_expert: 0,
         n_expert_used: 0,
         rms_eps: get_f(header, &key("attention.layer_norm_rms_epsilon"))?
-            .ok_or("gemma4.attention.layer_norm_rms_epsilon is missing")?,
+            .ok_or_else(|| format!("{} is missing", key("attention.layer_norm_rms_epsilon")))?,
         rope_base,
         rope_base_swa,
         n_rot: n_rot_full,
         sliding_window: Some(
             get_u(header, &key("attention.sliding_window"))?
-                .ok_or("gemma4.attention.sliding_window is missing")?,
+                .ok_or_else(|| format!("{} is missing", key("attention.sliding_window")))?,
         ),
         attn_scale: 1.0,
         train_context: get_u(header, &key("context_length"))?.unwrap_or(2048),
         layers,
-        n_embd_per_layer: get_u(header, &key("embedding_length_per_layer_input"))?
-            .ok_or("gemma4.embedding_length_per_layer_input is missing")?,
-        logit_softcap: get_f(header, &key("final_logit_softcapping"))?.unwrap_or(0.0),
+        n_embd_per_layer: if head {
+            0
+        } else {
+            get_u(header, &key("embedding_length_per_layer_input"))?
+                .ok_or_else(|| format!("{} is missing", key("embedding_length_per_layer_input")))?
+        },
+        // llama.cpp caps the target's logits only; a head's draft is its argmax either way.
+        logit_softcap: if head {
+            0.0
+        } else {
+            get_f(header, &key("final_logit_softcapping"))?.unwrap_or(0.0)
+        },
+        n_embd_out: if head {
+            get_u(header, &key("embedding_length_out"))?.ok_or_else(|| {
+                format!(
+                    "{} is missing (the target model's width)",
+                    key("embedding_length_out")
+                )
+            })?
+        } else {
+            0
+        },
     };
     if h.n_embd == 0
         || h.n_embd > 1 << 16
+        || h.n_embd_out > 1 << 16
+        || (head && (h.n_embd_out == 0 || h.n_embd_out == h.n_embd))
         || h.n_embd_per_layer > 1 << 16
         || !(h.logit_softcap >= 0.0 && h.logit_softcap.is_finite())
     {

@@ -139,7 +139,7 @@ pub(super) fn block(
     first: usize,
     cache: &mut KvCache,
 ) -> Result<(), String> {
-    let gemma = matches!(h.arch, Arch::Gemma3 | Arch::Gemma4);
+    let gemma = h.arch.is_gemma();
     let shape: &LayerShape = &h.layers[il];
     let (hd, kv_dim, q_dim) = (shape.head_dim, shape.kv_dim(), shape.q_dim());
     let window = h.sliding_window.filter(|_| shape.swa);
@@ -149,7 +149,7 @@ pub(super) fn block(
         neox: h.arch != Arch::Llama,
         // Gemma 4's factors make its full layers' rotation proportional; its sliding ones
         // rotate every pair.
-        freq_factors: rope_freqs.filter(|_| h.arch != Arch::Gemma4 || !shape.swa),
+        freq_factors: rope_freqs.filter(|_| !h.arch.is_gemma4() || !shape.swa),
     };
     let KvCache {
         exec,
@@ -277,10 +277,17 @@ pub(super) fn block(
                     Some(size) => (pos + 1).saturating_sub(size),
                     None => 0,
                 };
+                // A draft head's query stands at the target's next free position, which holds
+                // nothing yet (or a rejected draft's keys): it sees the positions before.
+                let to = if h.arch == Arch::Gemma4Assistant {
+                    pos
+                } else {
+                    pos + 1
+                };
                 let at = t * q_dim + kv_head * span;
                 Query {
                     q: &queries[at..at + span],
-                    rows: from..pos + 1,
+                    rows: from..to,
                 }
             });
             attention::attend(chunk_queries, scales, hd, cache, isa, share.column(0));

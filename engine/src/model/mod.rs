@@ -4,10 +4,12 @@
 //! rows do not depend on the thread count, so neither does the output.
 
 mod attention;
+mod head;
 mod hparams;
 mod layers;
 mod moe;
 
+pub use head::{Draft, DraftHead, DraftWork};
 pub use hparams::{Arch, Hparams, LayerShape};
 
 use crate::kernels::{self, Exec, Isa, Matrix};
@@ -113,6 +115,9 @@ struct Work {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    /// The final-normed hidden state of each token whose logits are in `logits`, in the same
+    /// order (the input of the output matrix; a draft head drafts from it).
+    hidden: Vec<f32>,
     /// Gemma 4's per-layer inputs of the pass's tokens (token × layer × width).
     ple: Vec<f32>,
     /// Router logits, then probabilities, of a mixture of experts (token × expert).
@@ -143,6 +148,7 @@ impl Work {
             gate: Vec::new(),
             up: Vec::new(),
             logits: Vec::new(),
+            hidden: Vec::new(),
             ple: Vec::new(),
             route: Vec::new(),
             chosen: Vec::new(),
@@ -263,6 +269,12 @@ impl KvCache {
         &self.work.logits
     }
 
+    /// The final-normed hidden state behind row `row` of [`KvCache::logits`] (`width`: the
+    /// model's embedding width).
+    pub fn hidden(&self, row: usize, width: usize) -> Option<&[f32]> {
+        self.work.hidden.get(row * width..(row + 1) * width)
+    }
+
     /// Bytes its keys and values take.
     pub fn bytes(&self) -> usize {
         self.keys
@@ -373,6 +385,14 @@ impl<'a> Model<'a> {
     /// Loads the architecture `file` declares.
     pub fn load(file: &'a ModelFile) -> Result<Model<'a>, LoadError> {
         let h = Hparams::from_header(file.header(), file.bytes()).map_err(|e| load_err(file, e))?;
+        if h.arch == Arch::Gemma4Assistant {
+            return Err(load_err(
+                file,
+                "this is a draft head (gemma4-assistant), not a model: give it as the draft \
+                 (--model-draft) beside its Gemma 4 target"
+                    .into(),
+            ));
+        }
         let e = h.n_embd;
         let has = |name: &str| file.header().tensors.iter().any(|t| t.name == name);
         let embeddings = matrix(file, "token_embd.weight", e, h.vocab)?;
@@ -387,7 +407,7 @@ impl<'a> Model<'a> {
         let mut weights = |name: &str, cols: usize, rows: usize| {
             matrix(file, name, cols, rows).map(|t| Matrix::widened(t, &mut budget))
         };
-        let gemma = matches!(h.arch, Arch::Gemma3 | Arch::Gemma4);
+        let gemma = h.arch.is_gemma();
         let gemma4 = h.arch == Arch::Gemma4;
         let ple_width = h.n_embd_per_layer;
         let mut layers = Vec::with_capacity(h.n_layer);
@@ -578,6 +598,7 @@ impl<'a> Model<'a> {
             Logits::All => tokens.len(),
         };
         cache.work.logits.resize(rows * h.vocab, 0.0);
+        cache.work.hidden.resize(rows * h.n_embd, 0.0);
         let batches = tokens.len().div_ceil(MAX_BATCH);
         for (b, batch) in tokens.chunks(MAX_BATCH).enumerate() {
             let first = start + b * MAX_BATCH;
@@ -609,7 +630,7 @@ impl<'a> Model<'a> {
         for (row, &token) in x.chunks_exact_mut(e).zip(tokens) {
             quant::dequantize(&embd.info.tensor_type, embd.row(token as usize), row)
                 .map_err(|err| err.to_string())?;
-            if matches!(h.arch, Arch::Gemma3 | Arch::Gemma4) {
+            if h.arch.is_gemma() {
                 let scale = (e as f32).sqrt();
                 row.iter_mut().for_each(|v| *v *= scale);
             }
@@ -635,6 +656,7 @@ impl<'a> Model<'a> {
             }
             let columns = wanted.len() / e;
             let work = &mut cache.work;
+            work.hidden[at * e..(at + columns) * e].copy_from_slice(wanted);
             let out = &mut work.logits[at * h.vocab..(at + columns) * h.vocab];
             kernels::matmul(
                 &mut [kernels::Product {

@@ -49,6 +49,8 @@ pub struct Ready {
     pub system_prompt: Option<String>,
     /// What requests that leave a field out get.
     pub defaults: Defaults,
+    /// Where drafts come from.
+    pub speculation: crate::speculate::Source,
 }
 
 /// Shared handler state.
@@ -135,6 +137,7 @@ async fn health(State(state): State<AppState>) -> Response {
                 "tokens_processed": activity.tokens_processed,
                 "queued": activity.queued,
                 "speeds": ready.worker.speeds(),
+                "speculation": ready.speculation,
                 "pass_costs": ready.worker.pass_costs().map(|(relative, timed)| json!({
                     "relative": relative,
                     "widths_timed": timed,
@@ -195,8 +198,10 @@ pub struct ServeConfig {
     pub chat_template: Option<String>,
     /// Browser origins allowed to call the API (`--cors-origins`).
     pub cors: CorsOrigins,
-    /// Whether requests speculate (`--spec ngram`; each may turn it off).
-    pub speculation: bool,
+    /// Where requests' drafts come from (`--spec`; each request may turn it off).
+    pub speculation: crate::speculate::Source,
+    /// The model's draft head (`--model-draft`), needed by [`crate::speculate::Source::Mtp`].
+    pub model_draft: Option<std::path::PathBuf>,
     /// The memory the model, its context and caches must fit (`None`: not checked).
     pub memory_limit: Option<crate::memory::Limit>,
 }
@@ -393,10 +398,23 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
     // The server runs for the life of the process: its mapping can be too.
     let file: &'static crate::model_file::ModelFile = Box::leak(Box::new(file));
     let model = Arc::new(crate::model::Model::load(file).map_err(|e| e.to_string())?);
+    let head = match (config.speculation, &config.model_draft) {
+        (crate::speculate::Source::Mtp, Some(path)) => {
+            let head_file = crate::model_file::ModelFile::open(path).map_err(|e| e.to_string())?;
+            let head_file: &'static crate::model_file::ModelFile = Box::leak(Box::new(head_file));
+            let head =
+                crate::model::DraftHead::load(head_file, &model).map_err(|e| e.to_string())?;
+            Some((Arc::new(head), head_file.bytes().len() as u64))
+        }
+        (crate::speculate::Source::Mtp, None) => {
+            return Err("--spec mtp needs the model's draft head: --model-draft FILE".into());
+        }
+        _ => None,
+    };
     if let Some(limit) = &config.memory_limit {
         let need = crate::memory::Need::of(
             &model,
-            file.bytes().len() as u64,
+            file.bytes().len() as u64 + head.as_ref().map_or(0, |(_, bytes)| *bytes),
             config.context,
             config.cache_mib,
         )?;
@@ -428,7 +446,8 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
             queue: config.queue,
             cache_bytes: config.cache_mib.saturating_mul(1 << 20),
             warm,
-            speculation: config.speculation,
+            speculation: config.speculation != crate::speculate::Source::None,
+            head: head.map(|(head, _)| head),
         },
         metrics,
     );
@@ -439,6 +458,7 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
         context: config.context,
         system_prompt: config.system_prompt.clone(),
         defaults: config.defaults.clone(),
+        speculation: config.speculation,
     })
 }
 

@@ -29,13 +29,17 @@ pub fn start(extra: &[&str]) -> Server {
 }
 
 pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-    let model = super::smollm2();
+    start_model(&super::smollm2(), extra, env)
+}
+
+/// `engine serve` on `model`.
+pub fn start_model(model: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let port = free_port();
     let child = Owned::spawn(
         Command::new(env!("CARGO_BIN_EXE_engine"))
             .envs(env.iter().copied())
             .args(["serve", "-m"])
-            .arg(&model)
+            .arg(model)
             .args(["--port", &port.to_string(), "-t", "2"])
             .args(if extra.contains(&"-c") {
                 &[][..]

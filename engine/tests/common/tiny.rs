@@ -657,3 +657,101 @@ fn gemma4_bytes(t: &Tiny, g: &Gemma4Tiny, r: &mut Random) -> Vec<u8> {
     }
     b.build()
 }
+
+/// A tiny Gemma 4 draft head (`gemma4-assistant`) for the tiny Gemma 4 `target`: narrower than
+/// it (64), a sliding then a full layer whose head widths and key-value heads are those of the
+/// target layers they read, in the types published heads mix (Q8_0, F16).
+pub fn gemma4_head_bytes(target: &Tiny) -> Vec<u8> {
+    let g = target.gemma4.expect("a Gemma 4 target");
+    let key = |k: &str| format!("gemma4-assistant.{k}");
+    let (embd, heads, ff) = (64usize, 2usize, 128usize);
+    let swa = [true, false];
+    let head = |il: usize| {
+        if swa[il] {
+            g.head_dim_swa
+        } else {
+            target.head_dim
+        }
+    };
+    let mut r = Random(0x9e37_79b9_7f4a_7c15);
+    let mut b = with_vocabulary(
+        Builder::new()
+            .string("general.architecture", "gemma4-assistant")
+            .string("general.name", "tiny-gemma4-head")
+            .u32(&key("context_length"), 512)
+            .u32(&key("embedding_length"), embd as u32)
+            .u32(&key("embedding_length_out"), target.embd as u32)
+            .u32(&key("block_count"), swa.len() as u32)
+            .u32(&key("nextn_predict_layers"), swa.len() as u32)
+            .u32s(&key("feed_forward_length"), &[ff as u32; 2])
+            .u32(&key("attention.head_count"), heads as u32)
+            .u32(&key("attention.head_count_kv"), target.kv_heads as u32)
+            .u32(&key("attention.key_length"), target.head_dim as u32)
+            .u32(&key("attention.value_length"), target.head_dim as u32)
+            .u32(&key("attention.key_length_swa"), g.head_dim_swa as u32)
+            .u32(&key("attention.value_length_swa"), g.head_dim_swa as u32)
+            .u32(
+                &key("attention.sliding_window"),
+                target.sliding_window.unwrap_or(512),
+            )
+            .bools(&key("attention.sliding_window_pattern"), &swa)
+            .u32(&key("rope.dimension_count"), target.head_dim as u32)
+            .u32(&key("rope.dimension_count_swa"), g.head_dim_swa as u32)
+            .f32(&key("rope.freq_base"), target.rope_base)
+            .f32(&key("rope.freq_base_swa"), 10_000.0)
+            .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6),
+    );
+    let add = |b: Builder, r: &mut Random, name: &str, ty: &str, rows: usize, cols: usize| {
+        let (id, bytes) = matrix(ty, rows, cols, r);
+        b.raw_tensor(name, &[cols as u64, rows as u64], id, bytes)
+    };
+    b = add(b, &mut r, "token_embd.weight", "Q8_0", VOCAB, embd);
+    b = add(
+        b,
+        &mut r,
+        "nextn.pre_projection.weight",
+        "F16",
+        embd,
+        2 * target.embd,
+    );
+    b = add(
+        b,
+        &mut r,
+        "nextn.post_projection.weight",
+        "Q8_0",
+        target.embd,
+        embd,
+    );
+    for (i, _) in swa.iter().enumerate() {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        let q_dim = heads * head(i);
+        b = add(b, &mut r, &n("attn_q"), "Q8_0", q_dim, embd);
+        b = add(b, &mut r, &n("attn_output"), "Q8_0", embd, q_dim);
+        b = add(b, &mut r, &n("ffn_gate"), "Q8_0", ff, embd);
+        b = add(b, &mut r, &n("ffn_up"), "Q8_0", ff, embd);
+        b = add(b, &mut r, &n("ffn_down"), "F16", embd, ff);
+    }
+    let norm =
+        |r: &mut Random, n: usize| -> Vec<f32> { (0..n).map(|_| 1.0 + 0.2 * r.signed()).collect() };
+    b = b.f32_tensor("output_norm.weight", &norm(&mut r, embd));
+    let half = target.head_dim / 2;
+    let factors: Vec<f32> = (0..half)
+        .map(|i| if i < half / 4 { 1.0 } else { 1e30 })
+        .collect();
+    b = b.f32_tensor("rope_freqs.weight", &factors);
+    for (i, _) in swa.iter().enumerate() {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        let q_norm: Vec<f32> = (0..head(i)).map(|_| 0.4 + 0.08 * r.signed()).collect();
+        b = b
+            .f32_tensor(&n("attn_norm"), &norm(&mut r, embd))
+            .f32_tensor(&n("attn_q_norm"), &q_norm)
+            .f32_tensor(&n("post_attention_norm"), &norm(&mut r, embd))
+            .f32_tensor(&n("ffn_norm"), &norm(&mut r, embd))
+            .f32_tensor(&n("post_ffw_norm"), &norm(&mut r, embd))
+            .f32_tensor(
+                &n("layer_output_scale"),
+                &[0.5 + 0.5 * (r.signed() + 1.0) / 2.0],
+            );
+    }
+    b.build()
+}

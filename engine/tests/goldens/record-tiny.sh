@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Records the tiny random models' goldens with llama.cpp: writes the models (the ignored test
-# tiny_vs_llama::write_tiny_models), then runs record.py --tiny on each. Usage:
+# tiny_vs_llama::write_tiny_models), then runs record.py --tiny on each (record_mtp.py on a
+# target with a draft head). Usage:
 # record-tiny.sh [CACHE] [LLAMA_SERVER_ARG ...]   (CACHE as for build-llama.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -12,6 +13,12 @@ trap 'rm -rf "$models"' EXIT
 TINY_MODELS_DIR=$models cargo test --release --locked -p engine --test tiny_vs_llama -- \
   --ignored --exact write_tiny_models >&2
 for model in "$models"/*.gguf; do
-  python3 engine/tests/goldens/record.py "$bin" "$model" "$(basename "$model" .gguf)" \
-    engine/tests/goldens --tiny "$@"
+  name=$(basename "$model" .gguf)
+  # A draft head runs beside its target: record_mtp.py records what it drafts.
+  [[ $name == *-head ]] && continue
+  python3 engine/tests/goldens/record.py "$bin" "$model" "$name" engine/tests/goldens --tiny "$@"
+  if [ -f "$models/$name-head.gguf" ]; then
+    python3 engine/tests/goldens/record_mtp.py "$bin" "$model" "$models/$name-head.gguf" \
+      "$name-mtp" engine/tests/goldens
+  fi
 done

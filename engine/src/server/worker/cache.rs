@@ -182,6 +182,7 @@ mod tests {
             layers: Vec::new(),
             n_embd_per_layer: 0,
             logit_softcap: 0.0,
+            n_embd_out: 0,
         };
         let h = crate::model::Hparams {
             layers: h.uniform_layers(),

@@ -21,7 +21,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::Metrics;
 use crate::grammar::{Grammar, Matcher};
-use crate::model::{KvCache, Logits, Model};
+use crate::model::{DraftHead, KvCache, Logits, Model};
 use crate::sampler::{Sampler, Sampling};
 use crate::speculate::{End, LearnedCosts, Sink, Speculation, decode};
 use crate::tokenizer::{TextStream, Tokenizer};
@@ -305,8 +305,10 @@ pub struct Settings {
     /// Tokens to prefill at start and keep (a configured system prompt), so a new chat that
     /// begins with them starts from there.
     pub warm: Vec<u32>,
-    /// Whether requests may speculate (pass costs are measured at start then).
+    /// Whether requests may speculate.
     pub speculation: bool,
+    /// The model's draft head: speculation drafts from it rather than from n-grams.
+    pub head: Option<Arc<DraftHead<'static>>>,
 }
 
 impl Worker {
@@ -336,6 +338,7 @@ impl Worker {
             .speculation
             .then(|| Arc::new(Mutex::new(LearnedCosts::default())));
         let learning = learned.clone();
+        let head = settings.head.clone();
         std::thread::Builder::new()
             .name("engine-generation".into())
             .spawn(move || {
@@ -345,6 +348,7 @@ impl Worker {
                 }
                 let runner = Runner {
                     model: &model,
+                    head: head.as_deref(),
                     tokenizer: &tokenizer,
                     end_ids: &end_ids,
                     context,
@@ -495,6 +499,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// What the generation thread generates with.
 struct Runner<'a> {
     model: &'a Model<'static>,
+    /// The model's draft head, when drafts come from it.
+    head: Option<&'a DraftHead<'static>>,
     tokenizer: &'a Tokenizer,
     end_ids: &'a [u32],
     context: usize,
@@ -688,6 +694,7 @@ impl Runner<'_> {
             params.max_tokens,
             context,
             speculation.as_mut(),
+            self.head,
             &mut sink,
         )?;
         if let (Some(learned), Some(s)) = (self.learned, &speculation) {
