@@ -31,6 +31,15 @@ impl Message {
     }
 }
 
+/// Variables a request sets in the template beside the messages (llama.cpp's
+/// `chat_template_kwargs`); unset ones are left undefined, so the template's own default holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Vars {
+    /// `enable_thinking`: whether a model that can reason first (Gemma 4, Qwen 3) does; their
+    /// templates default to off (Gemma 4) or on (Qwen 3).
+    pub enable_thinking: Option<bool>,
+}
+
 /// The fallback for models without a template (llama.cpp's `chatml`).
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + \
 message['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ \
@@ -115,6 +124,7 @@ impl ChatTemplate {
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
+        vars: &Vars,
     ) -> Result<String, String> {
         if messages.is_empty() {
             return Err("a chat needs at least one message".into());
@@ -129,6 +139,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos,
                 eos_token => self.eos,
+                enable_thinking => vars.enable_thinking,
             })
             .map_err(|e| format!("the chat template refused these messages: {e:#}"))
     }
@@ -170,6 +181,7 @@ impl ChatTemplate {
             tokenizer,
             messages,
             add_generation_prompt,
+            &Vars::default(),
             &Budget::UNLIMITED,
         )
         .map_err(|e| e.to_string())
@@ -181,11 +193,12 @@ impl ChatTemplate {
         tokenizer: &Tokenizer,
         messages: &[Message],
         add_generation_prompt: bool,
+        vars: &Vars,
         budget: &Budget<'_>,
     ) -> Result<Vec<u32>, PromptError> {
         let protected = protect(tokenizer, messages);
         let text = self
-            .render(&protected, add_generation_prompt)
+            .render(&protected, add_generation_prompt, vars)
             .map_err(PromptError::Template)?;
         self.encode(tokenizer, &text, budget)
     }
@@ -198,19 +211,20 @@ impl ChatTemplate {
         &self,
         tokenizer: &Tokenizer,
         messages: &[Message],
+        vars: &Vars,
         budget: &Budget<'_>,
     ) -> Result<Vec<u32>, PromptError> {
         let protected = protect(tokenizer, messages);
         let text = self
-            .render_continuation(&protected)
+            .render_continuation(&protected, vars)
             .map_err(PromptError::Template)?;
         self.encode(tokenizer, &text, budget)
     }
 
     /// The prompt text of `messages` with the last one continued (see
     /// [`ChatTemplate::continuation_ids_within`]).
-    pub fn render_continuation(&self, messages: &[Message]) -> Result<String, String> {
-        let mut text = self.render(messages, false)?;
+    pub fn render_continuation(&self, messages: &[Message], vars: &Vars) -> Result<String, String> {
+        let mut text = self.render(messages, false, vars)?;
         // Templates often trim a message; its end is where its last non-space character is.
         let begun = messages.last().map_or("", |m| m.content.trim_end());
         let cut = text
@@ -351,7 +365,7 @@ mod tests {
     fn chatml_fallback_matches_llama_cpp() {
         let t = ChatTemplate::new(None, String::new(), String::new()).expect("chatml");
         let text = t
-            .render(&[Message::new("user", "Hi")], true)
+            .render(&[Message::new("user", "Hi")], true, &Vars::default())
             .expect("render");
         assert_eq!(
             text,
@@ -366,7 +380,11 @@ mod tests {
         let t =
             ChatTemplate::new(Some(source.into()), "<s>".into(), "</s>".into()).expect("compile");
         let text = t
-            .render(&[Message::new("user", "  hello  ")], false)
+            .render(
+                &[Message::new("user", "  hello  ")],
+                false,
+                &Vars::default(),
+            )
             .expect("render");
         // trim_blocks drops the newline after a block tag; lstrip_blocks the indentation before it.
         assert_eq!(text, "<s>USER: hello");
@@ -379,10 +397,10 @@ mod tests {
         let t =
             ChatTemplate::new(Some(source.into()), String::new(), String::new()).expect("compile");
         let err = t
-            .render(&[Message::new("assistant", "x")], true)
+            .render(&[Message::new("assistant", "x")], true, &Vars::default())
             .expect_err("refused");
         assert!(err.contains("first must be user"), "{err}");
-        assert!(t.render(&[], true).is_err());
+        assert!(t.render(&[], true, &Vars::default()).is_err());
     }
 
     #[test]
@@ -394,7 +412,7 @@ mod tests {
         )
         .expect("compile");
         let text = t
-            .render(&[Message::new("user", "")], false)
+            .render(&[Message::new("user", "")], false, &Vars::default())
             .expect("render");
         assert_eq!(text, "{\"a\": [1, \"é<\"], \"b\": {}}|[\n  1\n]");
     }

@@ -136,6 +136,7 @@ fn a_budget_stops_tokenizing_early() {
             tok,
             &[Message::new("user", &"word ".repeat(5000))],
             true,
+            &Default::default(),
             &budget
         ),
         Err(PromptError::Stopped(Stopped::TooLong { max_tokens: 100 }))

@@ -113,7 +113,9 @@ fn chat_prompts_render_and_tokenize_as_llama_cpp() {
         let tok = Tokenizer::load(&file).expect("tokenizer");
         let template = ChatTemplate::from_model(&file, &tok).expect("template");
         let messages = [Message::new("user", "Name three primary colours.")];
-        let text = template.render(&messages, true).expect("render");
+        let text = template
+            .render(&messages, true, &Default::default())
+            .expect("render");
         assert_eq!(text, golden["prompt"].as_str().expect("prompt"), "{name}");
         let ids = template.prompt_ids(&tok, &messages).expect("ids");
         let expected: Vec<u32> =

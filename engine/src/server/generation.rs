@@ -282,6 +282,7 @@ fn text_bytes(messages: &[Message]) -> usize {
 pub async fn chat_prompt(
     state: &AppState,
     messages: Vec<Message>,
+    vars: crate::chat::Vars,
     lane: Lane,
 ) -> Result<Vec<u32>, ApiError> {
     let prefill = continues(&messages);
@@ -289,9 +290,10 @@ pub async fn chat_prompt(
     tokenize_off_thread(state, bytes, lane, move |r, budget| {
         if prefill {
             r.template
-                .continuation_ids_within(&r.tokenizer, &messages, budget)
+                .continuation_ids_within(&r.tokenizer, &messages, &vars, budget)
         } else {
-            r.template.ids_within(&r.tokenizer, &messages, true, budget)
+            r.template
+                .ids_within(&r.tokenizer, &messages, true, &vars, budget)
         }
     })
     .await

@@ -294,9 +294,11 @@ pub async fn apply_template(
     let ready = ready(&state)?;
     let messages = generation::chat_messages(ready, &request)?;
     let prompt = if generation::continues(&messages) {
-        ready.template.render_continuation(&messages)
+        ready
+            .template
+            .render_continuation(&messages, &request.vars())
     } else {
-        ready.template.render(&messages, true)
+        ready.template.render(&messages, true, &request.vars())
     }
     .map_err(ApiError::bad_request)?;
     Ok(axum::Json(json!({ "prompt": prompt })).into_response())

@@ -107,7 +107,7 @@ pub async fn chat_completions(
         generation::checked::<ChatRequest>(&state, &body, Dialect::Chat)?;
     let messages = generation::chat_messages(ready, &request)?;
     let place = generation::reserve(ready, lane)?;
-    let prompt = generation::chat_prompt(&state, messages, lane).await?;
+    let prompt = generation::chat_prompt(&state, messages, request.vars(), lane).await?;
     let with_probs = params.logprobs.is_some();
     let mut started = start(ready, prompt, params, place, arrived)?;
     let envelope = Envelope::new(&state, "chatcmpl");

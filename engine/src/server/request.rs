@@ -177,9 +177,33 @@ pub struct StreamOptions {
 pub struct ChatRequest {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
+    /// Template variables (llama.cpp's field): `{"enable_thinking": true}`.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<TemplateKwargs>,
     /// Everything else.
     #[serde(flatten)]
     pub knobs: Knobs,
+}
+
+/// The template variables a chat may set; any other is refused by name.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateKwargs {
+    /// Whether a model that can reason first does (Gemma 4's template: off unless set).
+    #[serde(default)]
+    pub enable_thinking: Option<bool>,
+}
+
+impl ChatRequest {
+    /// The variables its template is rendered with.
+    pub fn vars(&self) -> crate::chat::Vars {
+        crate::chat::Vars {
+            enable_thinking: self
+                .chat_template_kwargs
+                .as_ref()
+                .and_then(|k| k.enable_thinking),
+        }
+    }
 }
 
 /// `POST /v1/completions` and `POST /completion`: a raw prompt.
@@ -367,7 +391,7 @@ const UNSUPPORTED: &[(&str, Harmless, &str)] = &[
     (
         "chat_template_kwargs",
         empty_object,
-        "template variables are not implemented",
+        "template variables apply to chats (/v1/chat/completions)",
     ),
     (
         "t_max_predict_ms",

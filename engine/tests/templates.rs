@@ -1,0 +1,95 @@
+//! Gemma 4's chat template (`models/templates/google-gemma-4-31B-it.jinja` of llama.cpp's
+//! sdist) renders as llama.cpp 11434 renders it (`--jinja`, `/apply-template`, recorded by
+//! `goldens/record_template.py`): turns, a system turn, a past answer, whitespace, with
+//! thinking off and on; thinking is off when a request does not ask for it; a request asks
+//! with `chat_template_kwargs`.
+
+mod common;
+
+use std::path::PathBuf;
+
+use engine::chat::{ChatTemplate, Message, Vars};
+
+fn golden() -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/gemma4-template.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("golden")).expect("json")
+}
+
+fn gemma4_template() -> ChatTemplate {
+    let source = std::fs::read_to_string(common::llama_cpp_file(
+        "models/templates/google-gemma-4-31B-it.jinja",
+    ))
+    .expect("the template");
+    ChatTemplate::new(Some(source), "<bos>".into(), "<eos>".into()).expect("compiles")
+}
+
+#[test]
+fn gemma4_renders_as_llama_cpp_renders_it() {
+    let template = gemma4_template();
+    let golden = golden();
+    let cases = golden["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 6);
+    for case in cases {
+        let messages: Vec<Message> =
+            serde_json::from_value(case["messages"].clone()).expect("messages");
+        let thinking = case["enable_thinking"]
+            .as_bool()
+            .expect("recorded on or off");
+        let expected = case["prompt"].as_str().expect("prompt");
+        let vars = Vars {
+            enable_thinking: Some(thinking),
+        };
+        let rendered = template.render(&messages, true, &vars).expect("renders");
+        // llama.cpp's /apply-template leaves out the BOS the tokenizer adds anyway.
+        assert_eq!(
+            template.strip_bos(&rendered),
+            expected,
+            "{messages:?}, thinking {thinking}"
+        );
+        if !thinking {
+            // Unasked, thinking is off.
+            let unasked = template
+                .render(&messages, true, &Vars::default())
+                .expect("renders");
+            assert_eq!(template.strip_bos(&unasked), expected, "{messages:?}");
+        }
+    }
+}
+
+/// `chat_template_kwargs.enable_thinking` reaches the template: the prompt a server builds
+/// opens the thinking channel empty unless the request turns thinking on; other variables are
+/// refused by name.
+#[test]
+fn a_chat_asks_for_thinking_with_template_kwargs() {
+    use common::serve::{post, start_with_env};
+    use serde_json::json;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("gemma4.jinja");
+    std::fs::write(&path, &gemma4_template().source).expect("write the template");
+    let server = start_with_env(&["--chat-template-file", path.to_str().expect("utf8")], &[]);
+    let body = |kwargs: serde_json::Value| json!({ "messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": kwargs });
+    let (status, off) = post(&server, "/apply-template", &body(json!({})));
+    assert_eq!(status, 200, "{off}");
+    let off = off["prompt"].as_str().expect("prompt").to_string();
+    assert!(
+        off.ends_with("<|turn>model\n<|channel>thought\n<channel|>"),
+        "{off}"
+    );
+    let (_, on) = post(
+        &server,
+        "/apply-template",
+        &body(json!({"enable_thinking": true})),
+    );
+    let on = on["prompt"].as_str().expect("prompt").to_string();
+    assert!(
+        on.contains("<|think|>") && on.ends_with("<|turn>model\n"),
+        "{on}"
+    );
+    let (status, refused) = post(
+        &server,
+        "/apply-template",
+        &body(json!({"tools_in_user": 1})),
+    );
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.to_string().contains("tools_in_user"), "{refused}");
+}
