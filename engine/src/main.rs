@@ -175,6 +175,12 @@ enum Command {
         /// Temperature for requests that do not say (0 = greedy).
         #[arg(long, default_value_t = 0.8, value_parser = temperature)]
         temp: f32,
+        /// Nucleus sampling for requests that do not say (1 = off; llama.cpp's default).
+        #[arg(long, default_value_t = 0.95, value_parser = probability)]
+        top_p: f32,
+        /// Top-k sampling for requests that do not say (0 = off; llama.cpp's default).
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
         /// Seed for requests that do not give one (−1: a fresh seed per request).
         #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
         seed: i64,
@@ -439,6 +445,8 @@ fn main() -> ExitCode {
             cache_mib,
             n_predict,
             temp,
+            top_p,
+            top_k,
             seed,
             chat_template_file,
             cors_origins,
@@ -482,6 +490,8 @@ fn main() -> ExitCode {
                 defaults: engine::server::request::Defaults {
                     max_tokens: usize::try_from(n_predict).ok(),
                     temperature: temp,
+                    top_p,
+                    top_k,
                     seed: u64::try_from(seed).ok(),
                 },
                 chat_template,
@@ -648,6 +658,13 @@ fn n_predict(text: &str) -> Result<i64, String> {
         _ => Err(format!(
             "{text} is not a token count (at least 1, or -1 for no limit)"
         )),
+    }
+}
+
+fn probability(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("{text} is not a probability (0 to 1)")),
     }
 }
 

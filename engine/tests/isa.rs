@@ -7,10 +7,10 @@
 
 mod common;
 
-use common::tiny::{MODELS, Tiny, gemma4_head_bytes, gguf_bytes, prompt};
 use engine::kernels::Isa;
 use engine::model::{DraftHead, DraftWork, KvCache, Logits, Model};
 use engine::model_file::ModelFile;
+use test_support::tiny::{MODELS, Tiny, gemma4_head_bytes, gguf_bytes, prompt};
 
 /// The logits after each prompt token, by single steps, then the same prompt's logits from one
 /// batched pass of every row; both as bit patterns.

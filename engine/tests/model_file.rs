@@ -57,11 +57,11 @@ fn broken_files_are_refused_with_the_reason() {
 /// are refused with a reason, and one that loads runs a step; none panics.
 #[test]
 fn mutated_gemma4_headers_load_or_are_refused_without_a_panic() {
-    let tiny = common::tiny::MODELS
+    let tiny = test_support::tiny::MODELS
         .iter()
         .find(|t| t.arch == "gemma4")
         .expect("a tiny gemma4");
-    let bytes = common::tiny::gguf_bytes(tiny);
+    let bytes = test_support::tiny::gguf_bytes(tiny);
     let header_end = gguf::Header::parse(&bytes)
         .expect("parse")
         .tensors

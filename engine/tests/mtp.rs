@@ -10,13 +10,13 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::tiny::{MODELS, Tiny, gemma4_head_bytes, gguf_bytes};
 use engine::generate::{Budget, generate};
 use engine::model::{DraftHead, DraftWork, KvCache, Logits, Model};
 use engine::model_file::ModelFile;
 use engine::sampler::{Sampler, Sampling};
 use engine::speculate::{Costs, MAX_DRAFT, Speculation};
 use sha2::{Digest, Sha256};
+use test_support::tiny::{MODELS, Tiny, gemma4_head_bytes, gguf_bytes};
 
 fn hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
@@ -185,7 +185,7 @@ fn drafting_from_the_head_changes_no_token() {
     let model = Model::load(&target_file).expect("load the target");
     let head_file = ModelFile::open(&files.head).expect("open the head");
     let head = DraftHead::load(&head_file, &model).expect("load the head");
-    let prompt = common::tiny::prompt();
+    let prompt = test_support::tiny::prompt();
     // Passes as cheap as steps, so the head drafts at every step it is trusted at all.
     let free = Costs::from_seconds(&[1.0; MAX_DRAFT + 1]);
     for sampling in [
@@ -238,7 +238,7 @@ fn the_server_drafts_from_the_head() {
     let server = start_model(&files.target, &["--model-draft", head], &[]);
     assert_eq!(get_json(&server, "/health")["speculation"], "mtp");
     let body = |n_max: i64| {
-        json!({ "prompt": common::tiny::prompt(), "n_predict": 24, "temperature": 0,
+        json!({ "prompt": test_support::tiny::prompt(), "n_predict": 24, "temperature": 0,
                 "speculative.n_max": n_max })
     };
     let (status, on) = post(&server, "/completion", &body(3));

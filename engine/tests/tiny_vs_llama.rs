@@ -14,8 +14,8 @@ mod common;
 use std::path::PathBuf;
 
 use common::golden::{self, Limits};
-use common::tiny::{MODELS, MOE_BENCH, Tiny, gguf_bytes};
 use sha2::{Digest, Sha256};
+use test_support::tiny::{MODELS, MOE_BENCH, Tiny, gguf_bytes};
 
 /// llama.cpp's own spread on these models: recorded again with flash attention off and an f32
 /// cache (`record.py … --tiny -fa off -ctk f32 -ctv f32`, then `compare.py`), its worst position
@@ -178,11 +178,11 @@ fn write_tiny_models() {
     for t in &MODELS {
         std::fs::write(dir.join(format!("{}.gguf", t.name)), gguf_bytes(t)).expect("write");
         if t.gemma4.is_some() {
-            let head = common::tiny::gemma4_head_bytes(t);
+            let head = test_support::tiny::gemma4_head_bytes(t);
             std::fs::write(dir.join(format!("{}-head.gguf", t.name)), head).expect("write");
         }
     }
-    let ids = serde_json::to_string(&common::tiny::prompt()).expect("json");
+    let ids = serde_json::to_string(&test_support::tiny::prompt()).expect("json");
     std::fs::write(dir.join("prompt.json"), ids).expect("write the prompt");
 }
 

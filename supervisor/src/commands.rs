@@ -287,6 +287,9 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
             m.state,
             m.path.as_deref().unwrap_or("")
         );
+        if let Some(draft) = &m.draft {
+            println!("       draft head {draft} (speculation: {})", m.speculation);
+        }
         println!("       {}", m.reason);
         let e = &status.engine;
         let state = report::word(e.state);

@@ -62,6 +62,8 @@ async fn check_model(
             id: id.clone(),
             state: "failed",
             path: None,
+            draft: None,
+            speculation: "ngram",
             reason: format!("model check crashed: {e}"),
         },
     };

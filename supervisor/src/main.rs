@@ -173,10 +173,13 @@ enum WeightsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Patch, verify and install SRC into the data directory, atomically.
+    /// Patch, verify and install SRC (and its draft head) into the data directory, atomically.
     Install {
         /// The published file (or the already approved one).
         src: PathBuf,
+        /// The model's draft head, when its manifest names one.
+        #[arg(long, value_name = "HEAD")]
+        draft: Option<PathBuf>,
         /// Its manifest.
         #[arg(long)]
         manifest: PathBuf,
@@ -184,10 +187,14 @@ enum WeightsCommand {
         #[arg(long)]
         data: Option<PathBuf>,
     },
-    /// Print a manifest for FILE, hashes computed in parallel.
+    /// Print a manifest for FILE (and its draft head), hashes computed in parallel.
     Manifest {
         /// The published model file.
         file: PathBuf,
+        /// The model's draft head (Gemma 4's MTP `gemma4-assistant` file): part of the model,
+        /// verified and installed with it.
+        #[arg(long, value_name = "HEAD")]
+        draft: Option<PathBuf>,
         /// Model id (default: from the file name).
         #[arg(long)]
         id: Option<String>,
@@ -370,10 +377,11 @@ fn weights(
     match command {
         WeightsCommand::Manifest {
             file,
+            draft,
             id,
             chunk_size,
             template,
-        } => w::manifest(&file, id, chunk_size, template.as_deref()),
+        } => w::manifest(&file, draft.as_deref(), id, chunk_size, template.as_deref()),
         WeightsCommand::Sign { manifest, key } => w::sign(&manifest, &key),
         WeightsCommand::Keygen { out } => w::keygen(&out),
         WeightsCommand::Verify {
@@ -410,10 +418,17 @@ fn weights(
         }
         WeightsCommand::Install {
             src,
+            draft,
             manifest,
             data,
         } => on_box(&|trust, data_dir| {
-            w::install_file(&src, &manifest, trust, data.as_deref().unwrap_or(data_dir))
+            w::install_file(
+                &src,
+                draft.as_deref(),
+                &manifest,
+                trust,
+                data.as_deref().unwrap_or(data_dir),
+            )
         }),
         WeightsCommand::FetchDefault { cache } => on_box(&|trust, data_dir| {
             let cache = cache.clone().unwrap_or_else(w::default_cache);

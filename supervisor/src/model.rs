@@ -83,6 +83,10 @@ pub struct ModelStatus {
     pub state: &'static str,
     /// The verified weights the engine would be given.
     pub path: Option<String>,
+    /// The verified draft head given with them (the model's MTP head), if it has one.
+    pub draft: Option<String>,
+    /// Where the engine's drafts come from: `mtp` (the draft head) or `ngram`.
+    pub speculation: &'static str,
     /// What was checked, or why it failed.
     pub reason: String,
 }
@@ -94,17 +98,27 @@ impl ModelStatus {
             Ok(ok) => (
                 "verified",
                 Some(ok.path.display().to_string()),
-                ok.checked.clone(),
+                match &ok.draft {
+                    Some(_) => format!("{}; draft head: every chunk verified", ok.checked),
+                    None => ok.checked.clone(),
+                },
             ),
             Err(e) if e.kind == ErrorKind::NotInstalled => {
                 ("not-installed", None, e.message.clone())
             }
             Err(e) => ("failed", None, e.message.clone()),
         };
+        let draft = result
+            .as_ref()
+            .ok()
+            .and_then(|ok| ok.draft.as_ref())
+            .map(|d| d.display().to_string());
         ModelStatus {
             id: id.to_string(),
             state,
             path,
+            speculation: if draft.is_some() { "mtp" } else { "ngram" },
+            draft,
             reason,
         }
     }

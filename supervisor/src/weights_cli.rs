@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde_json::json;
-use weights::install::{Approval, install, sig_path};
+use weights::install::{Approval, install, install_model, sig_path};
 use weights::manifest::{DEFAULT_CHUNK, Template};
 use weights::sign::Trust;
 use weights::verify::{Mapped, verify_file};
@@ -99,10 +99,17 @@ fn report_verified(
     }
 }
 
-/// `weights install SRC --manifest M [--data DIR]`.
-pub fn install_file(src: &Path, manifest: &Path, trust: &Trust, data_dir: &Path) -> ExitCode {
+/// `weights install SRC [--draft HEAD] --manifest M [--data DIR]`.
+pub fn install_file(
+    src: &Path,
+    draft: Option<&Path>,
+    manifest: &Path,
+    trust: &Trust,
+    data_dir: &Path,
+) -> ExitCode {
     report_installed(
-        Approval::load(manifest, trust).and_then(|a| install(src, &a, data_dir).map(|i| (a, i))),
+        Approval::load(manifest, trust)
+            .and_then(|a| install_model(src, draft, &a, data_dir).map(|i| (a, i))),
     )
 }
 
@@ -121,9 +128,10 @@ fn report_installed(result: Result<(Approval, weights::install::Installed), Erro
     }
 }
 
-/// `weights manifest FILE [--id ID] [--chunk-size BYTES] [--template T]`.
+/// `weights manifest FILE [--draft HEAD] [--id ID] [--chunk-size BYTES] [--template T]`.
 pub fn manifest(
     file: &Path,
+    draft: Option<&Path>,
     id: Option<String>,
     chunk_size: Option<u64>,
     template: Option<&Path>,
@@ -144,12 +152,25 @@ pub fn manifest(
     if id.is_some() {
         spec.id = id;
     }
-    let name = file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name_of = |path: &Path| {
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let chunk = chunk_size.unwrap_or(DEFAULT_CHUNK);
     let result = Mapped::open(file)
-        .and_then(|m| spec.build(m.bytes(), &name, chunk_size.unwrap_or(DEFAULT_CHUNK)))
+        .and_then(|m| match draft {
+            Some(head) => {
+                let head_bytes = Mapped::open(head)?;
+                spec.build_with_draft(
+                    m.bytes(),
+                    &name_of(file),
+                    chunk,
+                    Some((head_bytes.bytes(), &name_of(head))),
+                )
+            }
+            None => spec.build(m.bytes(), &name_of(file), chunk),
+        })
         .and_then(|m| m.to_toml());
     match result {
         Ok(text) => {

@@ -660,3 +660,113 @@ fn a_long_streamed_answer_completes_under_the_supervisor() {
     assert!(supervisor.wait().expect("wait").success());
     board.wait_no_processes(Duration::from_secs(5));
 }
+
+/// A Gemma 4 pair (the tiny random target and draft head the engine's tests use) made into a
+/// manifest from the E2B template, installed together, verified at the gate and served with
+/// the head: the launch passes it, `status` names it, and the engine drafts from it.
+#[test]
+fn a_model_with_a_draft_head_is_verified_and_served_with_it() {
+    use test_support::tiny::{MODELS, gemma4_head_bytes, gguf_bytes};
+    let board = board_without_model();
+    let target = MODELS
+        .iter()
+        .find(|t| t.gemma4.is_some())
+        .expect("a tiny Gemma 4");
+    let files = board.dir.path();
+    let (model, head) = (files.join("e2b.gguf"), files.join("mtp-e2b.gguf"));
+    std::fs::write(&model, gguf_bytes(target)).expect("write the model");
+    std::fs::write(&head, gemma4_head_bytes(target)).expect("write the head");
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../models/gemma-4-e2b-it.template.toml"
+    );
+    let made = Command::new(BIN)
+        .args(["weights", "manifest"])
+        .arg(&model)
+        .arg("--draft")
+        .arg(&head)
+        .args(["--template", template, "--chunk-size", "65536"])
+        .output()
+        .expect("weights manifest");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let manifest = files.join("e2b.toml");
+    std::fs::write(&manifest, &made.stdout).expect("write the manifest");
+    let install = |draft: Option<&std::path::Path>| {
+        let mut command = Command::new(BIN);
+        command
+            .arg("--root")
+            .arg(&board.root)
+            .args(["weights", "install"])
+            .arg(&model);
+        if let Some(draft) = draft {
+            command.arg("--draft").arg(draft);
+        }
+        command
+            .arg("--manifest")
+            .arg(&manifest)
+            .output()
+            .expect("weights install")
+    };
+    // Without its head the model is not installed: the head is part of it.
+    let refused = install(None);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--draft"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let installed = install(Some(&head));
+    assert!(
+        installed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    let port = free_port();
+    std::fs::write(
+        board.root.join("etc/appliance/appliance.toml"),
+        format!(
+            "[daemon]\nreverify_interval_s = 0\n\n[model]\nid = \"gemma-4-e2b-it\"\n\n\
+             [engine]\nbinary = \"{}\"\nport = {port}\ncontext = 512\n",
+            engine_binary().display()
+        ),
+    )
+    .expect("config");
+    let status = board.status();
+    assert_eq!(status["model"]["state"], "verified", "{status:#}");
+    assert_eq!(status["model"]["speculation"], "mtp");
+    assert!(
+        status["model"]["draft"]
+            .as_str()
+            .is_some_and(|d| d.ends_with("mtp-e2b.gguf")),
+        "{status:#}"
+    );
+    let mut supervisor = board.run();
+    board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready");
+    let health_text = ureq::get(format!("http://127.0.0.1:{port}/health"))
+        .call()
+        .expect("health")
+        .body_mut()
+        .read_to_string()
+        .expect("body");
+    let health: Value = serde_json::from_str(&health_text).expect("json");
+    assert_eq!(health["speculation"], "mtp", "{health}");
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+    // A head changed on disk keeps the model from the engine.
+    let installed_head =
+        std::path::PathBuf::from(status["model"]["draft"].as_str().expect("draft"));
+    flip_middle_byte(&installed_head);
+    let tampered = board.status();
+    assert_eq!(tampered["model"]["state"], "failed", "{tampered:#}");
+    assert!(
+        tampered["model"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("draft head")),
+        "{tampered:#}"
+    );
+}

@@ -1,4 +1,5 @@
-//! What the workspace's tests share.
+//! What the workspace's tests share: the processes they start, and the tiny random models
+//! ([`tiny`]) every architecture is tested on.
 //!
 //! A test that runs another crate's binary runs the one built from this checkout:
 //! [`binary`] has cargo bring it up to date first (a no-op when it is), where a binary
@@ -9,6 +10,8 @@
 //! ready ([`Owned::wait_until`]) ends as soon as that process exits, and otherwise lasts as long
 //! as the start does: its bound is only a last resort for a process hung far past any start,
 //! not a guess at how fast a quiet machine is.
+
+pub mod tiny;
 
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};

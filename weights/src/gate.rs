@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::install::{RECORD, Record, installed};
 use crate::sign::{Signed, Trust};
-use crate::verify::verify_file;
+use crate::verify::{verify_draft, verify_file};
 use crate::{Error, Manifest};
 
 /// How thoroughly the gate checks.
@@ -28,6 +28,9 @@ pub enum Reverify {
 pub struct Approved {
     /// The verified weights: what the engine is given.
     pub path: PathBuf,
+    /// The model's verified draft head, when it has one (verified in full every time: a head
+    /// is a small file).
+    pub draft: Option<PathBuf>,
     /// Its manifest.
     pub manifest: Manifest,
     /// Its signature status.
@@ -46,6 +49,14 @@ pub fn check(
 ) -> Result<Approved, Error> {
     let (approval, path) = installed(data_dir, id, trust)?;
     let manifest = approval.manifest;
+    let draft = match &manifest.draft {
+        Some(d) => {
+            let head = path.with_file_name(&d.file);
+            verify_draft(&head, &manifest)?;
+            Some(head)
+        }
+        None => None,
+    };
     let record_path = path.with_file_name(RECORD);
     let record = Record::read(&record_path)?;
     let meta =
@@ -57,6 +68,7 @@ pub fn check(
         if record.still_describes(&meta, &manifest) && !due {
             return Ok(Approved {
                 path,
+                draft,
                 manifest,
                 signed: approval.signed,
                 checked: format!(
@@ -77,6 +89,7 @@ pub fn check(
     };
     Ok(Approved {
         path,
+        draft,
         manifest,
         signed: approval.signed,
         checked,

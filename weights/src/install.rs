@@ -4,6 +4,7 @@
 //! ```text
 //! DATA/models/<id>/current            one line: the version directory in use (switched atomically)
 //! DATA/models/<id>/<version>/<file>   the verified weights
+//!                           <draft file>   the model's draft head, when it has one
 //!                           manifest.toml (+ manifest.toml.sig)   the approved manifest, verbatim
 //!                           installed.toml                        size, inode, mtime, last full check
 //! ```
@@ -21,7 +22,7 @@ use durable::Links;
 use crate::hash::{sha256, to_hex, write_synced};
 use crate::manifest::{MAX_MANIFEST_BYTES, read_limited};
 use crate::sign::{Signed, Trust};
-use crate::verify::{Mapped, verify_file};
+use crate::verify::{Mapped, verify_draft, verify_file};
 use crate::{Error, ErrorKind, Manifest, patch};
 
 /// Where a box keeps installed models unless configured otherwise (`[model] data_dir`): the
@@ -292,10 +293,47 @@ pub struct Installed {
 /// Installs `src` as the model `approval` describes: `src` is either the published source (the
 /// manifest's patches are applied) or already the approved file.
 pub fn install(src: &Path, approval: &Approval, data_dir: &Path) -> Result<Installed, Error> {
+    install_model(src, None, approval, data_dir)
+}
+
+/// [`install`] for a model with a draft head: `draft` is the head's file, installed beside
+/// the weights as published; the model's files go into place together or not at all.
+pub fn install_model(
+    src: &Path,
+    draft: Option<&Path>,
+    approval: &Approval,
+    data_dir: &Path,
+) -> Result<Installed, Error> {
     let manifest = &approval.manifest;
     let input = Mapped::open(src)?;
     // The input is checked first, so a bad file is reported even when the model is installed.
     let form = classify(src, input.bytes(), manifest)?;
+    let head = match (draft, &manifest.draft) {
+        (Some(path), Some(_)) => {
+            verify_draft(path, manifest)?;
+            Some(Mapped::open(path)?)
+        }
+        (None, None) => None,
+        (None, Some(d)) => {
+            return Err(Error::new(
+                ErrorKind::BadManifest,
+                format!(
+                    "model {} has a draft head ({}, {} bytes): give its file too (--draft FILE)",
+                    manifest.id, d.file, d.size
+                ),
+            ));
+        }
+        (Some(path), None) => {
+            return Err(Error::new(
+                ErrorKind::BadManifest,
+                format!(
+                    "manifest {} names no draft head, so {} cannot be installed with it",
+                    manifest.id,
+                    path.display()
+                ),
+            ));
+        }
+    };
     let dir = model_dir(data_dir, &manifest.id);
     create_dirs_durably(&dir)?;
     let _lock = lock(&dir)?;
@@ -315,7 +353,8 @@ pub fn install(src: &Path, approval: &Approval, data_dir: &Path) -> Result<Insta
     let staging = dir.join(format!(".staging-{version}"));
     fs::create_dir(&staging)
         .map_err(|e| Error::io(format!("creating {}", staging.display()), e))?;
-    let result = build(input.bytes(), form, approval, &staging).and_then(|()| {
+    let head_bytes = head.as_ref().map(Mapped::bytes);
+    let result = build(input.bytes(), form, head_bytes, approval, &staging).and_then(|()| {
         let target = dir.join(&version);
         fs::rename(&staging, &target)
             .map_err(|e| Error::io(format!("moving {} into place", target.display()), e))?;
@@ -419,6 +458,9 @@ fn already_installed(dir: &Path, approval: &Approval) -> Option<PathBuf> {
     }
     let path = vdir.join(&approval.manifest.file);
     verify_file(&path, &approval.manifest).ok()?;
+    if let Some(draft) = &approval.manifest.draft {
+        verify_draft(&vdir.join(&draft.file), &approval.manifest).ok()?;
+    }
     Some(path)
 }
 
@@ -476,8 +518,15 @@ fn mismatch(src: &Path, len: u64, src_sha: &str, manifest: &Manifest) -> Error {
     )
 }
 
-/// Fills the staging directory: weights (patched), manifest, signature, record; all synced.
-fn build(bytes: &[u8], form: Form, approval: &Approval, staging: &Path) -> Result<(), Error> {
+/// Fills the staging directory: weights (patched), draft head, manifest, signature, record;
+/// all synced.
+fn build(
+    bytes: &[u8],
+    form: Form,
+    head: Option<&[u8]>,
+    approval: &Approval,
+    staging: &Path,
+) -> Result<(), Error> {
     let manifest = &approval.manifest;
     let target = staging.join(&manifest.file);
     let output_sha = match form {
@@ -494,6 +543,11 @@ fn build(bytes: &[u8], form: Form, approval: &Approval, staging: &Path) -> Resul
         ));
     }
     verify_file(&target, manifest)?;
+    if let (Some(head), Some(draft)) = (head, &manifest.draft) {
+        let path = staging.join(&draft.file);
+        copy_into(head, &path)?;
+        verify_draft(&path, manifest)?;
+    }
     let write = |name: &str, text: &str| {
         durable::replace(&staging.join(name), text.as_bytes())
             .map_err(|e| Error::io(format!("writing {name}"), e))

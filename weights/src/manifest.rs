@@ -1,4 +1,4 @@
-//! The manifest: one approved model file, exactly.
+//! The manifest: one approved model file, exactly (and its draft head, when it has one).
 //!
 //! ```toml
 //! id = "smollm2-135m-instruct-q4_1"
@@ -12,6 +12,15 @@
 //! [engine]                              # what the model was validated with
 //! threads = 4
 //! context = 4096
+//! temperature = 1.0                     # sampling defaults for requests that set none
+//! top_p = 0.95
+//! top_k = 64
+//!
+//! [draft]                               # a draft head (Gemma 4's MTP) the engine drafts from:
+//! file = "mtp-gemma-4-E2B-it.gguf"      # part of the model, verified with it, same chunks
+//! size = 76412928
+//! sha256 = "…"
+//! chunks = ["…", …]
 //!
 //! [source]                              # the published file, when it differs or is fetched
 //! size = 98362432
@@ -65,16 +74,43 @@ pub struct Manifest {
     /// Patches from the source to the installed file, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub patches: Vec<Patch>,
+    /// The model's draft head, installed and verified with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<Draft>,
+}
+
+/// A draft head: a second file of the model, installed as published (no patches), in the
+/// model's chunk size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Draft {
+    /// File name of the installed head.
+    pub file: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its SHA-256.
+    pub sha256: String,
+    /// SHA-256 of each chunk, in order.
+    pub chunks: Vec<String>,
 }
 
 /// Engine settings a model was validated with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineSettings {
     /// Threads.
     pub threads: u32,
     /// Context length in tokens.
     pub context: u32,
+    /// Temperature for requests that set none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling for requests that set none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Top-k sampling for requests that set none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
 }
 
 /// The published file a model is installed from.
@@ -200,6 +236,38 @@ fn bad(message: String) -> Error {
     Error::new(ErrorKind::BadManifest, message)
 }
 
+/// A name a file of the model may have inside its version directory.
+fn check_file_name(field: &str, name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && !name.contains('/')
+        && !name.contains('\0')
+        && !name.starts_with('.')
+        && !RESERVED_NAMES.contains(&name);
+    if ok {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "{field} {name:?} must be a plain file name (no '/', not starting with '.', not one of {})",
+        RESERVED_NAMES.join(", ")
+    )))
+}
+
+/// One hash per chunk of a `size`-byte file, each a SHA-256 (`prefix` names the part).
+fn check_chunks(prefix: &str, size: u64, chunk_size: u64, chunks: &[String]) -> Result<(), Error> {
+    let expected = size.div_ceil(chunk_size);
+    if chunks.len() as u64 != expected {
+        return Err(bad(format!(
+            "{} {prefix}chunk hashes for {size} bytes in chunks of {chunk_size}; expected {expected}",
+            chunks.len()
+        )));
+    }
+    for (i, chunk) in chunks.iter().enumerate() {
+        check_hex(&format!("{prefix}chunks[{i}]"), chunk)?;
+    }
+    Ok(())
+}
+
 fn check_hex(field: &str, value: &str) -> Result<(), Error> {
     if value.len() == 64
         && value
@@ -246,19 +314,7 @@ impl Manifest {
                 self.id
             )));
         }
-        let file_ok = !self.file.is_empty()
-            && self.file.len() <= 255
-            && !self.file.contains('/')
-            && !self.file.contains('\0')
-            && !self.file.starts_with('.')
-            && !RESERVED_NAMES.contains(&self.file.as_str());
-        if !file_ok {
-            return Err(bad(format!(
-                "file {:?} must be a plain file name (no '/', not starting with '.', not one of {})",
-                self.file,
-                RESERVED_NAMES.join(", ")
-            )));
-        }
+        check_file_name("file", &self.file)?;
         check_hex("sha256", &self.sha256)?;
         if !(MIN_CHUNK..=MAX_CHUNK).contains(&self.chunk_size) {
             return Err(bad(format!(
@@ -266,17 +322,30 @@ impl Manifest {
                 self.chunk_size
             )));
         }
-        let expected_chunks = self.size.div_ceil(self.chunk_size);
-        if self.chunks.len() as u64 != expected_chunks {
-            return Err(bad(format!(
-                "{} chunk hashes for {} bytes in chunks of {}; expected {expected_chunks}",
-                self.chunks.len(),
-                self.size,
-                self.chunk_size
-            )));
+        check_chunks("", self.size, self.chunk_size, &self.chunks)?;
+        if let Some(draft) = &self.draft {
+            check_file_name("draft.file", &draft.file)?;
+            if draft.file == self.file {
+                return Err(bad(format!(
+                    "draft.file {:?} must differ from file (both are installed side by side)",
+                    draft.file
+                )));
+            }
+            check_hex("draft.sha256", &draft.sha256)?;
+            check_chunks("draft.", draft.size, self.chunk_size, &draft.chunks)?;
         }
-        for (i, chunk) in self.chunks.iter().enumerate() {
-            check_hex(&format!("chunks[{i}]"), chunk)?;
+        let sampling_ok = self
+            .engine
+            .temperature
+            .is_none_or(|t| (0.0..=10.0).contains(&t))
+            && self.engine.top_p.is_none_or(|p| (0.0..=1.0).contains(&p))
+            && self.engine.top_k.is_none_or(|k| k <= 1 << 20);
+        if !sampling_ok {
+            return Err(bad(format!(
+                "engine sampling defaults out of range (temperature 0-10, top_p 0-1, top_k up to \
+                 1048576): {:?}",
+                self.engine
+            )));
         }
         if self.engine.threads == 0 || self.engine.threads > 256 {
             return Err(bad(format!(
@@ -391,6 +460,9 @@ pub struct Template {
     /// Patches to apply, hashes left out.
     #[serde(default)]
     pub patches: Vec<Patch>,
+    /// The installed name of the model's draft head, given with `--draft FILE` (default: that
+    /// file's name).
+    pub draft_file: Option<String>,
 }
 
 /// Default chunk size: 16 MiB (a few dozen chunks keep both cores busy on small models).
@@ -400,6 +472,18 @@ impl Template {
     /// The manifest for `bytes` (the published file, named `file_name`): patches applied in
     /// order with their hashes filled in, then the result hashed whole and by chunk.
     pub fn build(self, bytes: &[u8], file_name: &str, chunk_size: u64) -> Result<Manifest, Error> {
+        self.build_with_draft(bytes, file_name, chunk_size, None)
+    }
+
+    /// [`Template::build`] for a model with a draft head: `draft` is the head's bytes and its
+    /// file's name, installed as they are.
+    pub fn build_with_draft(
+        self,
+        bytes: &[u8],
+        file_name: &str,
+        chunk_size: u64,
+        draft: Option<(&[u8], &str)>,
+    ) -> Result<Manifest, Error> {
         use crate::hash::{chunk_digests, sha256, to_hex};
         if !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
             return Err(bad(format!(
@@ -440,6 +524,13 @@ impl Template {
             pip: self.pip,
             members: self.members,
         });
+        let draft_file = self.draft_file;
+        let draft = draft.map(|(head, name)| Draft {
+            file: draft_file.unwrap_or_else(|| name.to_string()),
+            size: head.len() as u64,
+            sha256: to_hex(&sha256(head)),
+            chunks: chunk_digests(head, chunk).iter().map(to_hex).collect(),
+        });
         let manifest = Manifest {
             id,
             name: self.name.unwrap_or_else(|| stem.to_string()),
@@ -451,9 +542,13 @@ impl Template {
             engine: self.engine.unwrap_or(EngineSettings {
                 threads: 4,
                 context: 4096,
+                temperature: None,
+                top_p: None,
+                top_k: None,
             }),
             source,
             patches,
+            draft,
         };
         manifest.check()?;
         Ok(manifest)

@@ -98,21 +98,55 @@ fn check_size(path: &Path, len: u64, manifest: &Manifest) -> Result<(), Error> {
 
 /// Checks bytes against the manifest's size and chunk hashes.
 pub fn verify_bytes(bytes: &[u8], manifest: &Manifest) -> Result<(), Error> {
-    if bytes.len() as u64 != manifest.size {
+    check_chunks(bytes, manifest.size, &manifest.chunks, manifest, "")
+}
+
+/// Checks the model's draft head at `path` against the manifest's `[draft]` (every chunk: a
+/// head is a small file).
+pub fn verify_draft(path: &Path, manifest: &Manifest) -> Result<(), Error> {
+    let Some(draft) = &manifest.draft else {
+        return Err(Error::new(
+            ErrorKind::BadManifest,
+            format!("manifest {} has no draft head", manifest.id),
+        ));
+    };
+    let mapped = Mapped::open(path)?;
+    check_chunks(
+        mapped.bytes(),
+        draft.size,
+        &draft.chunks,
+        manifest,
+        "draft head ",
+    )
+    .map_err(|mut e| {
+        e.message = format!("{}: {}", path.display(), e.message);
+        e
+    })
+}
+
+/// Checks `bytes` against a part's size and chunk hashes (in `manifest`'s chunk size; `what`
+/// names the part in messages).
+fn check_chunks(
+    bytes: &[u8],
+    size: u64,
+    chunks: &[String],
+    manifest: &Manifest,
+    what: &str,
+) -> Result<(), Error> {
+    if bytes.len() as u64 != size {
         return Err(Error::new(
             ErrorKind::Mismatch,
             format!(
-                "{} bytes, but manifest {} expects {}",
+                "{} bytes, but manifest {} expects {size} for its {what}file",
                 bytes.len(),
                 manifest.id,
-                manifest.size
             ),
         ));
     }
     let chunk = usize::try_from(manifest.chunk_size).unwrap_or(usize::MAX);
     let bad = bytes
         .par_chunks(chunk.max(1))
-        .zip(manifest.chunks.par_iter())
+        .zip(chunks.par_iter())
         .enumerate()
         .find_first(|(_, (piece, expected))| to_hex(&sha256(piece)) != **expected);
     match bad {
@@ -123,7 +157,7 @@ pub fn verify_bytes(bytes: &[u8], manifest: &Manifest) -> Result<(), Error> {
             Err(Error {
                 kind: ErrorKind::Mismatch,
                 message: format!(
-                    "chunk {index} (bytes {start}..{end}) does not match manifest {}: the file is corrupt or not the approved one",
+                    "{what}chunk {index} (bytes {start}..{end}) does not match manifest {}: the file is corrupt or not the approved one",
                     manifest.id
                 ),
                 bad_chunk: Some((index, start, end)),

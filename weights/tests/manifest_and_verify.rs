@@ -151,3 +151,41 @@ fn fuzz_manifest_parser_never_panics() {
         }
     }
 }
+
+/// A model with a draft head: the manifest names both files, round-trips, and checks the head
+/// chunk by chunk; a head named like the weights, or with a chunk missing, is refused.
+#[test]
+fn a_draft_head_is_part_of_the_manifest_and_verified_with_it() {
+    use weights::manifest::Template;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let weights_bytes = vec![7u8; 200_000];
+    let head_bytes: Vec<u8> = (0..150_000u32).map(|i| (i % 251) as u8).collect();
+    let manifest = Template::default()
+        .build_with_draft(
+            &weights_bytes,
+            "model.gguf",
+            65_536,
+            Some((&head_bytes, "head.gguf")),
+        )
+        .expect("manifest");
+    let draft = manifest.draft.clone().expect("a draft part");
+    assert_eq!((draft.file.as_str(), draft.size), ("head.gguf", 150_000));
+    assert_eq!(draft.chunks.len(), 3);
+    let text = manifest.to_toml().expect("toml");
+    assert_eq!(Manifest::parse(&text, "test").expect("parses"), manifest);
+    let head = write(dir.path(), "head.gguf", &head_bytes);
+    weights::verify::verify_draft(&head, &manifest).expect("the head verifies");
+    let mut changed = head_bytes.clone();
+    changed[140_000] ^= 1;
+    let bad = write(dir.path(), "bad.gguf", &changed);
+    let e = weights::verify::verify_draft(&bad, &manifest).expect_err("a changed head");
+    assert_eq!(e.kind, ErrorKind::Mismatch);
+    assert!(e.message.contains("draft head chunk 2"), "{e}");
+    let same_name = text.replace("file = \"head.gguf\"", "file = \"model.gguf\"");
+    let e = Manifest::parse(&same_name, "test").expect_err("two files of one name");
+    assert!(e.message.contains("draft.file"), "{e}");
+    let short = text.replacen(&format!("\"{}\",\n", draft.chunks[2]), "", 1);
+    assert_ne!(short, text);
+    let e = Manifest::parse(&short, "test").expect_err("a chunk missing");
+    assert!(e.message.contains("draft.chunk"), "{e}");
+}

@@ -441,6 +441,10 @@ pub struct Defaults {
     pub max_tokens: Option<usize>,
     /// `temperature` (`--temp`).
     pub temperature: f32,
+    /// `top_p` (`--top-p`).
+    pub top_p: f32,
+    /// `top_k` (`--top-k`; 0: off).
+    pub top_k: usize,
     /// `seed` (`--seed`; `None`: a fresh seed per request).
     pub seed: Option<u64>,
 }
@@ -450,6 +454,8 @@ impl Default for Defaults {
         Defaults {
             max_tokens: Some(512),
             temperature: Sampling::default().temperature,
+            top_p: Sampling::default().top_p,
+            top_k: Sampling::default().top_k,
             seed: None,
         }
     }
@@ -735,6 +741,8 @@ impl Knobs {
     fn sampling(&self, defaults: &Defaults) -> Result<Sampling, ApiError> {
         let mut s = Sampling {
             temperature: defaults.temperature,
+            top_p: defaults.top_p,
+            top_k: defaults.top_k,
             ..Sampling::default()
         };
         let in_range = |field: &str, v: f32, range: std::ops::RangeInclusive<f32>| {

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 
 pub mod golden;
 pub mod serve;
-pub mod tiny;
 
 fn fetched(manifest_text: &str) -> PathBuf {
     let manifest = weights::Manifest::parse(manifest_text, "manifest").expect("manifest");

@@ -69,6 +69,23 @@ impl Launch {
         };
         let mut args: Vec<OsString> = vec!["serve".into(), "--model".into()];
         args.push(approved.path.clone().into_os_string());
+        // The head was verified with the weights; the engine drafts from it by default.
+        if let Some(draft) = &approved.draft {
+            args.push("--model-draft".into());
+            args.push(draft.clone().into_os_string());
+        }
+        let settings = &approved.manifest.engine;
+        let sampling = [
+            ("--temp", settings.temperature.map(|t| t.to_string())),
+            ("--top-p", settings.top_p.map(|p| p.to_string())),
+            ("--top-k", settings.top_k.map(|k| k.to_string())),
+        ];
+        for (flag, value) in sampling {
+            if let Some(value) = value {
+                args.push(flag.into());
+                args.push(value.into());
+            }
+        }
         for (flag, value) in [
             ("--host", "127.0.0.1".to_string()),
             ("--port", e.port.get().to_string()),
@@ -129,6 +146,7 @@ pub(crate) mod tests {
         };
         let approved = Approved {
             path: dir.join("model.gguf"),
+            draft: None,
             manifest: template
                 .build(b"weights", "model.gguf", 1 << 20)
                 .expect("manifest"),
@@ -165,5 +183,26 @@ pub(crate) mod tests {
             e.contains("context = 8192 is more than the 4096 tokens"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_draft_head_and_sampling_defaults_reach_the_engine() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (board, config, mut approved) = approved(dir.path());
+        let plain = Launch::plan(&board, &config, &approved).expect("plan");
+        assert_eq!(flag(&plain, "--model-draft"), None);
+        assert_eq!(flag(&plain, "--top-k"), None);
+        approved.draft = Some(dir.path().join("head.gguf"));
+        approved.manifest.engine.temperature = Some(1.0);
+        approved.manifest.engine.top_p = Some(0.95);
+        approved.manifest.engine.top_k = Some(64);
+        let launch = Launch::plan(&board, &config, &approved).expect("plan");
+        assert_eq!(
+            flag(&launch, "--model-draft"),
+            Some(dir.path().join("head.gguf").as_os_str())
+        );
+        assert_eq!(flag(&launch, "--temp"), Some("1".as_ref()));
+        assert_eq!(flag(&launch, "--top-p"), Some("0.95".as_ref()));
+        assert_eq!(flag(&launch, "--top-k"), Some("64".as_ref()));
     }
 }

@@ -59,6 +59,9 @@ pub fn engine() -> EngineSettings {
     EngineSettings {
         threads: 2,
         context: 512,
+        temperature: None,
+        top_p: None,
+        top_k: None,
     }
 }
 

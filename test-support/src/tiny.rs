@@ -14,13 +14,21 @@ use gguf::testfile::Builder;
 pub struct Tiny {
     /// File stem, also the golden's name.
     pub name: &'static str,
+    /// `general.architecture`.
     pub arch: &'static str,
+    /// Embedding width.
     pub embd: usize,
+    /// Query heads.
     pub heads: usize,
+    /// Key-value heads.
     pub kv_heads: usize,
+    /// Width of a head.
     pub head_dim: usize,
+    /// FFN width (of one expert).
     pub ff: usize,
+    /// Layers.
     pub layers: usize,
+    /// RoPE base.
     pub rope_base: f32,
     /// Llama 3's per-frequency rope divisors (`rope_freqs.weight`).
     pub rope_freqs: bool,
@@ -56,14 +64,23 @@ pub struct Gemma4Tiny {
 /// Which matrix of the model a type is chosen for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
+    /// Token embeddings.
     Embeddings,
+    /// The output matrix.
     Output,
+    /// Query projection.
     Query,
+    /// Key projection.
     Key,
+    /// Value projection.
     Value,
+    /// Attention output projection.
     AttnOutput,
+    /// FFN gate.
     Gate,
+    /// FFN up projection.
     Up,
+    /// FFN down projection.
     Down,
     /// Gemma 4's per-layer inputs: the table, the embedding's projection, each layer's gate
     /// and projection.
@@ -300,7 +317,7 @@ impl Random {
 const AMPLITUDE: f32 = 0.15;
 
 fn f16(v: f32) -> [u8; 2] {
-    engine::quant::f32_to_f16(v).to_le_bytes()
+    half::f16::from_f32(v).to_bits().to_le_bytes()
 }
 
 /// One random block of type `ty` (its scale fields set so values stay within about
