@@ -4,7 +4,7 @@
 # and `engine bench` alternately (same model, threads, sizes and repetitions) for a number of
 # rounds and prints each row's tokens/s and the ratio engine / llama.cpp. A GGUF path may stand
 # for a manifest; --moe adds a synthetic mixture of experts with Qwen3-30B-A3B's proportions
-# scaled down (tests/common/tiny.rs `MOE_BENCH`: 64 experts, 4 per token, random weights).
+# scaled down (test-support/src/tiny.rs `MOE_BENCH`: 64 experts, 4 per token, random weights).
 #
 # -d fills that many positions (untimed) before every prompt and generation run, comma-separated
 # as llama-bench's own -d: speed after a long document, where attention adds to every token.

@@ -5,7 +5,7 @@ from llama-server (temperature 0, one slot, no prompt cache).
 
 Usage: record.py LLAMA_BIN_DIR MODEL.gguf NAME OUT_DIR [--tiny] [LLAMA_SERVER_ARG ...]
 Prompts are below; NAME prefixes the output files (NAME-PROMPT.json). With --tiny (the random
-models of tests/common/tiny.rs) the one prompt is the token ids in prompt.json beside the model,
+models of test-support/src/tiny.rs) the one prompt is the token ids in prompt.json beside the model,
 the golden is NAME.json with the model's SHA-256, and no tokenizer cases are written. Extra
 arguments go to
 llama-server: recording with another of its configurations (say `-fa off -ctk f32 -ctv f32`)
