@@ -4,16 +4,19 @@
 # and `engine bench` alternately (same model, threads, sizes and repetitions) for a number of
 # rounds and prints each row's tokens/s and the ratio engine / llama.cpp. A GGUF path may stand
 # for a manifest; --moe adds a synthetic mixture of experts with Qwen3-30B-A3B's proportions
-# scaled down (test-support/src/tiny.rs `MOE_BENCH`: 64 experts, 4 per token, random weights).
+# scaled down (test-support/src/tiny.rs `MOE_BENCH`: 64 experts, 4 per token, random weights);
+# --e2b a random model of Gemma 4 E2B's real shapes (`E2B_BENCH`, about 3.5 GB, written once).
+# -p takes several lengths as llama-bench does: `-p 128,1,2,3,4,5` also times the passes of 1 to
+# 5 tokens that check a draft.
 #
 # -d fills that many positions (untimed) before every prompt and generation run, comma-separated
 # as llama-bench's own -d: speed after a long document, where attention adds to every token.
 #
-# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-d 0] [-r 5] [--rounds 2] [--moe] [MANIFEST|GGUF ...]
+# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-d 0] [-r 5] [--rounds 2] [--moe] [--e2b] [MANIFEST|GGUF ...]
 # Cache: $APPLIANCE_CACHE, else ~/.cache/appliance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=1,2 prompt=128 gen=64 depth=0 reps=5 rounds=2 moe=no manifests=()
+threads=1,2 prompt=128 gen=64 depth=0 reps=5 rounds=2 moe=no e2b=no manifests=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -t) threads=$2; shift 2 ;;
@@ -23,11 +26,12 @@ while [ $# -gt 0 ]; do
     -r) reps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --moe) moe=yes; shift ;;
-    -h|--help) sed -n 2,15p "$0"; exit 0 ;;
+    --e2b) e2b=yes; shift ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) manifests+=("$1"); shift ;;
   esac
 done
-[ ${#manifests[@]} -gt 0 ] || [ "$moe" = yes ] ||
+[ ${#manifests[@]} -gt 0 ] || [ "$moe" = yes ] || [ "$e2b" = yes ] ||
   manifests=(models/smollm2-135m-instruct-q4_1.toml models/gemma3-270m-q4_k_m.toml)
 cache=${APPLIANCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/appliance}
 llama_bin=$(engine/tests/goldens/build-llama.sh "$cache")
@@ -39,6 +43,15 @@ if [ "$moe" = yes ]; then
   TINY_MODELS_DIR="$cache/moe-bench" cargo test --release --locked -p engine --test tiny_vs_llama -- \
     --ignored --exact write_moe_bench_model >&2
   manifests+=("$cache/moe-bench/moe-bench-q4_k_m.gguf")
+fi
+if [ "$e2b" = yes ]; then
+  e2b_model="$cache/e2b-bench/gemma4-e2b-shape-q4_k_m.gguf"
+  if [ ! -f "$e2b_model" ]; then
+    mkdir -p "$cache/e2b-bench"
+    TINY_MODELS_DIR="$cache/e2b-bench" cargo test --release --locked -p engine --test tiny_vs_llama -- \
+      --ignored --exact write_e2b_bench_model >&2
+  fi
+  manifests+=("$e2b_model")
 fi
 for manifest in "${manifests[@]}"; do
   case "$manifest" in

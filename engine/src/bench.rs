@@ -17,7 +17,7 @@ use crate::speculate::{self, LearnedCosts, Sink, Speculation};
 #[derive(Debug, Clone)]
 pub struct Plan {
     /// Prompt lengths to prefill (llama-bench `-p`); 0 skips.
-    pub prompt: usize,
+    pub prompts: Vec<usize>,
     /// Tokens to generate one at a time (llama-bench `-n`); 0 skips.
     pub generate: usize,
     /// Positions already in the cache before each prompt and generation run, untimed
@@ -410,10 +410,10 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
     };
     for &threads in &plan.threads {
         for (&n_depth, (n_prompt, n_gen, mode)) in depths.iter().flat_map(|d| {
-            [
-                (d, (plan.prompt, 0, Mode::Prompt)),
-                (d, (0, plan.generate, Mode::Generation)),
-            ]
+            plan.prompts
+                .iter()
+                .map(move |&p| (d, (p, 0, Mode::Prompt)))
+                .chain([(d, (0, plan.generate, Mode::Generation))])
         }) {
             let n = n_prompt + n_gen;
             if n == 0 {

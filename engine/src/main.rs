@@ -209,9 +209,10 @@ enum Command {
         /// The GGUF model.
         #[arg(short = 'm', long)]
         model: PathBuf,
-        /// Prompt tokens per prompt-processing run (0 skips).
-        #[arg(short = 'p', long, default_value_t = 128)]
-        prompt: usize,
+        /// Prompt tokens per prompt-processing run, comma-separated as llama-bench's `-p`
+        /// (0 skips; 1 to 5 time the passes that check drafts).
+        #[arg(short = 'p', long, value_delimiter = ',', default_value = "128")]
+        prompt: Vec<usize>,
         /// Tokens per generation run (0 skips).
         #[arg(short = 'n', long, default_value_t = 64)]
         generate: usize,
@@ -543,7 +544,7 @@ fn main() -> ExitCode {
                 threads
             };
             let plan = engine::bench::Plan {
-                prompt,
+                prompts: prompt,
                 generate,
                 depths,
                 threads,

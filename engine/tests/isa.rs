@@ -72,7 +72,11 @@ fn loaded(t: &Tiny) -> (tempfile::TempDir, std::path::PathBuf) {
     let path = dir.path().join(format!("{}.gguf", t.name));
     std::fs::write(&path, gguf_bytes(t)).expect("write the model");
     if t.gemma4.is_some() {
-        std::fs::write(head_path(&path), gemma4_head_bytes(t)).expect("write the head");
+        std::fs::write(
+            head_path(&path),
+            gemma4_head_bytes(t, &test_support::tiny::TINY_HEAD),
+        )
+        .expect("write the head");
     }
     (dir, path)
 }

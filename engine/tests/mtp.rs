@@ -41,7 +41,10 @@ struct Pair {
 
 fn pair() -> (Pair, Vec<u8>, Vec<u8>) {
     let t = target();
-    let (target_bytes, head_bytes) = (gguf_bytes(t), gemma4_head_bytes(t));
+    let (target_bytes, head_bytes) = (
+        gguf_bytes(t),
+        gemma4_head_bytes(t, &test_support::tiny::TINY_HEAD),
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let pair = Pair {
         target: dir.path().join("target.gguf"),

@@ -178,12 +178,34 @@ fn write_tiny_models() {
     for t in &MODELS {
         std::fs::write(dir.join(format!("{}.gguf", t.name)), gguf_bytes(t)).expect("write");
         if t.gemma4.is_some() {
-            let head = test_support::tiny::gemma4_head_bytes(t);
+            let head = test_support::tiny::gemma4_head_bytes(t, &test_support::tiny::TINY_HEAD);
             std::fs::write(dir.join(format!("{}-head.gguf", t.name)), head).expect("write");
         }
     }
     let ids = serde_json::to_string(&test_support::tiny::prompt()).expect("json");
     std::fs::write(dir.join("prompt.json"), ids).expect("write the prompt");
+}
+
+/// Writes a random model of Gemma 4 E2B's shapes and its draft head into `$TINY_MODELS_DIR`,
+/// for `bench/engine-vs-llama.sh --e2b`.
+#[test]
+#[ignore]
+fn write_e2b_bench_model() {
+    use test_support::tiny::{E2B_BENCH, E2B_HEAD, gemma4_head_bytes};
+    let dir = PathBuf::from(std::env::var("TINY_MODELS_DIR").expect("TINY_MODELS_DIR"));
+    std::fs::create_dir_all(&dir).expect("create the directory");
+    for (name, bytes) in [
+        (E2B_BENCH.name.to_string(), gguf_bytes(&E2B_BENCH)),
+        (
+            format!("{}-head", E2B_BENCH.name),
+            gemma4_head_bytes(&E2B_BENCH, &E2B_HEAD),
+        ),
+    ] {
+        let path = dir.join(format!("{name}.gguf"));
+        let temporary = path.with_extension("gguf.partial");
+        std::fs::write(&temporary, bytes).expect("write");
+        std::fs::rename(&temporary, &path).expect("rename");
+    }
 }
 
 /// Writes the synthetic MoE benchmark model into `$TINY_MODELS_DIR`, for

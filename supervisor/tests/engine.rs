@@ -675,7 +675,11 @@ fn a_model_with_a_draft_head_is_verified_and_served_with_it() {
     let files = board.dir.path();
     let (model, head) = (files.join("e2b.gguf"), files.join("mtp-e2b.gguf"));
     std::fs::write(&model, gguf_bytes(target)).expect("write the model");
-    std::fs::write(&head, gemma4_head_bytes(target)).expect("write the head");
+    std::fs::write(
+        &head,
+        gemma4_head_bytes(target, &test_support::tiny::TINY_HEAD),
+    )
+    .expect("write the head");
     let template = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../models/gemma-4-e2b-it.template.toml"

@@ -40,6 +40,8 @@ pub struct Tiny {
     pub mix: Mix,
     /// Gemma 4's make-up (`head_dim` and `ff` above are then its full layers').
     pub gemma4: Option<Gemma4Tiny>,
+    /// Vocabulary size ([`VOCAB`] for the goldens' models).
+    pub vocab: usize,
 }
 
 /// What a tiny Gemma 4 has beyond the fields every model has.
@@ -152,6 +154,7 @@ const LLAMA: Tiny = Tiny {
     experts: None,
     mix: Mix::Q4KM,
     gemma4: None,
+    vocab: VOCAB,
 };
 
 /// Qwen 3 with heads wider than the embedding (4 × 128 = 512), in Q5_K_M.
@@ -415,6 +418,7 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
             .u32(&key("rope.dimension_count"), t.head_dim as u32)
             .f32(&key("rope.freq_base"), t.rope_base)
             .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6),
+        t.vocab,
     );
     if let Some(window) = t.sliding_window {
         b = b.u32(&key("attention.sliding_window"), window);
@@ -434,11 +438,11 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
         "token_embd.weight",
         Role::Embeddings,
         0,
-        VOCAB,
+        t.vocab,
         t.embd,
     );
     if t.arch != "gemma3" {
-        b = add(b, &mut r, "output.weight", Role::Output, 0, VOCAB, t.embd);
+        b = add(b, &mut r, "output.weight", Role::Output, 0, t.vocab, t.embd);
     }
     for i in 0..t.layers {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
@@ -517,7 +521,7 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
 }
 
 /// `b` with the tiny vocabulary: unknown, BOS, EOS, the ASCII byte tokens, then word pieces.
-fn with_vocabulary(b: Builder) -> Builder {
+fn with_vocabulary(b: Builder, vocab: usize) -> Builder {
     // Only the ASCII byte tokens: llama-server holds back a token that ends in the middle of a
     // UTF-8 character and reports no probabilities for it, which would shift the golden.
     let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
@@ -525,9 +529,9 @@ fn with_vocabulary(b: Builder) -> Builder {
     let pieces = "abcdefghijklmnopqrstuvwxyz".chars();
     tokens.extend(pieces.clone().map(|c| format!("\u{2581}{c}")));
     tokens.extend(pieces.clone().map(|c| c.to_string()));
-    tokens.extend((0..VOCAB - tokens.len()).map(|i| format!("\u{2581}w{i}")));
+    tokens.extend((0..vocab - tokens.len()).map(|i| format!("\u{2581}w{i}")));
     let token_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    let types: Vec<i32> = (0..VOCAB)
+    let types: Vec<i32> = (0..vocab)
         .map(|i| match i {
             0 => 2,
             1 | 2 => 3,
@@ -535,7 +539,7 @@ fn with_vocabulary(b: Builder) -> Builder {
             _ => 1,
         })
         .collect();
-    let scores: Vec<f32> = (0..VOCAB).map(|i| -(i as f32)).collect();
+    let scores: Vec<f32> = (0..vocab).map(|i| -(i as f32)).collect();
     b.string("tokenizer.ggml.model", "llama")
         .strings("tokenizer.ggml.tokens", &token_refs)
         .f32s("tokenizer.ggml.scores", &scores)
@@ -589,6 +593,7 @@ fn gemma4_bytes(t: &Tiny, g: &Gemma4Tiny, r: &mut Random) -> Vec<u8> {
             .f32(&key("rope.freq_base_swa"), 10_000.0)
             .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6)
             .f32(&key("final_logit_softcapping"), g.softcap),
+        t.vocab,
     );
     let add = adder(t.mix);
     let all = g.per_layer * layers;
@@ -598,7 +603,7 @@ fn gemma4_bytes(t: &Tiny, g: &Gemma4Tiny, r: &mut Random) -> Vec<u8> {
         "token_embd.weight",
         Role::Embeddings,
         0,
-        VOCAB,
+        t.vocab,
         t.embd,
     );
     b = add(
@@ -607,7 +612,7 @@ fn gemma4_bytes(t: &Tiny, g: &Gemma4Tiny, r: &mut Random) -> Vec<u8> {
         "per_layer_token_embd.weight",
         Role::PerLayer,
         0,
-        VOCAB,
+        t.vocab,
         all,
     );
     b = add(
@@ -675,14 +680,83 @@ fn gemma4_bytes(t: &Tiny, g: &Gemma4Tiny, r: &mut Random) -> Vec<u8> {
     b.build()
 }
 
-/// A tiny Gemma 4 draft head (`gemma4-assistant`) for the tiny Gemma 4 `target`: narrower than
-/// it (64), a sliding then a full layer whose head widths and key-value heads are those of the
-/// target layers they read, in the types published heads mix (Q8_0, F16).
-pub fn gemma4_head_bytes(target: &Tiny) -> Vec<u8> {
+/// The make-up of a Gemma 4 draft head.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadShape {
+    /// Its width.
+    pub embd: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// FFN width.
+    pub ff: usize,
+    /// Its layers: sliding-window or full.
+    pub swa: &'static [bool],
+}
+
+/// The goldens' head: narrower than the tiny target (64), a sliding then a full layer.
+pub const TINY_HEAD: HeadShape = HeadShape {
+    embd: 64,
+    heads: 2,
+    ff: 128,
+    swa: &[true, false],
+};
+
+/// E2B's head (published configurations: width 256, three sliding layers and a full one, 4
+/// heads, FFN 2048), for speed.
+pub const E2B_HEAD: HeadShape = HeadShape {
+    embd: 256,
+    heads: 4,
+    ff: 2048,
+    swa: &[true, true, true, false],
+};
+
+/// For speed, not goldens (`bench/engine-vs-llama.sh --e2b`): Gemma 4 E2B's real shapes with
+/// random weights in Q4_K_M — 35 layers 1536 wide, 8 query heads over one key-value head 256
+/// wide (512 on the full layers, every fifth), the last 20 layers reading the 14th and 15th's
+/// keys and values with FFNs twice as wide, per-layer inputs 256 wide, 262,144 tokens; about
+/// 3.5 GB (the per-layer table in Q8_0 is most of it, read a row per token).
+pub const E2B_BENCH: Tiny = Tiny {
+    name: "gemma4-e2b-shape-q4_k_m",
+    arch: "gemma4",
+    embd: 1536,
+    heads: 8,
+    kv_heads: 1,
+    head_dim: 512,
+    ff: 6144,
+    layers: 35,
+    rope_base: 1_000_000.0,
+    rope_freqs: true,
+    sliding_window: Some(512),
+    experts: None,
+    mix: Mix::Q4KM,
+    gemma4: Some(Gemma4Tiny {
+        swa: &[
+            true, true, true, true, false, true, true, true, true, false, true, true, true, true,
+            false, true, true, true, true, false, true, true, true, true, false, true, true, true,
+            true, false, true, true, true, true, false,
+        ],
+        head_dim_swa: 256,
+        ff: &[
+            6144, 6144, 6144, 6144, 6144, 6144, 6144, 6144, 6144, 6144, 6144, 6144, 6144, 6144,
+            6144, 12288, 12288, 12288, 12288, 12288, 12288, 12288, 12288, 12288, 12288, 12288,
+            12288, 12288, 12288, 12288, 12288, 12288, 12288, 12288, 12288,
+        ],
+        shared_kv: 20,
+        per_layer: 256,
+        values_from_keys: true,
+        softcap: 30.0,
+    }),
+    vocab: 262_144,
+};
+
+/// A Gemma 4 draft head (`gemma4-assistant`) of `shape` for the Gemma 4 `target`: layers whose
+/// head widths and key-value heads are those of the target layers they read, in the types
+/// published heads mix (Q8_0, F16).
+pub fn gemma4_head_bytes(target: &Tiny, shape: &HeadShape) -> Vec<u8> {
     let g = target.gemma4.expect("a Gemma 4 target");
     let key = |k: &str| format!("gemma4-assistant.{k}");
-    let (embd, heads, ff) = (64usize, 2usize, 128usize);
-    let swa = [true, false];
+    let (embd, heads, ff) = (shape.embd, shape.heads, shape.ff);
+    let swa = shape.swa;
     let head = |il: usize| {
         if swa[il] {
             g.head_dim_swa
@@ -700,7 +774,7 @@ pub fn gemma4_head_bytes(target: &Tiny) -> Vec<u8> {
             .u32(&key("embedding_length_out"), target.embd as u32)
             .u32(&key("block_count"), swa.len() as u32)
             .u32(&key("nextn_predict_layers"), swa.len() as u32)
-            .u32s(&key("feed_forward_length"), &[ff as u32; 2])
+            .u32s(&key("feed_forward_length"), &vec![ff as u32; swa.len()])
             .u32(&key("attention.head_count"), heads as u32)
             .u32(&key("attention.head_count_kv"), target.kv_heads as u32)
             .u32(&key("attention.key_length"), target.head_dim as u32)
@@ -711,18 +785,19 @@ pub fn gemma4_head_bytes(target: &Tiny) -> Vec<u8> {
                 &key("attention.sliding_window"),
                 target.sliding_window.unwrap_or(512),
             )
-            .bools(&key("attention.sliding_window_pattern"), &swa)
+            .bools(&key("attention.sliding_window_pattern"), swa)
             .u32(&key("rope.dimension_count"), target.head_dim as u32)
             .u32(&key("rope.dimension_count_swa"), g.head_dim_swa as u32)
             .f32(&key("rope.freq_base"), target.rope_base)
             .f32(&key("rope.freq_base_swa"), 10_000.0)
             .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6),
+        target.vocab,
     );
     let add = |b: Builder, r: &mut Random, name: &str, ty: &str, rows: usize, cols: usize| {
         let (id, bytes) = matrix(ty, rows, cols, r);
         b.raw_tensor(name, &[cols as u64, rows as u64], id, bytes)
     };
-    b = add(b, &mut r, "token_embd.weight", "Q8_0", VOCAB, embd);
+    b = add(b, &mut r, "token_embd.weight", "Q8_0", target.vocab, embd);
     b = add(
         b,
         &mut r,

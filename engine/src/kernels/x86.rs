@@ -17,6 +17,7 @@
 
 use std::arch::x86_64::*;
 
+mod k_wide;
 mod packed;
 
 use super::RowDot;
@@ -31,11 +32,13 @@ pub fn supported() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// Whether this CPU also has AVX-512's VNNI on 256-bit registers (`vpdpbusd`, `vpdpwssd`).
+/// Whether this CPU also has AVX-512's VNNI (`vpdpbusd`, `vpdpwssd`) and byte and word
+/// operations (`vpmaddubsw` on 512-bit registers: `k_wide.rs`).
 pub fn vnni_supported() -> bool {
     supported()
         && is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vnni")
 }
 
@@ -95,8 +98,8 @@ batched_wrapper!(q4_0_v, q4_0_vnni, packed::q4_0_rows, BlockQ8_0);
 batched_wrapper!(q4_1_v, q4_1_vnni, packed::q4_1_rows, BlockQ8_1);
 batched_wrapper!(q5_0_v, q5_0_vnni, packed::q5_0_rows, BlockQ8_0);
 batched_wrapper!(q8_0_v, q8_0_vnni, packed::q8_0_rows, BlockQ8_0);
-safe_wrapper!(q4_k_v, q4_k_rows_vnni, BlockQ8K);
-safe_wrapper!(q6_k_v, q6_k_rows_vnni, BlockQ8K);
+batched_wrapper!(q4_k_v, q4_k_rows_vnni, k_wide::q4_k_rows, BlockQ8K);
+batched_wrapper!(q6_k_v, q6_k_rows_vnni, k_wide::q6_k_rows, BlockQ8K);
 
 /// `row · x` for float weights as `scalar::float_dot` computes it: lane i mod 8, fused
 /// multiply-adds, the tail in the same lanes, then `hsum8`.
