@@ -69,12 +69,14 @@ def post(port, path, body):
         return json.load(r)
 
 
-def start_server(bin_dir, model, extra):
-    """llama-server for `model` on a free port (two threads, one slot), once /health answers."""
+def start_server(bin_dir, model, extra, log=None):
+    """llama-server for `model` on a free port (two threads, one slot), once /health answers;
+    its output goes to the file `log` when given."""
     port = free_port()
+    out = log if log is not None else subprocess.DEVNULL
     server = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--host", "127.0.0.1",
                                "--port", str(port), "-t", "2", "-c", "4096", "-np", "1", "--no-warmup", *extra],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=out, stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL)
     for _ in range(600):
         if server.poll() is not None:
             sys.exit(f"llama-server exited with {server.returncode} (arguments: {' '.join(extra)})")

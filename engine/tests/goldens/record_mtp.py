@@ -13,13 +13,10 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
-from record import free_port, post
+from record import post, start_server
 
 GENERATE = 24
 CANDIDATE = re.compile(r"draft candidate\s+(\d+), pos\s+(\d+):\s+(\d+) \(\s*([0-9.]+)\)")
@@ -34,22 +31,9 @@ def main():
     bin_dir, target, head, name, out_dir = sys.argv[1:6]
     with open(os.path.join(os.path.dirname(target), "prompt.json")) as f:
         ids = json.load(f)
-    port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="llama-mtp-", suffix=".log", delete=False)
-    server = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", target, "-md", head,
-                               "--spec-type", "draft-mtp", "--host", "127.0.0.1", "--port", str(port),
-                               "-t", "2", "-c", "512", "-np", "1", "--no-warmup", "-lv", "5"],
-                              stdout=log, stderr=subprocess.STDOUT)
+    server, port = start_server(bin_dir, target, ["-md", head, "--spec-type", "draft-mtp", "-lv", "5"], log)
     try:
-        for _ in range(600):
-            if server.poll() is not None:
-                sys.exit(f"llama-server exited with {server.returncode}; see {log.name}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.2)
         result = post(port, "/completion", {"prompt": ids, "n_predict": GENERATE, "temperature": 0.0,
                                             "n_probs": 1, "cache_prompt": False, "samplers": ["top_k"],
                                             "top_k": 1, "ignore_eos": True})
