@@ -17,6 +17,7 @@
 
 use std::arch::x86_64::*;
 
+mod k_wide;
 mod packed;
 
 use super::RowDot;
@@ -97,8 +98,8 @@ batched_wrapper!(q4_0_v, q4_0_vnni, packed::q4_0_rows, BlockQ8_0);
 batched_wrapper!(q4_1_v, q4_1_vnni, packed::q4_1_rows, BlockQ8_1);
 batched_wrapper!(q5_0_v, q5_0_vnni, packed::q5_0_rows, BlockQ8_0);
 batched_wrapper!(q8_0_v, q8_0_vnni, packed::q8_0_rows, BlockQ8_0);
-safe_wrapper!(q4_k_v, q4_k_rows_vnni, BlockQ8K);
-safe_wrapper!(q6_k_v, q6_k_rows_vnni, BlockQ8K);
+batched_wrapper!(q4_k_v, q4_k_rows_vnni, k_wide::q4_k_rows, BlockQ8K);
+batched_wrapper!(q6_k_v, q6_k_rows_vnni, k_wide::q6_k_rows, BlockQ8K);
 
 /// `row · x` for float weights as `scalar::float_dot` computes it: lane i mod 8, fused
 /// multiply-adds, the tail in the same lanes, then `hsum8`.
