@@ -94,11 +94,10 @@ pub fn setting<'a>(text: &'a str, key: &str) -> Option<&'a str> {
         if !applies {
             continue;
         }
-        if let Some((name, value)) = line.split_once('=') {
-            if name.trim() == key {
+        if let Some((name, value)) = line.split_once('=')
+            && name.trim() == key {
                 found = Some(value.trim());
             }
-        }
     }
     found
 }

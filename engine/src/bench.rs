@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::model::{KvCache, Logits, Model};
+use crate::model::{DraftHead, DraftWork, KvCache, Logits, Model};
 use crate::sampler::{Sampler, Sampling};
 use crate::speculate::{self, LearnedCosts, Sink, Speculation};
 
@@ -59,6 +59,10 @@ pub struct Row {
     pub stddev_ts: f64,
     /// Tokens per second of each repetition.
     pub samples_ts: Vec<f64>,
+    /// For draft head rows (`head`): true. Such a row times one step of the head, chained as
+    /// decoding chains them, after at least 64 positions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<bool>,
     /// For greedy decoding rows: whether n-gram speculation was on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<bool>,
@@ -111,7 +115,12 @@ pub fn loop_summary(passes: &[LoopPasses]) -> String {
 impl Row {
     /// llama-bench's name for the test: `pp128`, `tg64`; `pass4` for a 4-token pass.
     pub fn test_name(&self) -> String {
-        if let Some(b) = self.n_batch {
+        if self.head == Some(true) {
+            match self.n_depth {
+                PASS_CONTEXT => "head step".to_string(),
+                depth => format!("head step @ d{depth}"),
+            }
+        } else if let Some(b) = self.n_batch {
             match self.n_depth {
                 PASS_CONTEXT => format!("pass{b}"),
                 depth => format!("pass{b} @ d{depth}"),
@@ -213,6 +222,89 @@ fn timed_run(
         }
     }
     Ok(start.elapsed().as_secs_f64())
+}
+
+/// Draft head steps run back to back before the timed ones.
+const HEAD_WARM: usize = 3;
+
+/// Draft head steps timed back to back; a repetition's time is their mean.
+const HEAD_TIMED: usize = 8;
+
+/// Seconds of one step of `head` after `depth` positions (at least [`PASS_CONTEXT`]), filled
+/// first and not timed: [`HEAD_WARM`] untimed, then the mean of [`HEAD_TIMED`], each step
+/// drafting from the last one's token and hidden state as decoding does.
+fn timed_head(
+    model: &Model<'_>,
+    head: &DraftHead<'_>,
+    depth: usize,
+    threads: usize,
+) -> Result<f64, String> {
+    let depth = depth.max(PASS_CONTEXT);
+    let mut cache = KvCache::on_threads(&model.hparams, depth + 1, threads)?;
+    let before = random_tokens(depth, model.hparams.vocab, 0xc0de);
+    model.forward(&before, 0, &mut cache, Logits::Last)?;
+    let mut hidden = cache
+        .hidden(0, model.hparams.n_embd)
+        .ok_or("the prompt's pass kept no hidden state to draft from")?
+        .to_vec();
+    let mut work = DraftWork::default();
+    let mut token = random_tokens(1, model.hparams.vocab, 0xd7af)[0];
+    let mut step = |token: &mut u32, hidden: &mut Vec<f32>| -> Result<(), String> {
+        *token = head
+            .draft(model, &mut cache, *token, hidden, depth, &mut work)?
+            .token;
+        hidden.clear();
+        hidden.extend_from_slice(work.hidden());
+        Ok(())
+    };
+    for _ in 0..HEAD_WARM {
+        step(&mut token, &mut hidden)?;
+    }
+    let start = Instant::now();
+    for _ in 0..HEAD_TIMED {
+        step(&mut token, &mut hidden)?;
+    }
+    Ok(start.elapsed().as_secs_f64() / HEAD_TIMED as f64)
+}
+
+/// The depth the planner picks for a draft head at each acceptance rate in `rates`, from the
+/// one-token and wider passes and the head step timed on `threads` threads in `rows` (after
+/// the fewest positions timed); `None` without a head row and a one-token pass row.
+pub fn planner_depths(rows: &[Row], threads: usize, rates: &[f64]) -> Option<Vec<usize>> {
+    let at = |row: &&Row| row.n_threads == threads && row.n_depth == PASS_CONTEXT;
+    let head_ms = rows
+        .iter()
+        .filter(at)
+        .find(|r| r.head == Some(true))?
+        .avg_ms?;
+    let mut passes: Vec<(usize, f64)> = rows
+        .iter()
+        .filter(at)
+        .filter_map(|r| Some((r.n_batch?, r.avg_ms?)))
+        .collect();
+    passes.sort_by_key(|p| p.0);
+    let step_ms = passes.iter().find(|p| p.0 == 1)?.1;
+    // Widths not timed cost what the next narrower timed one did (cheaper than they are),
+    // so the table only claims depths the rows back.
+    let widest = passes.last()?.0;
+    let seconds: Vec<f64> = (1..=widest)
+        .map(|w| {
+            passes
+                .iter()
+                .rev()
+                .find(|p| p.0 <= w)
+                .map_or(step_ms, |p| p.1)
+        })
+        .collect();
+    let costs = speculate::Costs::from_seconds(&seconds);
+    Some(
+        rates
+            .iter()
+            .map(|&rate| {
+                speculate::head_depth(rate, |m| costs.of(m), head_ms / step_ms, 1..=widest - 1)
+            })
+            .collect(),
+    )
 }
 
 /// Tokens per second: mean and sample standard deviation.
@@ -388,6 +480,7 @@ fn greedy_rows(
             avg_ts,
             stddev_ts,
             samples_ts,
+            head: None,
             speculative: Some(speculative),
             drafts: speculative.then_some(drafts),
             passes: Some(passes),
@@ -399,8 +492,13 @@ fn greedy_rows(
     ])
 }
 
-/// Runs the plan: for each thread count and depth, the prompt row then the generation row.
-pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
+/// Runs the plan: for each thread count and depth, the prompt row then the generation row,
+/// then the single passes and the steps of `head` where given.
+pub fn run(
+    model: &Model<'_>,
+    head: Option<&DraftHead<'_>>,
+    plan: &Plan,
+) -> Result<Vec<Row>, String> {
     let vocab = model.hparams.vocab;
     let mut rows = Vec::new();
     let depths = if plan.depths.is_empty() {
@@ -432,6 +530,7 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
                 avg_ts,
                 stddev_ts,
                 samples_ts,
+                head: None,
                 speculative: None,
                 drafts: None,
                 passes: None,
@@ -471,10 +570,36 @@ pub fn run(model: &Model<'_>, plan: &Plan) -> Result<Vec<Row>, String> {
                 avg_ts,
                 stddev_ts,
                 samples_ts,
+                head: None,
                 speculative: None,
                 drafts: None,
                 passes: None,
             });
+        }
+        if let Some(head) = head {
+            for &n_depth in &pass_depths {
+                timed_head(model, head, n_depth, threads)?; // warm-up
+                let samples: Vec<f64> = (0..plan.repetitions.max(1))
+                    .map(|_| timed_head(model, head, n_depth, threads).map(|s| 1.0 / s))
+                    .collect::<Result<_, String>>()?;
+                let (avg_ts, stddev_ts) = spread(&samples);
+                let ms = samples.iter().map(|ts| 1e3 / ts).sum::<f64>() / samples.len() as f64;
+                rows.push(Row {
+                    n_prompt: 0,
+                    n_gen: 1,
+                    n_depth,
+                    n_threads: threads,
+                    n_batch: None,
+                    avg_ms: Some(ms),
+                    avg_ts,
+                    stddev_ts,
+                    samples_ts: samples,
+                    head: Some(true),
+                    speculative: None,
+                    drafts: None,
+                    passes: None,
+                });
+            }
         }
         if let Some(prompt) = &plan.speculation {
             rows.extend(greedy_rows(
@@ -501,6 +626,60 @@ mod tests {
         assert_ne!(a, random_tokens(1000, 37, 8));
     }
 
+    /// A single-pass or head row at the least context, as `run` makes them.
+    fn pass_row(threads: usize, batch: Option<usize>, ms: f64) -> Row {
+        Row {
+            n_prompt: 0,
+            n_gen: batch.unwrap_or(1),
+            n_depth: PASS_CONTEXT,
+            n_threads: threads,
+            n_batch: batch,
+            avg_ms: Some(ms),
+            avg_ts: 0.0,
+            stddev_ts: 0.0,
+            samples_ts: Vec::new(),
+            head: batch.is_none().then_some(true),
+            speculative: None,
+            drafts: None,
+            passes: None,
+        }
+    }
+
+    #[test]
+    fn planner_depths_follow_acceptance_and_pass_costs() {
+        // One thread: wider passes nearly free, a cheap head; two threads: every drafted
+        // token costs half a step.
+        let rows = vec![
+            pass_row(1, Some(1), 100.0),
+            pass_row(1, Some(2), 104.0),
+            pass_row(1, Some(3), 108.0),
+            pass_row(1, Some(4), 112.0),
+            pass_row(1, None, 4.0),
+            pass_row(2, Some(1), 60.0),
+            pass_row(2, Some(2), 90.0),
+            pass_row(2, Some(3), 120.0),
+            pass_row(2, None, 3.0),
+        ];
+        let rates = [0.05, 0.5, 0.9];
+        let cheap = planner_depths(&rows, 1, &rates).expect("rows at 1 thread");
+        assert_eq!(cheap[0], 0, "a head that is never right is not used");
+        assert!(cheap[1] >= 1 && cheap[1] <= cheap[2]);
+        assert_eq!(cheap[2], 3, "the widest timed pass bounds the depth");
+        let dear = planner_depths(&rows, 2, &rates).expect("rows at 2 threads");
+        assert_eq!(
+            dear[..2],
+            [0, 0],
+            "half a step per token needs high acceptance"
+        );
+        assert!(dear[2] >= 1);
+        assert_eq!(
+            planner_depths(&rows, 4, &rates),
+            None,
+            "no rows at 4 threads"
+        );
+        assert_eq!(pass_row(1, None, 4.0).test_name(), "head step");
+    }
+
     #[test]
     fn test_names_follow_llama_bench() {
         let row = |n_prompt, n_gen| Row {
@@ -513,6 +692,7 @@ mod tests {
             avg_ts: 0.0,
             stddev_ts: 0.0,
             samples_ts: Vec::new(),
+            head: None,
             speculative: None,
             drafts: None,
             passes: None,
@@ -525,6 +705,7 @@ mod tests {
         };
         assert_eq!(deep.test_name(), "tg64 @ d1024");
         let greedy = |speculative| Row {
+            head: None,
             speculative: Some(speculative),
             ..row(40, 64)
         };

@@ -7,7 +7,7 @@ use std::io::Write as _;
 
 use clap::{Parser, Subcommand};
 use engine::chat::{ChatTemplate, Message};
-use engine::model::Model;
+use engine::model::{DraftHead, Model};
 use engine::model_file::ModelFile;
 use engine::sampler::{Sampler, Sampling};
 use engine::speculate::Source;
@@ -249,6 +249,11 @@ enum Command {
         /// built-in discharge summary, which answers mostly by quoting).
         #[arg(long, requires = "spec")]
         spec_prompt: Option<PathBuf>,
+        /// A draft head (Gemma 4's `gemma4-assistant` GGUF): adds a row timing its step after
+        /// each depth's passes and, with passes of 1 and more tokens (`--batch 1,2,3`), the
+        /// depth the planner picks for it at acceptance rates from 0.5 to 0.9.
+        #[arg(long, value_name = "FILE")]
+        model_draft: Option<PathBuf>,
     },
     /// Teacher-forced scoring: top-K log-probabilities at every position from N on.
     Score {
@@ -369,9 +374,7 @@ fn main() -> ExitCode {
                     text.push_str(&piece);
                 };
                 let head = match &head_file {
-                    Some(f) => {
-                        Some(engine::model::DraftHead::load(f, &m).map_err(|e| e.to_string())?)
-                    }
+                    Some(f) => Some(DraftHead::load(f, &m).map_err(|e| e.to_string())?),
                     None => None,
                 };
                 let mut speculation = (source != Source::None).then(|| {
@@ -516,6 +519,7 @@ fn main() -> ExitCode {
             json,
             spec,
             spec_prompt,
+            model_draft,
         } => {
             let file = match open(&model) {
                 Ok(f) => f,
@@ -525,12 +529,25 @@ fn main() -> ExitCode {
                 Ok(m) => m,
                 Err(e) => return fail(e),
             };
+            let head_file = match model_draft.as_deref().map(open).transpose() {
+                Ok(f) => f,
+                Err(code) => return code,
+            };
+            let head = match head_file
+                .as_ref()
+                .map(|f| DraftHead::load(f, &loaded))
+                .transpose()
+            {
+                Ok(head) => head,
+                Err(e) => return fail(e),
+            };
             let speculation = match spec {
                 Spec::None => None,
                 Spec::Mtp => {
                     return fail(
-                        "engine bench times n-gram speculation (--spec ngram); a draft head is \
-                         measured by bench/mtp.sh",
+                        "engine bench times n-gram speculation (--spec ngram); a draft head's \
+                         steps and the depth the planner picks for it are timed with \
+                         --model-draft FILE --batch 1,2,3,4,5",
                     );
                 }
                 Spec::Ngram => match bench_chat(&file, &model, spec_prompt.as_deref()) {
@@ -552,7 +569,7 @@ fn main() -> ExitCode {
                 batches: batch,
                 speculation,
             };
-            let rows = match engine::bench::run(&loaded, &plan) {
+            let rows = match engine::bench::run(&loaded, head.as_ref(), &plan) {
                 Ok(rows) => rows,
                 Err(e) => return fail(e),
             };
@@ -572,7 +589,7 @@ fn main() -> ExitCode {
                     "| model | threads | test | t/s | ms/pass | accepted / drafted |\n\
                      | --- | ---: | ---: | ---: | ---: | ---: |"
                 );
-                for row in rows {
+                for row in &rows {
                     let ms = match (&row.avg_ms, &row.passes) {
                         (Some(m), _) => format!("{m:.2}"),
                         (None, Some(passes)) => engine::bench::loop_summary(passes),
@@ -590,6 +607,7 @@ fn main() -> ExitCode {
                         row.stddev_ts
                     );
                 }
+                print_planner_depths(&rows, &plan.threads);
                 if let Some(peak) = &peak {
                     println!("\n{peak}");
                 }
@@ -629,6 +647,29 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             }
         }
+    }
+}
+
+/// The depth the planner picks for a draft head from the rows' timed passes and head steps,
+/// per thread count, at acceptance rates 0.5 to 0.9 (nothing without a head row).
+fn print_planner_depths(rows: &[engine::bench::Row], threads: &[usize]) {
+    const RATES: [f64; 5] = [0.5, 0.6, 0.7, 0.8, 0.9];
+    let table: Vec<(usize, Vec<usize>)> = threads
+        .iter()
+        .filter_map(|&t| Some((t, engine::bench::planner_depths(rows, t, &RATES)?)))
+        .collect();
+    if table.is_empty() {
+        return;
+    }
+    let header: Vec<String> = RATES.iter().map(|r| format!("{r:.1}")).collect();
+    println!(
+        "\nDraft depth the planner picks, by acceptance rate:\n\n| threads | {} |\n| ---: |{}",
+        header.join(" | "),
+        " ---: |".repeat(RATES.len())
+    );
+    for (t, depths) in table {
+        let cells: Vec<String> = depths.iter().map(ToString::to_string).collect();
+        println!("| {t} | {} |", cells.join(" | "));
     }
 }
 

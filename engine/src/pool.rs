@@ -143,7 +143,7 @@ impl Pool {
         let mut spins = 0u32;
         while s.pending.load(Ordering::Acquire) != 0 {
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 {
+            if spins.is_multiple_of(4096) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -338,7 +338,7 @@ fn work(s: &Shared, index: usize) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 != 0 || idle_since.elapsed() < SPIN {
+            if !spins.is_multiple_of(1024) || idle_since.elapsed() < SPIN {
                 std::hint::spin_loop();
                 continue;
             }
@@ -353,11 +353,10 @@ fn work(s: &Shared, index: usize) {
         // However this region ends for this thread, the caller must hear that it did.
         let _done = Done(&s.pending);
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(job) = job {
-            if catch_unwind(AssertUnwindSafe(|| job(index))).is_err() {
+        if let Some(job) = job
+            && catch_unwind(AssertUnwindSafe(|| job(index))).is_err() {
                 s.panicked.store(true, Ordering::Release);
             }
-        }
     }
 }
 

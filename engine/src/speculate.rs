@@ -165,12 +165,38 @@ impl Costs {
     }
 
     /// Cost of a pass of `m` tokens (one pending token plus `m - 1` drafted).
-    fn of(&self, m: usize) -> f64 {
+    pub(crate) fn of(&self, m: usize) -> f64 {
         let last = self.relative.last().copied().unwrap_or(1.0);
         self.relative
             .get(m.saturating_sub(1))
             .copied()
             .unwrap_or(last)
+    }
+}
+
+/// The depth in `depths` at which a draft head makes the most tokens per unit of cost, when
+/// each drafted token is accepted with chance `rate` (given the one before it was), a pass of
+/// `m` tokens costs `pass_cost(m)` steps and a head step `head_step` steps; 0 when one plain
+/// step does better.
+pub fn head_depth(
+    rate: f64,
+    pass_cost: impl Fn(usize) -> f64,
+    head_step: f64,
+    depths: std::ops::RangeInclusive<usize>,
+) -> usize {
+    let value = |k: usize| {
+        // Tokens a pass of k drafts yields: the accepted run plus the target's own token.
+        let tokens: f64 = (0..=k).map(|i| rate.powi(i as i32)).sum();
+        tokens / (pass_cost(k + 1) + k as f64 * head_step)
+    };
+    let best = depths
+        .filter(|&k| k >= 1)
+        .max_by(|&a, &b| value(a).total_cmp(&value(b)))
+        .unwrap_or(0);
+    if best > 0 && value(best) > value(0) {
+        best
+    } else {
+        0
     }
 }
 
@@ -391,16 +417,9 @@ impl Speculation {
             .head_seconds
             .median()
             .map_or(HEAD_STEP_PRIOR, |s| s / step);
-        let value = |k: usize| {
-            let tokens: f64 = (0..=k).map(|i| rate.powi(i as i32)).sum();
-            tokens / (self.cost(k + 1, scale) + k as f64 * head_step)
-        };
         let most = self.n_max.min(room);
-        let best = (1..=most)
-            .filter(|&k| k >= self.n_min)
-            .max_by(|&a, &b| value(a).total_cmp(&value(b)))
-            .unwrap_or(0);
-        let chosen = if best > 0 && value(best) > value(0) {
+        let best = head_depth(rate, |m| self.cost(m, scale), head_step, self.n_min..=most);
+        let chosen = if best > 0 {
             self.idle = 0;
             best
         } else {

@@ -54,7 +54,7 @@ impl TensorType {
 
     /// Bytes a row-major tensor of `elements` takes; `None` on overflow or a partial block.
     pub fn bytes_for(&self, first_dim: u64, elements: u64) -> Option<u64> {
-        if first_dim % self.block_elements != 0 {
+        if !first_dim.is_multiple_of(self.block_elements) {
             return None;
         }
         (elements / self.block_elements).checked_mul(self.block_bytes)

@@ -281,13 +281,12 @@ impl FleetFile {
                     "[[box]] \"{name}\" appears twice; names are unique"
                 ));
             }
-            if let Some(serial) = &entry.serial {
-                if !serials.insert(serial) {
+            if let Some(serial) = &entry.serial
+                && !serials.insert(serial) {
                     return Err(format!(
                         "[[box]] \"{name}\": serial {serial} is already another box's"
                     ));
                 }
-            }
             entry
                 .over(&self.fleet.defaults)
                 .check_network(&format!("[[box]] \"{name}\""))?;

@@ -899,11 +899,10 @@ impl<'a> Json<'a> {
         let min = self.count(m, "minLength", path)?;
         let max = self.count(m, "maxLength", path)?;
         if min.is_none() && max.is_none() {
-            if let Some(format) = m.get("format").and_then(Value::as_str) {
-                if let Some(id) = self.format(format)? {
+            if let Some(format) = m.get("format").and_then(Value::as_str)
+                && let Some(id) = self.format(format)? {
                     return Ok(id);
                 }
-            }
             return self.string();
         }
         let min = min.unwrap_or(0);

@@ -281,11 +281,10 @@ fn nullable_rules(alts: &[&[Vec<Item>]]) -> Vec<bool> {
             owner.push(r as u32);
             waiting.push(alt.len());
             for it in alt {
-                if let Item::Rule(x) = it {
-                    if let Some(u) = uses.get_mut(*x as usize) {
+                if let Item::Rule(x) = it
+                    && let Some(u) = uses.get_mut(*x as usize) {
                         u.push(id);
                     }
-                }
             }
             if alt.is_empty() && !nullable[r] {
                 nullable[r] = true;

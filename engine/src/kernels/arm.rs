@@ -250,15 +250,10 @@ legacy!(
 );
 
 /// Every (column, row) of a K-quant kernel: `$block` turns one weight block and its activation
-/// block into eight integer lanes and the f32 scale they are multiplied by, exactly as the
-/// scalar reference computes them; `$finish` folds the eight f32 accumulators (plus whatever
-/// `$block` collected in `$extra`).
+/// block into the block's share of the row's sum, exactly as the scalar reference computes it
+/// (exact integer sums, then its float steps), added block after block.
 macro_rules! k_quant {
-    (
-        $name:ident, $inner:ident, $bytes:expr, $extra:ty,
-        block: |$b:ident, $y:ident, $e:ident| $block:expr,
-        finish: |$lo:ident, $hi:ident, $fe:ident| $finish:expr $(,)?
-    ) => {
+    ($name:ident, $inner:ident, $bytes:expr, block: |$b:ident, $y:ident| $block:expr $(,)?) => {
         fn $name(w: &[u8], row_bytes: usize, x: &[BlockQ8K], columns: usize, out: &mut [f32]) {
             // SAFETY: only reachable through `row_dot`, which checks `supported()` first.
             unsafe { $inner(w, row_bytes, x, columns, out) }
@@ -281,19 +276,14 @@ macro_rules! k_quant {
             {
                 let column = &x[c * blocks..(c + 1) * blocks];
                 for (o, row) in outs.iter_mut().zip(w.chunks_exact(row_bytes)) {
-                    // SAFETY: the caller guarantees the CPU features; loads are bounds-checked.
-                    unsafe {
-                        let (mut $lo, mut $hi) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-                        let mut $e = <$extra>::default();
-                        for ($b, $y) in row.chunks_exact($bytes).zip(column) {
-                            let (lanes_lo, lanes_hi, d): (int32x4_t, int32x4_t, f32) = $block;
-                            let d = vdupq_n_f32(d);
-                            $lo = vfmaq_f32($lo, d, vcvtq_f32_s32(lanes_lo));
-                            $hi = vfmaq_f32($hi, d, vcvtq_f32_s32(lanes_hi));
-                        }
-                        let $fe = $e;
-                        *o = $finish;
+                    let mut sum = 0f32;
+                    for ($b, $y) in row.chunks_exact($bytes).zip(column) {
+                        // SAFETY: the caller guarantees the CPU features; loads are
+                        // bounds-checked.
+                        let share: f32 = unsafe { $block };
+                        sum += share;
                     }
+                    *o = sum;
                 }
             }
         }
@@ -318,9 +308,12 @@ unsafe fn load_y(qs: &[i8; 256], at: usize) -> int8x16_t {
     unsafe { vld1q_s8(qs.as_ptr().add(at)) }
 }
 
-k_quant!(q4_k, q4_k_neon, 144, [f32; 4],
-    block: |b, y, acc_m| {
-        let sc = scalar::q4_k_scales_and_mins(b, y, &mut acc_m);
+k_quant!(q4_k, q4_k_neon, 144,
+    block: |b, y| {
+        let (sc, mins) = scalar::q4_k_scales(b);
+        let summ: i32 = (0..8)
+            .map(|j| mins[j] * (i32::from(y.bsums[2 * j]) + i32::from(y.bsums[2 * j + 1])))
+            .sum();
         let zero = vdupq_n_s32(0);
         let (mut lanes_lo, mut lanes_hi) = (zero, zero);
         let mask = vdupq_n_u8(0x0f);
@@ -337,13 +330,19 @@ k_quant!(q4_k, q4_k_neon, 144, [f32; 4],
             lanes_lo = vmlaq_n_s32(lanes_lo, sdot(zero, hi_a, load_y(&y.qs, at + 32)), s_hi);
             lanes_hi = vmlaq_n_s32(lanes_hi, sdot(zero, hi_b, load_y(&y.qs, at + 48)), s_hi);
         }
-        (lanes_lo, lanes_hi, y.d * vgetq_lane_f32::<0>(f16_pair(b)))
+        let sumi = vaddvq_s32(vaddq_s32(lanes_lo, lanes_hi));
+        let dm = f16_pair(b);
+        scalar::k_block(
+            y.d * vgetq_lane_f32::<0>(dm),
+            sumi,
+            y.d * vgetq_lane_f32::<1>(dm),
+            summ,
+        )
     },
-    finish: |lo, hi, acc_m| hsum8(lo, hi) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3])),
 );
 
-k_quant!(q6_k, q6_k_neon, 210, (),
-    block: |b, y, _none| {
+k_quant!(q6_k, q6_k_neon, 210,
+    block: |b, y| {
         let sc: [i32; 16] = std::array::from_fn(|g| i32::from(b[192 + g] as i8));
         let zero = vdupq_n_s32(0);
         let (mut lanes_lo, mut lanes_hi) = (zero, zero);
@@ -385,9 +384,9 @@ k_quant!(q6_k, q6_k_neon, 210, (),
         });
         let lanes_lo = vsubq_s32(lanes_lo, vld1q_s32(offset.as_ptr()));
         let lanes_hi = vsubq_s32(lanes_hi, vld1q_s32(offset.as_ptr().add(4)));
-        (lanes_lo, lanes_hi, y.d * f16_single(b, 208))
+        let sumi = vaddvq_s32(vaddq_s32(lanes_lo, lanes_hi));
+        y.d * f16_single(b, 208) * sumi as f32
     },
-    finish: |lo, hi, _none| hsum8(lo, hi),
 );
 
 /// Four f16 (as bits) widened to f32, exactly (`fcvtl`; the f16 vector types are not stable

@@ -94,11 +94,10 @@ pub enum RowDot {
 /// The row kernel for weights of type `ty` on `isa`.
 pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
     #[cfg(target_arch = "x86_64")]
-    if let Isa::Avx2 | Isa::Avx512Vnni = isa {
-        if let Some(dot) = x86::row_dot(ty, isa == Isa::Avx512Vnni) {
+    if let Isa::Avx2 | Isa::Avx512Vnni = isa
+        && let Some(dot) = x86::row_dot(ty, isa == Isa::Avx512Vnni) {
             return Ok(dot);
         }
-    }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
         if let Some(dot) = arm::row_dot(ty) {
@@ -1088,15 +1087,16 @@ mod tests {
                     let got = run(row_dot(&ty, isa).expect("kernel"), &row, &x);
                     assert_eq!(got.to_bits(), reference.to_bits(), "{name} on {isa:?}");
                 }
-                // Tiles of rows × columns (kernels group both; other counts leave tails).
-                let rows: Vec<u8> = (0..5)
+                // Tiles of rows × columns (kernels group both; other counts leave tails): 21
+                // rows are a whole tile of 16 in lanes and a part one.
+                let rows: Vec<u8> = (0..21)
                     .flat_map(|_| random_row(name, 768, &mut rng))
                     .collect();
                 for columns in 1..=9 {
                     let xs = activations(768 * columns, &mut rng);
                     let scalar = row_dot(&ty, Isa::Scalar).expect("scalar");
-                    let reference = run_rows(scalar, &rows, 5, &xs, columns);
-                    let got = run_rows(row_dot(&ty, isa).expect("kernel"), &rows, 5, &xs, columns);
+                    let reference = run_rows(scalar, &rows, 21, &xs, columns);
+                    let got = run_rows(row_dot(&ty, isa).expect("kernel"), &rows, 21, &xs, columns);
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&got),

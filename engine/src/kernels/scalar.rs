@@ -135,7 +135,11 @@ pub fn iq4_nl(row: &[u8], x: &[BlockQ8_0]) -> f32 {
     legacy(row, x, 18, values, q8_0_act, false)
 }
 
-/// Q4_K / Q5_K share everything but the unpacking of the 256 values.
+/// Q4_K / Q5_K share everything but the unpacking of the 256 values: a block's two exact
+/// integer sums (Σ scale·value·activation and Σ min·activations, over its eight sub-blocks of
+/// 32), each times its scale, their difference added to the row's sum. A block's sums are
+/// whole integers, so a kernel may gather them in any order (lanes per row or per column) and
+/// still give these bits; only the float steps are fixed, one block after another.
 fn k_scaled_min(b: &[u8], y: &BlockQ8K, values: &[i32; 256]) -> f32 {
     let packed = &b[4..16];
     let (mut sumi, mut summ) = (0i32, 0i32);
@@ -150,15 +154,14 @@ fn k_scaled_min(b: &[u8], y: &BlockQ8K, values: &[i32; 256]) -> f32 {
         sumi += sc * sub;
         summ += m * (i32::from(y.bsums[2 * j]) + i32::from(y.bsums[2 * j + 1]));
     }
-    y.d * f16_at(b, 0) * sumi as f32 - y.d * f16_at(b, 2) * summ as f32
+    k_block(y.d * f16_at(b, 0), sumi, y.d * f16_at(b, 2), summ)
 }
 
-/// Q4_K's eight sub-block scales; the mins' share of the dot (−dmin·Σ min·block sums) goes into
-/// the four accumulators `acc_m`, in the lane order both kernels use.
-pub(super) fn q4_k_scales_and_mins(b: &[u8], y: &BlockQ8K, acc_m: &mut [f32; 4]) -> [i16; 8] {
-    let (sc, m) = q4_k_scales(b);
-    q4_k_mins(b, &m, y, acc_m);
-    sc
+/// A K-quant block's share of the row's sum from its exact integer sums: `d·sumi − dmin·summ`
+/// with `d` and `dmin` already times the activations' scale (the float steps every kernel
+/// takes in this order).
+pub(super) fn k_block(d: f32, sumi: i32, dmin: f32, summ: i32) -> f32 {
+    d * sumi as f32 - dmin * summ as f32
 }
 
 /// A Q4_K block's eight 6-bit scales and mins, unpacked.
@@ -171,39 +174,17 @@ pub(super) fn q4_k_scales(b: &[u8]) -> ([i16; 8], [i32; 8]) {
     (sc, m)
 }
 
-/// Adds a Q4_K block's min terms against `y` to the four accumulators, as ggml's AVX2 kernel
-/// pairs them.
-pub(super) fn q4_k_mins(b: &[u8], m: &[i32; 8], y: &BlockQ8K, acc_m: &mut [f32; 4]) {
-    let dmin = -y.d * f16_at(b, 2);
-    let pair_sum = |i: usize| i32::from(y.bsums[2 * i]) + i32::from(y.bsums[2 * i + 1]);
-    for (i, a) in acc_m.iter_mut().enumerate() {
-        let prod = m[2 * i] * pair_sum(2 * i) + m[2 * i + 1] * pair_sum(2 * i + 1);
-        *a = dmin.mul_add(prod as f32, *a);
-    }
-}
-
 pub fn q4_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut acc_m = [0f32; 4];
-    for (b, y) in row.chunks_exact(144).zip(x) {
-        let d = y.d * f16_at(b, 0);
-        let sc = q4_k_scales_and_mins(b, y, &mut acc_m).map(i32::from);
-        let mut lanes = [0i32; 8];
+    row.chunks_exact(144).zip(x).fold(0.0, |sum, (b, y)| {
+        let mut values = [0i32; 256];
         for (j, qs) in b[16..144].chunks_exact(32).enumerate() {
-            for (k, lane) in lanes.iter_mut().enumerate() {
-                let (mut lo, mut hi) = (0, 0);
-                for (l, &q) in qs.iter().enumerate().skip(4 * k).take(4) {
-                    lo += i32::from(q & 0x0f) * i32::from(y.qs[64 * j + l]);
-                    hi += i32::from(q >> 4) * i32::from(y.qs[64 * j + 32 + l]);
-                }
-                *lane += sc[2 * j] * lo + sc[2 * j + 1] * hi;
+            for (l, &q) in qs.iter().enumerate() {
+                values[64 * j + l] = i32::from(q & 0x0f);
+                values[64 * j + 32 + l] = i32::from(q >> 4);
             }
         }
-        for (a, lane) in acc.iter_mut().zip(lanes) {
-            *a = d.mul_add(lane as f32, *a);
-        }
-    }
-    hsum8(acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+        sum + k_scaled_min(b, y, &values)
+    })
 }
 
 pub fn q5_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -221,12 +202,11 @@ pub fn q5_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
     })
 }
 
+/// Q6_K: per block the exact integer Σ scale·(value − 32)·activation over its 16 groups of 16
+/// (the −32 through the activations' sums of 16), times `d·dy`, added to the row's sum.
 pub fn q6_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
-    let mut acc = [0f32; 8];
-    for (b, y) in row.chunks_exact(210).zip(x) {
-        let d = y.d * f16_at(b, 208);
-        let sc: [i32; 16] = std::array::from_fn(|g| i32::from(b[192 + g] as i8));
-        // The unsigned 6-bit values; the −32 offset is taken out through the block sums.
+    row.chunks_exact(210).zip(x).fold(0.0, |sum, (b, y)| {
+        // The unsigned 6-bit values.
         let mut values = [0i32; 256];
         for half in 0..2 {
             let ql = &b[64 * half..64 * half + 64];
@@ -239,21 +219,16 @@ pub fn q6_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
                 out[l + 96] = i32::from((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
             }
         }
-        for (k, a) in acc.iter_mut().enumerate() {
-            let mut lane = 0i32;
-            for chunk in 0..8 {
-                let group = 2 * chunk + k / 4;
-                let part: i32 = (32 * chunk + 4 * k..32 * chunk + 4 * k + 4)
+        let sumi: i32 = (0..16)
+            .map(|g| {
+                let part: i32 = (16 * g..16 * g + 16)
                     .map(|e| values[e] * i32::from(y.qs[e]))
                     .sum();
-                lane += sc[group] * part;
-            }
-            let bsum = |g: usize| i32::from(y.bsums[g]) * sc[g];
-            lane -= 32 * (bsum(2 * k) + bsum(2 * k + 1));
-            *a = d.mul_add(lane as f32, *a);
-        }
-    }
-    hsum8(acc)
+                i32::from(b[192 + g] as i8) * (part - 32 * i32::from(y.bsums[g]))
+            })
+            .sum();
+        sum + y.d * f16_at(b, 208) * sumi as f32
+    })
 }
 
 /// f16 · f16 in f32: four 8-lane accumulators over 32-element steps with fused multiply-adds,

@@ -5,14 +5,15 @@
 //! Where the CPU also has AVX-512 VNNI (with VL, on 256-bit registers), a second set of the row
 //! kernels is compiled from the same code with the int8 multiply-adds fused into `vpdpbusd` /
 //! `vpdpwssd`: the same lanes summed exactly, so the same results, in fewer instructions. Its
-//! legacy-quant batches (two or more tokens) run the packed kernels of `x86/packed.rs`.
+//! legacy-quant batches (two or more tokens) run the packed kernels of `x86/packed.rs`, its
+//! K-quant batches the 512-bit kernels of `x86/k_wide.rs` (rows in lanes from six columns on).
 //!
 //! The `*_avx2` and `*_vnni` functions require those CPU features: the row kernels are only
 //! handed out by [`row_dot`], which checks [`supported`] / [`vnni_supported`] first, and the f16
 //! helpers check it on every call.
 
-// Rust 1.85 (our MSRV) still needs `unsafe` around every intrinsic call; newer compilers see
-// some of those blocks as redundant.
+// The `unsafe` blocks around intrinsic calls predate target-feature-safe intrinsics; newer
+// compilers see some of them as redundant.
 #![allow(unused_unsafe)]
 
 use std::arch::x86_64::*;
@@ -566,14 +567,13 @@ legacy_kernels!(unsigned_lanes_vnni: q4_0_vnni, q4_1_vnni, q5_0_vnni, q8_0_vnni)
 const K_COLUMNS: usize = 32;
 
 /// A K-quant kernel over rows × columns: each weight block is unpacked once (values and
-/// scales) and applied to every column before the next block, the columns' accumulators kept
-/// in an array; every (row, column) sums exactly as the scalar reference does.
+/// scales) and applied to every column before the next block, the columns' sums kept in an
+/// array; every (row, column) sums exactly as the scalar reference does.
 macro_rules! k_quant_rows {
     (
         $rows:ident, $bytes:expr,
         unpack: |$b:ident| $unpack:expr,
-        column: |$u:ident, $y:ident, $acc:ident, $acc_m:ident| $column:expr,
-        finish: |$lanes:ident, $m:ident| $finish:expr $(,)?
+        column: |$u:ident, $y:ident, $acc:ident| $column:expr $(,)?
     ) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $rows(
@@ -593,34 +593,18 @@ macro_rules! k_quant_rows {
                 for c0 in (0..columns).step_by(K_COLUMNS) {
                     let n = (columns - c0).min(K_COLUMNS);
                     let ys = &x[c0 * blocks..(c0 + n) * blocks];
-                    if n == 1 {
-                        // One token (decode): the accumulators stay in registers.
-                        for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-                            prefetch_rows(w, row_bytes, r + 2, 1);
-                            let (mut lanes, mut m) = (_mm256_setzero_ps(), _mm_setzero_ps());
-                            for ($b, $y) in row.chunks_exact($bytes).zip(ys) {
-                                let $u = $unpack;
-                                let ($acc, $acc_m) = (&mut lanes, &mut m);
-                                $column;
-                            }
-                            let ($lanes, $m) = (&lanes, &m);
-                            out[c0 * n_rows + r] = $finish;
-                        }
-                        continue;
-                    }
                     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
                         prefetch_rows(w, row_bytes, r + 2, 1);
-                        let mut acc = [_mm256_setzero_ps(); K_COLUMNS];
-                        let mut acc_m = [_mm_setzero_ps(); K_COLUMNS];
+                        let mut acc = [0f32; K_COLUMNS];
                         for (i, $b) in row.chunks_exact($bytes).enumerate() {
                             let $u = $unpack;
                             let columns = ys.iter().skip(i).step_by(blocks);
-                            for (($y, $acc), $acc_m) in columns.zip(&mut acc).zip(&mut acc_m) {
+                            for ($y, $acc) in columns.zip(&mut acc[..n]) {
                                 $column;
                             }
                         }
-                        for (j, ($lanes, $m)) in acc.iter().zip(&acc_m).take(n).enumerate() {
-                            out[(c0 + j) * n_rows + r] = $finish;
+                        for (j, sum) in acc[..n].iter().enumerate() {
+                            out[(c0 + j) * n_rows + r] = *sum;
                         }
                     }
                 }
@@ -717,31 +701,25 @@ macro_rules! k_quant_kernels {
     ) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut __m256, acc_m: &mut __m128) {
+        unsafe fn $q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut f32) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
-                // The min terms in `scalar::q4_k_mins`'s four sums, each an exact integer.
+                // Σ min · the activations' sums of 32, an exact integer.
                 let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-                let pair_sums = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-                let products = _mm256_mullo_epi32(pair_sums, u.mins);
-                let folded = _mm256_hadd_epi32(products, products);
-                let sums = _mm_unpacklo_epi64(
-                    _mm256_castsi256_si128(folded),
-                    _mm256_extracti128_si256(folded, 1),
-                );
-                *acc_m = _mm_fmadd_ps(_mm_set1_ps(-y.d * u.dmin), _mm_cvtepi32_ps(sums), *acc_m);
+                let sums32 = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+                let summ = hsum_i32(_mm256_mullo_epi32(sums32, u.mins));
                 let mut sumi = _mm256_setzero_si256();
                 for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
                     let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
                     sumi = $madd_add(sumi, *s, _mm256_maddubs_epi16(*v, q8));
                 }
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * u.dw), _mm256_cvtepi32_ps(sumi), *acc);
+                *acc += scalar::k_block(y.d * u.dw, hsum_i32(sumi), y.d * u.dmin, summ);
             }
         }
 
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut __m256) {
+        unsafe fn $q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut f32) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
                 let mut sumi = _mm256_setzero_si256();
@@ -752,24 +730,19 @@ macro_rules! k_quant_kernels {
                 // The −32 offset of every value, through the activations' sums of 16.
                 let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
                 let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
-                sumi = _mm256_sub_epi32(sumi, offsets);
-                *acc = _mm256_fmadd_ps(_mm256_set1_ps(y.d * u.dw), _mm256_cvtepi32_ps(sumi), *acc);
+                let sumi = hsum_i32(_mm256_sub_epi32(sumi, offsets));
+                *acc += y.d * u.dw * sumi as f32;
             }
         }
 
         k_quant_rows!($q4_k_rows, 144,
             unpack: |b| q4_k_unpack(b),
-            column: |u, y, acc, acc_m| $q4_k_column(&u, y, acc, acc_m),
-            finish: |lanes, m| {
-                let m: [f32; 4] = std::mem::transmute(*m);
-                hsum8(*lanes) + ((m[0] + m[2]) + (m[1] + m[3]))
-            },
+            column: |u, y, acc| $q4_k_column(&u, y, acc),
         );
 
         k_quant_rows!($q6_k_rows, 210,
             unpack: |b| q6_k_unpack(b),
-            column: |u, y, acc, _acc_m| $q6_k_column(&u, y, acc),
-            finish: |lanes, _m| hsum8(*lanes),
+            column: |u, y, acc| $q6_k_column(&u, y, acc),
         );
     };
 }

@@ -81,12 +81,12 @@ impl LayerShape {
         self.n_head > 0
             && self.n_head <= 1024
             && self.n_head_kv > 0
-            && self.n_head % self.n_head_kv == 0
+            && self.n_head.is_multiple_of(self.n_head_kv)
             && self.head_dim > 0
-            && self.head_dim % 2 == 0
+            && self.head_dim.is_multiple_of(2)
             && self.head_dim <= super::attention::MAX_HEAD_DIM
             && self.n_rot <= self.head_dim
-            && self.n_rot % 2 == 0
+            && self.n_rot.is_multiple_of(2)
             && self.n_ff > 0
             && self.n_ff <= 1 << 20
     }

@@ -132,11 +132,10 @@ mod tests {
             let mut best: Option<(f64, usize)> = None;
             for i in 0..symbols.len().saturating_sub(1) {
                 let joined = format!("{}{}", symbols[i], symbols[i + 1]);
-                if let Some(p) = priority(&symbols[i], &symbols[i + 1], &joined) {
-                    if best.is_none_or(|(q, _)| p > q) {
+                if let Some(p) = priority(&symbols[i], &symbols[i + 1], &joined)
+                    && best.is_none_or(|(q, _)| p > q) {
                         best = Some((p, i));
                     }
-                }
             }
             let Some((_, i)) = best else {
                 return symbols;

@@ -422,11 +422,10 @@ impl Board {
     /// The board's clock in Unix seconds (a simulated board keeps its own, see
     /// [`sim_firmware::CLOCK`]).
     pub fn now_unix(&self) -> u64 {
-        if self.simulated {
-            if let Some(t) = sim_firmware::clock(&self.root) {
+        if self.simulated
+            && let Some(t) = sim_firmware::clock(&self.root) {
                 return t;
             }
-        }
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())

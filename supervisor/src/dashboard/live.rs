@@ -89,7 +89,7 @@ impl History {
                 .iter()
                 .enumerate()
                 // Counted from the newest, so the latest sample is always drawn.
-                .filter(|(i, _)| (last - i) % stride == 0)
+                .filter(|(i, _)| (last - i).is_multiple_of(stride))
                 .map(|(_, s)| (s.unix_ms, pick(s)))
                 .collect()
         };

@@ -67,13 +67,11 @@ pub fn certificate_sha256(board: &Board) -> Option<String> {
 /// Makes the TLS key (once) and a certificate naming the box (`renew`: a new generation may
 /// have changed its names; also when there is none). Returns the certificate's SHA-256.
 pub fn ensure_tls(board: &Board, settings: &BoxSettings, renew: bool) -> Result<String, String> {
-    if !renew {
-        if let Some(sha) = certificate_sha256(board) {
-            if board.exists(TLS_KEY) {
+    if !renew
+        && let Some(sha) = certificate_sha256(board)
+            && board.exists(TLS_KEY) {
                 return Ok(sha);
             }
-        }
-    }
     let key = match board.read_bytes(TLS_KEY) {
         Ok(der) => rcgen::KeyPair::try_from(der.as_slice())
             .map_err(|e| format!("{TLS_KEY} is damaged ({e}); remove it to make a new one"))?,

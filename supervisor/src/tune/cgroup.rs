@@ -224,7 +224,7 @@ fn parse_limit(text: &str) -> Option<u64> {
 fn show_mib(bytes: u64) -> String {
     if bytes == u64::MAX {
         "max (unlimited)".into()
-    } else if bytes % MIB == 0 {
+    } else if bytes.is_multiple_of(MIB) {
         format!("{} MiB", bytes / MIB)
     } else {
         format!("{bytes} bytes")

@@ -46,14 +46,13 @@ pub async fn install(
 ) -> Result<String, String> {
     let source = source_for_rauc(source)?;
     let (booted, _) = super::slots(board)?;
-    if let Some(trial) = super::pending(board, config)? {
-        if trial.rebooted_unix.is_some() {
+    if let Some(trial) = super::pending(board, config)?
+        && trial.rebooted_unix.is_some() {
             return Err(format!(
                 "the update to slot {} is being checked; wait for its verdict",
                 trial.slot
             ));
         }
-    }
     super::refuse_while_overclocking(board, config)?;
     let rauc = Rauc::connect().await?;
     let (compatible, version) = rauc.info(&source).await?;
@@ -63,13 +62,12 @@ pub async fn install(
             "the bundle is for `{compatible}`, this box is `{ours}`: it was built for another product"
         ));
     }
-    if let Some(running) = slot::running_version(board) {
-        if compare_versions(&version, &running).is_lt() && !force {
+    if let Some(running) = slot::running_version(board)
+        && compare_versions(&version, &running).is_lt() && !force {
             return Err(format!(
                 "the bundle holds version {version}, older than the running {running}; give --force to go back"
             ));
         }
-    }
     progress(&format!(
         "installing version {version} into slot {} (running {booted})",
         booted.other()
@@ -138,8 +136,8 @@ pub async fn from_stick(board: &Board, config: &Config, dir: &str) -> Result<Str
         return Ok(format!("version {version} from {dir} is already running"));
     }
     let status = super::status(board, config);
-    if let Some(last) = &status.last {
-        if last.system_version.as_deref() == Some(version.as_str())
+    if let Some(last) = &status.last
+        && last.system_version.as_deref() == Some(version.as_str())
             && last.result == super::UpdateResult::RolledBack
         {
             // The stick may stay plugged in: the rolled-back version is left alone, not retried.
@@ -148,7 +146,6 @@ pub async fn from_stick(board: &Board, config: &Config, dir: &str) -> Result<Str
                 last.reason
             ));
         }
-    }
     if status
         .trial
         .as_ref()

@@ -415,10 +415,9 @@ pub fn reboot_when_due(board: &Board, config: &Config) -> Result<Option<String>,
     if trial.prepared_unix.is_none() || trial.rebooted_unix.is_some() {
         return Ok(None);
     }
-    if let Some(window) = config.update.window {
-        if !window.contains(local_minute(board)) {
+    if let Some(window) = config.update.window
+        && !window.contains(local_minute(board)) {
             return Ok(None);
         }
-    }
     reboot_into_trial(board, config).map(Some)
 }

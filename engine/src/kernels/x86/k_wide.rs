@@ -1,47 +1,369 @@
-//! Batched Q4_K and Q6_K products on AVX-512 (BW and VNNI): the row kernels' sums in half the
-//! integer steps, for passes of two or more tokens (prefill, checking drafts).
+//! Batched Q4_K and Q6_K products on AVX-512 (BW and VNNI), for passes of two or more tokens
+//! (prefill, checking drafts): rows in lanes.
 //!
-//! A K-quant block is eight 32-value chunks, each weighted by its own scale. The row kernels
-//! (`x86.rs`) take one chunk per 256-bit step: `vpmaddubsw` (weights × activations into pair
-//! sums), then `vpdpwssd` (pair sums × the chunk's scale into eight lane sums). Here a 512-bit
-//! step takes two chunks side by side, the chunks' scales in their halves, and the two halves
-//! of the lane sums are added at the end of the block: integer sums are exact, so each lane
-//! holds the same integer as the row kernel's and every (row, column) ends bit for bit as the
-//! scalar reference does. Q4_K's min terms (ggml pairs them four ways) are one `vpmaddwd` of the
-//! block's mins against the activations' sums of 32, which depend on the column only and are
-//! made once per call.
+//! A block's share of a row's sum is two exact integer sums and a few float steps
+//! (`scalar::k_block`); integers add up the same in any order, so a kernel is free in how it
+//! gathers them. The row kernels (`x86.rs`) keep one row's 32-bit lanes per register and fold
+//! them per block, which costs a fold and a scale multiply per (row, column, block) and leaves
+//! the integer units a quarter idle on multiply-add chains. Here a register holds one 4-value
+//! group of 16 rows, one row per 32-bit lane (a tile), and each column's four activations of that
+//! group are broadcast from memory into `vpdpbusd`: 64 multiply-adds per instruction, the
+//! sub-block's scales one `vpmulld` per 16 rows, the float steps once per 16 rows. The tile is
+//! repacked from the rows once per call and serves every column; four columns share each load
+//! of it. Fewer columns than [`ROWS_IN_LANES_FROM`] (a draft's check) do not pay back the
+//! repacking and take the row layout with two 256-bit chunks per step.
 
 use std::arch::x86_64::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use super::super::activations::BlockQ8K;
 use super::super::scalar;
-use super::{f16_pair, f16c_at, hsum8, load32, prefetch_rows, second};
+use super::{f16_pair, f16c_at, load32, prefetch_rows, second};
+use crate::quant::f16_at;
 
-/// Columns whose accumulators one walk along a row keeps.
-const COLUMNS: usize = 32;
+/// Rows of a tile: one per 32-bit lane of a 512-bit register.
+const TILE: usize = 16;
 
-thread_local! {
-    /// The activations' sums of 32 (eight i16 per block), for Q4_K's min terms: per call, not
-    /// per row.
-    static SUMS32: RefCell<Vec<__m128i>> = const { RefCell::new(Vec::new()) };
+/// Columns one walk along a tile serves, sharing each load of its groups.
+const COLUMNS: usize = 4;
+
+/// Columns from which the rows-in-lanes kernel runs (fewer: the row layout). Timed on E2B's
+/// shapes (`engine bench --batch`, BENCHMARKS.md).
+const ROWS_IN_LANES_FROM: usize = 6;
+
+/// One weight block of a tile's rows, each row in its own 32-bit lane (rows past the matrix's
+/// end all zero, so their lanes sum to 0 and are not stored).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct TileBlock {
+    /// The block's 256 values (unsigned) in 64 groups of four consecutive ones, in the order
+    /// the scalar reference pairs them with the activations.
+    groups: [[u32; TILE]; 64],
+    /// The scale of each sub-block (Q4_K: 8 of 32 values; Q6_K: 16 of 16).
+    scales: [[i32; TILE]; 16],
+    /// The offset terms' weights, two i16 per lane: Q4_K's mins (2i, 2i + 1), against the
+    /// activations' sums of 32; Q6_K's scales (2i, 2i + 1), against its sums of 16.
+    pairs: [[u32; TILE]; 8],
+    /// Each row's block scale (`d`) and, for Q4_K, its min scale.
+    d: [f32; TILE],
+    dmin: [f32; TILE],
 }
 
-/// A Q4_K block unpacked for 512-bit steps.
-struct Q4K {
+impl Default for TileBlock {
+    fn default() -> Self {
+        TileBlock {
+            groups: [[0; TILE]; 64],
+            scales: [[0; TILE]; 16],
+            pairs: [[0; TILE]; 8],
+            d: [0.0; TILE],
+            dmin: [0.0; TILE],
+        }
+    }
+}
+
+thread_local! {
+    /// Each pool thread's repacked tile, kept between calls.
+    static TILE_BLOCKS: Cell<Vec<TileBlock>> = const { Cell::new(Vec::new()) };
+    /// The activations' sums of 32 as i16 pairs (2i, 2i + 1), per block, for Q4_K's mins.
+    static SUMS32: RefCell<Vec<[u32; 4]>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Two i16 in one 32-bit lane (`lo` first in memory).
+fn pair(lo: i32, hi: i32) -> u32 {
+    u32::from(lo as i16 as u16) | (u32::from(hi as i16 as u16) << 16)
+}
+
+/// A K-quant format as the rows-in-lanes kernel takes it.
+trait Format {
+    /// Bytes per block.
+    const BYTES: usize;
+    /// Puts row `r`'s block `b` into lane `r` of `tile`.
+    fn repack(tile: &mut TileBlock, r: usize, b: &[u8]);
+    /// Adds `N` columns' shares of one block (`ys`, `extra`: their activation blocks and
+    /// per-block sums) to `acc`, one lane per row of `tile`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW and VNNI.
+    unsafe fn block<const N: usize>(
+        tile: &TileBlock,
+        ys: [&BlockQ8K; N],
+        extra: [&[u32; 4]; N],
+        acc: &mut [__m512; N],
+    );
+}
+
+/// A 32-bit word of `bytes` at `at`, as a broadcast operand.
+#[inline]
+fn word(bytes: &[i8], at: usize) -> i32 {
+    i32::from_le_bytes([
+        bytes[at] as u8,
+        bytes[at + 1] as u8,
+        bytes[at + 2] as u8,
+        bytes[at + 3] as u8,
+    ])
+}
+
+/// Σ over `subs` sub-blocks of `groups` 4-value groups each: scale × (values · activations),
+/// for `N` columns, every row in its lane.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn scaled_sums<const N: usize>(
+    tile: &TileBlock,
+    ys: [&BlockQ8K; N],
+    subs: usize,
+    groups: usize,
+) -> [__m512i; N] {
+    // SAFETY: the caller guarantees the CPU features; every load is of a field of `tile`.
+    unsafe {
+        let mut sums = [_mm512_setzero_si512(); N];
+        for s in 0..subs {
+            let mut chunk = [_mm512_setzero_si512(); N];
+            for g in 0..groups {
+                let k = s * groups + g;
+                let w = _mm512_load_si512(tile.groups[k].as_ptr().cast());
+                for (c, y) in ys.iter().enumerate() {
+                    let x = _mm512_set1_epi32(word(&y.qs, 4 * k));
+                    chunk[c] = _mm512_dpbusd_epi32(chunk[c], w, x);
+                }
+            }
+            let scale = _mm512_load_si512(tile.scales[s].as_ptr().cast());
+            for c in 0..N {
+                sums[c] = _mm512_add_epi32(sums[c], _mm512_mullo_epi32(chunk[c], scale));
+            }
+        }
+        sums
+    }
+}
+
+/// Σ over `n` lanes' i16 pairs of `tile.pairs` times the columns' pairs `x(c, i)`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn pair_sums<const N: usize>(
+    tile: &TileBlock,
+    n: usize,
+    x: impl Fn(usize, usize) -> u32,
+) -> [__m512i; N] {
+    // SAFETY: the caller guarantees the CPU features; every load is of a field of `tile`.
+    unsafe {
+        let mut sums = [_mm512_setzero_si512(); N];
+        for i in 0..n {
+            let p = _mm512_load_si512(tile.pairs[i].as_ptr().cast());
+            for (c, sum) in sums.iter_mut().enumerate() {
+                *sum = _mm512_dpwssd_epi32(*sum, p, _mm512_set1_epi32(x(c, i) as i32));
+            }
+        }
+        sums
+    }
+}
+
+/// Q4_K in a tile.
+struct Q4K;
+
+impl Format for Q4K {
+    const BYTES: usize = 144;
+
+    fn repack(tile: &mut TileBlock, r: usize, b: &[u8]) {
+        let (sc, mins) = scalar::q4_k_scales(b);
+        for j in 0..4 {
+            // Bytes 32j.. hold sub-block 2j in their low nibbles, 2j + 1 in their high ones.
+            for (p, q) in b[16 + 32 * j..48 + 32 * j].chunks_exact(4).enumerate() {
+                let raw = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+                tile.groups[16 * j + p][r] = raw & 0x0f0f_0f0f;
+                tile.groups[16 * j + 8 + p][r] = (raw >> 4) & 0x0f0f_0f0f;
+            }
+        }
+        for (scales, s) in tile.scales.iter_mut().zip(sc) {
+            scales[r] = i32::from(s);
+        }
+        for i in 0..4 {
+            tile.pairs[i][r] = pair(mins[2 * i], mins[2 * i + 1]);
+        }
+        tile.d[r] = f16_at(b, 0);
+        tile.dmin[r] = f16_at(b, 2);
+    }
+
+    #[inline]
+    unsafe fn block<const N: usize>(
+        tile: &TileBlock,
+        ys: [&BlockQ8K; N],
+        extra: [&[u32; 4]; N],
+        acc: &mut [__m512; N],
+    ) {
+        // SAFETY: the caller guarantees the CPU features; loads are of `tile`'s fields.
+        unsafe {
+            let sumi = scaled_sums::<N>(tile, ys, 8, 8);
+            let summ = pair_sums::<N>(tile, 4, |c, i| extra[c][i]);
+            let (d, dmin) = (
+                _mm512_load_ps(tile.d.as_ptr()),
+                _mm512_load_ps(tile.dmin.as_ptr()),
+            );
+            for c in 0..N {
+                let dy = _mm512_set1_ps(ys[c].d);
+                // `scalar::k_block`: d·sumi − dmin·summ, then added to the sum.
+                let share = _mm512_sub_ps(
+                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sumi[c])),
+                    _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(summ[c])),
+                );
+                acc[c] = _mm512_add_ps(acc[c], share);
+            }
+        }
+    }
+}
+
+/// Q6_K in a tile.
+struct Q6K;
+
+impl Format for Q6K {
+    const BYTES: usize = 210;
+
+    fn repack(tile: &mut TileBlock, r: usize, b: &[u8]) {
+        for half in 0..2 {
+            let (ql, qh) = (
+                &b[64 * half..64 * half + 64],
+                &b[128 + 32 * half..160 + 32 * half],
+            );
+            for p in 0..8 {
+                let at = 4 * p;
+                let word = |s: &[u8], o: usize| {
+                    u32::from_le_bytes([s[o + at], s[o + at + 1], s[o + at + 2], s[o + at + 3]])
+                };
+                let (l0, l1, h) = (word(ql, 0), word(ql, 32), word(qh, 0));
+                let high = |shift: u32| ((h >> shift) & 0x0303_0303) << 4;
+                let base = 32 * half;
+                tile.groups[base + p][r] = (l0 & 0x0f0f_0f0f) | high(0);
+                tile.groups[base + 8 + p][r] = (l1 & 0x0f0f_0f0f) | high(2);
+                tile.groups[base + 16 + p][r] = ((l0 >> 4) & 0x0f0f_0f0f) | high(4);
+                tile.groups[base + 24 + p][r] = ((l1 >> 4) & 0x0f0f_0f0f) | high(6);
+            }
+        }
+        let sc = |g: usize| i32::from(b[192 + g] as i8);
+        for g in 0..16 {
+            tile.scales[g][r] = sc(g);
+        }
+        for i in 0..8 {
+            tile.pairs[i][r] = pair(sc(2 * i), sc(2 * i + 1));
+        }
+        tile.d[r] = f16_at(b, 208);
+    }
+
+    #[inline]
+    unsafe fn block<const N: usize>(
+        tile: &TileBlock,
+        ys: [&BlockQ8K; N],
+        _extra: [&[u32; 4]; N],
+        acc: &mut [__m512; N],
+    ) {
+        // SAFETY: the caller guarantees the CPU features; loads are of `tile`'s fields.
+        unsafe {
+            let sumi = scaled_sums::<N>(tile, ys, 16, 4);
+            // The −32 offset of every value, through the activations' sums of 16.
+            let offsets = pair_sums::<N>(tile, 8, |c, i| {
+                pair(
+                    i32::from(ys[c].bsums[2 * i]),
+                    i32::from(ys[c].bsums[2 * i + 1]),
+                )
+            });
+            let d = _mm512_load_ps(tile.d.as_ptr());
+            for c in 0..N {
+                let sumi = _mm512_sub_epi32(sumi[c], _mm512_slli_epi32(offsets[c], 5));
+                let dd = _mm512_mul_ps(d, _mm512_set1_ps(ys[c].d));
+                acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(sumi)));
+            }
+        }
+    }
+}
+
+/// `N` columns from `c0` against a repacked tile of `rows` rows starting at `r0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_columns<F: Format, const N: usize>(
+    tile: &[TileBlock],
+    x: &[BlockQ8K],
+    sums32: &[[u32; 4]],
+    blocks: usize,
+    c0: usize,
+    (r0, rows, n_rows): (usize, usize, usize),
+    out: &mut [f32],
+) {
+    // SAFETY: the caller guarantees the CPU features; the store stays inside `out` (checked).
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); N];
+        for (i, t) in tile.iter().enumerate() {
+            let ys: [&BlockQ8K; N] = std::array::from_fn(|c| &x[(c0 + c) * blocks + i]);
+            let extra: [&[u32; 4]; N] =
+                std::array::from_fn(|c| sums32.get((c0 + c) * blocks + i).unwrap_or(&[0; 4]));
+            F::block::<N>(t, ys, extra, &mut acc);
+        }
+        let mask: __mmask16 = if rows >= TILE { !0 } else { (1 << rows) - 1 };
+        for (c, a) in acc.iter().enumerate() {
+            let at = (c0 + c) * n_rows + r0;
+            assert!(at + rows <= out.len());
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(at), mask, *a);
+        }
+    }
+}
+
+/// `rows × columns` products of format `F` (`x` by column, then block), rows in lanes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_in_lanes<F: Format>(
+    w: &[u8],
+    row_bytes: usize,
+    x: &[BlockQ8K],
+    columns: usize,
+    out: &mut [f32],
+    sums32: &[[u32; 4]],
+) {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let n_rows = w.len() / row_bytes.max(1);
+        let blocks = x.len() / columns.max(1);
+        if blocks == 0 || n_rows == 0 || out.len() < columns * n_rows {
+            return;
+        }
+        let mut tile = TILE_BLOCKS.take();
+        tile.resize(blocks, TileBlock::default());
+        for r0 in (0..n_rows).step_by(TILE) {
+            let rows = (n_rows - r0).min(TILE);
+            if rows < TILE {
+                // The lanes past the matrix's end sum zeros.
+                tile.fill(TileBlock::default());
+            }
+            for r in 0..rows {
+                let row = &w[(r0 + r) * row_bytes..(r0 + r + 1) * row_bytes];
+                for (t, b) in tile.iter_mut().zip(row.chunks_exact(F::BYTES)) {
+                    F::repack(t, r, b);
+                }
+            }
+            let span = (r0, rows, n_rows);
+            for c0 in (0..columns).step_by(COLUMNS) {
+                let t = &tile[..];
+                match columns - c0 {
+                    1 => tile_columns::<F, 1>(t, x, sums32, blocks, c0, span, out),
+                    2 => tile_columns::<F, 2>(t, x, sums32, blocks, c0, span, out),
+                    3 => tile_columns::<F, 3>(t, x, sums32, blocks, c0, span, out),
+                    _ => tile_columns::<F, COLUMNS>(t, x, sums32, blocks, c0, span, out),
+                }
+            }
+        }
+        TILE_BLOCKS.set(tile);
+    }
+}
+
+/// A Q4_K block unpacked for 512-bit steps in the row layout.
+struct Q4KRow {
     dw: f32,
     dmin: f32,
     /// Chunks 2j and 2j + 1 side by side.
     values: [__m512i; 4],
     /// Their scales, each in its half.
     scales: [__m512i; 4],
-    /// The eight mins as i16.
-    mins: __m128i,
+    /// The eight mins as i32.
+    mins: __m256i,
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4_k_unpack(b: &[u8]) -> Q4K {
+unsafe fn q4_k_unpack(b: &[u8]) -> Q4KRow {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
         let low = _mm256_set1_epi8(0x0f);
@@ -62,19 +384,19 @@ unsafe fn q4_k_unpack(b: &[u8]) -> Q4K {
             );
         }
         let scale_and_min = f16_pair(b);
-        Q4K {
+        Q4KRow {
             dw: _mm_cvtss_f32(scale_and_min),
             dmin: second(scale_and_min),
             values,
             scales,
-            mins: _mm256_cvtepi32_epi16(_mm256_loadu_si256(mins.as_ptr().cast())),
+            mins: _mm256_loadu_si256(mins.as_ptr().cast()),
         }
     }
 }
 
-/// A Q6_K block unpacked for 512-bit steps: its 6-bit values (unsigned), two chunks a register,
-/// each 16 values' scale in its quarter.
-struct Q6K {
+/// A Q6_K block unpacked for 512-bit steps in the row layout: its 6-bit values (unsigned), two
+/// chunks a register, each 16 values' scale in its quarter.
+struct Q6KRow {
     dw: f32,
     values: [__m512i; 4],
     scales: [__m512i; 4],
@@ -83,7 +405,7 @@ struct Q6K {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_k_unpack(b: &[u8]) -> Q6K {
+unsafe fn q6_k_unpack(b: &[u8]) -> Q6KRow {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
         let low = _mm256_set1_epi8(0x0f);
@@ -110,7 +432,7 @@ unsafe fn q6_k_unpack(b: &[u8]) -> Q6K {
                 _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), high(6));
         }
         let pair = |a: __m256i, b: __m256i| _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-        Q6K {
+        Q6KRow {
             dw: f16c_at(b, 208),
             values: std::array::from_fn(|j| pair(chunks[2 * j], chunks[2 * j + 1])),
             scales: std::array::from_fn(|j| pair(chunk_scales(2 * j), chunk_scales(2 * j + 1))),
@@ -119,8 +441,8 @@ unsafe fn q6_k_unpack(b: &[u8]) -> Q6K {
     }
 }
 
-/// The eight lane sums of a block's chunks (`values`, weighted by `scales`) against the
-/// activations `y`: the two halves of the 512-bit sums added.
+/// The integer Σ scale · values · activations of a block in the row layout (its chunks
+/// `values`, weighted by `scales`, against `y`), as eight lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn lane_sums(values: &[__m512i; 4], scales: &[__m512i; 4], y: &BlockQ8K) -> __m256i {
@@ -138,6 +460,60 @@ unsafe fn lane_sums(values: &[__m512i; 4], scales: &[__m512i; 4], y: &BlockQ8K) 
     }
 }
 
+/// `rows × columns` products of a K-quant in the row layout, for few columns: each block
+/// unpacked once by `unpack`, then `share` gives each column's share of it.
+macro_rules! row_layout {
+    ($name:ident, $bytes:expr, $unpack:ident, |$u:ident, $y:ident| $share:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $name(
+            w: &[u8],
+            row_bytes: usize,
+            x: &[BlockQ8K],
+            columns: usize,
+            out: &mut [f32],
+        ) {
+            // SAFETY: the caller guarantees the CPU features this function is compiled for.
+            unsafe {
+                let n_rows = w.len() / row_bytes.max(1);
+                let blocks = x.len() / columns.max(1);
+                if blocks == 0 || columns > ROWS_IN_LANES_FROM {
+                    return;
+                }
+                for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+                    prefetch_rows(w, row_bytes, r + 2, 1);
+                    let mut acc = [0f32; ROWS_IN_LANES_FROM];
+                    for (i, b) in row.chunks_exact($bytes).enumerate() {
+                        let $u = $unpack(b);
+                        for (j, acc) in acc.iter_mut().take(columns).enumerate() {
+                            let $y = &x[j * blocks + i];
+                            *acc += $share;
+                        }
+                    }
+                    for (j, sum) in acc.iter().take(columns).enumerate() {
+                        out[j * n_rows + r] = *sum;
+                    }
+                }
+            }
+        }
+    };
+}
+
+row_layout!(q4_k_row_layout, 144, q4_k_unpack, |u, y| {
+    let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+    let sums32 = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
+    let summ = super::hsum_i32(_mm256_mullo_epi32(sums32, u.mins));
+    let sumi = super::hsum_i32(lane_sums(&u.values, &u.scales, y));
+    scalar::k_block(y.d * u.dw, sumi, y.d * u.dmin, summ)
+});
+
+row_layout!(q6_k_row_layout, 210, q6_k_unpack, |u, y| {
+    // The −32 offset of every value, through the activations' sums of 16.
+    let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+    let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
+    let sumi = _mm256_sub_epi32(lane_sums(&u.values, &u.scales, y), offsets);
+    y.d * u.dw * super::hsum_i32(sumi) as f32
+});
+
 /// `rows × columns` Q4_K products (`x` by column, then block), each as `scalar::q4_k` sums it.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q4_k_rows(
@@ -149,57 +525,18 @@ pub(super) unsafe fn q4_k_rows(
 ) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        let n_rows = w.len() / row_bytes.max(1);
-        let blocks = x.len() / columns.max(1);
-        if blocks == 0 {
-            return;
+        if columns < ROWS_IN_LANES_FROM {
+            return q4_k_row_layout(w, row_bytes, x, columns, out);
         }
         SUMS32.with_borrow_mut(|sums32| {
-            // The activations' sums of 32 values, from Q8_K's sums of 16: exact in i16
-            // (at most 32 · 127).
+            // The activations' sums of 32 values, from Q8_K's sums of 16: exact in i16 (at
+            // most 32 · 127).
             sums32.clear();
             sums32.extend(x.iter().map(|y| {
-                let pairs = _mm256_madd_epi16(
-                    _mm256_loadu_si256(y.bsums.as_ptr().cast()),
-                    _mm256_set1_epi16(1),
-                );
-                _mm256_cvtepi32_epi16(pairs)
+                let s = |j: usize| i32::from(y.bsums[2 * j]) + i32::from(y.bsums[2 * j + 1]);
+                std::array::from_fn(|i| pair(s(2 * i), s(2 * i + 1)))
             }));
-            for c0 in (0..columns).step_by(COLUMNS) {
-                let n = (columns - c0).min(COLUMNS);
-                let ys = &x[c0 * blocks..(c0 + n) * blocks];
-                let ss = &sums32[c0 * blocks..(c0 + n) * blocks];
-                for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-                    prefetch_rows(w, row_bytes, r + 2, 1);
-                    let mut acc = [_mm256_setzero_ps(); COLUMNS];
-                    let mut acc_m = [_mm_setzero_ps(); COLUMNS];
-                    for (i, b) in row.chunks_exact(144).enumerate() {
-                        let u = q4_k_unpack(b);
-                        for j in 0..n {
-                            let (y, s32) = (&ys[j * blocks + i], &ss[j * blocks + i]);
-                            let (acc, acc_m) = (&mut acc[j], &mut acc_m[j]);
-                            // The min terms: ggml's four sums, each an exact integer.
-                            let mins = _mm_madd_epi16(*s32, u.mins);
-                            *acc_m = _mm_fmadd_ps(
-                                _mm_set1_ps(-y.d * u.dmin),
-                                _mm_cvtepi32_ps(mins),
-                                *acc_m,
-                            );
-                            let sums = lane_sums(&u.values, &u.scales, y);
-                            *acc = _mm256_fmadd_ps(
-                                _mm256_set1_ps(y.d * u.dw),
-                                _mm256_cvtepi32_ps(sums),
-                                *acc,
-                            );
-                        }
-                    }
-                    for (j, (lanes, m)) in acc.iter().zip(&acc_m).take(n).enumerate() {
-                        let m: [f32; 4] = std::mem::transmute(*m);
-                        out[(c0 + j) * n_rows + r] =
-                            hsum8(*lanes) + ((m[0] + m[2]) + (m[1] + m[3]));
-                    }
-                }
-            }
+            rows_in_lanes::<Q4K>(w, row_bytes, x, columns, out, sums32);
         });
     }
 }
@@ -215,36 +552,10 @@ pub(super) unsafe fn q6_k_rows(
 ) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        let n_rows = w.len() / row_bytes.max(1);
-        let blocks = x.len() / columns.max(1);
-        if blocks == 0 {
-            return;
-        }
-        for c0 in (0..columns).step_by(COLUMNS) {
-            let n = (columns - c0).min(COLUMNS);
-            let ys = &x[c0 * blocks..(c0 + n) * blocks];
-            for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-                prefetch_rows(w, row_bytes, r + 2, 1);
-                let mut acc = [_mm256_setzero_ps(); COLUMNS];
-                for (i, b) in row.chunks_exact(210).enumerate() {
-                    let u = q6_k_unpack(b);
-                    for (j, acc) in acc.iter_mut().take(n).enumerate() {
-                        let y = &ys[j * blocks + i];
-                        // The −32 offset of every value, through the activations' sums of 16.
-                        let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-                        let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
-                        let sums = _mm256_sub_epi32(lane_sums(&u.values, &u.scales, y), offsets);
-                        *acc = _mm256_fmadd_ps(
-                            _mm256_set1_ps(y.d * u.dw),
-                            _mm256_cvtepi32_ps(sums),
-                            *acc,
-                        );
-                    }
-                }
-                for (j, lanes) in acc.iter().take(n).enumerate() {
-                    out[(c0 + j) * n_rows + r] = hsum8(*lanes);
-                }
-            }
+        if columns < ROWS_IN_LANES_FROM {
+            q6_k_row_layout(w, row_bytes, x, columns, out);
+        } else {
+            rows_in_lanes::<Q6K>(w, row_bytes, x, columns, out, &[]);
         }
     }
 }

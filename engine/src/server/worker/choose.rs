@@ -91,8 +91,8 @@ pub struct Chooser<'a> {
 impl Chooser<'_> {
     /// The next token after `history`, given the model's `logits`.
     pub fn next(&mut self, logits: &[f32], history: &[u32]) -> Result<Choice, String> {
-        if let Some(m) = &self.grammar {
-            if !m.can_continue() {
+        if let Some(m) = &self.grammar
+            && !m.can_continue() {
                 if m.is_complete() {
                     return Ok(Choice::End);
                 }
@@ -104,7 +104,6 @@ impl Chooser<'_> {
                     crate::grammar::MAX_STEPS,
                 )));
             }
-        }
         let mut adjusted = Cow::Borrowed(logits);
         if !self.bias.is_empty() || self.ignore_eos {
             let owned = adjusted.to_mut();
@@ -122,8 +121,8 @@ impl Chooser<'_> {
             }
         }
         let mut token = self.sampler.next(&adjusted, history);
-        if let Some(m) = &self.grammar {
-            if !self.fits(m, token) {
+        if let Some(m) = &self.grammar
+            && !self.fits(m, token) {
                 let Some(masked) = self.masked(m, adjusted.into_owned())? else {
                     return Ok(Choice::Unfollowable(
                         "no token of the vocabulary can continue the grammar here (does \
@@ -133,16 +132,13 @@ impl Chooser<'_> {
                 };
                 token = self.sampler.next(&masked, history);
             }
-        }
-        if !self.end_ids.contains(&token) {
-            if let Some(m) = &mut self.grammar {
-                if !m.advance(&self.tokenizer.token_bytes(token)) {
+        if !self.end_ids.contains(&token)
+            && let Some(m) = &mut self.grammar
+                && !m.advance(&self.tokenizer.token_bytes(token)) {
                     return Err(format!(
                         "token {token} does not follow the grammar (an engine bug)"
                     ));
                 }
-            }
-        }
         let probs = self.logprobs.map(|n| probabilities(logits, token, n));
         Ok(Choice::Token(token, probs))
     }
