@@ -95,9 +95,10 @@ pub fn setting<'a>(text: &'a str, key: &str) -> Option<&'a str> {
             continue;
         }
         if let Some((name, value)) = line.split_once('=')
-            && name.trim() == key {
-                found = Some(value.trim());
-            }
+            && name.trim() == key
+        {
+            found = Some(value.trim());
+        }
     }
     found
 }

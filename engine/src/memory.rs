@@ -91,9 +91,10 @@ fn cgroup_limits(root: &Path) -> Vec<(u64, PathBuf)> {
         }
         let file = root.join("sys/fs/cgroup").join(relative).join("memory.max");
         if let Ok(value) = std::fs::read_to_string(&file)
-            && let Ok(bytes) = value.trim().parse::<u64>() {
-                limits.push((bytes, cgroup.clone()));
-            }
+            && let Ok(bytes) = value.trim().parse::<u64>()
+        {
+            limits.push((bytes, cgroup.clone()));
+        }
         if !cgroup.pop() {
             return limits;
         }

@@ -354,9 +354,10 @@ fn work(s: &Shared, index: usize) {
         let _done = Done(&s.pending);
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(job) = job
-            && catch_unwind(AssertUnwindSafe(|| job(index))).is_err() {
-                s.panicked.store(true, Ordering::Release);
-            }
+            && catch_unwind(AssertUnwindSafe(|| job(index))).is_err()
+        {
+            s.panicked.store(true, Ordering::Release);
+        }
     }
 }
 

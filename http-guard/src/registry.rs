@@ -95,9 +95,10 @@ impl Activity {
             return Some(Evictable::Idle(state.idle_since));
         }
         if let Some(since) = state.write_stalled_since
-            && now.saturating_duration_since(since) >= WRITE_STALL_GRACE {
-                return Some(Evictable::Unread(since));
-            }
+            && now.saturating_duration_since(since) >= WRITE_STALL_GRACE
+        {
+            return Some(Evictable::Unread(since));
+        }
         let receiving = state.receiving?;
         let took = now.saturating_duration_since(receiving.since);
         (took >= BODY_GRACE)

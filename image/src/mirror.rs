@@ -7,9 +7,10 @@ use std::path::Path;
 /// The mirror URI, without a trailing slash.
 pub fn mirror() -> Result<String, String> {
     if let Ok(m) = std::env::var("APPLIANCE_DEBIAN_MIRROR")
-        && !m.trim().is_empty() {
-            return Ok(m.trim().trim_end_matches('/').to_string());
-        }
+        && !m.trim().is_empty()
+    {
+        return Ok(m.trim().trim_end_matches('/').to_string());
+    }
     let mut texts = Vec::new();
     for file in ["/etc/apt/sources.list"] {
         if let Ok(text) = std::fs::read_to_string(file) {
@@ -21,9 +22,10 @@ pub fn mirror() -> Result<String, String> {
         paths.sort();
         for path in paths {
             if has_extension(&path, &["list", "sources"])
-                && let Ok(text) = std::fs::read_to_string(&path) {
-                    texts.push(text);
-                }
+                && let Ok(text) = std::fs::read_to_string(&path)
+            {
+                texts.push(text);
+            }
         }
     }
     texts.iter().find_map(|t| from_sources(t)).ok_or_else(|| {

@@ -100,9 +100,10 @@ pub fn smoke_test(
     let boot_to_engine = loop {
         exited(&mut guest, &serial)?;
         if let Ok(response) = agent.get(format!("{base}/health")).call()
-            && response.status().as_u16() == 200 {
-                break started.elapsed();
-            }
+            && response.status().as_u16() == 200
+        {
+            break started.elapsed();
+        }
         if Instant::now() > deadline {
             return Err(format!(
                 "the engine did not answer within {} s; see {}",

@@ -26,12 +26,13 @@ pub fn provisioning_text(
         Target::Box(name) => (fleet.stamp(name)?, format!("box {name}")),
         Target::WholeFleet => {
             if fleet.boxes.len() > 1
-                && let Some(unpaired) = fleet.boxes.iter().find(|b| b.serial.is_none()) {
-                    let name = unpaired.name.as_ref().map_or("?", |n| n.as_str());
-                    return Err(format!(
-                        "[[box]] \"{name}\" has no serial: with one file for the whole fleet each box finds its entry by serial (stamp it with --box {name} instead)"
-                    ));
-                }
+                && let Some(unpaired) = fleet.boxes.iter().find(|b| b.serial.is_none())
+            {
+                let name = unpaired.name.as_ref().map_or("?", |n| n.as_str());
+                return Err(format!(
+                    "[[box]] \"{name}\" has no serial: with one file for the whole fleet each box finds its entry by serial (stamp it with --box {name} instead)"
+                ));
+            }
             (fleet.clone(), "every box".to_string())
         }
     };

@@ -282,11 +282,12 @@ impl FleetFile {
                 ));
             }
             if let Some(serial) = &entry.serial
-                && !serials.insert(serial) {
-                    return Err(format!(
-                        "[[box]] \"{name}\": serial {serial} is already another box's"
-                    ));
-                }
+                && !serials.insert(serial)
+            {
+                return Err(format!(
+                    "[[box]] \"{name}\": serial {serial} is already another box's"
+                ));
+            }
             entry
                 .over(&self.fleet.defaults)
                 .check_network(&format!("[[box]] \"{name}\""))?;

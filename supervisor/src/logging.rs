@@ -10,13 +10,14 @@ pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // systemd sets JOURNAL_STREAM when our stderr goes to the journal.
     if std::env::var_os("JOURNAL_STREAM").is_some()
-        && let Ok(journald) = tracing_journald::layer() {
-            let _ = tracing_subscriber::registry()
-                .with(filter)
-                .with(journald)
-                .try_init();
-            return;
-        }
+        && let Ok(journald) = tracing_journald::layer()
+    {
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(journald)
+            .try_init();
+        return;
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

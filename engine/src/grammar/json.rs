@@ -900,9 +900,10 @@ impl<'a> Json<'a> {
         let max = self.count(m, "maxLength", path)?;
         if min.is_none() && max.is_none() {
             if let Some(format) = m.get("format").and_then(Value::as_str)
-                && let Some(id) = self.format(format)? {
-                    return Ok(id);
-                }
+                && let Some(id) = self.format(format)?
+            {
+                return Ok(id);
+            }
             return self.string();
         }
         let min = min.unwrap_or(0);

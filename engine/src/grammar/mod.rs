@@ -282,9 +282,10 @@ fn nullable_rules(alts: &[&[Vec<Item>]]) -> Vec<bool> {
             waiting.push(alt.len());
             for it in alt {
                 if let Item::Rule(x) = it
-                    && let Some(u) = uses.get_mut(*x as usize) {
-                        u.push(id);
-                    }
+                    && let Some(u) = uses.get_mut(*x as usize)
+                {
+                    u.push(id);
+                }
             }
             if alt.is_empty() && !nullable[r] {
                 nullable[r] = true;

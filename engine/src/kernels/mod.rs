@@ -95,9 +95,10 @@ pub enum RowDot {
 pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
     #[cfg(target_arch = "x86_64")]
     if let Isa::Avx2 | Isa::Avx512Vnni = isa
-        && let Some(dot) = x86::row_dot(ty, isa == Isa::Avx512Vnni) {
-            return Ok(dot);
-        }
+        && let Some(dot) = x86::row_dot(ty, isa == Isa::Avx512Vnni)
+    {
+        return Ok(dot);
+    }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {
         if let Some(dot) = arm::row_dot(ty) {
@@ -696,10 +697,10 @@ const ROW_ALIGN: usize = 2;
 
 /// Rows a thread takes through every input column before moving on: a few KiB of weights that
 /// stay in its L1 cache while they meet each column.
-const ROWS_PER_CHUNK: usize = 16;
+const ROWS_PER_CHUNK: usize = 64;
 
 /// Columns per kernel call in a batch (the results tile lives on the stack).
-const MAX_TILE_COLUMNS: usize = 32;
+const MAX_TILE_COLUMNS: usize = 64;
 
 /// Float weights: the dot of each row with `x` on `isa`.
 fn float_rows(

@@ -19,6 +19,7 @@
 use std::arch::x86_64::*;
 
 mod k_wide;
+mod legacy_lanes;
 mod packed;
 
 use super::RowDot;
@@ -95,10 +96,10 @@ safe_wrapper!(q5_0, q5_0_avx2, BlockQ8_0);
 safe_wrapper!(q8_0, q8_0_avx2, BlockQ8_0);
 safe_wrapper!(q4_k, q4_k_rows_avx2, BlockQ8K);
 safe_wrapper!(q6_k, q6_k_rows_avx2, BlockQ8K);
-batched_wrapper!(q4_0_v, q4_0_vnni, packed::q4_0_rows, BlockQ8_0);
-batched_wrapper!(q4_1_v, q4_1_vnni, packed::q4_1_rows, BlockQ8_1);
-batched_wrapper!(q5_0_v, q5_0_vnni, packed::q5_0_rows, BlockQ8_0);
-batched_wrapper!(q8_0_v, q8_0_vnni, packed::q8_0_rows, BlockQ8_0);
+batched_wrapper!(q4_0_v, q4_0_vnni, legacy_lanes::q4_0_rows, BlockQ8_0);
+batched_wrapper!(q4_1_v, q4_1_vnni, legacy_lanes::q4_1_rows, BlockQ8_1);
+batched_wrapper!(q5_0_v, q5_0_vnni, legacy_lanes::q5_0_rows, BlockQ8_0);
+batched_wrapper!(q8_0_v, q8_0_vnni, legacy_lanes::q8_0_rows, BlockQ8_0);
 batched_wrapper!(q4_k_v, q4_k_rows_vnni, k_wide::q4_k_rows, BlockQ8K);
 batched_wrapper!(q6_k_v, q6_k_rows_vnni, k_wide::q6_k_rows, BlockQ8K);
 

@@ -201,7 +201,7 @@ pub enum Logits {
 
 /// Tokens per pass: a batch's activations stay in the caches while each weight chunk is read
 /// once for all of them. Longer inputs run as several passes.
-pub const MAX_BATCH: usize = 32;
+pub const MAX_BATCH: usize = 64;
 
 impl KvCache {
     /// A cache for `context` positions (the configured context, not the model's maximum, which

@@ -57,7 +57,9 @@ fn blocks<'a>(
 ) -> Result<std::slice::ChunksExact<'a, u8>, QuantError> {
     let block_bytes = ty.block_bytes as usize;
     let block_elements = ty.block_elements as usize;
-    if !bytes.len().is_multiple_of(block_bytes) || bytes.len() / block_bytes * block_elements != elements {
+    if !bytes.len().is_multiple_of(block_bytes)
+        || bytes.len() / block_bytes * block_elements != elements
+    {
         return Err(QuantError(format!(
             "{} bytes of {} do not hold exactly {elements} values ({block_elements} per {block_bytes}-byte block)",
             bytes.len(),

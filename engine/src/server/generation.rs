@@ -262,9 +262,10 @@ impl Drop for CancelOnDrop {
 pub fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
     let mut messages = request::messages(&request.messages)?;
     if let Some(system) = &ready.system_prompt
-        && messages.first().is_none_or(|m| m.role != "system") {
-            messages.insert(0, Message::new("system", system));
-        }
+        && messages.first().is_none_or(|m| m.role != "system")
+    {
+        messages.insert(0, Message::new("system", system));
+    }
     check_text_size(ready, text_bytes(&messages))?;
     Ok(messages)
 }

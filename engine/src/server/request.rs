@@ -524,9 +524,10 @@ impl Knobs {
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
         for (field, harmless, why) in UNSUPPORTED {
             if let Some(value) = self.extra.get(*field)
-                && !harmless(value) {
-                    return Err(ApiError::unsupported(field, why));
-                }
+                && !harmless(value)
+            {
+                return Err(ApiError::unsupported(field, why));
+            }
         }
         Ok(())
     }

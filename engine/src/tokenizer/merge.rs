@@ -133,9 +133,10 @@ mod tests {
             for i in 0..symbols.len().saturating_sub(1) {
                 let joined = format!("{}{}", symbols[i], symbols[i + 1]);
                 if let Some(p) = priority(&symbols[i], &symbols[i + 1], &joined)
-                    && best.is_none_or(|(q, _)| p > q) {
-                        best = Some((p, i));
-                    }
+                    && best.is_none_or(|(q, _)| p > q)
+                {
+                    best = Some((p, i));
+                }
             }
             let Some((_, i)) = best else {
                 return symbols;

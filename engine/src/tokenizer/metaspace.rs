@@ -49,10 +49,11 @@ impl MetaspaceBpe {
     /// Appends the ids of one run (from [`MetaspaceBpe::runs`]) to `out`.
     pub fn encode_run(&self, run: &str, ids: &HashMap<String, u32>, out: &mut Vec<u32>) {
         if run.bytes().all(|b| b == b'\n')
-            && let Some(&id) = ids.get(run) {
-                out.push(id);
-                return;
-            }
+            && let Some(&id) = ids.get(run)
+        {
+            out.push(id);
+            return;
+        }
         let symbols = super::merge::merge(run, |left, _, joined| self.ranks.priority(left, joined));
         for symbol in symbols {
             match ids.get(symbol) {

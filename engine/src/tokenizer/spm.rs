@@ -53,9 +53,10 @@ pub fn byte_fallback_ids(tokens: &[String]) -> Vec<Option<u32>> {
     let mut byte_ids = vec![None; 256];
     for (id, t) in tokens.iter().enumerate() {
         if let Some(hex) = t.strip_prefix("<0x").and_then(|r| r.strip_suffix('>'))
-            && let Ok(b) = u8::from_str_radix(hex, 16) {
-                byte_ids[usize::from(b)] = Some(id as u32);
-            }
+            && let Ok(b) = u8::from_str_radix(hex, 16)
+        {
+            byte_ids[usize::from(b)] = Some(id as u32);
+        }
     }
     byte_ids
 }
@@ -63,8 +64,9 @@ pub fn byte_fallback_ids(tokens: &[String]) -> Vec<Option<u32>> {
 /// The raw bytes a token stands for: `▁` is a space, `<0xXX>` one byte.
 pub fn token_bytes(token: &str) -> Vec<u8> {
     if let Some(hex) = token.strip_prefix("<0x").and_then(|r| r.strip_suffix('>'))
-        && let Ok(b) = u8::from_str_radix(hex, 16) {
-            return vec![b];
-        }
+        && let Ok(b) = u8::from_str_radix(hex, 16)
+    {
+        return vec![b];
+    }
     token.replace(SPACE, " ").into_bytes()
 }

@@ -423,9 +423,10 @@ impl Board {
     /// [`sim_firmware::CLOCK`]).
     pub fn now_unix(&self) -> u64 {
         if self.simulated
-            && let Some(t) = sim_firmware::clock(&self.root) {
-                return t;
-            }
+            && let Some(t) = sim_firmware::clock(&self.root)
+        {
+            return t;
+        }
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())

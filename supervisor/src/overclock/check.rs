@@ -164,13 +164,14 @@ pub fn run(
         match engine_output_sha256(board, config, stop) {
             Ok(hash) => {
                 if let Some(expected) = reference
-                    && hash != expected {
-                        report.reason = format!(
-                            "the engine's greedy output changed: sha256 {hash}, at stock {expected}"
-                        );
-                        report.engine_sha256 = Some(hash);
-                        return report;
-                    }
+                    && hash != expected
+                {
+                    report.reason = format!(
+                        "the engine's greedy output changed: sha256 {hash}, at stock {expected}"
+                    );
+                    report.engine_sha256 = Some(hash);
+                    return report;
+                }
                 report.engine_sha256 = Some(hash);
             }
             Err(e) => {

@@ -69,9 +69,10 @@ pub fn certificate_sha256(board: &Board) -> Option<String> {
 pub fn ensure_tls(board: &Board, settings: &BoxSettings, renew: bool) -> Result<String, String> {
     if !renew
         && let Some(sha) = certificate_sha256(board)
-            && board.exists(TLS_KEY) {
-                return Ok(sha);
-            }
+        && board.exists(TLS_KEY)
+    {
+        return Ok(sha);
+    }
     let key = match board.read_bytes(TLS_KEY) {
         Ok(der) => rcgen::KeyPair::try_from(der.as_slice())
             .map_err(|e| format!("{TLS_KEY} is damaged ({e}); remove it to make a new one"))?,

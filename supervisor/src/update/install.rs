@@ -47,12 +47,13 @@ pub async fn install(
     let source = source_for_rauc(source)?;
     let (booted, _) = super::slots(board)?;
     if let Some(trial) = super::pending(board, config)?
-        && trial.rebooted_unix.is_some() {
-            return Err(format!(
-                "the update to slot {} is being checked; wait for its verdict",
-                trial.slot
-            ));
-        }
+        && trial.rebooted_unix.is_some()
+    {
+        return Err(format!(
+            "the update to slot {} is being checked; wait for its verdict",
+            trial.slot
+        ));
+    }
     super::refuse_while_overclocking(board, config)?;
     let rauc = Rauc::connect().await?;
     let (compatible, version) = rauc.info(&source).await?;
@@ -63,11 +64,13 @@ pub async fn install(
         ));
     }
     if let Some(running) = slot::running_version(board)
-        && compare_versions(&version, &running).is_lt() && !force {
-            return Err(format!(
-                "the bundle holds version {version}, older than the running {running}; give --force to go back"
-            ));
-        }
+        && compare_versions(&version, &running).is_lt()
+        && !force
+    {
+        return Err(format!(
+            "the bundle holds version {version}, older than the running {running}; give --force to go back"
+        ));
+    }
     progress(&format!(
         "installing version {version} into slot {} (running {booted})",
         booted.other()
@@ -138,14 +141,14 @@ pub async fn from_stick(board: &Board, config: &Config, dir: &str) -> Result<Str
     let status = super::status(board, config);
     if let Some(last) = &status.last
         && last.system_version.as_deref() == Some(version.as_str())
-            && last.result == super::UpdateResult::RolledBack
-        {
-            // The stick may stay plugged in: the rolled-back version is left alone, not retried.
-            return Ok(format!(
-                "version {version} was rolled back on this box ({}); not installing it again from {dir}",
-                last.reason
-            ));
-        }
+        && last.result == super::UpdateResult::RolledBack
+    {
+        // The stick may stay plugged in: the rolled-back version is left alone, not retried.
+        return Ok(format!(
+            "version {version} was rolled back on this box ({}); not installing it again from {dir}",
+            last.reason
+        ));
+    }
     if status
         .trial
         .as_ref()

@@ -416,8 +416,9 @@ pub fn reboot_when_due(board: &Board, config: &Config) -> Result<Option<String>,
         return Ok(None);
     }
     if let Some(window) = config.update.window
-        && !window.contains(local_minute(board)) {
-            return Ok(None);
-        }
+        && !window.contains(local_minute(board))
+    {
+        return Ok(None);
+    }
     reboot_into_trial(board, config).map(Some)
 }

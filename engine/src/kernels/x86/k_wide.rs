@@ -328,10 +328,12 @@ unsafe fn rows_in_lanes<F: Format>(
                 // The lanes past the matrix's end sum zeros.
                 tile.fill(TileBlock::default());
             }
-            for r in 0..rows {
-                let row = &w[(r0 + r) * row_bytes..(r0 + r + 1) * row_bytes];
-                for (t, b) in tile.iter_mut().zip(row.chunks_exact(F::BYTES)) {
-                    F::repack(t, r, b);
+            // Block by block, so the 16 rows write into one block's groups while it is in L1
+            // (row by row, a wide matrix's tile left L1 before the next row came back to it).
+            for (i, t) in tile.iter_mut().enumerate() {
+                for r in 0..rows {
+                    let at = (r0 + r) * row_bytes + i * F::BYTES;
+                    F::repack(t, r, &w[at..at + F::BYTES]);
                 }
             }
             let span = (r0, rows, n_rows);

@@ -77,7 +77,7 @@ thread_local! {
 /// step's lane sums start.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
+pub(super) unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
     // SAFETY: the packed kernels are only handed out after `vnni_supported()`; the asm reads
     // the 32 bytes of `qs`.
     unsafe {
@@ -98,7 +98,7 @@ unsafe fn correction(qs: &[i8; 32], bias: u8) -> __m256i {
 /// [`magic`] leaves `s`, the float `vcvtdq2ps` gives, +0 for 0 included. A lane here sums four
 /// products of at most 128 · 128 (65,536), far inside that range; the kernel test
 /// `largest_lane_sums_match_the_scalar_reference_on_every_isa` fills blocks with the extremes.
-const MAGIC: i32 = 0x4B40_0000;
+pub(super) const MAGIC: i32 = 0x4B40_0000;
 
 /// [`MAGIC`] as eight f32 lanes.
 #[inline]
@@ -313,7 +313,7 @@ macro_rules! packed_rows {
 /// Q4_0: nibbles are value + 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0_unsigned(b: &[u8]) -> __m256i {
+pub(super) unsafe fn q4_0_unsigned(b: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe { nibbles(&b[2..]) }
 }
@@ -321,7 +321,7 @@ unsafe fn q4_0_unsigned(b: &[u8]) -> __m256i {
 /// Q4_1: the nibbles themselves (the f16 pair before them is d and m).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_unsigned(b: &[u8]) -> __m256i {
+pub(super) unsafe fn q4_1_unsigned(b: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe { nibbles(&b[4..]) }
 }
@@ -329,7 +329,7 @@ unsafe fn q4_1_unsigned(b: &[u8]) -> __m256i {
 /// Q5_0: nibble | fifth bit << 4 is value + 16.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q5_0_unsigned(b: &[u8]) -> __m256i {
+pub(super) unsafe fn q5_0_unsigned(b: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
         let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
@@ -341,16 +341,16 @@ unsafe fn q5_0_unsigned(b: &[u8]) -> __m256i {
 /// Q8_0: flipping the sign bit is value + 128.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_unsigned(b: &[u8]) -> __m256i {
+pub(super) unsafe fn q8_0_unsigned(b: &[u8]) -> __m256i {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe { _mm256_xor_si256(load32(&b[2..]), _mm256_set1_epi8(0x80u8 as i8)) }
 }
 
-fn q8_0_parts(y: &BlockQ8_0) -> (f32, f32, &[i8; 32]) {
+pub(super) fn q8_0_parts(y: &BlockQ8_0) -> (f32, f32, &[i8; 32]) {
     (y.d, 0.0, &y.qs)
 }
 
-fn q8_1_parts(y: &BlockQ8_1) -> (f32, f32, &[i8; 32]) {
+pub(super) fn q8_1_parts(y: &BlockQ8_1) -> (f32, f32, &[i8; 32]) {
     (y.d, y.s, &y.qs)
 }
 

@@ -92,18 +92,19 @@ impl Chooser<'_> {
     /// The next token after `history`, given the model's `logits`.
     pub fn next(&mut self, logits: &[f32], history: &[u32]) -> Result<Choice, String> {
         if let Some(m) = &self.grammar
-            && !m.can_continue() {
-                if m.is_complete() {
-                    return Ok(Choice::End);
-                }
-                return Ok(Choice::Unfollowable(format!(
-                    "the grammar allows nothing more here and is not complete: it is too \
+            && !m.can_continue()
+        {
+            if m.is_complete() {
+                return Ok(Choice::End);
+            }
+            return Ok(Choice::Unfollowable(format!(
+                "the grammar allows nothing more here and is not complete: it is too \
                      ambiguous to follow (more than {} alternatives alive at once, or more \
                      than {} expansion steps for one byte); make its alternatives differ sooner",
-                    crate::grammar::MAX_STACKS,
-                    crate::grammar::MAX_STEPS,
-                )));
-            }
+                crate::grammar::MAX_STACKS,
+                crate::grammar::MAX_STEPS,
+            )));
+        }
         let mut adjusted = Cow::Borrowed(logits);
         if !self.bias.is_empty() || self.ignore_eos {
             let owned = adjusted.to_mut();
@@ -122,23 +123,25 @@ impl Chooser<'_> {
         }
         let mut token = self.sampler.next(&adjusted, history);
         if let Some(m) = &self.grammar
-            && !self.fits(m, token) {
-                let Some(masked) = self.masked(m, adjusted.into_owned())? else {
-                    return Ok(Choice::Unfollowable(
-                        "no token of the vocabulary can continue the grammar here (does \
+            && !self.fits(m, token)
+        {
+            let Some(masked) = self.masked(m, adjusted.into_owned())? else {
+                return Ok(Choice::Unfollowable(
+                    "no token of the vocabulary can continue the grammar here (does \
                          logit_bias ban every token it allows?)"
-                            .into(),
-                    ));
-                };
-                token = self.sampler.next(&masked, history);
-            }
+                        .into(),
+                ));
+            };
+            token = self.sampler.next(&masked, history);
+        }
         if !self.end_ids.contains(&token)
             && let Some(m) = &mut self.grammar
-                && !m.advance(&self.tokenizer.token_bytes(token)) {
-                    return Err(format!(
-                        "token {token} does not follow the grammar (an engine bug)"
-                    ));
-                }
+            && !m.advance(&self.tokenizer.token_bytes(token))
+        {
+            return Err(format!(
+                "token {token} does not follow the grammar (an engine bug)"
+            ));
+        }
         let probs = self.logprobs.map(|n| probabilities(logits, token, n));
         Ok(Choice::Token(token, probs))
     }
