@@ -5,7 +5,7 @@
 //! in the reference's order, so every result is bit-identical to `scalar`.
 //!
 //! Covered: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K rows (all of SmolLM2's and Gemma 3's
-//! weights), the f16 helpers of attention and the KV cache (conversions through `fcvtl` /
+//! weights; K-quant batches with rows in lanes, `arm/k_lanes.rs`), the f16 helpers of attention and the KV cache (conversions through `fcvtl` /
 //! `fcvtn`, also through `asm!`), activation quantization, SiLU and GELU. Other types run the
 //! scalar reference here.
 // Intrinsics are safe inside `#[target_feature]` functions on newer compilers; the explicit
@@ -14,6 +14,8 @@
 
 use std::arch::aarch64::*;
 use std::arch::asm;
+
+mod k_lanes;
 
 use super::RowDot;
 use super::activations::{self, BlockQ8_0, BlockQ8_1, BlockQ8K};
@@ -249,14 +251,23 @@ legacy!(
     None
 );
 
-/// Every (column, row) of a K-quant kernel: `$block` turns one weight block and its activation
-/// block into the block's share of the row's sum, exactly as the scalar reference computes it
-/// (exact integer sums, then its float steps), added block after block.
+/// Every (column, row) of a K-quant kernel: `$block` adds one weight block against its
+/// activation block to the row's two sums (`scalar::k_step`) exactly as the scalar reference
+/// does; the result is the first sum minus the second.
 macro_rules! k_quant {
-    ($name:ident, $inner:ident, $bytes:expr, block: |$b:ident, $y:ident| $block:expr $(,)?) => {
+    (
+        $name:ident, $inner:ident, $lanes:path, $bytes:expr,
+        block: |$b:ident, $y:ident, $acc:ident| $block:expr $(,)?
+    ) => {
         fn $name(w: &[u8], row_bytes: usize, x: &[BlockQ8K], columns: usize, out: &mut [f32]) {
             // SAFETY: only reachable through `row_dot`, which checks `supported()` first.
-            unsafe { $inner(w, row_bytes, x, columns, out) }
+            unsafe {
+                if columns >= k_lanes::LANES_FROM {
+                    $lanes(w, row_bytes, x, columns, out)
+                } else {
+                    $inner(w, row_bytes, x, columns, out)
+                }
+            }
         }
 
         #[target_feature(enable = "neon,dotprod")]
@@ -276,14 +287,13 @@ macro_rules! k_quant {
             {
                 let column = &x[c * blocks..(c + 1) * blocks];
                 for (o, row) in outs.iter_mut().zip(w.chunks_exact(row_bytes)) {
-                    let mut sum = 0f32;
+                    let mut $acc = [0f32; 2];
                     for ($b, $y) in row.chunks_exact($bytes).zip(column) {
                         // SAFETY: the caller guarantees the CPU features; loads are
                         // bounds-checked.
-                        let share: f32 = unsafe { $block };
-                        sum += share;
+                        unsafe { $block };
                     }
-                    *o = sum;
+                    *o = $acc[0] - $acc[1];
                 }
             }
         }
@@ -308,8 +318,8 @@ unsafe fn load_y(qs: &[i8; 256], at: usize) -> int8x16_t {
     unsafe { vld1q_s8(qs.as_ptr().add(at)) }
 }
 
-k_quant!(q4_k, q4_k_neon, 144,
-    block: |b, y| {
+k_quant!(q4_k, q4_k_neon, k_lanes::q4_k_rows, 144,
+    block: |b, y, acc| {
         let (sc, mins) = scalar::q4_k_scales(b);
         let summ: i32 = (0..8)
             .map(|j| mins[j] * (i32::from(y.bsums[2 * j]) + i32::from(y.bsums[2 * j + 1])))
@@ -332,17 +342,18 @@ k_quant!(q4_k, q4_k_neon, 144,
         }
         let sumi = vaddvq_s32(vaddq_s32(lanes_lo, lanes_hi));
         let dm = f16_pair(b);
-        scalar::k_block(
-            y.d * vgetq_lane_f32::<0>(dm),
+        scalar::k_step(
+            &mut acc,
             sumi,
-            y.d * vgetq_lane_f32::<1>(dm),
+            y.d * vgetq_lane_f32::<0>(dm),
             summ,
-        )
+            y.d * vgetq_lane_f32::<1>(dm),
+        );
     },
 );
 
-k_quant!(q6_k, q6_k_neon, 210,
-    block: |b, y| {
+k_quant!(q6_k, q6_k_neon, k_lanes::q6_k_rows, 210,
+    block: |b, y, acc| {
         let sc: [i32; 16] = std::array::from_fn(|g| i32::from(b[192 + g] as i8));
         let zero = vdupq_n_s32(0);
         let (mut lanes_lo, mut lanes_hi) = (zero, zero);
@@ -385,7 +396,7 @@ k_quant!(q6_k, q6_k_neon, 210,
         let lanes_lo = vsubq_s32(lanes_lo, vld1q_s32(offset.as_ptr()));
         let lanes_hi = vsubq_s32(lanes_hi, vld1q_s32(offset.as_ptr().add(4)));
         let sumi = vaddvq_s32(vaddq_s32(lanes_lo, lanes_hi));
-        y.d * f16_single(b, 208) * sumi as f32
+        acc[0] = (sumi as f32).mul_add(y.d * f16_single(b, 208), acc[0]);
     },
 );
 

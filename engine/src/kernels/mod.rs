@@ -100,10 +100,10 @@ pub fn row_dot(ty: &TensorType, isa: Isa) -> Result<RowDot, QuantError> {
         return Ok(dot);
     }
     #[cfg(target_arch = "aarch64")]
-    if isa == Isa::Neon {
-        if let Some(dot) = arm::row_dot(ty) {
-            return Ok(dot);
-        }
+    if isa == Isa::Neon
+        && let Some(dot) = arm::row_dot(ty)
+    {
+        return Ok(dot);
     }
     let _ = isa;
     Ok(match ty.name {

@@ -136,11 +136,10 @@ pub fn iq4_nl(row: &[u8], x: &[BlockQ8_0]) -> f32 {
 }
 
 /// Q4_K / Q5_K share everything but the unpacking of the 256 values: a block's two exact
-/// integer sums (Σ scale·value·activation and Σ min·activations, over its eight sub-blocks of
-/// 32), each times its scale, their difference added to the row's sum. A block's sums are
-/// whole integers, so a kernel may gather them in any order (lanes per row or per column) and
-/// still give these bits; only the float steps are fixed, one block after another.
-fn k_scaled_min(b: &[u8], y: &BlockQ8K, values: &[i32; 256]) -> f32 {
+/// integer sums, Σ scale·value·activation and Σ min·activations over its eight sub-blocks of
+/// 32. Integers add up the same in any order, so a kernel may gather them in any lane layout
+/// (per row or per column) and still give these sums; only the float steps are fixed.
+fn k_sums(b: &[u8], y: &BlockQ8K, values: &[i32; 256]) -> (i32, i32) {
     let packed = &b[4..16];
     let (mut sumi, mut summ) = (0i32, 0i32);
     for j in 0..8 {
@@ -154,14 +153,7 @@ fn k_scaled_min(b: &[u8], y: &BlockQ8K, values: &[i32; 256]) -> f32 {
         sumi += sc * sub;
         summ += m * (i32::from(y.bsums[2 * j]) + i32::from(y.bsums[2 * j + 1]));
     }
-    k_block(y.d * f16_at(b, 0), sumi, y.d * f16_at(b, 2), summ)
-}
-
-/// A K-quant block's share of the row's sum from its exact integer sums: `d·sumi − dmin·summ`
-/// with `d` and `dmin` already times the activations' scale (the float steps every kernel
-/// takes in this order).
-pub(super) fn k_block(d: f32, sumi: i32, dmin: f32, summ: i32) -> f32 {
-    d * sumi as f32 - dmin * summ as f32
+    (sumi, summ)
 }
 
 /// A Q4_K block's eight 6-bit scales and mins, unpacked.
@@ -174,8 +166,12 @@ pub(super) fn q4_k_scales(b: &[u8]) -> ([i16; 8], [i32; 8]) {
     (sc, m)
 }
 
+/// Q4_K: block by block, `sumi · (dy·d)` into one sum and `summ · (dy·dmin)` into another
+/// (fused multiply-adds), their difference at the end: the float steps of ggml's repacked Q4_K
+/// products, which llama.cpp runs for prompts on x86.
 pub fn q4_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
-    row.chunks_exact(144).zip(x).fold(0.0, |sum, (b, y)| {
+    let mut acc = [0f32; 2];
+    for (b, y) in row.chunks_exact(144).zip(x) {
         let mut values = [0i32; 256];
         for (j, qs) in b[16..144].chunks_exact(32).enumerate() {
             for (l, &q) in qs.iter().enumerate() {
@@ -183,10 +179,21 @@ pub fn q4_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
                 values[64 * j + 32 + l] = i32::from(q >> 4);
             }
         }
-        sum + k_scaled_min(b, y, &values)
-    })
+        let (sumi, summ) = k_sums(b, y, &values);
+        k_step(&mut acc, sumi, y.d * f16_at(b, 0), summ, y.d * f16_at(b, 2));
+    }
+    acc[0] - acc[1]
 }
 
+/// One K-quant block into a row's two sums: `sumi · d` into the first, `summ · dmin` into the
+/// second, each by a fused multiply-add (`d` and `dmin` already times the activations' scale).
+/// The row's result is the first minus the second.
+pub(super) fn k_step(acc: &mut [f32; 2], sumi: i32, d: f32, summ: i32, dmin: f32) {
+    acc[0] = (sumi as f32).mul_add(d, acc[0]);
+    acc[1] = (summ as f32).mul_add(dmin, acc[1]);
+}
+
+/// Q5_K: per block `dy·d·sumi − dy·dmin·summ`, added to the row's sum.
 pub fn q5_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
     row.chunks_exact(176).zip(x).fold(0.0, |sum, (b, y)| {
         let qh = &b[16..48];
@@ -198,12 +205,14 @@ pub fn q5_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
                 values[64 * pair + 32 + l] = i32::from(q >> 4) | hi(2 * pair + 1);
             }
         }
-        sum + k_scaled_min(b, y, &values)
+        let (sumi, summ) = k_sums(b, y, &values);
+        sum + (y.d * f16_at(b, 0) * sumi as f32 - y.d * f16_at(b, 2) * summ as f32)
     })
 }
 
 /// Q6_K: per block the exact integer Σ scale·(value − 32)·activation over its 16 groups of 16
-/// (the −32 through the activations' sums of 16), times `d·dy`, added to the row's sum.
+/// (the −32 through the activations' sums of 16), then `sumi · (dy·d)` into the row's sum by a
+/// fused multiply-add.
 pub fn q6_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
     row.chunks_exact(210).zip(x).fold(0.0, |sum, (b, y)| {
         // The unsigned 6-bit values.
@@ -227,7 +236,7 @@ pub fn q6_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
                 i32::from(b[192 + g] as i8) * (part - 32 * i32::from(y.bsums[g]))
             })
             .sum();
-        sum + y.d * f16_at(b, 208) * sumi as f32
+        (sumi as f32).mul_add(y.d * f16_at(b, 208), sum)
     })
 }
 

@@ -568,8 +568,9 @@ legacy_kernels!(unsigned_lanes_vnni: q4_0_vnni, q4_1_vnni, q5_0_vnni, q8_0_vnni)
 const K_COLUMNS: usize = 32;
 
 /// A K-quant kernel over rows × columns: each weight block is unpacked once (values and
-/// scales) and applied to every column before the next block, the columns' sums kept in an
-/// array; every (row, column) sums exactly as the scalar reference does.
+/// scales) and applied to every column before the next block, the columns' two sums
+/// (`scalar::k_step`) kept in an array; every (row, column) sums exactly as the scalar
+/// reference does.
 macro_rules! k_quant_rows {
     (
         $rows:ident, $bytes:expr,
@@ -596,7 +597,7 @@ macro_rules! k_quant_rows {
                     let ys = &x[c0 * blocks..(c0 + n) * blocks];
                     for (r, row) in w.chunks_exact(row_bytes).enumerate() {
                         prefetch_rows(w, row_bytes, r + 2, 1);
-                        let mut acc = [0f32; K_COLUMNS];
+                        let mut acc = [[0f32; 2]; K_COLUMNS];
                         for (i, $b) in row.chunks_exact($bytes).enumerate() {
                             let $u = $unpack;
                             let columns = ys.iter().skip(i).step_by(blocks);
@@ -604,8 +605,8 @@ macro_rules! k_quant_rows {
                                 $column;
                             }
                         }
-                        for (j, sum) in acc[..n].iter().enumerate() {
-                            out[(c0 + j) * n_rows + r] = *sum;
+                        for (j, sums) in acc[..n].iter().enumerate() {
+                            out[(c0 + j) * n_rows + r] = sums[0] - sums[1];
                         }
                     }
                 }
@@ -702,7 +703,7 @@ macro_rules! k_quant_kernels {
     ) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut f32) {
+        unsafe fn $q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut [f32; 2]) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
                 // Σ min · the activations' sums of 32, an exact integer.
@@ -714,13 +715,13 @@ macro_rules! k_quant_kernels {
                     let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
                     sumi = $madd_add(sumi, *s, _mm256_maddubs_epi16(*v, q8));
                 }
-                *acc += scalar::k_block(y.d * u.dw, hsum_i32(sumi), y.d * u.dmin, summ);
+                scalar::k_step(acc, hsum_i32(sumi), y.d * u.dw, summ, y.d * u.dmin);
             }
         }
 
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut f32) {
+        unsafe fn $q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut [f32; 2]) {
             // SAFETY: the caller guarantees the CPU features this function is compiled for.
             unsafe {
                 let mut sumi = _mm256_setzero_si256();
@@ -732,7 +733,7 @@ macro_rules! k_quant_kernels {
                 let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
                 let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
                 let sumi = hsum_i32(_mm256_sub_epi32(sumi, offsets));
-                *acc += y.d * u.dw * sumi as f32;
+                acc[0] = (sumi as f32).mul_add(y.d * u.dw, acc[0]);
             }
         }
 

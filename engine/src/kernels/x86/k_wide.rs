@@ -1,9 +1,8 @@
 //! Batched Q4_K and Q6_K products on AVX-512 (BW and VNNI), for passes of two or more tokens
 //! (prefill, checking drafts): rows in lanes.
 //!
-//! A block's share of a row's sum is two exact integer sums and a few float steps
-//! (`scalar::k_block`); integers add up the same in any order, so a kernel is free in how it
-//! gathers them. The row kernels (`x86.rs`) keep one row's 32-bit lanes per register and fold
+//! A block adds two exact integer sums to a row's two float sums (`scalar::k_step`);
+//! integers add up the same in any order, so a kernel is free in how it gathers them. The row kernels (`x86.rs`) keep one row's 32-bit lanes per register and fold
 //! them per block, which costs a fold and a scale multiply per (row, column, block) and leaves
 //! the integer units a quarter idle on multiply-add chains. Here a register holds one 4-value
 //! group of 16 rows, one row per 32-bit lane (a tile), and each column's four activations of that
@@ -79,8 +78,8 @@ trait Format {
     const BYTES: usize;
     /// Puts row `r`'s block `b` into lane `r` of `tile`.
     fn repack(tile: &mut TileBlock, r: usize, b: &[u8]);
-    /// Adds `N` columns' shares of one block (`ys`, `extra`: their activation blocks and
-    /// per-block sums) to `acc`, one lane per row of `tile`.
+    /// Adds one block against `N` columns (`ys`, `extra`: their activation blocks and
+    /// per-block sums) to their two sums `acc` (`scalar::k_step`), one lane per row of `tile`.
     ///
     /// # Safety
     /// The CPU must have AVX-512 F, BW and VNNI.
@@ -88,7 +87,7 @@ trait Format {
         tile: &TileBlock,
         ys: [&BlockQ8K; N],
         extra: [&[u32; 4]; N],
-        acc: &mut [__m512; N],
+        acc: &mut [[__m512; 2]; N],
     );
 }
 
@@ -187,7 +186,7 @@ impl Format for Q4K {
         tile: &TileBlock,
         ys: [&BlockQ8K; N],
         extra: [&[u32; 4]; N],
-        acc: &mut [__m512; N],
+        acc: &mut [[__m512; 2]; N],
     ) {
         // SAFETY: the caller guarantees the CPU features; loads are of `tile`'s fields.
         unsafe {
@@ -199,12 +198,9 @@ impl Format for Q4K {
             );
             for c in 0..N {
                 let dy = _mm512_set1_ps(ys[c].d);
-                // `scalar::k_block`: d·sumi − dmin·summ, then added to the sum.
-                let share = _mm512_sub_ps(
-                    _mm512_mul_ps(_mm512_mul_ps(d, dy), _mm512_cvtepi32_ps(sumi[c])),
-                    _mm512_mul_ps(_mm512_mul_ps(dmin, dy), _mm512_cvtepi32_ps(summ[c])),
-                );
-                acc[c] = _mm512_add_ps(acc[c], share);
+                let [a, m] = &mut acc[c];
+                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[c]), _mm512_mul_ps(dy, d), *a);
+                *m = _mm512_fmadd_ps(_mm512_cvtepi32_ps(summ[c]), _mm512_mul_ps(dy, dmin), *m);
             }
         }
     }
@@ -251,7 +247,7 @@ impl Format for Q6K {
         tile: &TileBlock,
         ys: [&BlockQ8K; N],
         _extra: [&[u32; 4]; N],
-        acc: &mut [__m512; N],
+        acc: &mut [[__m512; 2]; N],
     ) {
         // SAFETY: the caller guarantees the CPU features; loads are of `tile`'s fields.
         unsafe {
@@ -266,8 +262,8 @@ impl Format for Q6K {
             let d = _mm512_load_ps(tile.d.as_ptr());
             for c in 0..N {
                 let sumi = _mm512_sub_epi32(sumi[c], _mm512_slli_epi32(offsets[c], 5));
-                let dd = _mm512_mul_ps(d, _mm512_set1_ps(ys[c].d));
-                acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(sumi)));
+                let dd = _mm512_mul_ps(_mm512_set1_ps(ys[c].d), d);
+                acc[c][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), dd, acc[c][0]);
             }
         }
     }
@@ -287,7 +283,7 @@ unsafe fn tile_columns<F: Format, const N: usize>(
 ) {
     // SAFETY: the caller guarantees the CPU features; the store stays inside `out` (checked).
     unsafe {
-        let mut acc = [_mm512_setzero_ps(); N];
+        let mut acc = [[_mm512_setzero_ps(); 2]; N];
         for (i, t) in tile.iter().enumerate() {
             let ys: [&BlockQ8K; N] = std::array::from_fn(|c| &x[(c0 + c) * blocks + i]);
             let extra: [&[u32; 4]; N] =
@@ -295,10 +291,10 @@ unsafe fn tile_columns<F: Format, const N: usize>(
             F::block::<N>(t, ys, extra, &mut acc);
         }
         let mask: __mmask16 = if rows >= TILE { !0 } else { (1 << rows) - 1 };
-        for (c, a) in acc.iter().enumerate() {
+        for (c, [a, m]) in acc.iter().enumerate() {
             let at = (c0 + c) * n_rows + r0;
             assert!(at + rows <= out.len());
-            _mm512_mask_storeu_ps(out.as_mut_ptr().add(at), mask, *a);
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(at), mask, _mm512_sub_ps(*a, *m));
         }
     }
 }
@@ -463,9 +459,9 @@ unsafe fn lane_sums(values: &[__m512i; 4], scales: &[__m512i; 4], y: &BlockQ8K) 
 }
 
 /// `rows × columns` products of a K-quant in the row layout, for few columns: each block
-/// unpacked once by `unpack`, then `share` gives each column's share of it.
+/// unpacked once by `unpack`, then `add` adds it against each column to that column's two sums.
 macro_rules! row_layout {
-    ($name:ident, $bytes:expr, $unpack:ident, |$u:ident, $y:ident| $share:expr) => {
+    ($name:ident, $bytes:expr, $unpack:ident, |$u:ident, $y:ident, $acc:ident| $add:expr) => {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn $name(
             w: &[u8],
@@ -483,16 +479,16 @@ macro_rules! row_layout {
                 }
                 for (r, row) in w.chunks_exact(row_bytes).enumerate() {
                     prefetch_rows(w, row_bytes, r + 2, 1);
-                    let mut acc = [0f32; ROWS_IN_LANES_FROM];
+                    let mut sums = [[0f32; 2]; ROWS_IN_LANES_FROM];
                     for (i, b) in row.chunks_exact($bytes).enumerate() {
                         let $u = $unpack(b);
-                        for (j, acc) in acc.iter_mut().take(columns).enumerate() {
+                        for (j, $acc) in sums.iter_mut().take(columns).enumerate() {
                             let $y = &x[j * blocks + i];
-                            *acc += $share;
+                            $add;
                         }
                     }
-                    for (j, sum) in acc.iter().take(columns).enumerate() {
-                        out[j * n_rows + r] = *sum;
+                    for (j, s) in sums.iter().take(columns).enumerate() {
+                        out[j * n_rows + r] = s[0] - s[1];
                     }
                 }
             }
@@ -500,20 +496,20 @@ macro_rules! row_layout {
     };
 }
 
-row_layout!(q4_k_row_layout, 144, q4_k_unpack, |u, y| {
+row_layout!(q4_k_row_layout, 144, q4_k_unpack, |u, y, acc| {
     let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
     let sums32 = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
     let summ = super::hsum_i32(_mm256_mullo_epi32(sums32, u.mins));
     let sumi = super::hsum_i32(lane_sums(&u.values, &u.scales, y));
-    scalar::k_block(y.d * u.dw, sumi, y.d * u.dmin, summ)
+    scalar::k_step(acc, sumi, y.d * u.dw, summ, y.d * u.dmin)
 });
 
-row_layout!(q6_k_row_layout, 210, q6_k_unpack, |u, y| {
+row_layout!(q6_k_row_layout, 210, q6_k_unpack, |u, y, acc| {
     // The −32 offset of every value, through the activations' sums of 16.
     let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
     let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
     let sumi = _mm256_sub_epi32(lane_sums(&u.values, &u.scales, y), offsets);
-    y.d * u.dw * super::hsum_i32(sumi) as f32
+    acc[0] = (super::hsum_i32(sumi) as f32).mul_add(y.d * u.dw, acc[0]);
 });
 
 /// `rows × columns` Q4_K products (`x` by column, then block), each as `scalar::q4_k` sums it.
