@@ -11,6 +11,8 @@ pub mod activations;
 #[allow(unsafe_code)]
 mod arm;
 mod expf;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod k_tile;
 mod matrix;
 mod scalar;
 #[cfg(target_arch = "x86_64")]

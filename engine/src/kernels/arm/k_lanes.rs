@@ -15,8 +15,7 @@ use std::arch::asm;
 use std::cell::Cell;
 
 use super::super::activations::BlockQ8K;
-use super::super::scalar;
-use crate::quant::f16_at;
+use super::super::k_tile::KTile;
 
 /// Rows of a tile: one per 32-bit lane of a 128-bit register.
 const TILE: usize = 4;
@@ -24,32 +23,8 @@ const TILE: usize = 4;
 /// Columns from which the rows-in-lanes kernel runs (fewer: the row kernels of `arm.rs`).
 pub(super) const LANES_FROM: usize = 4;
 
-/// One weight block of a tile's rows, row `r` in lane `r` (rows past the end all zero).
-#[derive(Clone, Copy)]
-#[repr(C, align(16))]
-struct TileBlock {
-    /// The block's 256 values (unsigned, below 64) in 64 groups of four consecutive ones.
-    groups: [[u32; TILE]; 64],
-    /// The scale of each sub-block (Q4_K: 8 of 32 values; Q6_K: 16 of 16).
-    scales: [[i32; TILE]; 16],
-    /// Q4_K's eight mins.
-    mins: [[i32; TILE]; 8],
-    /// Each row's block scale and, for Q4_K, its min scale.
-    d: [f32; TILE],
-    dmin: [f32; TILE],
-}
-
-impl Default for TileBlock {
-    fn default() -> Self {
-        TileBlock {
-            groups: [[0; TILE]; 64],
-            scales: [[0; TILE]; 16],
-            mins: [[0; TILE]; 8],
-            d: [0.0; TILE],
-            dmin: [0.0; TILE],
-        }
-    }
-}
+/// One weight block of a tile's rows.
+type TileBlock = KTile<TILE>;
 
 thread_local! {
     /// Each pool thread's repacked tile, kept between calls.
@@ -104,11 +79,6 @@ trait Format {
     );
 }
 
-/// A 4-byte little-endian word of `b` at `at`.
-fn word(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
 /// Q4_K in a tile.
 struct Q4K;
 
@@ -118,21 +88,7 @@ impl Format for Q4K {
     const GROUPS: usize = 8;
 
     fn repack(tile: &mut TileBlock, r: usize, b: &[u8]) {
-        let (sc, mins) = scalar::q4_k_scales(b);
-        for j in 0..4 {
-            // Bytes 32j.. hold sub-block 2j in their low nibbles, 2j + 1 in their high ones.
-            for p in 0..8 {
-                let raw = word(b, 16 + 32 * j + 4 * p);
-                tile.groups[16 * j + p][r] = raw & 0x0f0f_0f0f;
-                tile.groups[16 * j + 8 + p][r] = (raw >> 4) & 0x0f0f_0f0f;
-            }
-        }
-        for (s, scale) in sc.iter().enumerate() {
-            tile.scales[s][r] = i32::from(*scale);
-            tile.mins[s][r] = mins[s];
-        }
-        tile.d[r] = f16_at(b, 0);
-        tile.dmin[r] = f16_at(b, 2);
+        tile.put_q4_k(r, b);
     }
 
     #[inline]
@@ -175,23 +131,7 @@ impl Format for Q6K {
     const GROUPS: usize = 4;
 
     fn repack(tile: &mut TileBlock, r: usize, b: &[u8]) {
-        for half in 0..2 {
-            for p in 0..8 {
-                let at = 4 * p;
-                let (l0, l1) = (word(b, 64 * half + at), word(b, 64 * half + 32 + at));
-                let h = word(b, 128 + 32 * half + at);
-                let high = |shift: u32| ((h >> shift) & 0x0303_0303) << 4;
-                let base = 32 * half;
-                tile.groups[base + p][r] = (l0 & 0x0f0f_0f0f) | high(0);
-                tile.groups[base + 8 + p][r] = (l1 & 0x0f0f_0f0f) | high(2);
-                tile.groups[base + 16 + p][r] = ((l0 >> 4) & 0x0f0f_0f0f) | high(4);
-                tile.groups[base + 24 + p][r] = ((l1 >> 4) & 0x0f0f_0f0f) | high(6);
-            }
-        }
-        for (g, scale) in tile.scales.iter_mut().enumerate() {
-            scale[r] = i32::from(b[192 + g] as i8);
-        }
-        tile.d[r] = f16_at(b, 208);
+        tile.put_q6_k(r, b);
     }
 
     #[inline]

@@ -16,9 +16,9 @@ use std::arch::x86_64::*;
 use std::cell::{Cell, RefCell};
 
 use super::super::activations::BlockQ8K;
+use super::super::k_tile::KTile;
 use super::super::scalar;
-use super::{f16_pair, f16c_at, load32, prefetch_rows, second};
-use crate::quant::f16_at;
+use super::prefetch_rows;
 
 /// Rows of a tile: one per 32-bit lane of a 512-bit register.
 const TILE: usize = 16;
@@ -30,34 +30,14 @@ const COLUMNS: usize = 4;
 /// shapes (`engine bench --batch`, BENCHMARKS.md).
 const ROWS_IN_LANES_FROM: usize = 6;
 
-/// One weight block of a tile's rows, each row in its own 32-bit lane (rows past the matrix's
-/// end all zero, so their lanes sum to 0 and are not stored).
-#[derive(Clone, Copy)]
+/// One weight block of a tile's rows, each row in its own 32-bit lane, with the offset terms'
+/// weights as `vpdpwssd` takes them: two i16 per lane, Q4_K's mins (2i, 2i + 1) against the
+/// activations' sums of 32, Q6_K's scales (2i, 2i + 1) against its sums of 16.
+#[derive(Clone, Copy, Default)]
 #[repr(C, align(64))]
 struct TileBlock {
-    /// The block's 256 values (unsigned) in 64 groups of four consecutive ones, in the order
-    /// the scalar reference pairs them with the activations.
-    groups: [[u32; TILE]; 64],
-    /// The scale of each sub-block (Q4_K: 8 of 32 values; Q6_K: 16 of 16).
-    scales: [[i32; TILE]; 16],
-    /// The offset terms' weights, two i16 per lane: Q4_K's mins (2i, 2i + 1), against the
-    /// activations' sums of 32; Q6_K's scales (2i, 2i + 1), against its sums of 16.
+    k: KTile<TILE>,
     pairs: [[u32; TILE]; 8],
-    /// Each row's block scale (`d`) and, for Q4_K, its min scale.
-    d: [f32; TILE],
-    dmin: [f32; TILE],
-}
-
-impl Default for TileBlock {
-    fn default() -> Self {
-        TileBlock {
-            groups: [[0; TILE]; 64],
-            scales: [[0; TILE]; 16],
-            pairs: [[0; TILE]; 8],
-            d: [0.0; TILE],
-            dmin: [0.0; TILE],
-        }
-    }
 }
 
 thread_local! {
@@ -119,13 +99,13 @@ unsafe fn scaled_sums<const N: usize>(
             let mut chunk = [_mm512_setzero_si512(); N];
             for g in 0..groups {
                 let k = s * groups + g;
-                let w = _mm512_load_si512(tile.groups[k].as_ptr().cast());
+                let w = _mm512_load_si512(tile.k.groups[k].as_ptr().cast());
                 for (c, y) in ys.iter().enumerate() {
                     let x = _mm512_set1_epi32(word(&y.qs, 4 * k));
                     chunk[c] = _mm512_dpbusd_epi32(chunk[c], w, x);
                 }
             }
-            let scale = _mm512_load_si512(tile.scales[s].as_ptr().cast());
+            let scale = _mm512_load_si512(tile.k.scales[s].as_ptr().cast());
             for c in 0..N {
                 sums[c] = _mm512_add_epi32(sums[c], _mm512_mullo_epi32(chunk[c], scale));
             }
@@ -162,23 +142,10 @@ impl Format for Q4K {
     const BYTES: usize = 144;
 
     fn repack(tile: &mut TileBlock, r: usize, b: &[u8]) {
-        let (sc, mins) = scalar::q4_k_scales(b);
-        for j in 0..4 {
-            // Bytes 32j.. hold sub-block 2j in their low nibbles, 2j + 1 in their high ones.
-            for (p, q) in b[16 + 32 * j..48 + 32 * j].chunks_exact(4).enumerate() {
-                let raw = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-                tile.groups[16 * j + p][r] = raw & 0x0f0f_0f0f;
-                tile.groups[16 * j + 8 + p][r] = (raw >> 4) & 0x0f0f_0f0f;
-            }
+        tile.k.put_q4_k(r, b);
+        for (i, pairs) in tile.pairs[..4].iter_mut().enumerate() {
+            pairs[r] = pair(tile.k.mins[2 * i][r], tile.k.mins[2 * i + 1][r]);
         }
-        for (scales, s) in tile.scales.iter_mut().zip(sc) {
-            scales[r] = i32::from(s);
-        }
-        for i in 0..4 {
-            tile.pairs[i][r] = pair(mins[2 * i], mins[2 * i + 1]);
-        }
-        tile.d[r] = f16_at(b, 0);
-        tile.dmin[r] = f16_at(b, 2);
     }
 
     #[inline]
@@ -193,8 +160,8 @@ impl Format for Q4K {
             let sumi = scaled_sums::<N>(tile, ys, 8, 8);
             let summ = pair_sums::<N>(tile, 4, |c, i| extra[c][i]);
             let (d, dmin) = (
-                _mm512_load_ps(tile.d.as_ptr()),
-                _mm512_load_ps(tile.dmin.as_ptr()),
+                _mm512_load_ps(tile.k.d.as_ptr()),
+                _mm512_load_ps(tile.k.dmin.as_ptr()),
             );
             for c in 0..N {
                 let dy = _mm512_set1_ps(ys[c].d);
@@ -213,33 +180,10 @@ impl Format for Q6K {
     const BYTES: usize = 210;
 
     fn repack(tile: &mut TileBlock, r: usize, b: &[u8]) {
-        for half in 0..2 {
-            let (ql, qh) = (
-                &b[64 * half..64 * half + 64],
-                &b[128 + 32 * half..160 + 32 * half],
-            );
-            for p in 0..8 {
-                let at = 4 * p;
-                let word = |s: &[u8], o: usize| {
-                    u32::from_le_bytes([s[o + at], s[o + at + 1], s[o + at + 2], s[o + at + 3]])
-                };
-                let (l0, l1, h) = (word(ql, 0), word(ql, 32), word(qh, 0));
-                let high = |shift: u32| ((h >> shift) & 0x0303_0303) << 4;
-                let base = 32 * half;
-                tile.groups[base + p][r] = (l0 & 0x0f0f_0f0f) | high(0);
-                tile.groups[base + 8 + p][r] = (l1 & 0x0f0f_0f0f) | high(2);
-                tile.groups[base + 16 + p][r] = ((l0 >> 4) & 0x0f0f_0f0f) | high(4);
-                tile.groups[base + 24 + p][r] = ((l1 >> 4) & 0x0f0f_0f0f) | high(6);
-            }
+        tile.k.put_q6_k(r, b);
+        for (i, pairs) in tile.pairs.iter_mut().enumerate() {
+            pairs[r] = pair(tile.k.scales[2 * i][r], tile.k.scales[2 * i + 1][r]);
         }
-        let sc = |g: usize| i32::from(b[192 + g] as i8);
-        for g in 0..16 {
-            tile.scales[g][r] = sc(g);
-        }
-        for i in 0..8 {
-            tile.pairs[i][r] = pair(sc(2 * i), sc(2 * i + 1));
-        }
-        tile.d[r] = f16_at(b, 208);
     }
 
     #[inline]
@@ -259,7 +203,7 @@ impl Format for Q6K {
                     i32::from(ys[c].bsums[2 * i + 1]),
                 )
             });
-            let d = _mm512_load_ps(tile.d.as_ptr());
+            let d = _mm512_load_ps(tile.k.d.as_ptr());
             for c in 0..N {
                 let sumi = _mm512_sub_epi32(sumi[c], _mm512_slli_epi32(offsets[c], 5));
                 let dd = _mm512_mul_ps(_mm512_set1_ps(ys[c].d), d);
@@ -359,35 +303,25 @@ struct Q4KRow {
     mins: __m256i,
 }
 
+/// Two 256-bit chunks side by side.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn side_by_side(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q4_k_unpack(b: &[u8]) -> Q4KRow {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        let low = _mm256_set1_epi8(0x0f);
-        let (sc, mins) = scalar::q4_k_scales(b);
-        let mut values = [_mm512_setzero_si512(); 4];
-        let mut scales = [_mm512_setzero_si512(); 4];
-        for j in 0..4 {
-            let bits = load32(&b[16 + 32 * j..]);
-            let (lo, hi) = (
-                _mm256_and_si256(bits, low),
-                _mm256_and_si256(_mm256_srli_epi16(bits, 4), low),
-            );
-            values[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            scales[j] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * j])),
-                _mm256_set1_epi16(sc[2 * j + 1]),
-                1,
-            );
-        }
-        let scale_and_min = f16_pair(b);
+        let u = super::q4_k_unpack(b);
         Q4KRow {
-            dw: _mm_cvtss_f32(scale_and_min),
-            dmin: second(scale_and_min),
-            values,
-            scales,
-            mins: _mm256_loadu_si256(mins.as_ptr().cast()),
+            dw: u.dw,
+            dmin: u.dmin,
+            values: std::array::from_fn(|j| side_by_side(u.values[2 * j], u.values[2 * j + 1])),
+            scales: std::array::from_fn(|j| side_by_side(u.scales[2 * j], u.scales[2 * j + 1])),
+            mins: u.mins,
         }
     }
 }
@@ -406,35 +340,12 @@ struct Q6KRow {
 unsafe fn q6_k_unpack(b: &[u8]) -> Q6KRow {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        let low = _mm256_set1_epi8(0x0f);
-        let two = _mm256_set1_epi8(3);
-        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b[192..208].as_ptr().cast()));
-        let sc: [i16; 16] = std::mem::transmute(scales16);
-        // Chunk k holds groups 2k (its low 16 values) and 2k + 1 (its high 16).
-        let chunk_scales =
-            |k: usize| _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-        let mut chunks = [_mm256_setzero_si256(); 8];
-        for half in 0..2 {
-            let ql0 = load32(&b[64 * half..]);
-            let ql1 = load32(&b[64 * half + 32..]);
-            let qh = load32(&b[128 + 32 * half..]);
-            let high = |shift: i32| {
-                let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift));
-                _mm256_slli_epi16(_mm256_and_si256(v, two), 4)
-            };
-            chunks[4 * half] = _mm256_or_si256(_mm256_and_si256(ql0, low), high(0));
-            chunks[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low), high(2));
-            chunks[4 * half + 2] =
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low), high(4));
-            chunks[4 * half + 3] =
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low), high(6));
-        }
-        let pair = |a: __m256i, b: __m256i| _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        let u = super::q6_k_unpack(b);
         Q6KRow {
-            dw: f16c_at(b, 208),
-            values: std::array::from_fn(|j| pair(chunks[2 * j], chunks[2 * j + 1])),
-            scales: std::array::from_fn(|j| pair(chunk_scales(2 * j), chunk_scales(2 * j + 1))),
-            scales16,
+            dw: u.dw,
+            values: std::array::from_fn(|j| side_by_side(u.values[2 * j], u.values[2 * j + 1])),
+            scales: std::array::from_fn(|j| side_by_side(u.scales[2 * j], u.scales[2 * j + 1])),
+            scales16: u.scales16,
         }
     }
 }
