@@ -168,8 +168,15 @@ fn gemma4_layers_share_keys_and_values_as_llama_cpp_maps_them() {
     );
 }
 
-/// Writes every tiny model into `$TINY_MODELS_DIR`, and the prompt's ids as `prompt.json`, for
-/// `record-tiny.sh`.
+/// Qwen 3.5's hybrid: Gated DeltaNet layers whose state carries over a 300-token prompt (five
+/// passes) and 40 generated tokens, gated attention layers with a partial rope.
+#[test]
+fn qwen35_q4_k_m_with_gated_delta_net_and_gated_attention_matches_llama_cpp() {
+    check(model("tiny-qwen35-q4_k_m"));
+}
+
+/// Writes every tiny model into `$TINY_MODELS_DIR`, and the prompt's ids as `prompt.json` (a
+/// recurrent model's longer one as `NAME.prompt.json`), for `record-tiny.sh`.
 #[test]
 #[ignore]
 fn write_tiny_models() {
@@ -177,6 +184,10 @@ fn write_tiny_models() {
     std::fs::create_dir_all(&dir).expect("create the directory");
     for t in &MODELS {
         std::fs::write(dir.join(format!("{}.gguf", t.name)), gguf_bytes(t)).expect("write");
+        if t.qwen35.is_some() {
+            let ids = serde_json::to_string(&test_support::tiny::long_prompt()).expect("json");
+            std::fs::write(dir.join(format!("{}.prompt.json", t.name)), ids).expect("write");
+        }
         if t.gemma4.is_some() {
             let head = test_support::tiny::gemma4_head_bytes(t, &test_support::tiny::TINY_HEAD);
             std::fs::write(dir.join(format!("{}-head.gguf", t.name)), head).expect("write");

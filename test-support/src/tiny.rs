@@ -42,6 +42,25 @@ pub struct Tiny {
     pub gemma4: Option<Gemma4Tiny>,
     /// Vocabulary size ([`VOCAB`] for the goldens' models).
     pub vocab: usize,
+    /// Qwen 3.5's make-up (`heads`, `kv_heads`, `head_dim` above are its attention layers').
+    pub qwen35: Option<Qwen35Tiny>,
+}
+
+/// What a tiny Qwen 3.5 has beyond the fields every model has.
+#[derive(Clone, Copy, Debug)]
+pub struct Qwen35Tiny {
+    /// Every this-many-th layer attends; the others are Gated DeltaNet layers.
+    pub attention_interval: usize,
+    /// Rotated dimensions of an attention head.
+    pub n_rot: usize,
+    /// Taps of the convolution.
+    pub conv_kernel: usize,
+    /// Width of a key (and value) head of the recurrent layers.
+    pub state: usize,
+    /// Key heads of the recurrent layers.
+    pub k_heads: usize,
+    /// Value heads of the recurrent layers.
+    pub v_heads: usize,
 }
 
 /// What a tiny Gemma 4 has beyond the fields every model has.
@@ -155,6 +174,7 @@ const LLAMA: Tiny = Tiny {
     mix: Mix::Q4KM,
     gemma4: None,
     vocab: VOCAB,
+    qwen35: None,
 };
 
 /// Qwen 3 with heads wider than the embedding (4 × 128 = 512), in Q5_K_M.
@@ -170,8 +190,33 @@ const QWEN3: Tiny = Tiny {
     ..LLAMA
 };
 
+/// Qwen 3.5 scaled down: six layers of which the third and sixth attend (every third; the
+/// real model every fourth), twice as many value heads as key heads in the recurrent layers
+/// (4B's 32 and 16), a quarter of each attention head rotated, and a multi-token-prediction
+/// layer after the trunk; Q4_K_M as llama-quantize mixes it.
+pub const QWEN35: Tiny = Tiny {
+    name: "tiny-qwen35-q4_k_m",
+    arch: "qwen35",
+    heads: 4,
+    kv_heads: 2,
+    head_dim: 64,
+    ff: 512,
+    layers: 6,
+    rope_base: 10_000_000.0,
+    rope_freqs: false,
+    qwen35: Some(Qwen35Tiny {
+        attention_interval: 3,
+        n_rot: 16,
+        conv_kernel: 4,
+        state: 32,
+        k_heads: 4,
+        v_heads: 8,
+    }),
+    ..LLAMA
+};
+
 /// The models the goldens cover.
-pub const MODELS: [Tiny; 10] = [
+pub const MODELS: [Tiny; 11] = [
     LLAMA,
     Tiny {
         name: "tiny-llama-q8_0",
@@ -262,6 +307,7 @@ pub const MODELS: [Tiny; 10] = [
         rope_freqs: false,
         ..LLAMA
     },
+    QWEN35,
 ];
 
 /// For speed, not goldens (`bench/engine-vs-llama.sh --moe`): Qwen3-30B-A3B's make-up scaled
@@ -286,6 +332,15 @@ pub const MOE_BENCH: Tiny = Tiny {
 pub fn prompt() -> Vec<u32> {
     let mut r = Random(0x0123_4567_89ab_cdef);
     (0..24)
+        .map(|_| 3 + (r.next() % (VOCAB as u64 - 3)) as u32)
+        .collect()
+}
+
+/// A longer prompt (300 tokens, several passes) for a model with a recurrent state, so the
+/// state carries across passes and long enough for every head's memory to fill and decay.
+pub fn long_prompt() -> Vec<u32> {
+    let mut r = Random(0x005e_ed0f_7e57_1e55);
+    (0..300)
         .map(|_| 3 + (r.next() % (VOCAB as u64 - 3)) as u32)
         .collect()
 }
@@ -400,6 +455,9 @@ pub fn gguf_bytes(t: &Tiny) -> Vec<u8> {
     let mut r = Random(seed);
     if let Some(g) = t.gemma4 {
         return gemma4_bytes(t, &g, &mut r);
+    }
+    if let Some(q) = t.qwen35 {
+        return qwen35_bytes(t, &q, &mut r);
     }
     let (q_dim, kv_dim) = (t.heads * t.head_dim, t.kv_heads * t.head_dim);
     let key = |k: &str| format!("{}.{k}", t.arch);
@@ -747,6 +805,7 @@ pub const E2B_BENCH: Tiny = Tiny {
         softcap: 30.0,
     }),
     vocab: 262_144,
+    qwen35: None,
 };
 
 /// A Gemma 4 draft head (`gemma4-assistant`) of `shape` for the Gemma 4 `target`: layers whose
@@ -846,4 +905,110 @@ pub fn gemma4_head_bytes(target: &Tiny, shape: &HeadShape) -> Vec<u8> {
             );
     }
     b.build()
+}
+
+/// The GGUF file of a tiny Qwen 3.5 (`t.qwen35` is `q`), with llama.cpp 11434's keys and the
+/// tensors its loader creates: Gated DeltaNet layers (`attn_qkv`, `attn_gate`, `ssm_*`),
+/// gated attention layers (queries and their gates in `attn_q`), the pre-FFN norm named
+/// `post_attention_norm`, and a nextn layer after the trunk (which llama.cpp loads and only a
+/// draft context runs).
+fn qwen35_bytes(t: &Tiny, q: &Qwen35Tiny, r: &mut Random) -> Vec<u8> {
+    let key = |k: &str| format!("qwen35.{k}");
+    let blocks = t.layers + 1;
+    let (key_dim, value_dim) = (q.k_heads * q.state, q.v_heads * q.state);
+    let channels = 2 * key_dim + value_dim;
+    let attends = |il: usize| il >= t.layers || (il + 1).is_multiple_of(q.attention_interval);
+    // IMROPE's sections (temporal, height, width, extra) share the rotated pairs.
+    let pairs = (q.n_rot / 2) as u32;
+    let b = with_vocabulary(
+        Builder::new()
+            .string("general.architecture", "qwen35")
+            .string("general.name", t.name)
+            .u32(&key("context_length"), 1024)
+            .u32(&key("embedding_length"), t.embd as u32)
+            .u32(&key("block_count"), blocks as u32)
+            .u32(&key("nextn_predict_layers"), 1)
+            .u32(&key("feed_forward_length"), t.ff as u32)
+            .u32(&key("attention.head_count"), t.heads as u32)
+            .u32(&key("attention.head_count_kv"), t.kv_heads as u32)
+            .u32(&key("attention.key_length"), t.head_dim as u32)
+            .u32(&key("attention.value_length"), t.head_dim as u32)
+            .u32(&key("rope.dimension_count"), q.n_rot as u32)
+            .u32s(
+                &key("rope.dimension_sections"),
+                &[pairs - pairs / 2, pairs / 2, 0, 0],
+            )
+            .f32(&key("rope.freq_base"), t.rope_base)
+            .f32(&key("attention.layer_norm_rms_epsilon"), 1e-6)
+            .u32(&key("full_attention_interval"), q.attention_interval as u32)
+            .u32(&key("ssm.conv_kernel"), q.conv_kernel as u32)
+            .u32(&key("ssm.state_size"), q.state as u32)
+            .u32(&key("ssm.group_count"), q.k_heads as u32)
+            .u32(&key("ssm.time_step_rank"), q.v_heads as u32)
+            .u32(&key("ssm.inner_size"), value_dim as u32),
+        t.vocab,
+    );
+    let add = adder(t.mix);
+    let (q_dim, kv_dim, e) = (t.heads * t.head_dim, t.kv_heads * t.head_dim, t.embd);
+    let mut b = add(b, r, "token_embd.weight", Role::Embeddings, 0, t.vocab, e);
+    b = add(b, r, "output.weight", Role::Output, 0, t.vocab, e);
+    for i in 0..blocks {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        if attends(i) {
+            b = add(b, r, &n("attn_q"), Role::Query, i, 2 * q_dim, e);
+            b = add(b, r, &n("attn_k"), Role::Key, i, kv_dim, e);
+            b = add(b, r, &n("attn_v"), Role::Value, i, kv_dim, e);
+            b = add(b, r, &n("attn_output"), Role::AttnOutput, i, e, q_dim);
+        } else {
+            b = add(b, r, &n("attn_qkv"), Role::Value, i, channels, e);
+            b = add(b, r, &n("attn_gate"), Role::Query, i, value_dim, e);
+            b = add(b, r, &n("ssm_alpha"), Role::Key, i, q.v_heads, e);
+            b = add(b, r, &n("ssm_beta"), Role::Key, i, q.v_heads, e);
+            b = add(b, r, &n("ssm_out"), Role::AttnOutput, i, e, value_dim);
+        }
+        b = add(b, r, &n("ffn_gate"), Role::Gate, i, t.ff, e);
+        b = add(b, r, &n("ffn_up"), Role::Up, i, t.ff, e);
+        b = add(b, r, &n("ffn_down"), Role::Down, i, e, t.ff);
+    }
+    b = add(
+        b,
+        r,
+        &format!("blk.{}.nextn.eh_proj.weight", t.layers),
+        Role::AttnOutput,
+        t.layers,
+        e,
+        2 * e,
+    );
+    let mut r = Random(0x2545_f491_4f6c_dd1d);
+    let norm =
+        |r: &mut Random, n: usize| -> Vec<f32> { (0..n).map(|_| 1.0 + 0.2 * r.signed()).collect() };
+    b = b.f32_tensor("output_norm.weight", &norm(&mut r, e));
+    for i in 0..blocks {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        b = b
+            .f32_tensor(&n("attn_norm"), &norm(&mut r, e))
+            .f32_tensor(&n("post_attention_norm"), &norm(&mut r, e));
+        if attends(i) {
+            b = b
+                .f32_tensor(&n("attn_q_norm"), &norm(&mut r, t.head_dim))
+                .f32_tensor(&n("attn_k_norm"), &norm(&mut r, t.head_dim));
+        } else {
+            // Taps of a few tenths; a decay rate −exp(A_log) and a bias that keep each head's
+            // memory between a few and some tens of tokens; write strengths around one half.
+            let taps: Vec<f32> = (0..channels * q.conv_kernel)
+                .map(|_| 0.5 * r.signed())
+                .collect();
+            let a: Vec<f32> = (0..q.v_heads).map(|_| -r.between(0.05, 1.5)).collect();
+            let dt: Vec<f32> = (0..q.v_heads).map(|_| r.between(-2.0, 0.5)).collect();
+            b = b
+                .f32_matrix(&n("ssm_conv1d"), q.conv_kernel, channels, &taps)
+                .f32_tensor(&format!("blk.{i}.ssm_a"), &a)
+                .f32_tensor(&format!("blk.{i}.ssm_dt.bias"), &dt)
+                .f32_tensor(&n("ssm_norm"), &norm(&mut r, q.state));
+        }
+    }
+    let last = t.layers;
+    b.f32_tensor(&format!("blk.{last}.nextn.enorm.weight"), &norm(&mut r, e))
+        .f32_tensor(&format!("blk.{last}.nextn.hnorm.weight"), &norm(&mut r, e))
+        .build()
 }

@@ -11,8 +11,8 @@
 
 use super::layers;
 use super::{
-    Arch, Ffn, Hparams, KvCache, Layer, LoadError, Model, ModelFile, load_err, matrix,
-    optional_vector, vector,
+    Arch, Attention, Ffn, Hparams, KvCache, Layer, LoadError, Mixer, Model, ModelFile, load_err,
+    matrix, optional_vector, vector,
 };
 use crate::kernels::{self, Matrix};
 use crate::quant;
@@ -132,15 +132,19 @@ impl<'a> DraftHead<'a> {
             let q_dim = shape.q_dim();
             layers.push(Layer {
                 attn_norm: vector(file, &name("attn_norm"), e)?,
-                wq: weights(&name("attn_q"), e, q_dim)?,
-                wk: None,
-                wv: None,
-                wo: weights(&name("attn_output"), q_dim, e)?,
-                bq: None,
-                bk: None,
-                bv: None,
-                q_norm: Some(vector(file, &name("attn_q_norm"), shape.head_dim)?),
-                k_norm: None,
+                mixer: Mixer::Attention(Attention {
+                    wq: weights(&name("attn_q"), e, q_dim)?,
+                    wk: None,
+                    wv: None,
+                    wo: weights(&name("attn_output"), q_dim, e)?,
+                    bq: None,
+                    bk: None,
+                    bv: None,
+                    q_norm: Some(vector(file, &name("attn_q_norm"), shape.head_dim)?),
+                    k_norm: None,
+                    v_norm: false,
+                    gated: false,
+                }),
                 post_attn_norm: Some(vector(file, &name("post_attention_norm"), e)?),
                 ffn_norm: vector(file, &name("ffn_norm"), e)?,
                 post_ffn_norm: Some(vector(file, &name("post_ffw_norm"), e)?),
@@ -149,7 +153,6 @@ impl<'a> DraftHead<'a> {
                     up: weights(&name("ffn_up"), e, shape.n_ff)?,
                     down: weights(&name("ffn_down"), shape.n_ff, e)?,
                 },
-                v_norm: false,
                 ple: None,
                 out_scale: Some(vector(file, &name("layer_output_scale"), 1)?[0]),
             });
@@ -208,7 +211,7 @@ impl<'a> DraftHead<'a> {
         cache.work.shape(h, 1);
         let rope_freqs = self.rope_freqs.as_deref();
         for (il, layer) in self.layers.iter().enumerate() {
-            layers::block(h, il, layer, rope_freqs, &mut work.x, 1, pos, cache)?;
+            layers::block(h, il, layer, rope_freqs, &mut work.x, 1, pos, false, cache)?;
         }
         layers::rms_norm(&mut work.x, &self.output_norm, h.rms_eps);
         work.logits.resize(h.vocab, 0.0);

@@ -28,6 +28,11 @@ pub enum Arch {
     /// queries only and attend over the target's keys and values; it reads the target's
     /// embeddings and last hidden state, and gives logits and the next hidden state.
     Gemma4Assistant,
+    /// `qwen35`: Qwen 3.5's hybrid of Gated DeltaNet layers (a recurrent state per sequence
+    /// instead of keys and values) and gated attention layers (an output gate beside each
+    /// query head, rope over part of the head), with a multi-token-prediction layer after
+    /// the trunk.
+    Qwen35,
 }
 
 impl Arch {
@@ -62,6 +67,48 @@ pub struct LayerShape {
     pub n_rot: usize,
     /// RoPE base.
     pub rope_base: f32,
+    /// A Gated DeltaNet layer (Qwen 3.5): a recurrent state, no keys and values.
+    pub recurrent: bool,
+}
+
+/// The shape of Qwen 3.5's Gated DeltaNet layers (`{arch}.ssm.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaShape {
+    /// Taps of the causal depthwise convolution (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// Width of a key head, and of a value head (`ssm.state_size`).
+    pub head_width: usize,
+    /// Key (and query) heads (`ssm.group_count`).
+    pub k_heads: usize,
+    /// Value heads, each with its own state (`ssm.time_step_rank`).
+    pub v_heads: usize,
+}
+
+impl DeltaShape {
+    /// Width of the queries, and of the keys.
+    pub fn key_dim(&self) -> usize {
+        self.k_heads * self.head_width
+    }
+
+    /// Width of the values (and of the layer's output before its projection).
+    pub fn value_dim(&self) -> usize {
+        self.v_heads * self.head_width
+    }
+
+    /// Channels of the convolution: queries, keys and values side by side.
+    pub fn channels(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Floats of one layer's delta-rule state (a `head_width`² matrix per value head).
+    pub fn state_floats(&self) -> usize {
+        self.v_heads * self.head_width * self.head_width
+    }
+
+    /// Floats of one layer's convolution state (the last `conv_kernel − 1` input rows).
+    pub fn conv_floats(&self) -> usize {
+        (self.conv_kernel - 1) * self.channels()
+    }
 }
 
 impl LayerShape {
@@ -148,6 +195,11 @@ pub struct Hparams {
     pub logit_softcap: f32,
     /// A draft head's target width: the hidden state it takes and gives (0: not a head).
     pub n_embd_out: usize,
+    /// Qwen 3.5's Gated DeltaNet shape (None: every layer attends).
+    pub delta: Option<DeltaShape>,
+    /// Multi-token-prediction layers stored after the trunk's `n_layer` (Qwen 3.5's nextn
+    /// layer), which the trunk does not run.
+    pub n_nextn: usize,
 }
 
 fn get_u(header: &Header, key: &str) -> Result<Option<usize>, String> {
@@ -188,9 +240,18 @@ impl Hparams {
         self.layers
             .iter()
             .enumerate()
-            .filter(|(il, l)| l.kv_from == *il)
+            .filter(|(il, l)| l.kv_from == *il && !l.recurrent)
             .map(|(_, l)| 2 * 2 * l.kv_dim())
             .sum()
+    }
+
+    /// Bytes of one sequence's recurrent state (f32), the same at any length (0 for a model
+    /// of attention layers only).
+    pub fn recurrent_bytes(&self) -> usize {
+        self.delta.map_or(0, |d| {
+            let layers = self.layers.iter().filter(|l| l.recurrent).count();
+            layers * 4 * (d.state_floats() + d.conv_floats())
+        })
     }
 
     /// Every layer the same shape (every architecture before Gemma 4), with Gemma 3's sliding
@@ -212,6 +273,7 @@ impl Hparams {
                     } else {
                         self.rope_base
                     },
+                    recurrent: false,
                 }
             })
             .collect()
@@ -232,10 +294,11 @@ impl Hparams {
             "qwen3moe" => Arch::Qwen3Moe,
             "gemma4" => Arch::Gemma4,
             "gemma4-assistant" => Arch::Gemma4Assistant,
+            "qwen35" => Arch::Qwen35,
             other => {
                 return Err(format!(
                     "architecture {other} is not supported (llama, qwen2, qwen3, qwen3moe, \
-                     gemma3, gemma4, gemma4-assistant)"
+                     qwen35, gemma3, gemma4, gemma4-assistant)"
                 ));
             }
         };
@@ -268,7 +331,8 @@ impl Hparams {
             arch,
             vocab,
             n_embd,
-            n_layer: need("block_count")?,
+            n_layer: need("block_count")?
+                .saturating_sub(get_u(header, &key("nextn_predict_layers"))?.unwrap_or(0)),
             n_head,
             n_head_kv,
             head_dim,
@@ -290,8 +354,13 @@ impl Hparams {
             n_embd_per_layer: 0,
             logit_softcap: 0.0,
             n_embd_out: 0,
+            delta: None,
+            n_nextn: 0,
         };
         h.layers = h.uniform_layers();
+        if arch == Arch::Qwen35 {
+            qwen35(&mut h, header, file)?;
+        }
         let sane = h.n_embd > 0
             && h.layers.iter().all(LayerShape::is_sane)
             && h.n_layer > 0
@@ -433,6 +502,7 @@ fn gemma4(arch: Arch, header: &Header, file: &[u8]) -> Result<Hparams, String> {
             kv_from,
             n_rot: if swa[il] { n_rot_swa } else { n_rot_full },
             rope_base: if swa[il] { rope_base_swa } else { rope_base },
+            recurrent: false,
         });
     }
     for (il, l) in layers.iter().enumerate() {
@@ -496,6 +566,8 @@ fn gemma4(arch: Arch, header: &Header, file: &[u8]) -> Result<Hparams, String> {
         } else {
             0
         },
+        delta: None,
+        n_nextn: 0,
     };
     if h.n_embd == 0
         || h.n_embd > 1 << 16
@@ -507,4 +579,70 @@ fn gemma4(arch: Arch, header: &Header, file: &[u8]) -> Result<Hparams, String> {
         return Err(format!("inconsistent hyperparameters: {h:?}"));
     }
     Ok(h)
+}
+
+/// Qwen 3.5's additions to the common keys, as llama.cpp 11434 reads them
+/// (`src/models/qwen35.cpp`): the Gated DeltaNet shape, which trunk layers are recurrent (the
+/// `attention.recurrent_layers` bools, else every `full_attention_interval`-th layer attends),
+/// the rope sections (required; with text positions all equal they rotate as NEOX does) and
+/// the nextn layers after the trunk.
+fn qwen35(h: &mut Hparams, header: &Header, file: &[u8]) -> Result<(), String> {
+    let key = |k: &str| format!("qwen35.{k}");
+    let need = |k: &str| get_u(header, &key(k))?.ok_or_else(|| format!("{} is missing", key(k)));
+    let all = need("block_count")?;
+    h.n_nextn = all - h.n_layer;
+    let delta = DeltaShape {
+        conv_kernel: need("ssm.conv_kernel")?,
+        head_width: need("ssm.state_size")?,
+        k_heads: need("ssm.group_count")?,
+        v_heads: need("ssm.time_step_rank")?,
+    };
+    let inner = need("ssm.inner_size")?;
+    let sane = (2..=16).contains(&delta.conv_kernel)
+        && delta.head_width > 0
+        && delta.head_width <= 512
+        && delta.k_heads > 0
+        && delta.v_heads <= 1024
+        && delta.v_heads.is_multiple_of(delta.k_heads)
+        && inner == delta.value_dim();
+    if !sane {
+        return Err(format!(
+            "inconsistent Gated DeltaNet shape: {delta:?} with ssm.inner_size {inner} (the \
+             value heads must be a multiple of the key heads and inner_size their width)"
+        ));
+    }
+    let sections_key = key("rope.dimension_sections");
+    match header.entry(&sections_key) {
+        Some(entry) if array_counts(file, entry)?.len() == 4 => {}
+        Some(_) => return Err(format!("{sections_key} must hold 4 values")),
+        None => return Err(format!("{sections_key} is missing")),
+    }
+    let recurrent = match header.entry(&key("attention.recurrent_layers")) {
+        Some(entry) => {
+            let flags = gguf::arrays::bools(file, entry).map_err(|e| e.to_string())?;
+            if flags.len() != all {
+                return Err(format!(
+                    "{} holds {} values for {all} layers",
+                    key("attention.recurrent_layers"),
+                    flags.len()
+                ));
+            }
+            flags
+        }
+        None => {
+            let interval = get_u(header, &key("full_attention_interval"))?.unwrap_or(4);
+            if interval == 0 {
+                return Err(format!(
+                    "{} must be at least 1",
+                    key("full_attention_interval")
+                ));
+            }
+            (0..all).map(|il| (il + 1) % interval != 0).collect()
+        }
+    };
+    for (layer, recurrent) in h.layers.iter_mut().zip(recurrent) {
+        layer.recurrent = recurrent;
+    }
+    h.delta = Some(delta);
+    Ok(())
 }

@@ -3,7 +3,7 @@
 //! sums, iterated rope angles, GELU through f16) so results track llama.cpp's closely.
 
 use super::attention::{self, MAX_HEAD_DIM, Query, Scales};
-use super::{Arch, Ffn, Hparams, KvCache, Layer, LayerShape, Work, moe};
+use super::{Arch, Attention, Ffn, Hparams, KvCache, Layer, LayerShape, Mixer, Work, delta, moe};
 use crate::kernels::{self, Exec, Isa, KvRows, Matrix, Product};
 use crate::pool::Schedule;
 
@@ -29,7 +29,7 @@ fn rms_norm_unweighted(x: &mut [f32], eps: f32) {
     x.iter_mut().for_each(|v| *v *= scale);
 }
 
-fn rms_scale(x: &[f32], eps: f32) -> f32 {
+pub(super) fn rms_scale(x: &[f32], eps: f32) -> f32 {
     let sum: f64 = x.iter().map(|v| f64::from(v * v)).sum();
     let mean = (sum / x.len() as f64) as f32;
     1.0 / (mean + eps).sqrt()
@@ -126,8 +126,9 @@ fn add_bias(x: &mut [f32], bias: Option<&Vec<f32>>) {
 }
 
 /// Runs layer `il` on the residual streams `x` of `n` consecutive tokens at positions
-/// `first..first + n`: each token's keys and values go into the cache, and each attends to
-/// every cached position up to its own.
+/// `first..first + n`: an attention layer puts each token's keys and values into the cache,
+/// and each token attends to every cached position up to its own; a recurrent layer continues
+/// its state (recording its inputs in the cache's journal with `record`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn block(
     h: &Hparams,
@@ -137,7 +138,66 @@ pub(super) fn block(
     x: &mut [f32],
     n: usize,
     first: usize,
+    record: bool,
     cache: &mut KvCache,
+) -> Result<(), String> {
+    let gemma = h.arch.is_gemma();
+    let shape: &LayerShape = &h.layers[il];
+    let KvCache {
+        exec,
+        keys,
+        values,
+        recurrent,
+        journal,
+        work: w,
+        ..
+    } = cache;
+    w.shape_layer(shape, n);
+
+    norm_into(exec, x, &layer.attn_norm, &mut w.cur, h);
+    match &layer.mixer {
+        Mixer::Attention(a) => {
+            let kv = (&mut keys[..], &mut values[..]);
+            attend_layer(h, il, a, rope_freqs, kv, n, first, exec, w)?;
+        }
+        Mixer::DeltaNet(net) => {
+            let d = h.delta.ok_or("a recurrent layer without its shape")?;
+            let record = record.then(|| journal.layer(il));
+            delta::mix(h, &d, net, &mut recurrent[il], record, exec, w, n)?;
+        }
+    }
+    add_residual(exec, x, &w.proj, layer.post_attn_norm.as_deref(), h);
+
+    norm_into(exec, x, &layer.ffn_norm, &mut w.cur, h);
+    match &layer.ffn {
+        Ffn::Dense { gate, up, down } => {
+            dense_ffn(shape.n_ff, (gate, up, down), exec, w, n, gemma)?;
+        }
+        Ffn::Experts(experts) => moe::ffn(h, experts, exec, w, n)?,
+    }
+    add_residual(exec, x, &w.proj, layer.post_ffn_norm.as_deref(), h);
+    if let Some(ple) = &layer.ple {
+        per_layer_input(h, il, ple, exec, w, x, n)?;
+    }
+    if let Some(scale) = layer.out_scale {
+        x.iter_mut().for_each(|v| *v *= scale);
+    }
+    Ok(())
+}
+
+/// Attention layer `il` over the normed inputs `w.cur`, its keys and values into `keys` and
+/// `values` (per layer); the projected output goes to `w.proj`.
+#[allow(clippy::too_many_arguments)]
+fn attend_layer(
+    h: &Hparams,
+    il: usize,
+    layer: &Attention<'_>,
+    rope_freqs: Option<&[f32]>,
+    (keys, values): (&mut [Vec<u16>], &mut [Vec<u16>]),
+    n: usize,
+    first: usize,
+    exec: &Exec,
+    w: &mut Work,
 ) -> Result<(), String> {
     let gemma = h.arch.is_gemma();
     let shape: &LayerShape = &h.layers[il];
@@ -151,20 +211,15 @@ pub(super) fn block(
         // rotate every pair.
         freq_factors: rope_freqs.filter(|_| !h.arch.is_gemma4() || !shape.swa),
     };
-    let KvCache {
-        exec,
-        keys,
-        values,
-        work: w,
-        ..
-    } = cache;
     let isa = exec.isa;
-    w.shape_layer(shape, n);
-
-    norm_into(exec, x, &layer.attn_norm, &mut w.cur, h);
+    // Qwen 3.5: each head's query, then its output gate; the product goes to `w.z` and is
+    // dealt out to the queries and the gates.
+    if layer.gated {
+        w.z.resize(n * 2 * q_dim, 0.0);
+    }
     let q = Product {
         w: &layer.wq,
-        out: &mut w.q,
+        out: if layer.gated { &mut w.z } else { &mut w.q },
     };
     match (&layer.wk, &layer.wv) {
         (Some(wk), Some(wv)) => kernels::matmul(
@@ -202,6 +257,17 @@ pub(super) fn block(
             w.v.copy_from_slice(&w.k);
         }
         (None, _) => kernels::matmul(&mut [q], &w.cur, n, exec, &mut w.scratch)?,
+    }
+    if layer.gated {
+        w.out_gate.resize(n * q_dim, 0.0);
+        let pairs = w.z.chunks_exact(2 * hd);
+        for ((both, q), gate) in pairs
+            .zip(w.q.chunks_exact_mut(hd))
+            .zip(w.out_gate.chunks_exact_mut(hd))
+        {
+            q.copy_from_slice(&both[..hd]);
+            gate.copy_from_slice(&both[hd..]);
+        }
     }
     let owns_kv = layer.wk.is_some();
     for (t, q) in w.q.chunks_exact_mut(q_dim).enumerate() {
@@ -299,6 +365,12 @@ pub(super) fn block(
             w.attn[at..at + span].copy_from_slice(heads);
         }
     }
+    if layer.gated {
+        // As ggml: the attention's output times σ(gate), σ by libm's exponential.
+        for (o, g) in w.attn.iter_mut().zip(&w.out_gate) {
+            *o *= 1.0 / (1.0 + (-*g).exp());
+        }
+    }
     kernels::matmul(
         &mut [Product {
             w: &layer.wo,
@@ -308,24 +380,7 @@ pub(super) fn block(
         n,
         exec,
         &mut w.scratch,
-    )?;
-    add_residual(exec, x, &w.proj, layer.post_attn_norm.as_deref(), h);
-
-    norm_into(exec, x, &layer.ffn_norm, &mut w.cur, h);
-    match &layer.ffn {
-        Ffn::Dense { gate, up, down } => {
-            dense_ffn(shape.n_ff, (gate, up, down), exec, w, n, gemma)?;
-        }
-        Ffn::Experts(experts) => moe::ffn(h, experts, exec, w, n)?,
-    }
-    add_residual(exec, x, &w.proj, layer.post_ffn_norm.as_deref(), h);
-    if let Some(ple) = &layer.ple {
-        per_layer_input(h, il, ple, exec, w, x, n)?;
-    }
-    if let Some(scale) = layer.out_scale {
-        x.iter_mut().for_each(|v| *v *= scale);
-    }
-    Ok(())
+    )
 }
 
 /// Gemma 4: `x += rms_norm(proj · (gelu(inp_gate · x) ⊙ input); post_norm)`, where input is

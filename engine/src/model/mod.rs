@@ -4,13 +4,14 @@
 //! rows do not depend on the thread count, so neither does the output.
 
 mod attention;
+mod delta;
 mod head;
 mod hparams;
 mod layers;
 mod moe;
 
 pub use head::{Draft, DraftHead, DraftWork};
-pub use hparams::{Arch, Hparams, LayerShape};
+pub use hparams::{Arch, DeltaShape, Hparams, LayerShape};
 
 use crate::kernels::{self, Exec, Isa, Matrix};
 use crate::model_file::{LoadError, ModelFile, Tensor};
@@ -19,6 +20,27 @@ use crate::quant;
 
 struct Layer<'a> {
     attn_norm: Vec<f32>,
+    /// What mixes the tokens: attention, or a recurrence (Qwen 3.5's Gated DeltaNet).
+    mixer: Mixer<'a>,
+    /// Gemma 3 normalises the attention and FFN outputs too.
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    post_ffn_norm: Option<Vec<f32>>,
+    ffn: Ffn<'a>,
+    /// Gemma 4: the per-layer token embedding's input to this layer.
+    ple: Option<LayerPle<'a>>,
+    /// Gemma 4: the layer's output is scaled by this.
+    out_scale: Option<f32>,
+}
+
+/// A layer's token mixer.
+enum Mixer<'a> {
+    Attention(Attention<'a>),
+    DeltaNet(delta::DeltaNet<'a>),
+}
+
+/// An attention layer's weights.
+struct Attention<'a> {
     wq: Matrix<'a>,
     /// Keys: none on a Gemma 4 layer that reads an earlier layer's.
     wk: Option<Matrix<'a>>,
@@ -32,17 +54,33 @@ struct Layer<'a> {
     /// Gemma 3 and Qwen 3 normalise each query and key head.
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    /// Gemma 3 normalises the attention and FFN outputs too.
-    post_attn_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    post_ffn_norm: Option<Vec<f32>>,
-    ffn: Ffn<'a>,
     /// Gemma 4: values normalised per head without a weight.
     v_norm: bool,
-    /// Gemma 4: the per-layer token embedding's input to this layer.
-    ple: Option<LayerPle<'a>>,
-    /// Gemma 4: the layer's output is scaled by this.
-    out_scale: Option<f32>,
+    /// Qwen 3.5: each query head is followed by an output gate of the same width in `wq`'s
+    /// rows; the attention's output is multiplied by its sigmoid.
+    gated: bool,
+}
+
+impl Attention<'_> {
+    fn matrices(&self) -> impl Iterator<Item = &Matrix<'_>> {
+        [
+            Some(&self.wq),
+            self.wk.as_ref(),
+            self.wv.as_ref(),
+            Some(&self.wo),
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+impl Mixer<'_> {
+    fn matrices(&self) -> Vec<&Matrix<'_>> {
+        match self {
+            Mixer::Attention(a) => a.matrices().collect(),
+            Mixer::DeltaNet(d) => vec![&d.qkv, &d.gate, &d.beta, &d.alpha, &d.out],
+        }
+    }
 }
 
 /// A Gemma 4 layer's use of its slice of the per-layer inputs:
@@ -89,12 +127,29 @@ pub struct Model<'a> {
 
 /// Keys and values (f16, as llama.cpp keeps them) of every position seen so far, per layer,
 /// and the working buffers of one sequence so the token loop does not allocate.
+///
+/// A hybrid model's recurrent layers (Qwen 3.5) keep a state instead, which cannot be cut back
+/// to an earlier position: the cache keeps [`KvCache::checkpoint`]s of it, and the first pass
+/// after a checkpoint records its tokens' recurrence inputs, so [`KvCache::resume`] can go back
+/// to any position from the checkpoint to the end of that pass by re-running only the
+/// recurrence (a rejected draft costs no model pass).
 #[derive(Clone)]
 pub struct KvCache {
     context: usize,
     exec: Exec,
     keys: Vec<Vec<u16>>,
     values: Vec<Vec<u16>>,
+    /// The recurrent layers' shape (None: attention layers only).
+    delta: Option<DeltaShape>,
+    /// Each recurrent layer's state (empty for attention layers).
+    recurrent: Vec<delta::Recurrent>,
+    /// Positions the cache holds: the next pass starts here (or, without recurrent layers,
+    /// anywhere before).
+    held: usize,
+    /// Recurrent states kept to resume from, oldest first.
+    checkpoints: Vec<delta::Checkpoint>,
+    /// The recurrence inputs of the pass that followed the newest checkpoint.
+    journal: delta::Journal,
     work: Work,
 }
 
@@ -120,6 +175,17 @@ struct Work {
     hidden: Vec<f32>,
     /// Gemma 4's per-layer inputs of the pass's tokens (token × layer × width).
     ple: Vec<f32>,
+    /// A Gated DeltaNet layer's convolution window (kept rows, then the pass's inputs), its
+    /// output (queries, keys, values), output gate, write strengths, decays, and outputs by
+    /// value head.
+    mixed: Vec<f32>,
+    conv_out: Vec<f32>,
+    z: Vec<f32>,
+    beta: Vec<f32>,
+    decay: Vec<f32>,
+    by_head: Vec<f32>,
+    /// Qwen 3.5's attention output gates (token × query width).
+    out_gate: Vec<f32>,
     /// Router logits, then probabilities, of a mixture of experts (token × expert).
     route: Vec<f32>,
     /// The experts each token is routed to and their weights (token × slot).
@@ -150,6 +216,13 @@ impl Work {
             logits: Vec::new(),
             hidden: Vec::new(),
             ple: Vec::new(),
+            mixed: Vec::new(),
+            conv_out: Vec::new(),
+            z: Vec::new(),
+            beta: Vec::new(),
+            decay: Vec::new(),
+            by_head: Vec::new(),
+            out_gate: Vec::new(),
             route: Vec::new(),
             chosen: Vec::new(),
             moe_in: Vec::new(),
@@ -203,6 +276,10 @@ pub enum Logits {
 /// once for all of them. Longer inputs run as several passes.
 pub const MAX_BATCH: usize = 64;
 
+/// Recurrent-state checkpoints a cache keeps (each is a whole state: about 50 MiB for Qwen 3.5
+/// 4B).
+pub const MAX_CHECKPOINTS: usize = 3;
+
 impl KvCache {
     /// A cache for `context` positions (the configured context, not the model's maximum, which
     /// also bounds it: positions past the training context are not supported), running its
@@ -219,29 +296,123 @@ impl KvCache {
         threads: usize,
     ) -> Result<KvCache, String> {
         hparams.check_context(context)?;
-        // Only the layers that keep keys and values get room (Gemma 4 shares the last ones').
+        // Only the layers that keep keys and values get room (Gemma 4 shares the last ones';
+        // Qwen 3.5's recurrent layers keep a state instead).
         let rows = |(il, l): (usize, &LayerShape)| -> Vec<u16> {
-            if l.kv_from == il {
+            if l.kv_from == il && !l.recurrent {
                 vec![0; context * l.kv_dim()]
             } else {
                 Vec::new()
             }
         };
+        let recurrent = hparams
+            .layers
+            .iter()
+            .map(|l| match hparams.delta {
+                Some(d) if l.recurrent => delta::Recurrent::new(&d),
+                _ => delta::Recurrent::default(),
+            })
+            .collect();
         Ok(KvCache {
             context,
             exec: Exec::new(threads),
             keys: hparams.layers.iter().enumerate().map(rows).collect(),
             values: hparams.layers.iter().enumerate().map(rows).collect(),
+            delta: hparams.delta,
+            recurrent,
+            held: 0,
+            checkpoints: Vec::new(),
+            journal: delta::Journal::default(),
             work: Work::new(),
         })
     }
 
-    /// A copy holding this cache's first `positions` positions, the rest zero as in a fresh
-    /// cache. A conversation branching off a kept one needs only the shared prefix; cloning
-    /// the whole context wrote (and first faulted in) every page of it, about 94 MB per
-    /// request for SmolLM2 at a 4096 context, before the first token.
+    /// Whether some layer keeps a recurrent state (which positions cannot simply be cut from).
+    fn is_recurrent(&self) -> bool {
+        self.delta.is_some()
+    }
+
+    /// Positions it holds.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Keeps the recurrent state at [`KvCache::held`] to resume from later, beside the
+    /// others (nothing to keep for a model of attention layers only); at most
+    /// [`MAX_CHECKPOINTS`], the oldest goes first. A prompt's end is one: a follow-up
+    /// request resumes there.
+    pub fn checkpoint(&mut self) {
+        if !self.is_recurrent() || self.checkpoints.last().is_some_and(|c| c.at == self.held) {
+            return;
+        }
+        if self.checkpoints.len() >= MAX_CHECKPOINTS {
+            self.checkpoints.remove(0);
+        }
+        self.checkpoints
+            .push(delta::Checkpoint::of(self.held, &self.recurrent));
+    }
+
+    /// Marks a rollback point at [`KvCache::held`] (before a pass that checks drafts): the
+    /// passes that follow, up to a few tokens, record their recurrence inputs, so
+    /// [`KvCache::resume`] can go back to any position among them without a model pass. It
+    /// replaces the previous mark.
+    pub fn mark(&mut self) {
+        if self.is_recurrent() {
+            self.journal.start(self.held, &self.recurrent);
+        }
+    }
+
+    /// Goes back to the latest position at or before `wanted` that it can hold exactly, and
+    /// returns it: `wanted` itself (or what it holds, if less) for a model of attention
+    /// layers only; for a recurrent one, where it is, a position the mark's record reaches,
+    /// a checkpoint, or else 0 (a fresh state). The tokens from there to `wanted` must run
+    /// again.
+    pub fn resume(&mut self, wanted: usize) -> usize {
+        let wanted = wanted.min(self.held);
+        if !self.is_recurrent() || wanted == self.held {
+            self.held = wanted;
+            return wanted;
+        }
+        self.checkpoints.retain(|c| c.at <= wanted);
+        let kept = self.checkpoints.last().map_or(0, |c| c.at);
+        let reached = match self.journal.reaches(wanted) {
+            Some(reached) if reached >= kept => {
+                self.journal
+                    .replay(reached, self.delta, &mut self.recurrent);
+                reached
+            }
+            _ => {
+                match self.checkpoints.last() {
+                    Some(c) => c.restore(&mut self.recurrent),
+                    None => self.recurrent.iter_mut().for_each(delta::Recurrent::clear),
+                }
+                kept
+            }
+        };
+        self.journal.stop();
+        self.held = reached;
+        reached
+    }
+
+    /// A copy holding this cache's first `positions` positions, or fewer where a recurrent
+    /// state cannot be cut there (see [`KvCache::resume`]; [`KvCache::held`] tells), the rest
+    /// zero as in a fresh cache. A conversation branching off a kept one needs only the
+    /// shared prefix; cloning the whole context wrote (and first faulted in) every page of
+    /// it, about 94 MB per request for SmolLM2 at a 4096 context, before the first token.
     pub fn copy_prefix(&self, positions: usize) -> KvCache {
-        let kept = positions.min(self.context);
+        let mut recurrent = KvCache {
+            context: self.context,
+            exec: self.exec.clone(),
+            keys: Vec::new(),
+            values: Vec::new(),
+            delta: self.delta,
+            recurrent: self.recurrent.clone(),
+            held: self.held,
+            checkpoints: self.checkpoints.clone(),
+            journal: self.journal.clone(),
+            work: Work::new(),
+        };
+        let kept = recurrent.resume(positions.min(self.context));
         let copy = |layers: &[Vec<u16>]| -> Vec<Vec<u16>> {
             layers
                 .iter()
@@ -256,11 +427,10 @@ impl KvCache {
                 .collect()
         };
         KvCache {
-            context: self.context,
-            exec: self.exec.clone(),
             keys: copy(&self.keys),
             values: copy(&self.values),
             work: self.work.clone(),
+            ..recurrent
         }
     }
 
@@ -275,13 +445,17 @@ impl KvCache {
         self.work.hidden.get(row * width..(row + 1) * width)
     }
 
-    /// Bytes its keys and values take.
+    /// Bytes its keys and values, recurrent states and checkpoints take.
     pub fn bytes(&self) -> usize {
-        self.keys
+        let kv: usize = self
+            .keys
             .iter()
             .chain(&self.values)
             .map(|v| v.len() * 2)
-            .sum()
+            .sum();
+        let states: usize = self.recurrent.iter().map(delta::Recurrent::bytes).sum();
+        let kept: usize = self.checkpoints.iter().map(delta::Checkpoint::bytes).sum();
+        kv + states + kept + self.journal.bytes()
     }
 
     /// Positions it can hold.
@@ -418,16 +592,53 @@ impl<'a> Model<'a> {
                 |n: &str, len: usize| optional_vector(file, &format!("blk.{i}.{n}.bias"), len);
             let (q_dim, kv_dim, n_ff) = (shape.q_dim(), shape.kv_dim(), shape.n_ff);
             let owns_kv = shape.kv_from == i;
-            let wk = if owns_kv {
-                Some(weights(&name("attn_k"), e, kv_dim)?)
+            let mixer = if shape.recurrent {
+                let d = h
+                    .delta
+                    .ok_or_else(|| load_err(file, "a recurrent layer without ssm.* keys".into()))?;
+                let heads = d.v_heads;
+                Mixer::DeltaNet(delta::DeltaNet {
+                    qkv: weights(&name("attn_qkv"), e, d.channels())?,
+                    gate: weights(&name("attn_gate"), e, d.value_dim())?,
+                    beta: weights(&name("ssm_beta"), e, heads)?,
+                    alpha: weights(&name("ssm_alpha"), e, heads)?,
+                    conv: vector(file, &name("ssm_conv1d"), d.conv_kernel * d.channels())?,
+                    dt_bias: vector(file, &format!("blk.{i}.ssm_dt.bias"), heads)?,
+                    a: vector(file, &format!("blk.{i}.ssm_a"), heads)?,
+                    norm: vector(file, &name("ssm_norm"), d.head_width)?,
+                    out: weights(&name("ssm_out"), d.value_dim(), e)?,
+                })
             } else {
-                None
-            };
-            // Gemma 4 may leave out the values: the keys serve as values then.
-            let wv = if owns_kv && (!gemma4 || has(&name("attn_v"))) {
-                Some(weights(&name("attn_v"), e, kv_dim)?)
-            } else {
-                None
+                let wk = if owns_kv {
+                    Some(weights(&name("attn_k"), e, kv_dim)?)
+                } else {
+                    None
+                };
+                // Gemma 4 may leave out the values: the keys serve as values then.
+                let wv = if owns_kv && (!gemma4 || has(&name("attn_v"))) {
+                    Some(weights(&name("attn_v"), e, kv_dim)?)
+                } else {
+                    None
+                };
+                // Qwen 3.5's queries carry their output gates beside them.
+                let gated = h.arch == Arch::Qwen35;
+                Mixer::Attention(Attention {
+                    wq: weights(&name("attn_q"), e, if gated { 2 * q_dim } else { q_dim })?,
+                    wk,
+                    wv,
+                    wo: weights(&name("attn_output"), q_dim, e)?,
+                    bq: optional_bias("attn_q", q_dim)?,
+                    bk: optional_bias("attn_k", kv_dim)?,
+                    bv: optional_bias("attn_v", kv_dim)?,
+                    q_norm: optional("attn_q_norm", shape.head_dim)?,
+                    k_norm: if owns_kv {
+                        optional("attn_k_norm", shape.head_dim)?
+                    } else {
+                        None
+                    },
+                    v_norm: gemma4,
+                    gated,
+                })
             };
             let ple = if gemma4 && ple_width > 0 {
                 Some(LayerPle {
@@ -443,27 +654,21 @@ impl<'a> Model<'a> {
             } else {
                 None
             };
+            // Qwen 3.5 names its pre-FFN norm after the attention.
+            let ffn_norm = if h.arch == Arch::Qwen35 {
+                "post_attention_norm"
+            } else {
+                "ffn_norm"
+            };
             layers.push(Layer {
                 attn_norm: vector(file, &name("attn_norm"), e)?,
-                wq: weights(&name("attn_q"), e, q_dim)?,
-                wk,
-                wv,
-                wo: weights(&name("attn_output"), q_dim, e)?,
-                bq: optional_bias("attn_q", q_dim)?,
-                bk: optional_bias("attn_k", kv_dim)?,
-                bv: optional_bias("attn_v", kv_dim)?,
-                q_norm: optional("attn_q_norm", shape.head_dim)?,
-                k_norm: if owns_kv {
-                    optional("attn_k_norm", shape.head_dim)?
-                } else {
-                    None
-                },
+                mixer,
                 post_attn_norm: if gemma {
                     Some(vector(file, &name("post_attention_norm"), e)?)
                 } else {
                     None
                 },
-                ffn_norm: vector(file, &name("ffn_norm"), e)?,
+                ffn_norm: vector(file, &name(ffn_norm), e)?,
                 post_ffn_norm: if gemma {
                     Some(vector(file, &name("post_ffw_norm"), e)?)
                 } else {
@@ -483,7 +688,6 @@ impl<'a> Model<'a> {
                         down: weights(&name("ffn_down"), n_ff, e)?,
                     }
                 },
-                v_norm: gemma4,
                 ple,
                 out_scale,
             });
@@ -545,9 +749,9 @@ impl<'a> Model<'a> {
                 .as_ref()
                 .map_or(0, |p| p.inp_gate.widened_bytes() + p.proj.widened_bytes());
             ffn + ple
-                + [Some(&l.wq), l.wk.as_ref(), l.wv.as_ref(), Some(&l.wo)]
+                + l.mixer
+                    .matrices()
                     .iter()
-                    .flatten()
                     .map(|m| m.widened_bytes())
                     .sum::<usize>()
         };
@@ -590,6 +794,14 @@ impl<'a> Model<'a> {
             return Err(format!(
                 "positions {start}..{end} do not fit the context of {}",
                 cache.context
+            ));
+        }
+        // A recurrent state holds exactly the positions it took in: a pass continues it.
+        if cache.is_recurrent() && start != cache.held {
+            return Err(format!(
+                "the cache's recurrent state is at position {}, not {start}: resume it first \
+                 (KvCache::resume) and run the tokens from where it stands",
+                cache.held
             ));
         }
         let rows = match logits {
@@ -639,9 +851,14 @@ impl<'a> Model<'a> {
             self.per_layer_inputs(ple, tokens, &x, cache)?;
         }
         let rope_freqs = self.rope_freqs.as_deref();
+        let record = cache.is_recurrent() && cache.journal.takes(first, n);
         let ran = self.layers.iter().enumerate().try_for_each(|(il, layer)| {
-            layers::block(h, il, layer, rope_freqs, &mut x, n, first, cache)
+            layers::block(h, il, layer, rope_freqs, &mut x, n, first, record, cache)
         });
+        cache.held = first + n;
+        if record {
+            cache.journal.recorded(n);
+        }
         let projected = ran.and_then(|()| {
             let Some(at) = out_row else {
                 return Ok(());

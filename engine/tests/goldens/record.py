@@ -5,7 +5,8 @@ from llama-server (temperature 0, one slot, no prompt cache).
 
 Usage: record.py LLAMA_BIN_DIR MODEL.gguf NAME OUT_DIR [--tiny] [LLAMA_SERVER_ARG ...]
 Prompts are below; NAME prefixes the output files (NAME-PROMPT.json). With --tiny (the random
-models of test-support/src/tiny.rs) the one prompt is the token ids in prompt.json beside the model,
+models of test-support/src/tiny.rs) the one prompt is the token ids in MODEL.prompt.json, else
+prompt.json, beside the model;
 the golden is NAME.json with the model's SHA-256, and no tokenizer cases are written. Extra
 arguments go to
 llama-server: recording with another of its configurations (say `-fa off -ctk f32 -ctv f32`)
@@ -113,7 +114,9 @@ def main():
     server, port = start_server(bin_dir, model, extra)
     try:
         if tiny:
-            with open(os.path.join(os.path.dirname(model), "prompt.json")) as f:
+            # A model's own prompt (a recurrent one's is long) where the generator wrote one.
+            own = model[:-len(".gguf")] + ".prompt.json"
+            with open(own if os.path.exists(own) else os.path.join(os.path.dirname(model), "prompt.json")) as f:
                 ids = json.load(f)
             with open(model, "rb") as f:
                 digest = hashlib.sha256(f.read()).hexdigest()

@@ -183,6 +183,8 @@ mod tests {
             n_embd_per_layer: 0,
             logit_softcap: 0.0,
             n_embd_out: 0,
+            delta: None,
+            n_nextn: 0,
         };
         let h = crate::model::Hparams {
             layers: h.uniform_layers(),
