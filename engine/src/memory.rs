@@ -109,7 +109,8 @@ pub struct Need {
     pub weights: u64,
     /// Weights copied in another layout for batches.
     pub widened: u64,
-    /// Keys and values of one conversation's context.
+    /// Keys and values of one conversation's context, and a recurrent model's state with its
+    /// checkpoints and rollback mark (the same at any length).
     pub kv: u64,
     /// Kept conversation caches.
     pub kept: u64,
@@ -138,7 +139,11 @@ impl Need {
     ) -> Result<Need, String> {
         let h = &model.hparams;
         h.check_context(context)?;
-        let kv = kv_bytes(h, context);
+        // A recurrent state: the live one, its rollback mark's copy and record, and the
+        // checkpoints.
+        let state = (h.recurrent_bytes() * (2 + crate::model::MAX_CHECKPOINTS)
+            + h.rollback_record_bytes(crate::model::ROLLBACK_TOKENS)) as u64;
+        let kv = kv_bytes(h, context) + state;
         let kept = match kept_mib as u64 {
             0 => 0,
             mib => (mib * MIB).max(kv),
@@ -146,7 +151,12 @@ impl Need {
         let (q_dim, kv_dim) = (h.n_head * h.head_dim, h.n_head_kv * h.head_dim);
         let moe = h.n_expert + (h.n_expert_used + 2) * h.n_embd;
         let ple = h.n_embd_per_layer * h.n_layer;
-        let per_token = 3 * h.n_embd + 2 * q_dim + 2 * kv_dim + 2 * h.n_ff + moe + ple;
+        // A Gated DeltaNet layer's buffers: its convolution's input and output, gate, output
+        // by head.
+        let delta = h
+            .delta
+            .map_or(0, |d| 4 * d.channels() + 3 * d.value_dim() + 2 * d.v_heads);
+        let per_token = 3 * h.n_embd + 2 * q_dim + 2 * kv_dim + 2 * h.n_ff + moe + ple + delta;
         let work = (4 * (MAX_BATCH * per_token + (MAX_DRAFT + 1) * h.vocab)) as u64;
         let experts = model.expert_bytes() as u64;
         let used = match h.n_expert as u64 {
@@ -180,7 +190,8 @@ impl Need {
         }
         let mib = |b: u64| b.div_ceil(MIB);
         let parts = format!(
-            "weights {} MiB, KV cache for {} tokens {} MiB, kept conversations {} MiB, work \
+            "weights {} MiB, KV cache (and recurrent state) for {} tokens {} MiB, kept \
+             conversations {} MiB, work \
              buffers {} MiB, other {} MiB",
             mib(self.weights + self.widened),
             self.context,

@@ -662,6 +662,16 @@ pub fn decode(
             (None, _) => Vec::new(),
         };
         let pending = history.len() - 1;
+        // The cache may hold rejected drafts: a recurrent state goes back to the last kept
+        // token from its mark (re-running only the recurrence), or further back from a
+        // checkpoint, and what it does not reach runs again.
+        let held = cache.resume(pending);
+        if held < pending {
+            model.forward(&history[held..pending], held, cache, Logits::None)?;
+        }
+        if !drafts.is_empty() {
+            cache.mark();
+        }
         let mut input = Vec::with_capacity(drafts.len() + 1);
         input.push(history[pending]);
         input.extend_from_slice(&drafts);

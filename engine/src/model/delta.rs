@@ -107,10 +107,6 @@ impl Checkpoint {
     }
 }
 
-/// Tokens a journal records at most after its checkpoint (a draft's verify pass is far fewer;
-/// a prompt's pass is not worth keeping).
-const JOURNAL_TOKENS: usize = 16;
-
 /// A rollback point: the recurrent state at one position, and the recurrence inputs of the
 /// tokens after it, per layer and token: the convolution's input row, its output (queries,
 /// keys, values), then the decay and write strength of each value head. From these the state
@@ -169,7 +165,7 @@ impl Journal {
     /// keeps it short); a pass that is not ends the recording.
     pub fn takes(&mut self, first: usize, n: usize) -> bool {
         let continues = self.from().is_some_and(|from| from + self.tokens == first);
-        self.recording &= continues && self.tokens + n <= JOURNAL_TOKENS;
+        self.recording &= continues && self.tokens + n <= super::ROLLBACK_TOKENS;
         self.recording
     }
 

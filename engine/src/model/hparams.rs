@@ -245,6 +245,14 @@ impl Hparams {
             .sum()
     }
 
+    /// Bytes of a rollback mark's record of `tokens` tokens: each recurrent layer's inputs.
+    pub fn rollback_record_bytes(&self, tokens: usize) -> usize {
+        self.delta.map_or(0, |d| {
+            let layers = self.layers.iter().filter(|l| l.recurrent).count();
+            layers * tokens * 4 * (2 * d.channels() + 2 * d.v_heads)
+        })
+    }
+
     /// Bytes of one sequence's recurrent state (f32), the same at any length (0 for a model
     /// of attention layers only).
     pub fn recurrent_bytes(&self) -> usize {

@@ -276,6 +276,10 @@ pub enum Logits {
 /// once for all of them. Longer inputs run as several passes.
 pub const MAX_BATCH: usize = 64;
 
+/// Tokens after a rollback mark whose recurrence inputs are recorded (a draft's verify pass
+/// is far fewer; a prompt's pass is not worth keeping).
+pub const ROLLBACK_TOKENS: usize = 16;
+
 /// Recurrent-state checkpoints a cache keeps (each is a whole state: about 50 MiB for Qwen 3.5
 /// 4B).
 pub const MAX_CHECKPOINTS: usize = 3;
@@ -328,7 +332,7 @@ impl KvCache {
     }
 
     /// Whether some layer keeps a recurrent state (which positions cannot simply be cut from).
-    fn is_recurrent(&self) -> bool {
+    pub fn is_recurrent(&self) -> bool {
         self.delta.is_some()
     }
 

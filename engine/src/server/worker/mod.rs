@@ -613,8 +613,11 @@ impl Runner<'_> {
         }
         // At least the last prompt token runs, so there are logits to sample from.
         let (mut cache, cache_n) = match reused {
-            Some(c) => {
+            Some(mut c) => {
+                // A recurrent state resumes only where it can be rebuilt (a checkpoint, a
+                // mark's record): maybe before the shared prefix ends.
                 let n = common_prefix(&c.tokens, prompt).min(prompt.len() - 1);
+                let n = c.cache.resume(n);
                 (c.cache, n)
             }
             None => (KvCache::on_threads(&model.hparams, context, threads)?, 0),
@@ -625,6 +628,9 @@ impl Runner<'_> {
         // health probe reads grows at least every pass.
         let slice = crate::model::MAX_BATCH;
         let mut at = cache_n;
+        // A recurrent state is kept just before the prompt's last token: the same prompt
+        // again, or one that continues this one, resumes there.
+        let checkpoint_at = Some(prompt.len() - 1).filter(|&p| cache.is_recurrent() && p > at);
         while at < prompt.len() {
             if job.events.is_closed() {
                 return Err("the client went away".into());
@@ -632,7 +638,10 @@ impl Runner<'_> {
             if progress.stopping() {
                 return Err("shutting down".into());
             }
-            let end = (at + slice).min(prompt.len());
+            let mut end = (at + slice).min(prompt.len());
+            if let Some(p) = checkpoint_at.filter(|&p| at < p && p < end) {
+                end = p;
+            }
             let logits = if end == prompt.len() {
                 Logits::Last
             } else {
@@ -642,6 +651,9 @@ impl Runner<'_> {
             self.metrics.pass(end);
             progress.advance(end - at);
             at = end;
+            if checkpoint_at == Some(at) {
+                cache.checkpoint();
+            }
         }
         let prompt_ms = started.elapsed().as_secs_f64() * 1e3;
 
