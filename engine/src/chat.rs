@@ -32,11 +32,12 @@ impl Message {
 }
 
 /// Variables a request sets in the template beside the messages (llama.cpp's
-/// `chat_template_kwargs`); unset ones are left undefined, so the template's own default holds.
+/// `chat_template_kwargs`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Vars {
-    /// `enable_thinking`: whether a model that can reason first (Gemma 4, Qwen 3) does; their
-    /// templates default to off (Gemma 4) or on (Qwen 3).
+    /// `enable_thinking`: whether a model that can reason first (Gemma 4, Qwen 3 and 3.5)
+    /// does. Unset, it is off: on a Pi a thinking block costs more time than most answers
+    /// (Qwen's templates would think by default; Gemma 4's would not).
     pub enable_thinking: Option<bool>,
 }
 
@@ -139,7 +140,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos,
                 eos_token => self.eos,
-                enable_thinking => vars.enable_thinking,
+                enable_thinking => vars.enable_thinking.unwrap_or(false),
             })
             .map_err(|e| format!("the chat template refused these messages: {e:#}"))
     }

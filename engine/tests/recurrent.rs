@@ -5,6 +5,8 @@
 //! reach) and a copy of a kept cache all continue exactly as a cold run, bit for bit; and
 //! speculative decoding gives the tokens plain decoding gives.
 
+mod common;
+
 use engine::generate::{Budget, generate};
 use engine::model::{KvCache, Logits, Model};
 use engine::model_file::ModelFile;
@@ -228,5 +230,59 @@ fn speculation_on_a_recurrent_model_changes_no_token() {
     assert!(
         accepted > 0 && drafted > accepted,
         "drafts were kept and rejected: {drafted} drafted, {accepted} accepted"
+    );
+}
+
+/// Served with Qwen 3.5's own chat template: a later turn of a chat resumes from the
+/// checkpoint at the end of the earlier turn (the template writes the past answer without
+/// the thinking block its cue opened, so the prompts part there), and so does the same chat
+/// asked again; both answer as a cold prefill does.
+#[test]
+fn a_later_turn_resumes_from_the_checkpoint_at_the_last_turn_s_end() {
+    use common::serve::{post, start_model};
+    use serde_json::json;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = dir.path().join("qwen35.gguf");
+    std::fs::write(&model, gguf_bytes(&QWEN35)).expect("write the model");
+    let template = common::llama_cpp_file("models/templates/Qwen3.5-4B.jinja");
+    let server = start_model(
+        &model,
+        &["--chat-template-file", template.to_str().expect("utf8")],
+        &[],
+    );
+    let ask = |messages: serde_json::Value, cache: bool| {
+        let body = json!({
+            "messages": messages, "max_tokens": 8, "temperature": 0, "cache_prompt": cache,
+        });
+        let (status, answer) = post(&server, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    let first = json!([{"role": "user", "content": "Name three primary colours."}]);
+    let one = ask(first.clone(), true);
+    let said = one["choices"][0]["message"]["content"].clone();
+    let again = ask(first, true);
+    let prompt_n = |a: &serde_json::Value| a["timings"]["prompt_n"].as_u64().expect("prompt_n");
+    let cache_n = |a: &serde_json::Value| a["timings"]["cache_n"].as_u64().expect("cache_n");
+    assert!(
+        cache_n(&again) > 0 && prompt_n(&again) < prompt_n(&one),
+        "the same chat runs only its answer's cue again: {again}"
+    );
+    assert_eq!(again["choices"][0]["message"]["content"], said);
+    let later = json!([
+        {"role": "user", "content": "Name three primary colours."},
+        {"role": "assistant", "content": said},
+        {"role": "user", "content": "And three secondary ones?"},
+    ]);
+    let resumed = ask(later.clone(), true);
+    let cold = ask(later, false);
+    assert!(
+        cache_n(&resumed) >= cache_n(&again),
+        "resumed from the first turn's end at least: {resumed}"
+    );
+    assert_eq!(cache_n(&cold), 0);
+    assert_eq!(
+        resumed["choices"][0]["message"]["content"],
+        cold["choices"][0]["message"]["content"]
     );
 }

@@ -1,6 +1,6 @@
-//! Gemma 4's chat template (`models/templates/google-gemma-4-31B-it.jinja` of llama.cpp's
-//! sdist) renders as llama.cpp 11434 renders it (`--jinja`, `/apply-template`, recorded by
-//! `goldens/record_template.py`): turns, a system turn, a past answer, whitespace, with
+//! Gemma 4's and Qwen 3.5's chat templates (`models/templates/google-gemma-4-31B-it.jinja`,
+//! `Qwen3.5-4B.jinja` of llama.cpp's sdist) render as llama.cpp 11434 renders them
+//! (`--jinja`, `/apply-template`, recorded by `goldens/record_template.py`): turns, a system turn, a past answer, whitespace, with
 //! thinking off and on; thinking is off when a request does not ask for it; a request asks
 //! with `chat_template_kwargs`.
 
@@ -10,23 +10,27 @@ use std::path::PathBuf;
 
 use engine::chat::{ChatTemplate, Message, Vars};
 
-fn golden() -> serde_json::Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/gemma4-template.json");
+fn golden(name: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/goldens")
+        .join(name);
     serde_json::from_str(&std::fs::read_to_string(path).expect("golden")).expect("json")
 }
 
-fn gemma4_template() -> ChatTemplate {
-    let source = std::fs::read_to_string(common::llama_cpp_file(
-        "models/templates/google-gemma-4-31B-it.jinja",
-    ))
-    .expect("the template");
-    ChatTemplate::new(Some(source), "<bos>".into(), "<eos>".into()).expect("compiles")
+fn template(file: &str, bos: &str, eos: &str) -> ChatTemplate {
+    let source =
+        std::fs::read_to_string(common::llama_cpp_file(&format!("models/templates/{file}")))
+            .expect("the template");
+    ChatTemplate::new(Some(source), bos.into(), eos.into()).expect("compiles")
 }
 
-#[test]
-fn gemma4_renders_as_llama_cpp_renders_it() {
-    let template = gemma4_template();
-    let golden = golden();
+fn gemma4_template() -> ChatTemplate {
+    template("google-gemma-4-31B-it.jinja", "<bos>", "<eos>")
+}
+
+/// Every recorded case renders as llama.cpp rendered it, thinking off and on; asked nothing,
+/// thinking is off.
+fn renders_as_llama_cpp(template: &ChatTemplate, golden: &serde_json::Value) {
     let cases = golden["cases"].as_array().expect("cases");
     assert!(cases.len() >= 6);
     for case in cases {
@@ -54,6 +58,19 @@ fn gemma4_renders_as_llama_cpp_renders_it() {
             assert_eq!(template.strip_bos(&unasked), expected, "{messages:?}");
         }
     }
+}
+
+#[test]
+fn gemma4_renders_as_llama_cpp_renders_it() {
+    renders_as_llama_cpp(&gemma4_template(), &golden("gemma4-template.json"));
+}
+
+/// Qwen 3.5's template (`models/templates/Qwen3.5-4B.jinja`): its thinking block, closed
+/// empty when thinking is off (as it is unasked), past answers written without it.
+#[test]
+fn qwen35_renders_as_llama_cpp_renders_it() {
+    let qwen35 = template("Qwen3.5-4B.jinja", "", "<|im_end|>");
+    renders_as_llama_cpp(&qwen35, &golden("qwen35-template.json"));
 }
 
 /// `chat_template_kwargs.enable_thinking` reaches the template: the prompt a server builds

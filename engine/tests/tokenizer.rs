@@ -64,6 +64,44 @@ fn gemma3_tokenizes_like_llama_cpp() {
     tokenizes_like_llama_cpp(gemma3(), "gemma3-tokenizer.json");
 }
 
+/// Qwen 3.5's byte-level BPE (Qwen 2's pre-tokenizer with combining marks kept in words,
+/// 248k tokens) against llama.cpp's own cases for its vocabulary
+/// (`models/ggml-vocab-qwen35.gguf` with `.inp`/`.out`), and every case's text given back by
+/// decoding.
+#[test]
+fn qwen35_tokenizes_llama_cpp_s_own_cases() {
+    let vocab = common::llama_cpp_file("models/ggml-vocab-qwen35.gguf");
+    let inputs =
+        std::fs::read_to_string(common::llama_cpp_file("models/ggml-vocab-qwen35.gguf.inp"))
+            .expect("inputs");
+    let outputs =
+        std::fs::read_to_string(common::llama_cpp_file("models/ggml-vocab-qwen35.gguf.out"))
+            .expect("outputs");
+    let file = ModelFile::open(&vocab).expect("open");
+    let tok = Tokenizer::load(&file).expect("tokenizer");
+    let cases: Vec<&str> = inputs.split("\n__ggml_vocab_test__\n").collect();
+    let expected: Vec<&str> = outputs.lines().collect();
+    assert!(cases.len() >= 30, "{} cases", cases.len());
+    for (text, ids) in cases.iter().zip(&expected) {
+        let want: Vec<u32> = ids
+            .split_whitespace()
+            .map(|n| n.parse().expect("id"))
+            .collect();
+        let got = tok.encode(text, false);
+        assert_eq!(got, want, "{text:?}");
+        assert_eq!(tok.decode(&got), *text, "{text:?} decoded");
+    }
+    // Combining marks stay in their word (which llama.cpp's cases do not show): Thai's and
+    // Devanagari's vowel signs, a combining acute; ids from llama-tokenize 11434 on this vocab.
+    let marks = "แก้ปัญหา नमस्ते, Cafe\u{301} über";
+    assert_eq!(
+        tok.encode(marks, false),
+        [
+            143828, 14925, 101, 87244, 78368, 30484, 97, 34370, 11, 42773, 53839, 13785
+        ]
+    );
+}
+
 /// Gemma 4's BPE (raw UTF-8, `▁` for spaces, runs of newlines apart) against llama.cpp's own
 /// cases for its vocabulary (`models/ggml-vocab-gemma-4.gguf` with `.inp`/`.out`, tokenized
 /// without special tokens), and every case's text given back by decoding.

@@ -11,7 +11,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use super::error::{ApiError, parse};
 use super::request::{self, ChatRequest, Dialect, PromptPiece};
 use super::worker::choose::TokenProbs;
-use super::worker::{self, Event, Job, Lane, Params, Place, Summary};
+use super::worker::{self, Event, Job, Lane, Params, Place, Prompt, Summary};
 use super::{AppState, Ready};
 use crate::chat::{Message, PromptError};
 use crate::tokenizer::{Budget, Stopped};
@@ -77,11 +77,15 @@ fn refusal(refused: worker::Refused) -> ApiError {
 /// llama.cpp's context-size error.
 pub fn start(
     ready: &Ready,
-    prompt: Vec<u32>,
+    prompt: Prompt,
     params: Params,
     place: Place,
     arrived: Instant,
 ) -> Result<Started, ApiError> {
+    let Prompt {
+        ids: prompt,
+        turn_end,
+    } = prompt;
     if prompt.len() >= ready.context {
         return Err(ApiError::exceeds_context(prompt.len(), ready.context));
     }
@@ -95,6 +99,7 @@ pub fn start(
             place,
             Job {
                 prompt,
+                turn_end,
                 params,
                 lane,
                 arrived,
@@ -212,12 +217,12 @@ fn check_text_size(ready: &Ready, bytes: usize) -> Result<(), ApiError> {
 /// dropped), the work stops at its next piece instead of running to the end for nobody. The
 /// text was bounded by [`check_text_size`], so a prompt over the context is counted whole:
 /// the error can say by how much.
-async fn tokenize_off_thread(
+async fn tokenize_off_thread<T: Send + 'static>(
     state: &AppState,
     bytes: usize,
     lane: Lane,
-    work: impl FnOnce(&Ready, &Budget<'_>) -> Result<Vec<u32>, PromptError> + Send + 'static,
-) -> Result<Vec<u32>, ApiError> {
+    work: impl FnOnce(&Ready, &Budget<'_>) -> Result<T, PromptError> + Send + 'static,
+) -> Result<T, ApiError> {
     let turn = state.tokenizing.enter(bytes, lane).await?;
     let ready = Arc::clone(&state.ready);
     let gone = CancelOnDrop(Arc::new(AtomicBool::new(false)));
@@ -278,23 +283,36 @@ fn text_bytes(messages: &[Message]) -> usize {
 }
 
 /// A chat's prompt ids: the template with the generation cue, or, when the last message is a
-/// non-empty assistant message, that message continued (assistant prefill).
+/// non-empty assistant message, that message continued (assistant prefill). With the cue,
+/// where it begins: a later turn of the same chat shares the prompt up to there (a template
+/// may write a past answer differently from the cue it followed), so a recurrent state is
+/// checkpointed there.
 pub async fn chat_prompt(
     state: &AppState,
     messages: Vec<Message>,
     vars: crate::chat::Vars,
     lane: Lane,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<Prompt, ApiError> {
     let prefill = continues(&messages);
     let bytes = text_bytes(&messages);
     tokenize_off_thread(state, bytes, lane, move |r, budget| {
         if prefill {
-            r.template
-                .continuation_ids_within(&r.tokenizer, &messages, &vars, budget)
-        } else {
-            r.template
-                .ids_within(&r.tokenizer, &messages, true, &vars, budget)
+            let ids = r
+                .template
+                .continuation_ids_within(&r.tokenizer, &messages, &vars, budget)?;
+            return Ok(Prompt::new(ids));
         }
+        let ids = r
+            .template
+            .ids_within(&r.tokenizer, &messages, true, &vars, budget)?;
+        let asked = r
+            .template
+            .ids_within(&r.tokenizer, &messages, false, &vars, budget)?;
+        let cue = ids.iter().zip(&asked).take_while(|(a, b)| a == b).count();
+        Ok(Prompt {
+            turn_end: Some(cue).filter(|&at| at > 0 && at < ids.len()),
+            ids,
+        })
     })
     .await
 }
@@ -314,7 +332,7 @@ pub async fn completion_prompt(
     ready: &Ready,
     prompt: &Value,
     lane: Lane,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<Prompt, ApiError> {
     let pieces = request::prompt(prompt, ready.tokenizer.vocab_size())?;
     let bytes = pieces
         .iter()
@@ -344,7 +362,7 @@ pub async fn completion_prompt(
         if bos.is_some() && ids.len() > 1 && ids[1] == ids[0] {
             ids.remove(0);
         }
-        Ok(ids)
+        Ok(Prompt::new(ids))
     })
     .await
 }

@@ -15,6 +15,9 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 /// Qwen 2's pattern: Llama 3's with single digits.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Qwen 3.5's pattern: Qwen 2's with combining marks (`\p{M}`) kept in words.
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// A byte-level BPE model: pre-tokenizer regexes applied in sequence, and merge ranks.
 pub struct Bpe {
     splits: Vec<Regex>,
@@ -97,6 +100,7 @@ impl Bpe {
             "gpt-2" | "default" => vec![GPT2],
             "llama3" | "llama-bpe" | "llama-v3" => vec![LLAMA3],
             "qwen2" | "deepseek-r1-qwen" => vec![QWEN2],
+            "qwen35" => vec![QWEN35],
             other => return Err(format!("pre-tokenizer {other} is not supported yet")),
         };
         let splits = patterns

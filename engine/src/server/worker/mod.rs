@@ -58,10 +58,31 @@ pub struct Params {
     pub draft_min: usize,
 }
 
+/// A request's prompt.
+pub struct Prompt {
+    /// Its token ids (BOS included where the model wants it).
+    pub ids: Vec<u32>,
+    /// Where a chat's last turn ends and the answer's cue begins: a later turn of the same
+    /// chat shares the prompt up to there.
+    pub turn_end: Option<usize>,
+}
+
+impl Prompt {
+    /// Token ids with nothing known about what a later request shares.
+    pub fn new(ids: Vec<u32>) -> Prompt {
+        Prompt {
+            ids,
+            turn_end: None,
+        }
+    }
+}
+
 /// One generation request.
 pub struct Job {
     /// Prompt token ids (BOS included where the model wants it).
     pub prompt: Vec<u32>,
+    /// Where a chat's last turn ends (see [`Prompt::turn_end`]).
+    pub turn_end: Option<usize>,
     /// How to generate.
     pub params: Params,
     /// Which queue it waits in.
@@ -628,9 +649,11 @@ impl Runner<'_> {
         // health probe reads grows at least every pass.
         let slice = crate::model::MAX_BATCH;
         let mut at = cache_n;
-        // A recurrent state is kept just before the prompt's last token: the same prompt
-        // again, or one that continues this one, resumes there.
-        let checkpoint_at = Some(prompt.len() - 1).filter(|&p| cache.is_recurrent() && p > at);
+        // A recurrent state is kept where a later request resumes: the end of a chat's last
+        // turn (before the answer's cue, which a template may write differently once it is
+        // history), else just before the prompt's last token (the same prompt again).
+        let checkpoint_at = Some(job.turn_end.unwrap_or(prompt.len() - 1))
+            .filter(|&p| cache.is_recurrent() && p > at && p < prompt.len());
         while at < prompt.len() {
             if job.events.is_closed() {
                 return Err("the client went away".into());
