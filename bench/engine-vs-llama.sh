@@ -5,18 +5,19 @@
 # rounds and prints each row's tokens/s and the ratio engine / llama.cpp. A GGUF path may stand
 # for a manifest; --moe adds a synthetic mixture of experts with Qwen3-30B-A3B's proportions
 # scaled down (test-support/src/tiny.rs `MOE_BENCH`: 64 experts, 4 per token, random weights);
-# --e2b a random model of Gemma 4 E2B's real shapes (`E2B_BENCH`, about 3.5 GB, written once).
+# --e2b a random model of Gemma 4 E2B's real shapes (`E2B_BENCH`, about 3.5 GB, written once);
+# --qwen35 one of Qwen 3.5 4B's (`QWEN35_4B_BENCH`, hybrid Gated DeltaNet, about 2.9 GB).
 # -p takes several lengths as llama-bench does: `-p 128,1,2,3,4,5` also times the passes of 1 to
 # 5 tokens that check a draft.
 #
 # -d fills that many positions (untimed) before every prompt and generation run, comma-separated
 # as llama-bench's own -d: speed after a long document, where attention adds to every token.
 #
-# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-d 0] [-r 5] [--rounds 2] [--moe] [--e2b] [MANIFEST|GGUF ...]
+# Usage: bench/engine-vs-llama.sh [-t 1,2] [-p 128] [-n 64] [-d 0] [-r 5] [--rounds 2] [--moe] [--e2b] [--qwen35] [MANIFEST|GGUF ...]
 # Cache: $APPLIANCE_CACHE, else ~/.cache/appliance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=1,2 prompt=128 gen=64 depth=0 reps=5 rounds=2 moe=no e2b=no manifests=()
+threads=1,2 prompt=128 gen=64 depth=0 reps=5 rounds=2 moe=no e2b=no qwen35=no manifests=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -t) threads=$2; shift 2 ;;
@@ -27,11 +28,12 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --moe) moe=yes; shift ;;
     --e2b) e2b=yes; shift ;;
-    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+    --qwen35) qwen35=yes; shift ;;
+    -h|--help) sed -n 2,20p "$0"; exit 0 ;;
     *) manifests+=("$1"); shift ;;
   esac
 done
-[ ${#manifests[@]} -gt 0 ] || [ "$moe" = yes ] || [ "$e2b" = yes ] ||
+[ ${#manifests[@]} -gt 0 ] || [ "$moe" = yes ] || [ "$e2b" = yes ] || [ "$qwen35" = yes ] ||
   manifests=(models/smollm2-135m-instruct-q4_1.toml models/gemma3-270m-q4_k_m.toml)
 cache=${APPLIANCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/appliance}
 llama_bin=$(engine/tests/goldens/build-llama.sh "$cache")
@@ -52,6 +54,15 @@ if [ "$e2b" = yes ]; then
       --ignored --exact write_e2b_bench_model >&2
   fi
   manifests+=("$e2b_model")
+fi
+if [ "$qwen35" = yes ]; then
+  qwen35_model="$cache/qwen35-bench/qwen35-4b-shape-q4_k_m.gguf"
+  if [ ! -f "$qwen35_model" ]; then
+    mkdir -p "$cache/qwen35-bench"
+    TINY_MODELS_DIR="$cache/qwen35-bench" cargo test --release --locked -p engine --test tiny_vs_llama -- \
+      --ignored --exact write_qwen35_bench_model >&2
+  fi
+  manifests+=("$qwen35_model")
 fi
 for manifest in "${manifests[@]}"; do
   case "$manifest" in

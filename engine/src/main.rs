@@ -181,6 +181,9 @@ enum Command {
         /// Top-k sampling for requests that do not say (0 = off; llama.cpp's default).
         #[arg(long, default_value_t = 40)]
         top_k: usize,
+        /// Min-p sampling for requests that do not say (0 = off; llama.cpp's default 0.05).
+        #[arg(long, default_value_t = 0.05, value_parser = probability)]
+        min_p: f32,
         /// Seed for requests that do not give one (−1: a fresh seed per request).
         #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true)]
         seed: i64,
@@ -451,6 +454,7 @@ fn main() -> ExitCode {
             temp,
             top_p,
             top_k,
+            min_p,
             seed,
             chat_template_file,
             cors_origins,
@@ -496,6 +500,7 @@ fn main() -> ExitCode {
                     temperature: temp,
                     top_p,
                     top_k,
+                    min_p,
                     seed: u64::try_from(seed).ok(),
                 },
                 chat_template,

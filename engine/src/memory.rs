@@ -156,7 +156,8 @@ impl Need {
         let delta = h
             .delta
             .map_or(0, |d| 4 * d.channels() + 3 * d.value_dim() + 2 * d.v_heads);
-        let per_token = 3 * h.n_embd + 2 * q_dim + 2 * kv_dim + 2 * h.n_ff + moe + ple + delta;
+        let ffn = 2 * h.n_ff.max(h.n_ff_shared);
+        let per_token = 3 * h.n_embd + 2 * q_dim + 2 * kv_dim + ffn + moe + ple + delta;
         let work = (4 * (MAX_BATCH * per_token + (MAX_DRAFT + 1) * h.vocab)) as u64;
         let experts = model.expert_bytes() as u64;
         let used = match h.n_expert as u64 {

@@ -286,3 +286,23 @@ fn a_later_turn_resumes_from_the_checkpoint_at_the_last_turn_s_end() {
         cold["choices"][0]["message"]["content"]
     );
 }
+
+#[test]
+fn a_pass_gives_the_steps_logits() {
+    let (_dir, file) = open();
+    let model = Model::load(&file).expect("load");
+    let tokens = long_prompt();
+    for n in [2, 3, 8] {
+        let mut stepped = cache(&model);
+        let mut steps = Vec::new();
+        for (pos, &t) in tokens[..n].iter().enumerate() {
+            steps.extend(bits(model.step(t, pos, &mut stepped).expect("step")));
+        }
+        let mut passed = cache(&model);
+        assert_eq!(
+            all(&model, &mut passed, &tokens[..n], 0),
+            steps,
+            "{n} tokens"
+        );
+    }
+}

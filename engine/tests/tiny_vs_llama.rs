@@ -34,6 +34,10 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn check(t: &Tiny) {
+    check_within(t, LIMITS);
+}
+
+fn check_within(t: &Tiny, limits: Limits) {
     let golden_path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/goldens")
         .join(format!("{}.json", t.name));
@@ -51,7 +55,7 @@ fn check(t: &Tiny) {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = dir.path().join(format!("{}.gguf", t.name));
     std::fs::write(&model, bytes).expect("write the model");
-    golden::check(&golden_path, &model, LIMITS);
+    golden::check(&golden_path, &model, limits);
 }
 
 fn model(name: &str) -> &'static Tiny {
@@ -175,6 +179,53 @@ fn qwen35_q4_k_m_with_gated_delta_net_and_gated_attention_matches_llama_cpp() {
     check(model("tiny-qwen35-q4_k_m"));
 }
 
+/// Qwen 3.5 MoE: the hybrid's layers with routed experts (2 of 8) and a shared expert gated
+/// per token by a sigmoid. Here the two implementations part more than llama.cpp parts from
+/// itself, at a few positions and in turn: at the three where we differ by more than 0.1
+/// nats, one of us is within 0.09 of the float64 values and the other not — llama.cpp at
+/// generated position 4, we at 18 and 31 (the exact scores' test below) — the routed FFN
+/// amplifying its own roundings. So the limit is that worst parting (at 18, where llama.cpp
+/// is the one off: 0.243 mean, 0.584 max), 0.25 / 0.6;
+/// the mean over all positions is held by the exact test.
+#[test]
+fn qwen35moe_q4_k_m_with_routed_and_shared_experts_matches_llama_cpp() {
+    let parting = Limits {
+        mean: 0.25,
+        max: 0.6,
+    };
+    check_within(model("tiny-qwen35moe-q4_k_m"), parting);
+}
+
+/// The tiny Qwen 3.5 against its float64 scores (`goldens/exact_forward.py`'s transcription of
+/// llama.cpp's qwen35 graph and fused delta-rule op): on average no farther from the exact
+/// values than llama.cpp, and no position more than twice llama.cpp's worst distance from
+/// them (0.401).
+#[test]
+fn qwen35_q4_k_m_against_exact_values() {
+    against_exact("tiny-qwen35-q4_k_m", 0.8);
+}
+
+/// The same for Qwen 3.5 MoE: both land about 0.2 nats from the exact values on average,
+/// llama.cpp's worst position 0.847 from them.
+#[test]
+fn qwen35moe_q4_k_m_against_exact_values() {
+    against_exact("tiny-qwen35moe-q4_k_m", 1.7);
+}
+
+fn against_exact(name: &str, worst: f32) {
+    let t = model(name);
+    let goldens = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join(format!("{}.gguf", t.name));
+    std::fs::write(&path, gguf_bytes(t)).expect("write the model");
+    golden::check_exact(
+        &goldens.join(format!("{}.json", t.name)),
+        &goldens.join(format!("{}.exact.json", t.name)),
+        &path,
+        worst,
+    );
+}
+
 /// Writes every tiny model into `$TINY_MODELS_DIR`, and the prompt's ids as `prompt.json` (a
 /// recurrent model's longer one as `NAME.prompt.json`), for `record-tiny.sh`.
 #[test]
@@ -217,6 +268,18 @@ fn write_e2b_bench_model() {
         std::fs::write(&temporary, bytes).expect("write");
         std::fs::rename(&temporary, &path).expect("rename");
     }
+}
+
+/// Writes a random model of Qwen 3.5 4B's shapes into `$TINY_MODELS_DIR`, for
+/// `bench/engine-vs-llama.sh --qwen35`.
+#[test]
+#[ignore]
+fn write_qwen35_bench_model() {
+    use test_support::tiny::QWEN35_4B_BENCH;
+    let dir = PathBuf::from(std::env::var("TINY_MODELS_DIR").expect("TINY_MODELS_DIR"));
+    std::fs::create_dir_all(&dir).expect("create the directory");
+    let path = dir.join(format!("{}.gguf", QWEN35_4B_BENCH.name));
+    std::fs::write(path, gguf_bytes(&QWEN35_4B_BENCH)).expect("write");
 }
 
 /// Writes the synthetic MoE benchmark model into `$TINY_MODELS_DIR`, for

@@ -774,3 +774,69 @@ fn a_model_with_a_draft_head_is_verified_and_served_with_it() {
         "{tampered:#}"
     );
 }
+
+/// A Qwen 3.5 file (the tiny random hybrid the engine's tests use) made into a manifest from
+/// the 4B template, installed, verified at the gate and served: the engine answers a chat on
+/// it with the template's sampling defaults passed through the launch.
+#[test]
+fn a_hybrid_recurrent_model_is_verified_and_served() {
+    use test_support::tiny::{QWEN35, gguf_bytes};
+    let board = board_without_model();
+    let model = board.dir.path().join("qwen35-4b.gguf");
+    std::fs::write(&model, gguf_bytes(&QWEN35)).expect("write the model");
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../models/qwen3.5-4b.template.toml"
+    );
+    let made = Command::new(BIN)
+        .args(["weights", "manifest"])
+        .arg(&model)
+        .args(["--template", template, "--chunk-size", "65536"])
+        .output()
+        .expect("weights manifest");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let manifest = board.dir.path().join("qwen35-4b.toml");
+    std::fs::write(&manifest, &made.stdout).expect("write the manifest");
+    let text = String::from_utf8_lossy(&made.stdout);
+    assert!(text.contains("min_p = 0.0"), "{text}");
+    let installed = Command::new(BIN)
+        .arg("--root")
+        .arg(&board.root)
+        .args(["weights", "install"])
+        .arg(&model)
+        .arg("--manifest")
+        .arg(&manifest)
+        .output()
+        .expect("weights install");
+    assert!(
+        installed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    let port = free_port();
+    std::fs::write(
+        board.root.join("etc/appliance/appliance.toml"),
+        format!(
+            "[daemon]\nreverify_interval_s = 0\n\n[model]\nid = \"qwen3.5-4b\"\n\n\
+             [engine]\nbinary = \"{}\"\nport = {port}\ncontext = 512\n",
+            engine_binary().display()
+        ),
+    )
+    .expect("config");
+    let status = board.status();
+    assert_eq!(status["model"]["state"], "verified", "{status:#}");
+    let mut supervisor = board.run();
+    board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready");
+    let answer = chat(port);
+    assert!(
+        answer["usage"]["completion_tokens"].as_u64() > Some(0),
+        "{answer}"
+    );
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}

@@ -216,7 +216,7 @@ pub const QWEN35: Tiny = Tiny {
 };
 
 /// The models the goldens cover.
-pub const MODELS: [Tiny; 11] = [
+pub const MODELS: [Tiny; 12] = [
     LLAMA,
     Tiny {
         name: "tiny-llama-q8_0",
@@ -308,6 +308,13 @@ pub const MODELS: [Tiny; 11] = [
         ..LLAMA
     },
     QWEN35,
+    Tiny {
+        name: "tiny-qwen35moe-q4_k_m",
+        arch: "qwen35moe",
+        // 8 routed experts of which 2 per token (35B-A3B routes 8 of 256), a shared one.
+        experts: Some((8, 2)),
+        ..QWEN35
+    },
 ];
 
 /// For speed, not goldens (`bench/engine-vs-llama.sh --moe`): Qwen3-30B-A3B's make-up scaled
@@ -326,6 +333,37 @@ pub const MOE_BENCH: Tiny = Tiny {
     rope_base: 1_000_000.0,
     rope_freqs: false,
     ..LLAMA
+};
+
+/// For speed, not goldens (`bench/engine-vs-llama.sh --qwen35`): Qwen 3.5 4B's real shapes
+/// with random weights in Q4_K_M — 32 layers 2560 wide of which every fourth attends (16
+/// query heads over 4 key-value heads 256 wide, 64 dimensions rotated), the others Gated
+/// DeltaNet layers (16 key heads and 32 value heads of 128, a 4-tap convolution), FFN 9216,
+/// 248,320 tokens, and its nextn layer; about 2.9 GB.
+pub const QWEN35_4B_BENCH: Tiny = Tiny {
+    name: "qwen35-4b-shape-q4_k_m",
+    arch: "qwen35",
+    embd: 2560,
+    heads: 16,
+    kv_heads: 4,
+    head_dim: 256,
+    ff: 9216,
+    layers: 32,
+    rope_base: 10_000_000.0,
+    rope_freqs: false,
+    sliding_window: None,
+    experts: None,
+    mix: Mix::Q4KM,
+    gemma4: None,
+    vocab: 248_320,
+    qwen35: Some(Qwen35Tiny {
+        attention_interval: 4,
+        n_rot: 64,
+        conv_kernel: 4,
+        state: 128,
+        k_heads: 16,
+        v_heads: 32,
+    }),
 };
 
 /// The token ids every golden's prompt holds: word pieces and bytes, no control tokens.
@@ -913,16 +951,16 @@ pub fn gemma4_head_bytes(target: &Tiny, shape: &HeadShape) -> Vec<u8> {
 /// `post_attention_norm`, and a nextn layer after the trunk (which llama.cpp loads and only a
 /// draft context runs).
 fn qwen35_bytes(t: &Tiny, q: &Qwen35Tiny, r: &mut Random) -> Vec<u8> {
-    let key = |k: &str| format!("qwen35.{k}");
+    let key = |k: &str| format!("{}.{k}", t.arch);
     let blocks = t.layers + 1;
     let (key_dim, value_dim) = (q.k_heads * q.state, q.v_heads * q.state);
     let channels = 2 * key_dim + value_dim;
     let attends = |il: usize| il >= t.layers || (il + 1).is_multiple_of(q.attention_interval);
     // IMROPE's sections (temporal, height, width, extra) share the rotated pairs.
     let pairs = (q.n_rot / 2) as u32;
-    let b = with_vocabulary(
+    let mut b = with_vocabulary(
         Builder::new()
-            .string("general.architecture", "qwen35")
+            .string("general.architecture", t.arch)
             .string("general.name", t.name)
             .u32(&key("context_length"), 1024)
             .u32(&key("embedding_length"), t.embd as u32)
@@ -948,6 +986,14 @@ fn qwen35_bytes(t: &Tiny, q: &Qwen35Tiny, r: &mut Random) -> Vec<u8> {
             .u32(&key("ssm.inner_size"), value_dim as u32),
         t.vocab,
     );
+    if let Some((count, used)) = t.experts {
+        // Routed experts half as wide as the shared one, as Qwen3.5-35B-A3B's are.
+        b = b
+            .u32(&key("expert_count"), count as u32)
+            .u32(&key("expert_used_count"), used as u32)
+            .u32(&key("expert_feed_forward_length"), (t.ff / 2) as u32)
+            .u32(&key("expert_shared_feed_forward_length"), t.ff as u32);
+    }
     let add = adder(t.mix);
     let (q_dim, kv_dim, e) = (t.heads * t.head_dim, t.kv_heads * t.head_dim, t.embd);
     let mut b = add(b, r, "token_embd.weight", Role::Embeddings, 0, t.vocab, e);
@@ -966,9 +1012,37 @@ fn qwen35_bytes(t: &Tiny, q: &Qwen35Tiny, r: &mut Random) -> Vec<u8> {
             b = add(b, r, &n("ssm_beta"), Role::Key, i, q.v_heads, e);
             b = add(b, r, &n("ssm_out"), Role::AttnOutput, i, e, value_dim);
         }
-        b = add(b, r, &n("ffn_gate"), Role::Gate, i, t.ff, e);
-        b = add(b, r, &n("ffn_up"), Role::Up, i, t.ff, e);
-        b = add(b, r, &n("ffn_down"), Role::Down, i, e, t.ff);
+        match t.experts {
+            None => {
+                b = add(b, r, &n("ffn_gate"), Role::Gate, i, t.ff, e);
+                b = add(b, r, &n("ffn_up"), Role::Up, i, t.ff, e);
+                b = add(b, r, &n("ffn_down"), Role::Down, i, e, t.ff);
+            }
+            Some((count, _)) => {
+                // A decisive router, as trained ones are: near-ties between experts flip with
+                // any rounding and would measure chaos rather than the arithmetic.
+                let router: Vec<f32> = (0..count * e)
+                    .map(|_| 8.0 * AMPLITUDE * r.signed())
+                    .collect();
+                let shared_gate: Vec<f32> = (0..e).map(|_| AMPLITUDE * r.signed()).collect();
+                b = b
+                    .f32_matrix(&n("ffn_gate_inp"), e, count, &router)
+                    .f32_tensor(&n("ffn_gate_inp_shexp"), &shared_gate);
+                let ff = t.ff / 2;
+                for (s, role, rows, cols) in [
+                    ("ffn_gate_exps", Role::Gate, ff, e),
+                    ("ffn_up_exps", Role::Up, ff, e),
+                    ("ffn_down_exps", Role::Down, e, ff),
+                ] {
+                    let (ty, bytes) = matrix(t.mix.type_of(role, i), rows * count, cols, r);
+                    let dims = [cols as u64, rows as u64, count as u64];
+                    b = b.raw_tensor(&n(s), &dims, ty, bytes);
+                }
+                b = add(b, r, &n("ffn_gate_shexp"), Role::Gate, i, t.ff, e);
+                b = add(b, r, &n("ffn_up_shexp"), Role::Up, i, t.ff, e);
+                b = add(b, r, &n("ffn_down_shexp"), Role::Down, i, e, t.ff);
+            }
+        }
     }
     b = add(
         b,

@@ -111,6 +111,9 @@ pub struct EngineSettings {
     /// Top-k sampling for requests that set none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
+    /// Min-p sampling for requests that set none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
 }
 
 /// The published file a model is installed from.
@@ -339,11 +342,12 @@ impl Manifest {
             .temperature
             .is_none_or(|t| (0.0..=10.0).contains(&t))
             && self.engine.top_p.is_none_or(|p| (0.0..=1.0).contains(&p))
-            && self.engine.top_k.is_none_or(|k| k <= 1 << 20);
+            && self.engine.top_k.is_none_or(|k| k <= 1 << 20)
+            && self.engine.min_p.is_none_or(|p| (0.0..=1.0).contains(&p));
         if !sampling_ok {
             return Err(bad(format!(
                 "engine sampling defaults out of range (temperature 0-10, top_p 0-1, top_k up to \
-                 1048576): {:?}",
+                 1048576, min_p 0-1): {:?}",
                 self.engine
             )));
         }
@@ -545,6 +549,7 @@ impl Template {
                 temperature: None,
                 top_p: None,
                 top_k: None,
+                min_p: None,
             }),
             source,
             patches,

@@ -33,6 +33,9 @@ pub enum Arch {
     /// query head, rope over part of the head), with a multi-token-prediction layer after
     /// the trunk.
     Qwen35,
+    /// `qwen35moe`: Qwen 3.5's hybrid with routed experts (as `qwen3moe`) and a shared expert
+    /// whose output is gated per token by a sigmoid.
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -44,6 +47,12 @@ impl Arch {
     /// Gemma 4's attention: rope factors on full layers only, attention scale 1.
     pub fn is_gemma4(self) -> bool {
         matches!(self, Arch::Gemma4 | Arch::Gemma4Assistant)
+    }
+
+    /// Qwen 3.5's hybrid (dense or with experts): Gated DeltaNet and gated attention layers,
+    /// the pre-FFN norm named `post_attention_norm`.
+    pub fn is_qwen35(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
     }
 }
 
@@ -171,6 +180,8 @@ pub struct Hparams {
     pub n_ff: usize,
     /// Routed experts per layer (0: a dense FFN).
     pub n_expert: usize,
+    /// FFN width of a shared expert beside the routed ones (Qwen 3.5 MoE; 0: none).
+    pub n_ff_shared: usize,
     /// Experts each token is routed to.
     pub n_expert_used: usize,
     /// RMSNorm epsilon.
@@ -303,10 +314,11 @@ impl Hparams {
             "gemma4" => Arch::Gemma4,
             "gemma4-assistant" => Arch::Gemma4Assistant,
             "qwen35" => Arch::Qwen35,
+            "qwen35moe" => Arch::Qwen35Moe,
             other => {
                 return Err(format!(
                     "architecture {other} is not supported (llama, qwen2, qwen3, qwen3moe, \
-                     qwen35, gemma3, gemma4, gemma4-assistant)"
+                     qwen35, qwen35moe, gemma3, gemma4, gemma4-assistant)"
                 ));
             }
         };
@@ -325,7 +337,7 @@ impl Hparams {
             None => 0,
         };
         let vocab = vocab_of(header)?;
-        let moe = arch == Arch::Qwen3Moe;
+        let moe = matches!(arch, Arch::Qwen3Moe | Arch::Qwen35Moe);
         let (n_ff, n_expert, n_expert_used) = if moe {
             (
                 need("expert_feed_forward_length")?,
@@ -346,6 +358,14 @@ impl Hparams {
             head_dim,
             n_ff,
             n_expert,
+            n_ff_shared: if arch == Arch::Qwen35Moe {
+                match get_u(header, &key("expert_shared_feed_forward_length"))? {
+                    Some(width) => width,
+                    None => need("feed_forward_length")?,
+                }
+            } else {
+                0
+            },
             n_expert_used,
             rms_eps: get_f(header, &key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
             rope_base: get_f(header, &key("rope.freq_base"))?.unwrap_or(10_000.0),
@@ -366,14 +386,15 @@ impl Hparams {
             n_nextn: 0,
         };
         h.layers = h.uniform_layers();
-        if arch == Arch::Qwen35 {
-            qwen35(&mut h, header, file)?;
+        if arch.is_qwen35() {
+            qwen35(&mut h, &arch_name, header, file)?;
         }
         let sane = h.n_embd > 0
             && h.layers.iter().all(LayerShape::is_sane)
             && h.n_layer > 0
             && h.n_layer <= 1024
             && (!moe || (h.n_expert_used > 0 && h.n_expert_used <= h.n_expert))
+            && h.n_ff_shared <= 1 << 20
             && h.n_expert <= MAX_EXPERTS;
         if !sane {
             return Err(format!("inconsistent hyperparameters: {h:?}"));
@@ -539,6 +560,7 @@ fn gemma4(arch: Arch, header: &Header, file: &[u8]) -> Result<Hparams, String> {
         head_dim: max(|l| l.head_dim),
         n_ff: max(|l| l.n_ff),
         n_expert: 0,
+        n_ff_shared: 0,
         n_expert_used: 0,
         rms_eps: get_f(header, &key("attention.layer_norm_rms_epsilon"))?
             .ok_or_else(|| format!("{} is missing", key("attention.layer_norm_rms_epsilon")))?,
@@ -594,8 +616,8 @@ fn gemma4(arch: Arch, header: &Header, file: &[u8]) -> Result<Hparams, String> {
 /// `attention.recurrent_layers` bools, else every `full_attention_interval`-th layer attends),
 /// the rope sections (required; with text positions all equal they rotate as NEOX does) and
 /// the nextn layers after the trunk.
-fn qwen35(h: &mut Hparams, header: &Header, file: &[u8]) -> Result<(), String> {
-    let key = |k: &str| format!("qwen35.{k}");
+fn qwen35(h: &mut Hparams, arch: &str, header: &Header, file: &[u8]) -> Result<(), String> {
+    let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| get_u(header, &key(k))?.ok_or_else(|| format!("{} is missing", key(k)));
     let all = need("block_count")?;
     h.n_nextn = all - h.n_layer;

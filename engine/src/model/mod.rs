@@ -625,7 +625,7 @@ impl<'a> Model<'a> {
                     None
                 };
                 // Qwen 3.5's queries carry their output gates beside them.
-                let gated = h.arch == Arch::Qwen35;
+                let gated = h.arch.is_qwen35();
                 Mixer::Attention(Attention {
                     wq: weights(&name("attn_q"), e, if gated { 2 * q_dim } else { q_dim })?,
                     wk,
@@ -659,7 +659,7 @@ impl<'a> Model<'a> {
                 None
             };
             // Qwen 3.5 names its pre-FFN norm after the attention.
-            let ffn_norm = if h.arch == Arch::Qwen35 {
+            let ffn_norm = if h.arch.is_qwen35() {
                 "post_attention_norm"
             } else {
                 "ffn_norm"
@@ -684,6 +684,17 @@ impl<'a> Model<'a> {
                         gate: experts(file, &name("ffn_gate_exps"), e, n_ff, h.n_expert)?,
                         up: experts(file, &name("ffn_up_exps"), e, n_ff, h.n_expert)?,
                         down: experts(file, &name("ffn_down_exps"), n_ff, e, h.n_expert)?,
+                        shared: if h.n_ff_shared > 0 {
+                            let ff = h.n_ff_shared;
+                            Some(moe::Shared {
+                                gate_inp: vector(file, &name("ffn_gate_inp_shexp"), e)?,
+                                gate: weights(&name("ffn_gate_shexp"), e, ff)?,
+                                up: weights(&name("ffn_up_shexp"), e, ff)?,
+                                down: weights(&name("ffn_down_shexp"), ff, e)?,
+                            })
+                        } else {
+                            None
+                        },
                     })
                 } else {
                     Ffn::Dense {
@@ -746,7 +757,12 @@ impl<'a> Model<'a> {
                     .iter()
                     .map(|m| m.widened_bytes())
                     .sum::<usize>(),
-                Ffn::Experts(_) => 0,
+                Ffn::Experts(x) => x.shared.as_ref().map_or(0, |s| {
+                    [&s.gate, &s.up, &s.down]
+                        .iter()
+                        .map(|m| m.widened_bytes())
+                        .sum()
+                }),
             };
             let ple = l
                 .ple

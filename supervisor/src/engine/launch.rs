@@ -79,6 +79,7 @@ impl Launch {
             ("--temp", settings.temperature.map(|t| t.to_string())),
             ("--top-p", settings.top_p.map(|p| p.to_string())),
             ("--top-k", settings.top_k.map(|k| k.to_string())),
+            ("--min-p", settings.min_p.map(|p| p.to_string())),
         ];
         for (flag, value) in sampling {
             if let Some(value) = value {

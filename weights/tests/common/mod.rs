@@ -62,6 +62,7 @@ pub fn engine() -> EngineSettings {
         temperature: None,
         top_p: None,
         top_k: None,
+        min_p: None,
     }
 }
 

@@ -171,6 +171,7 @@ mod tests {
             head_dim: 8,
             n_ff: 8,
             n_expert: 0,
+            n_ff_shared: 0,
             n_expert_used: 0,
             rms_eps: 1e-5,
             rope_base: 10_000.0,
