@@ -15,6 +15,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
+pub(super) mod delta;
 mod k_lanes;
 
 use super::RowDot;

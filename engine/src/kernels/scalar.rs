@@ -482,3 +482,63 @@ mod tests {
         assert!(super::expf_poly(200.0).is_infinite());
     }
 }
+
+/// The sum of eight lanes as every ISA adds them: lanes `l` and `l + 4`, then the even and
+/// odd pairs, then the two.
+pub fn reduce8(lanes: [f32; 8]) -> f32 {
+    let quads = [
+        lanes[0] + lanes[4],
+        lanes[1] + lanes[5],
+        lanes[2] + lanes[6],
+        lanes[3] + lanes[7],
+    ];
+    (quads[0] + quads[2]) + (quads[1] + quads[3])
+}
+
+/// One token's step of one value head of a Gated DeltaNet state `s` (a row per value
+/// dimension, over the key dimensions): each row decayed by `decay`, read against the key,
+/// written with the delta rule (`δ = (v − row·k)·beta`, `row += δ·k`), read against the query
+/// and scaled into `out`. Every product is summed in eight lanes of fused multiply-adds (a
+/// lane takes every eighth element), the lanes as [`reduce8`] adds them, then the tail: the
+/// SIMD paths give these bits.
+pub fn delta_step(
+    s: &mut [f32],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (decay, beta, scale): (f32, f32, f32),
+    out: &mut [f32],
+) {
+    let width = k.len();
+    let body = width / 8 * 8;
+    for ((row, &v), o) in s.chunks_exact_mut(width).zip(v).zip(out) {
+        let mut lanes = [0f32; 8];
+        for (x, k) in row[..body].chunks_exact_mut(8).zip(k.chunks_exact(8)) {
+            for l in 0..8 {
+                x[l] *= decay;
+                lanes[l] = x[l].mul_add(k[l], lanes[l]);
+            }
+        }
+        let mut read = reduce8(lanes);
+        for (x, k) in row[body..].iter_mut().zip(&k[body..]) {
+            *x *= decay;
+            read = x.mul_add(*k, read);
+        }
+        let delta = (v - read) * beta;
+        let mut lanes = [0f32; 8];
+        for ((x, k), q) in row[..body]
+            .chunks_exact_mut(8)
+            .zip(k.chunks_exact(8))
+            .zip(q.chunks_exact(8))
+        {
+            for l in 0..8 {
+                x[l] = k[l].mul_add(delta, x[l]);
+                lanes[l] = x[l].mul_add(q[l], lanes[l]);
+            }
+        }
+        let mut read = reduce8(lanes);
+        for ((x, k), q) in row[body..].iter_mut().zip(&k[body..]).zip(&q[body..]) {
+            *x = k.mul_add(delta, *x);
+            read = x.mul_add(*q, read);
+        }
+        *o = read * scale;
+    }
+}

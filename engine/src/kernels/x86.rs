@@ -18,6 +18,7 @@
 
 use std::arch::x86_64::*;
 
+pub(super) mod delta;
 mod k_wide;
 mod legacy_lanes;
 mod packed;

@@ -189,7 +189,13 @@ impl Journal {
 
     /// Rebuilds in `layers` the state at `wanted` (which [`Journal::reaches`] gave): its
     /// base, then the recorded recurrence up to there.
-    pub fn replay(&self, wanted: usize, d: Option<DeltaShape>, layers: &mut [Recurrent]) {
+    pub fn replay(
+        &self,
+        wanted: usize,
+        d: Option<DeltaShape>,
+        layers: &mut [Recurrent],
+        isa: kernels::Isa,
+    ) {
         let (Some(d), Some(base)) = (d, &self.base) else {
             return;
         };
@@ -213,7 +219,8 @@ impl Journal {
                     let q = &row[kh * width..(kh + 1) * width];
                     let kk = &row[key_dim + kh * width..key_dim + (kh + 1) * width];
                     let v = &row[2 * key_dim + head * width..2 * key_dim + (head + 1) * width];
-                    step_head(s, (q, kk, v), decay[head], beta[head], scale, &mut out);
+                    let gates = (decay[head], beta[head], scale);
+                    kernels::delta_step(s, (q, kk, v), gates, &mut out, isa);
                 }
                 // The kept convolution rows move up by one: the token's input is the newest.
                 state.conv.copy_within(channels.., 0);
@@ -238,52 +245,6 @@ fn l2_norm(x: &mut [f32], eps: f32) {
     let scale = rms_scale(x, eps / n);
     let shrink = 1.0 / n.sqrt();
     x.iter_mut().for_each(|v| *v = *v * scale * shrink);
-}
-
-/// `Σ a·b` in eight lanes (summed pairwise at the end), the same on every machine.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    for (a, b) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        for l in 0..8 {
-            lanes[l] += a[l] * b[l];
-        }
-    }
-    let tail = a.len() / 8 * 8;
-    let mut rest = 0f32;
-    for (a, b) in a[tail..].iter().zip(&b[tail..]) {
-        rest += a * b;
-    }
-    let quads = [
-        lanes[0] + lanes[4],
-        lanes[1] + lanes[5],
-        lanes[2] + lanes[6],
-        lanes[3] + lanes[7],
-    ];
-    (quads[0] + quads[2]) + (quads[1] + quads[3]) + rest
-}
-
-/// One token's step of one value head's state `s` (rows of `width` over the key dimensions):
-/// decay by `decay`, the delta rule's write of `v` at key `k` with strength `beta`, and the
-/// read at query `q`, scaled, into `out`. Each row (value dimension) is independent, so each
-/// is decayed, read against the key, written and read against the query in one visit, with
-/// the results ggml's row-by-row loops give.
-fn step_head(
-    s: &mut [f32],
-    (q, k, v): (&[f32], &[f32], &[f32]),
-    decay: f32,
-    beta: f32,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let width = k.len();
-    for ((row, &v), o) in s.chunks_exact_mut(width).zip(v).zip(out) {
-        row.iter_mut().for_each(|x| *x *= decay);
-        let delta = (v - dot(row, k)) * beta;
-        for (x, k) in row.iter_mut().zip(k) {
-            *x += k * delta;
-        }
-        *o = dot(row, q) * scale;
-    }
 }
 
 /// Runs the layer on the normed inputs `w.cur` of `n` tokens, continuing `state`; the
@@ -408,7 +369,7 @@ pub(super) fn mix(
                 let k = &row[key_dim + kh * width..key_dim + (kh + 1) * width];
                 let v = &row[2 * key_dim + head * width..2 * key_dim + (head + 1) * width];
                 let at = t * heads + head;
-                step_head(&mut s, (q, k, v), decay[at], beta[at], scale, out);
+                kernels::delta_step(&mut s, (q, k, v), (decay[at], beta[at], scale), out, isa);
             }
         }
     });

@@ -381,8 +381,9 @@ impl KvCache {
         let kept = self.checkpoints.last().map_or(0, |c| c.at);
         let reached = match self.journal.reaches(wanted) {
             Some(reached) if reached >= kept => {
+                let isa = self.exec.isa;
                 self.journal
-                    .replay(reached, self.delta, &mut self.recurrent);
+                    .replay(reached, self.delta, &mut self.recurrent, isa);
                 reached
             }
             _ => {
