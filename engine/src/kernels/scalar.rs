@@ -461,28 +461,6 @@ pub mod rows {
     );
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_exponential_is_within_two_ulp_and_saturates() {
-        for i in -10_000..10_000 {
-            let x = i as f32 / 100.0;
-            let (got, want) = (super::expf_poly(x), f64::from(x).exp());
-            if want > f64::from(f32::MAX) {
-                assert!(got.is_infinite(), "{x}");
-            } else if want >= f64::from(f32::MIN_POSITIVE) {
-                let ulp = f64::from(f32::EPSILON) * want;
-                assert!(
-                    (f64::from(got) - want).abs() <= 2.0 * ulp,
-                    "{x}: {got} vs {want}"
-                );
-            }
-        }
-        assert_eq!(super::expf_poly(-200.0), 0.0);
-        assert!(super::expf_poly(200.0).is_infinite());
-    }
-}
-
 /// The sum of eight lanes as every ISA adds them: lanes `l` and `l + 4`, then the even and
 /// odd pairs, then the two.
 pub fn reduce8(lanes: [f32; 8]) -> f32 {
@@ -540,5 +518,27 @@ pub fn delta_step(
             read = x.mul_add(*q, read);
         }
         *o = read * scale;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_exponential_is_within_two_ulp_and_saturates() {
+        for i in -10_000..10_000 {
+            let x = i as f32 / 100.0;
+            let (got, want) = (super::expf_poly(x), f64::from(x).exp());
+            if want > f64::from(f32::MAX) {
+                assert!(got.is_infinite(), "{x}");
+            } else if want >= f64::from(f32::MIN_POSITIVE) {
+                let ulp = f64::from(f32::EPSILON) * want;
+                assert!(
+                    (f64::from(got) - want).abs() <= 2.0 * ulp,
+                    "{x}: {got} vs {want}"
+                );
+            }
+        }
+        assert_eq!(super::expf_poly(-200.0), 0.0);
+        assert!(super::expf_poly(200.0).is_infinite());
     }
 }
