@@ -46,24 +46,17 @@ if [ "$moe" = yes ]; then
     --ignored --exact write_moe_bench_model >&2
   manifests+=("$cache/moe-bench/moe-bench-q4_k_m.gguf")
 fi
-if [ "$e2b" = yes ]; then
-  e2b_model="$cache/e2b-bench/gemma4-e2b-shape-q4_k_m.gguf"
-  if [ ! -f "$e2b_model" ]; then
-    mkdir -p "$cache/e2b-bench"
-    TINY_MODELS_DIR="$cache/e2b-bench" cargo test --release --locked -p engine --test tiny_vs_llama -- \
-      --ignored --exact write_e2b_bench_model >&2
+# A random model of real shapes, written once into the cache by the named ignored test.
+bench_model() { # DIR FILE TEST
+  if [ ! -f "$cache/$1/$2" ]; then
+    mkdir -p "$cache/$1"
+    TINY_MODELS_DIR="$cache/$1" cargo test --release --locked -p engine --test tiny_vs_llama -- \
+      --ignored --exact "$3" >&2
   fi
-  manifests+=("$e2b_model")
-fi
-if [ "$qwen35" = yes ]; then
-  qwen35_model="$cache/qwen35-bench/qwen35-4b-shape-q4_k_m.gguf"
-  if [ ! -f "$qwen35_model" ]; then
-    mkdir -p "$cache/qwen35-bench"
-    TINY_MODELS_DIR="$cache/qwen35-bench" cargo test --release --locked -p engine --test tiny_vs_llama -- \
-      --ignored --exact write_qwen35_bench_model >&2
-  fi
-  manifests+=("$qwen35_model")
-fi
+  manifests+=("$cache/$1/$2")
+}
+[ "$e2b" = no ] || bench_model e2b-bench gemma4-e2b-shape-q4_k_m.gguf write_e2b_bench_model
+[ "$qwen35" = no ] || bench_model qwen35-bench qwen35-4b-shape-q4_k_m.gguf write_qwen35_bench_model
 for manifest in "${manifests[@]}"; do
   case "$manifest" in
     *.gguf) model=$manifest; name=$(basename "$manifest" .gguf) ;;

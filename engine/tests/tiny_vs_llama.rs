@@ -121,17 +121,7 @@ fn gemma4_q4_k_m_with_shared_kv_and_per_layer_inputs_matches_llama_cpp() {
 /// llama.cpp's worst distance from them (0.229).
 #[test]
 fn gemma4_q4_k_m_against_exact_values() {
-    let t = model("tiny-gemma4-q4_k_m");
-    let goldens = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join(format!("{}.gguf", t.name));
-    std::fs::write(&path, gguf_bytes(t)).expect("write the model");
-    golden::check_exact(
-        &goldens.join(format!("{}.json", t.name)),
-        &goldens.join(format!("{}.exact.json", t.name)),
-        &path,
-        0.46,
-    );
+    against_exact("tiny-gemma4-q4_k_m", 0.46);
 }
 
 /// Gemma 4's layers as llama.cpp maps them: head widths by layer type, FFN widths per layer,

@@ -661,6 +661,20 @@ fn a_long_streamed_answer_completes_under_the_supervisor() {
     board.wait_no_processes(Duration::from_secs(5));
 }
 
+/// Configures the supervisor to serve the installed model `id` on `port` (no re-verification
+/// timer, a small context).
+fn serve_installed(board: &Board, id: &str, port: u16) {
+    std::fs::write(
+        board.root.join("etc/appliance/appliance.toml"),
+        format!(
+            "[daemon]\nreverify_interval_s = 0\n\n[model]\nid = \"{id}\"\n\n\
+             [engine]\nbinary = \"{}\"\nport = {port}\ncontext = 512\n",
+            engine_binary().display()
+        ),
+    )
+    .expect("config");
+}
+
 /// A Gemma 4 pair (the tiny random target and draft head the engine's tests use) made into a
 /// manifest from the E2B template, installed together, verified at the gate and served with
 /// the head: the launch passes it, `status` names it, and the engine drafts from it.
@@ -730,15 +744,7 @@ fn a_model_with_a_draft_head_is_verified_and_served_with_it() {
         String::from_utf8_lossy(&installed.stderr)
     );
     let port = free_port();
-    std::fs::write(
-        board.root.join("etc/appliance/appliance.toml"),
-        format!(
-            "[daemon]\nreverify_interval_s = 0\n\n[model]\nid = \"gemma-4-e2b-it\"\n\n\
-             [engine]\nbinary = \"{}\"\nport = {port}\ncontext = 512\n",
-            engine_binary().display()
-        ),
-    )
-    .expect("config");
+    serve_installed(&board, "gemma-4-e2b-it", port);
     let status = board.status();
     assert_eq!(status["model"]["state"], "verified", "{status:#}");
     assert_eq!(status["model"]["speculation"], "mtp");
@@ -818,15 +824,7 @@ fn a_hybrid_recurrent_model_is_verified_and_served() {
         String::from_utf8_lossy(&installed.stderr)
     );
     let port = free_port();
-    std::fs::write(
-        board.root.join("etc/appliance/appliance.toml"),
-        format!(
-            "[daemon]\nreverify_interval_s = 0\n\n[model]\nid = \"qwen3.5-4b\"\n\n\
-             [engine]\nbinary = \"{}\"\nport = {port}\ncontext = 512\n",
-            engine_binary().display()
-        ),
-    )
-    .expect("config");
+    serve_installed(&board, "qwen3.5-4b", port);
     let status = board.status();
     assert_eq!(status["model"]["state"], "verified", "{status:#}");
     let mut supervisor = board.run();

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::hparams::DeltaShape;
-use super::layers::{rms_norm, rms_scale};
+use super::layers::{rms_norm, rms_scale, sigmoid};
 use super::{Hparams, Work};
 use crate::kernels::{self, Exec, Matrix, Product};
 
@@ -303,9 +303,7 @@ pub(super) fn mix(
         &mut w.scratch,
     )?;
     // As ggml: β = σ(x), g = softplus(x + dt_bias)·a, the decay e^g.
-    w.beta
-        .iter_mut()
-        .for_each(|b| *b = 1.0 / (1.0 + (-*b).exp()));
+    w.beta.iter_mut().for_each(|b| *b = sigmoid(*b));
     for row in w.decay.chunks_exact_mut(heads) {
         for ((g, bias), a) in row.iter_mut().zip(&net.dt_bias).zip(&net.a) {
             let x = *g + bias;

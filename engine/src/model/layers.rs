@@ -15,6 +15,11 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// σ(x) as ggml's sigmoid op computes it (libm's exponential).
+pub(super) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
 /// `out ← rms_norm(x)`, leaving `x` as it is (the residual stream).
 fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let scale = rms_scale(x, eps);
@@ -368,7 +373,7 @@ fn attend_layer(
     if layer.gated {
         // As ggml: the attention's output times σ(gate), σ by libm's exponential.
         for (o, g) in w.attn.iter_mut().zip(&w.out_gate) {
-            *o *= 1.0 / (1.0 + (-*g).exp());
+            *o *= sigmoid(*g);
         }
     }
     kernels::matmul(

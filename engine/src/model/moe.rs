@@ -125,7 +125,7 @@ fn shared_expert(
         .zip(w.cur.chunks_exact(e))
     {
         let logit: f32 = shared.gate_inp.iter().zip(x).map(|(g, x)| g * x).sum();
-        let gate = 1.0 / (1.0 + (-logit).exp());
+        let gate = super::layers::sigmoid(logit);
         for (p, d) in proj.iter_mut().zip(down) {
             *p += d * gate;
         }
