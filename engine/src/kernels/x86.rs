@@ -7,6 +7,8 @@
 //! `vpdpwssd`: the same lanes summed exactly, so the same results, in fewer instructions. Its
 //! legacy-quant batches (two or more tokens) run the packed kernels of `x86/packed.rs`, its
 //! K-quant batches the 512-bit kernels of `x86/k_wide.rs` (rows in lanes from six columns on).
+//! K-quants for one to five columns (a token, a draft's check) take `x86/k_quads.rs` on both
+//! sets: four rows folded together, their float steps in one register.
 //!
 //! The `*_avx2` and `*_vnni` functions require those CPU features: the row kernels are only
 //! handed out by [`row_dot`], which checks [`supported`] / [`vnni_supported`] first, and the f16
@@ -19,6 +21,7 @@
 use std::arch::x86_64::*;
 
 pub(super) mod delta;
+mod k_quads;
 mod k_wide;
 mod legacy_lanes;
 mod packed;
@@ -95,14 +98,33 @@ safe_wrapper!(q4_0, q4_0_avx2, BlockQ8_0);
 safe_wrapper!(q4_1, q4_1_avx2, BlockQ8_1);
 safe_wrapper!(q5_0, q5_0_avx2, BlockQ8_0);
 safe_wrapper!(q8_0, q8_0_avx2, BlockQ8_0);
-safe_wrapper!(q4_k, q4_k_rows_avx2, BlockQ8K);
-safe_wrapper!(q6_k, q6_k_rows_avx2, BlockQ8K);
 batched_wrapper!(q4_0_v, q4_0_vnni, legacy_lanes::q4_0_rows, BlockQ8_0);
 batched_wrapper!(q4_1_v, q4_1_vnni, legacy_lanes::q4_1_rows, BlockQ8_1);
 batched_wrapper!(q5_0_v, q5_0_vnni, legacy_lanes::q5_0_rows, BlockQ8_0);
 batched_wrapper!(q8_0_v, q8_0_vnni, legacy_lanes::q8_0_rows, BlockQ8_0);
-batched_wrapper!(q4_k_v, q4_k_rows_vnni, k_wide::q4_k_rows, BlockQ8K);
-batched_wrapper!(q6_k_v, q6_k_rows_vnni, k_wide::q6_k_rows, BlockQ8K);
+
+/// A K-quant's kernels: up to `k_quads::MAX_COLUMNS` columns four rows at a time, more through
+/// `$batch`.
+macro_rules! k_wrapper {
+    ($name:ident, $few:path, $batch:path) => {
+        fn $name(w: &[u8], row_bytes: usize, x: &[BlockQ8K], columns: usize, out: &mut [f32]) {
+            // SAFETY: only reachable through `row_dot`, which hands out a kernel only after
+            // checking the CPU features both paths are compiled for.
+            unsafe {
+                if columns <= k_quads::MAX_COLUMNS {
+                    $few(w, row_bytes, x, columns, out)
+                } else {
+                    $batch(w, row_bytes, x, columns, out)
+                }
+            }
+        }
+    };
+}
+
+k_wrapper!(q4_k, k_quads::q4_k_avx2, q4_k_rows_avx2);
+k_wrapper!(q6_k, k_quads::q6_k_avx2, q6_k_rows_avx2);
+k_wrapper!(q4_k_v, k_quads::q4_k_vnni, k_wide::q4_k_rows);
+k_wrapper!(q6_k_v, k_quads::q6_k_vnni, k_wide::q6_k_rows);
 
 /// `row · x` for float weights as `scalar::float_dot` computes it: lane i mod 8, fused
 /// multiply-adds, the tail in the same lanes, then `hsum8`.
@@ -621,30 +643,78 @@ struct Q4K {
     dw: f32,
     dmin: f32,
     values: [__m256i; 8],
+    /// Chunk k's scale in every 16-bit lane.
     scales: [__m256i; 8],
+    /// The eight mins as i16, each twice: `vpmaddwd` against the activations' sums of 16 gives
+    /// min · (sum of 32) per 32-bit lane.
     mins: __m256i,
 }
 
+/// A Q4_K block's twelve bytes of 6-bit scales and mins as sixteen bytes: the eight scales,
+/// then the eight mins (`scalar::q4_k_scales`' values), unpacked in the lanes of one register:
+/// as 32-bit words w0, w1, w2 of those bytes, scales and mins 0–3 are the low six bits of w0
+/// and w1; 4–7 take their low four bits from w2 (low and high nibbles) and their top two from
+/// the top bits of w0 and w1.
+#[inline(always)]
+unsafe fn q4_k_scales_and_mins(b: &[u8]) -> __m128i {
+    const LOW6: i32 = 0x3f3f_3f3f;
+    const LOW4: i32 = 0x0f0f_0f0f;
+    const TOP2: i32 = 0x0303_0303;
+    // SAFETY: the caller guarantees AVX2; bytes 4..20 lie inside the 144-byte block.
+    unsafe {
+        assert!(b.len() >= 20);
+        let w = _mm_loadu_si128(b[4..].as_ptr().cast());
+        // [w0, w2, w1, w2]: the words each lane's low bits come from.
+        let low_words = _mm_shuffle_epi32::<0b10_01_10_00>(w);
+        let low = _mm_and_si128(
+            _mm_srlv_epi32(low_words, _mm_setr_epi32(0, 0, 0, 4)),
+            _mm_setr_epi32(LOW6, LOW4, LOW6, LOW4),
+        );
+        // [w0, w0, w1, w1]: the top two bits of lanes 1 and 3.
+        let top_words = _mm_shuffle_epi32::<0b01_01_00_00>(w);
+        let top = _mm_slli_epi32(
+            _mm_and_si128(_mm_srli_epi32(top_words, 6), _mm_set1_epi32(TOP2)),
+            4,
+        );
+        _mm_or_si128(low, _mm_and_si128(top, _mm_setr_epi32(0, -1, 0, -1)))
+    }
+}
+
+/// The `vpshufb` selector that puts byte `k` of each 128-bit half in every 16-bit lane, zero
+/// extended.
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn word_of_byte(k: u16) -> __m256i {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe { _mm256_set1_epi16((0x8000 | k) as i16) }
+}
+
+#[inline(always)]
 unsafe fn q4_k_unpack(b: &[u8]) -> Q4K {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
         let low = _mm256_set1_epi8(0x0f);
-        let (sc, mins) = scalar::q4_k_scales(b);
+        let packed = q4_k_scales_and_mins(b);
+        let both = _mm256_broadcastsi128_si256(packed);
+        let mins_twice = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
         let mut values = [_mm256_setzero_si256(); 8];
         for j in 0..4 {
             let bits = load32(&b[16 + 32 * j..]);
             values[2 * j] = _mm256_and_si256(bits, low);
             values[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
         }
+        // Loops, not `array::from_fn`: a closure's intrinsics are not inlined here.
+        let mut scales = [_mm256_setzero_si256(); 8];
+        for (k, s) in scales.iter_mut().enumerate() {
+            *s = _mm256_shuffle_epi8(both, word_of_byte(k as u16));
+        }
         let scale_and_min = f16_pair(b);
         Q4K {
             dw: _mm_cvtss_f32(scale_and_min),
             dmin: second(scale_and_min),
             values,
-            scales: sc.map(|s| _mm256_set1_epi16(s)),
-            mins: _mm256_loadu_si256(mins.as_ptr().cast()),
+            scales,
+            mins: _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, mins_twice)),
         }
     }
 }
@@ -657,19 +727,27 @@ struct Q6K {
     scales16: __m256i,
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 unsafe fn q6_k_unpack(b: &[u8]) -> Q6K {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
         let low = _mm256_set1_epi8(0x0f);
         let two = _mm256_set1_epi8(3);
         let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b[192..208].as_ptr().cast()));
-        let sc: [i16; 16] = std::mem::transmute(scales16);
-        // Chunk k holds groups 2k (its low 16 values) and 2k + 1 (its high 16).
-        let scales = std::array::from_fn(|k| {
-            _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]))
-        });
+        // Chunk k holds groups 2k (its low 16 values) and 2k + 1 (its high 16): from the
+        // scales of groups 0–7 (or 8–15) in both halves, the low half takes word 2k mod 8 and
+        // the high half word 2k + 1 mod 8.
+        let groups_low = _mm256_permute2x128_si256::<0x00>(scales16, scales16);
+        let groups_high = _mm256_permute2x128_si256::<0x11>(scales16, scales16);
+        let mut scales = [_mm256_setzero_si256(); 8];
+        for (k, s) in scales.iter_mut().enumerate() {
+            let word = |w: usize| (((2 * w + 1) << 8) | (2 * w)) as i16;
+            let pick = _mm256_setr_m128i(
+                _mm_set1_epi16(word(2 * k % 8)),
+                _mm_set1_epi16(word((2 * k + 1) % 8)),
+            );
+            *s = _mm256_shuffle_epi8(if k < 4 { groups_low } else { groups_high }, pick);
+        }
         let mut values = [_mm256_setzero_si256(); 8];
         for half in 0..2 {
             let ql0 = load32(&b[64 * half..]);
@@ -695,68 +773,51 @@ unsafe fn q6_k_unpack(b: &[u8]) -> Q6K {
     }
 }
 
-/// The Q4_K and Q6_K kernels with `$madd_add` weighting a chunk's
-/// pair sums by its scales.
-macro_rules! k_quant_kernels {
-    (
-        $madd_add:ident:
-        $q4_k_column:ident, $q6_k_column:ident, $q4_k_rows:ident, $q6_k_rows:ident
-    ) => {
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut [f32; 2]) {
-            // SAFETY: the caller guarantees the CPU features this function is compiled for.
-            unsafe {
-                // Σ min · the activations' sums of 32, an exact integer.
-                let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-                let sums32 = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-                let summ = hsum_i32(_mm256_mullo_epi32(sums32, u.mins));
-                let mut sumi = _mm256_setzero_si256();
-                for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
-                    let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
-                    sumi = $madd_add(sumi, *s, _mm256_maddubs_epi16(*v, q8));
-                }
-                scalar::k_step(acc, hsum_i32(sumi), y.d * u.dw, summ, y.d * u.dmin);
-            }
+/// Adds a Q4_K block against one column to its two sums (the AVX2 batches).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_column(u: &Q4K, y: &BlockQ8K, acc: &mut [f32; 2]) {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        // Σ min · the activations' sums of 32, an exact integer.
+        let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        let summ = hsum_i32(_mm256_madd_epi16(bsums, u.mins));
+        let mut sumi = _mm256_setzero_si256();
+        for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
+            let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
+            sumi = madd_add(sumi, *s, _mm256_maddubs_epi16(*v, q8));
         }
-
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut [f32; 2]) {
-            // SAFETY: the caller guarantees the CPU features this function is compiled for.
-            unsafe {
-                let mut sumi = _mm256_setzero_si256();
-                for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
-                    let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
-                    sumi = $madd_add(sumi, *s, _mm256_maddubs_epi16(*v, q8));
-                }
-                // The −32 offset of every value, through the activations' sums of 16.
-                let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-                let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
-                let sumi = hsum_i32(_mm256_sub_epi32(sumi, offsets));
-                acc[0] = (sumi as f32).mul_add(y.d * u.dw, acc[0]);
-            }
-        }
-
-        k_quant_rows!($q4_k_rows, 144,
-            unpack: |b| q4_k_unpack(b),
-            column: |u, y, acc| $q4_k_column(&u, y, acc),
-        );
-
-        k_quant_rows!($q6_k_rows, 210,
-            unpack: |b| q6_k_unpack(b),
-            column: |u, y, acc| $q6_k_column(&u, y, acc),
-        );
-    };
+        scalar::k_step(acc, hsum_i32(sumi), y.d * u.dw, summ, y.d * u.dmin);
+    }
 }
 
-k_quant_kernels!(
-    madd_add:
-    q4_k_column, q6_k_column, q4_k_rows_avx2, q6_k_rows_avx2
+/// Adds a Q6_K block against one column to its sum (the AVX2 batches).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_column(u: &Q6K, y: &BlockQ8K, acc: &mut [f32; 2]) {
+    // SAFETY: the caller guarantees the CPU features this function is compiled for.
+    unsafe {
+        let mut sumi = _mm256_setzero_si256();
+        for (k, (v, s)) in u.values.iter().zip(&u.scales).enumerate() {
+            let q8 = load32(cast_i8(&y.qs[32 * k..32 * k + 32]));
+            sumi = madd_add(sumi, *s, _mm256_maddubs_epi16(*v, q8));
+        }
+        // The −32 offset of every value, through the activations' sums of 16.
+        let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
+        let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
+        let sumi = hsum_i32(_mm256_sub_epi32(sumi, offsets));
+        acc[0] = (sumi as f32).mul_add(y.d * u.dw, acc[0]);
+    }
+}
+
+k_quant_rows!(q4_k_rows_avx2, 144,
+    unpack: |b| q4_k_unpack(b),
+    column: |u, y, acc| q4_k_column(&u, y, acc),
 );
-k_quant_kernels!(
-    madd_add_vnni:
-    q4_k_column_vnni, q6_k_column_vnni, q4_k_rows_vnni, q6_k_rows_vnni
+
+k_quant_rows!(q6_k_rows_avx2, 210,
+    unpack: |b| q6_k_unpack(b),
+    column: |u, y, acc| q6_k_column(&u, y, acc),
 );
 
 fn cast_i8(v: &[i8]) -> &[u8] {

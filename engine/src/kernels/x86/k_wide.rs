@@ -9,26 +9,20 @@
 //! group are broadcast from memory into `vpdpbusd`: 64 multiply-adds per instruction, the
 //! sub-block's scales one `vpmulld` per 16 rows, the float steps once per 16 rows. The tile is
 //! repacked from the rows once per call and serves every column; four columns share each load
-//! of it. Fewer columns than [`ROWS_IN_LANES_FROM`] (a draft's check) do not pay back the
-//! repacking and take the row layout with two 256-bit chunks per step.
+//! of it. Fewer columns (a token's step, a draft's check) do not pay back the repacking: they
+//! take `x86/k_quads.rs`, which the dispatcher (`x86.rs`) picks up to its `MAX_COLUMNS`.
 
 use std::arch::x86_64::*;
 use std::cell::{Cell, RefCell};
 
 use super::super::activations::BlockQ8K;
 use super::super::k_tile::KTile;
-use super::super::scalar;
-use super::prefetch_rows;
 
 /// Rows of a tile: one per 32-bit lane of a 512-bit register.
 const TILE: usize = 16;
 
 /// Columns one walk along a tile serves, sharing each load of its groups.
 const COLUMNS: usize = 4;
-
-/// Columns from which the rows-in-lanes kernel runs (fewer: the row layout). Timed on E2B's
-/// shapes (`engine bench --batch`, BENCHMARKS.md).
-const ROWS_IN_LANES_FROM: usize = 6;
 
 /// One weight block of a tile's rows, each row in its own 32-bit lane, with the offset terms'
 /// weights as `vpdpwssd` takes them: two i16 per lane, Q4_K's mins (2i, 2i + 1) against the
@@ -291,138 +285,6 @@ unsafe fn rows_in_lanes<F: Format>(
     }
 }
 
-/// A Q4_K block unpacked for 512-bit steps in the row layout.
-struct Q4KRow {
-    dw: f32,
-    dmin: f32,
-    /// Chunks 2j and 2j + 1 side by side.
-    values: [__m512i; 4],
-    /// Their scales, each in its half.
-    scales: [__m512i; 4],
-    /// The eight mins as i32.
-    mins: __m256i,
-}
-
-/// Two 256-bit chunks side by side.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn side_by_side(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4_k_unpack(b: &[u8]) -> Q4KRow {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let u = super::q4_k_unpack(b);
-        Q4KRow {
-            dw: u.dw,
-            dmin: u.dmin,
-            values: std::array::from_fn(|j| side_by_side(u.values[2 * j], u.values[2 * j + 1])),
-            scales: std::array::from_fn(|j| side_by_side(u.scales[2 * j], u.scales[2 * j + 1])),
-            mins: u.mins,
-        }
-    }
-}
-
-/// A Q6_K block unpacked for 512-bit steps in the row layout: its 6-bit values (unsigned), two
-/// chunks a register, each 16 values' scale in its quarter.
-struct Q6KRow {
-    dw: f32,
-    values: [__m512i; 4],
-    scales: [__m512i; 4],
-    scales16: __m256i,
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q6_k_unpack(b: &[u8]) -> Q6KRow {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let u = super::q6_k_unpack(b);
-        Q6KRow {
-            dw: u.dw,
-            values: std::array::from_fn(|j| side_by_side(u.values[2 * j], u.values[2 * j + 1])),
-            scales: std::array::from_fn(|j| side_by_side(u.scales[2 * j], u.scales[2 * j + 1])),
-            scales16: u.scales16,
-        }
-    }
-}
-
-/// The integer Σ scale · values · activations of a block in the row layout (its chunks
-/// `values`, weighted by `scales`, against `y`), as eight lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn lane_sums(values: &[__m512i; 4], scales: &[__m512i; 4], y: &BlockQ8K) -> __m256i {
-    // SAFETY: the caller guarantees the CPU features this function is compiled for.
-    unsafe {
-        let mut sums = _mm512_setzero_si512();
-        for (j, (v, s)) in values.iter().zip(scales).enumerate() {
-            let q8 = _mm512_loadu_si512(y.qs[64 * j..].as_ptr().cast());
-            sums = _mm512_dpwssd_epi32(sums, *s, _mm512_maddubs_epi16(*v, q8));
-        }
-        _mm256_add_epi32(
-            _mm512_castsi512_si256(sums),
-            _mm512_extracti64x4_epi64(sums, 1),
-        )
-    }
-}
-
-/// `rows × columns` products of a K-quant in the row layout, for few columns: each block
-/// unpacked once by `unpack`, then `add` adds it against each column to that column's two sums.
-macro_rules! row_layout {
-    ($name:ident, $bytes:expr, $unpack:ident, |$u:ident, $y:ident, $acc:ident| $add:expr) => {
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $name(
-            w: &[u8],
-            row_bytes: usize,
-            x: &[BlockQ8K],
-            columns: usize,
-            out: &mut [f32],
-        ) {
-            // SAFETY: the caller guarantees the CPU features this function is compiled for.
-            unsafe {
-                let n_rows = w.len() / row_bytes.max(1);
-                let blocks = x.len() / columns.max(1);
-                if blocks == 0 || columns > ROWS_IN_LANES_FROM {
-                    return;
-                }
-                for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-                    prefetch_rows(w, row_bytes, r + 2, 1);
-                    let mut sums = [[0f32; 2]; ROWS_IN_LANES_FROM];
-                    for (i, b) in row.chunks_exact($bytes).enumerate() {
-                        let $u = $unpack(b);
-                        for (j, $acc) in sums.iter_mut().take(columns).enumerate() {
-                            let $y = &x[j * blocks + i];
-                            $add;
-                        }
-                    }
-                    for (j, s) in sums.iter().take(columns).enumerate() {
-                        out[j * n_rows + r] = s[0] - s[1];
-                    }
-                }
-            }
-        }
-    };
-}
-
-row_layout!(q4_k_row_layout, 144, q4_k_unpack, |u, y, acc| {
-    let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-    let sums32 = _mm256_madd_epi16(bsums, _mm256_set1_epi16(1));
-    let summ = super::hsum_i32(_mm256_mullo_epi32(sums32, u.mins));
-    let sumi = super::hsum_i32(lane_sums(&u.values, &u.scales, y));
-    scalar::k_step(acc, sumi, y.d * u.dw, summ, y.d * u.dmin)
-});
-
-row_layout!(q6_k_row_layout, 210, q6_k_unpack, |u, y, acc| {
-    // The −32 offset of every value, through the activations' sums of 16.
-    let bsums = _mm256_loadu_si256(y.bsums.as_ptr().cast());
-    let offsets = _mm256_slli_epi32(_mm256_madd_epi16(bsums, u.scales16), 5);
-    let sumi = _mm256_sub_epi32(lane_sums(&u.values, &u.scales, y), offsets);
-    acc[0] = (super::hsum_i32(sumi) as f32).mul_add(y.d * u.dw, acc[0]);
-});
-
 /// `rows × columns` Q4_K products (`x` by column, then block), each as `scalar::q4_k` sums it.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q4_k_rows(
@@ -434,9 +296,6 @@ pub(super) unsafe fn q4_k_rows(
 ) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        if columns < ROWS_IN_LANES_FROM {
-            return q4_k_row_layout(w, row_bytes, x, columns, out);
-        }
         SUMS32.with_borrow_mut(|sums32| {
             // The activations' sums of 32 values, from Q8_K's sums of 16: exact in i16 (at
             // most 32 · 127).
@@ -461,10 +320,6 @@ pub(super) unsafe fn q6_k_rows(
 ) {
     // SAFETY: the caller guarantees the CPU features this function is compiled for.
     unsafe {
-        if columns < ROWS_IN_LANES_FROM {
-            q6_k_row_layout(w, row_bytes, x, columns, out);
-        } else {
-            rows_in_lanes::<Q6K>(w, row_bytes, x, columns, out, &[]);
-        }
+        rows_in_lanes::<Q6K>(w, row_bytes, x, columns, out, &[]);
     }
 }
