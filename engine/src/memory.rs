@@ -167,8 +167,10 @@ impl Need {
         // Gemma 4's per-layer token embeddings are read a row per token through the map:
         // only the rows of the tokens in use are ever resident, a small share of the table.
         let row_read = model.row_read_bytes() as u64;
+        // A copy with rows side by side stands in for its mapped rows: counted once, as a copy.
+        let replaced = model.replaced_bytes() as u64;
         Ok(Need {
-            weights: file_bytes.saturating_sub(experts + row_read) + used,
+            weights: file_bytes.saturating_sub(experts + row_read + replaced) + used,
             widened: model.widened_bytes() as u64,
             kv,
             kept,

@@ -73,6 +73,37 @@ fn map(file: &File) -> std::io::Result<Mmap> {
 }
 
 impl ModelFile {
+    /// Gives back the pages of `bytes` (a part of this file's map, such as a tensor copied
+    /// elsewhere at load) so they no longer count as this process's memory; a later read pages
+    /// them in again from the file. Only whole pages inside `bytes` are given back.
+    #[allow(unsafe_code)]
+    pub fn release(&self, bytes: &[u8]) {
+        // The largest page of the boards served (the Pi 5's kernel uses 16 KiB pages): its
+        // multiples are whole pages on every one.
+        const PAGE: usize = 16 << 10;
+        let base = self.map.as_ptr() as usize;
+        let start = (bytes.as_ptr() as usize).wrapping_sub(base);
+        let Some(end) = start.checked_add(bytes.len()) else {
+            return;
+        };
+        if end > self.map.len() {
+            return;
+        }
+        let (first, last) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+        if first < last {
+            // SAFETY: a read-only, file-backed map: pages dropped here are read again from the
+            // file on the next access, so every reference into the map stays valid and keeps
+            // its bytes (the file is never modified in place, see `map`).
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    first,
+                    last - first,
+                )
+            };
+        }
+    }
+
     /// Opens and validates `path`.
     pub fn open(path: &Path) -> Result<ModelFile, LoadError> {
         let fail = |message: String| LoadError {

@@ -1,6 +1,9 @@
 //! A weight matrix as the products read it: the stored rows (all of a tensor's, or one expert's
 //! share of a 3-D expert tensor), and for Q5_0 the same rows widened once to Q8_0 for batches.
 //!
+//! On x86, Q4_K and Q6_K matrices are instead copied once with sixteen rows side by side
+//! (`row_lanes`), the copy read by every product and the mapped rows given back.
+//!
 //! Unpacking a Q5_0 block (nibbles plus a fifth bit per value) costs about as much as the
 //! products of one block with eight tokens, so a batch re-doing it for every group of columns
 //! spends a fifth of its time there. Q5_0 values (−16…15) with their f16 scale are exactly a Q8_0
@@ -10,7 +13,9 @@
 
 use std::ops::Range;
 
-use crate::model_file::Tensor;
+use super::row_lanes::{self, LaneKind};
+use super::{Isa, RowDot, row_dot};
+use crate::model_file::{ModelFile, Tensor};
 use crate::quant::TensorType;
 
 /// Bytes a model may spend on widened copies; matrices past it stay as stored (slower batches,
@@ -26,6 +31,9 @@ pub struct Matrix<'a> {
     /// The stored weights.
     pub tensor: Tensor<'a>,
     wide: Option<Box<[u8]>>,
+    /// The rows sixteen side by side, read instead of the stored ones where the ISA has kernels
+    /// for them.
+    lanes: Option<(LaneKind, Box<[u8]>)>,
     /// The tensor's rows this matrix is (all of them but for an expert's share).
     window: Range<usize>,
 }
@@ -37,8 +45,26 @@ impl<'a> Matrix<'a> {
         Matrix {
             tensor,
             wide: None,
+            lanes: None,
             window,
         }
+    }
+
+    /// The same matrix read through a copy with sixteen rows side by side where its type has
+    /// that layout and `isa` kernels for it (x86's), its mapped pages given back to `file`.
+    pub fn with_lanes(mut self, isa: Isa, file: &ModelFile) -> Matrix<'a> {
+        if !matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) || self.window != (0..self.tensor.rows()) {
+            return self;
+        }
+        let Some(kind) = LaneKind::of(self.tensor.info.tensor_type.name) else {
+            return self;
+        };
+        if let Some(copy) = row_lanes::interleave(kind, self.tensor.bytes, self.tensor.row_bytes())
+        {
+            file.release(self.tensor.bytes);
+            self.lanes = Some((kind, copy));
+        }
+        self
     }
 
     /// Rows `rows` of `tensor` (one expert of a 3-D expert tensor), as stored: the other
@@ -47,6 +73,7 @@ impl<'a> Matrix<'a> {
         (rows.start <= rows.end && rows.end <= tensor.rows()).then_some(Matrix {
             tensor,
             wide: None,
+            lanes: None,
             window: rows,
         })
     }
@@ -66,8 +93,31 @@ impl<'a> Matrix<'a> {
         self.tensor.row_len()
     }
 
+    /// The kernel for `columns` columns on `isa`, the bytes it reads and their bytes per row,
+    /// and the rows a thread's share must be a multiple of.
+    pub(super) fn rows_for(
+        &self,
+        columns: usize,
+        isa: Isa,
+    ) -> Result<(RowDot, &[u8], usize, usize), String> {
+        #[cfg(target_arch = "x86_64")]
+        if let Some((kind, copy)) = &self.lanes
+            && let Isa::Avx2 | Isa::Avx512Vnni = isa
+            && let Some(dot) = super::x86::lanes_dot(*kind, isa == Isa::Avx512Vnni)
+        {
+            let rb = self.tensor.row_bytes();
+            return Ok((dot, copy, rb, row_lanes::ROWS));
+        }
+        let (ty, bytes, rb) = if columns == 1 {
+            self.stored_rows()
+        } else {
+            self.batch_rows()
+        };
+        Ok((row_dot(&ty, isa).map_err(|e| e.to_string())?, bytes, rb, 1))
+    }
+
     /// The rows a single token reads: their type, bytes and bytes per row.
-    pub(super) fn stored_rows(&self) -> (TensorType, &[u8], usize) {
+    fn stored_rows(&self) -> (TensorType, &[u8], usize) {
         let rb = self.tensor.row_bytes();
         let bytes = &self.tensor.bytes[self.window.start * rb..self.window.end * rb];
         (self.tensor.info.tensor_type, bytes, rb)
@@ -93,12 +143,13 @@ impl<'a> Matrix<'a> {
         Matrix {
             tensor,
             wide: Some(wide),
+            lanes: None,
             window,
         }
     }
 
     /// The rows a batch reads: their type, bytes and bytes per row.
-    pub(super) fn batch_rows(&self) -> (TensorType, &[u8], usize) {
+    fn batch_rows(&self) -> (TensorType, &[u8], usize) {
         match (&self.wide, TensorType::from_id(Q8_0_ID)) {
             (Some(wide), Some(q8_0)) => {
                 let rb = wide.len() / self.tensor.rows().max(1);
@@ -109,9 +160,14 @@ impl<'a> Matrix<'a> {
         }
     }
 
-    /// Bytes held beside the mapped file.
+    /// Bytes held beside the mapped file: the widened copy and the lanes copy.
     pub fn widened_bytes(&self) -> usize {
-        self.wide.as_ref().map_or(0, |w| w.len())
+        self.wide.as_ref().map_or(0, |w| w.len()) + self.lanes.as_ref().map_or(0, |l| l.1.len())
+    }
+
+    /// Stored bytes never read because the lanes copy stands in for them.
+    pub fn replaced_bytes(&self) -> usize {
+        self.lanes.as_ref().map_or(0, |_| self.stored_bytes())
     }
 }
 

@@ -14,6 +14,7 @@ mod expf;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod k_tile;
 mod matrix;
+mod row_lanes;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
@@ -823,6 +824,7 @@ pub fn matmul(
     let mut dots: [Option<(RowDot, &[u8], usize)>; MAX_PRODUCTS] = [None; MAX_PRODUCTS];
     let (mut need_q8_0, mut need_q8_1, mut need_q8k) = (false, false, false);
     let mut width = 0;
+    let mut lanes_align = 1;
     for (slot, p) in dots.iter_mut().zip(products.iter()) {
         let w = p.w;
         if xs.len() != w.row_len() * columns || p.out.len() != w.rows() * columns {
@@ -835,12 +837,8 @@ pub fn matmul(
                 p.out.len()
             ));
         }
-        let (ty, bytes, rb) = if columns == 1 {
-            w.stored_rows()
-        } else {
-            w.batch_rows()
-        };
-        let dot = row_dot(&ty, exec.isa).map_err(|e| e.to_string())?;
+        let (dot, bytes, rb, rows_together) = w.rows_for(columns, exec.isa)?;
+        lanes_align = lanes_align.max(rows_together);
         match dot {
             RowDot::Q8_0(_) => need_q8_0 = true,
             RowDot::Q8_1(_) => need_q8_1 = true,
@@ -880,9 +878,9 @@ pub fn matmul(
     // one-token passes on two threads (against 1.15 with even shares: `engine bench --batch`),
     // the claims' shared counter and the jumps between ranges costing more than any wait.
     let align = if columns == 1 {
-        ROW_ALIGN
+        ROW_ALIGN.max(lanes_align)
     } else {
-        ROWS_PER_CHUNK
+        ROWS_PER_CHUNK.max(lanes_align)
     };
     exec.pool.for_each_share(
         &mut outs[..used],
@@ -1159,6 +1157,30 @@ mod tests {
                         bits(&reference),
                         "{name} {columns} columns on {isa:?}"
                     );
+                }
+                // The copy with rows side by side gives each stored row's result: two groups
+                // of sixteen, columns in chunks of four and a tail.
+                #[cfg(target_arch = "x86_64")]
+                if let Some(kind) = row_lanes::LaneKind::of(name)
+                    && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+                {
+                    let dot = x86::lanes_dot(kind, isa == Isa::Avx512Vnni).expect("kernel");
+                    let rows: Vec<u8> = (0..32)
+                        .flat_map(|_| random_row(name, 768, &mut rng))
+                        .collect();
+                    let copy = row_lanes::interleave(kind, &rows, rows.len() / 32).expect("copy");
+                    for columns in 1..=9 {
+                        let xs = activations(768 * columns, &mut rng);
+                        let scalar = row_dot(&ty, Isa::Scalar).expect("scalar");
+                        let reference = run_rows(scalar, &rows, 32, &xs, columns);
+                        let got = run_rows(dot, &copy, 32, &xs, columns);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&reference),
+                            "{name} side by side, {columns} columns on {isa:?}"
+                        );
+                    }
                 }
             }
             // Activation quantization: ordinary values, a block of zeros, ties, the largest

@@ -23,6 +23,7 @@ use std::arch::x86_64::*;
 pub(super) mod delta;
 mod k_quads;
 mod k_wide;
+mod lane_rows;
 mod legacy_lanes;
 mod packed;
 
@@ -66,15 +67,38 @@ pub fn row_dot(ty: &TensorType, vnni: bool) -> Option<RowDot> {
     })
 }
 
+/// The kernel over a Q4_K or Q6_K copy with sixteen rows side by side (`row_lanes`), any
+/// number of columns: with `vnni` sixteen rows a register, else eight; none when the CPU lacks
+/// the set.
+pub fn lanes_dot(kind: super::row_lanes::LaneKind, vnni: bool) -> Option<RowDot> {
+    use super::row_lanes::LaneKind;
+    let usable = if vnni { vnni_supported() } else { supported() };
+    if !usable {
+        return None;
+    }
+    Some(RowDot::Q8K(match (kind, vnni) {
+        (LaneKind::Q4K, false) => lanes_q4_k,
+        (LaneKind::Q6K, false) => lanes_q6_k,
+        (LaneKind::Q4K, true) => lanes_q4_k_v,
+        (LaneKind::Q6K, true) => lanes_q6_k_v,
+    }))
+}
+
 macro_rules! safe_wrapper {
-    ($name:ident, $inner:ident, $act:ty) => {
+    ($name:ident, $inner:path, $act:ty) => {
         fn $name(w: &[u8], row_bytes: usize, x: &[$act], columns: usize, out: &mut [f32]) {
-            // SAFETY: only reachable through `row_dot`, which hands out a kernel only after
+            // SAFETY: only reachable through `row_dot` or `lanes_dot`, which hand out a kernel
+            // only after
             // checking the CPU features it is compiled for (`supported()`, `vnni_supported()`).
             unsafe { $inner(w, row_bytes, x, columns, out) }
         }
     };
 }
+
+safe_wrapper!(lanes_q4_k, lane_rows::q4_k_avx2, BlockQ8K);
+safe_wrapper!(lanes_q6_k, lane_rows::q6_k_avx2, BlockQ8K);
+safe_wrapper!(lanes_q4_k_v, lane_rows::q4_k_vnni, BlockQ8K);
+safe_wrapper!(lanes_q6_k_v, lane_rows::q6_k_vnni, BlockQ8K);
 
 /// [`safe_wrapper!`] for the VNNI legacy kernels: a single token streams its rows through the
 /// row kernel, a batch goes through the packed kernel of the same sums (`packed.rs`).

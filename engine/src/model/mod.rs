@@ -15,7 +15,7 @@ pub use hparams::{Arch, DeltaShape, Hparams, LayerShape};
 
 use crate::kernels::{self, Exec, Isa, Matrix};
 use crate::model_file::{LoadError, ModelFile, Tensor};
-use crate::pool::Pool;
+use crate::pool::{Pool, Schedule};
 use crate::quant;
 
 struct Layer<'a> {
@@ -275,6 +275,9 @@ pub enum Logits {
 /// Tokens per pass: a batch's activations stay in the caches while each weight chunk is read
 /// once for all of them. Longer inputs run as several passes.
 pub const MAX_BATCH: usize = 64;
+
+/// Logits a thread's share of the soft cap is a multiple of (whole cache lines).
+const SOFTCAP_ALIGN: usize = 1024;
 
 /// Tokens after a rollback mark whose recurrence inputs are recorded (a draft's verify pass
 /// is far fewer; a prompt's pass is not worth keeping).
@@ -580,11 +583,14 @@ impl<'a> Model<'a> {
         } else {
             embeddings
         };
-        let output = Matrix::stored(output);
-        // Batches read Q5_0 weights widened to Q8_0 (see `kernels::Matrix`), up to a budget.
+        // On x86, K-quant matrices are read through a copy with rows side by side; batches
+        // read Q5_0 weights widened to Q8_0, up to a budget (see `kernels::Matrix`).
+        let isa = Isa::detect();
+        let output = Matrix::stored(output).with_lanes(isa, file);
         let mut budget = kernels::WIDEN_BUDGET;
         let mut weights = |name: &str, cols: usize, rows: usize| {
-            matrix(file, name, cols, rows).map(|t| Matrix::widened(t, &mut budget))
+            matrix(file, name, cols, rows)
+                .map(|t| Matrix::widened(t, &mut budget).with_lanes(isa, file))
         };
         let gemma = h.arch.is_gemma();
         let gemma4 = h.arch == Arch::Gemma4;
@@ -750,33 +756,32 @@ impl<'a> Model<'a> {
             .sum()
     }
 
-    /// Memory held beside the mapped file by weights widened for batches.
+    /// Memory held beside the mapped file by copies of weights: widened for batches, or with
+    /// rows side by side.
     pub fn widened_bytes(&self) -> usize {
+        self.sum_over_matrices(|m| m.widened_bytes())
+    }
+
+    /// Bytes of the mapped file a copy stands in for (never read, so never resident).
+    pub fn replaced_bytes(&self) -> usize {
+        self.sum_over_matrices(|m| m.replaced_bytes())
+    }
+
+    /// `f` summed over the output and every layer's dense matrices (the routed experts are
+    /// always read as stored).
+    fn sum_over_matrices(&self, f: impl Fn(&Matrix<'_>) -> usize) -> usize {
         let layer = |l: &Layer<'_>| {
             let ffn = match &l.ffn {
-                Ffn::Dense { gate, up, down } => [gate, up, down]
-                    .iter()
-                    .map(|m| m.widened_bytes())
-                    .sum::<usize>(),
-                Ffn::Experts(x) => x.shared.as_ref().map_or(0, |s| {
-                    [&s.gate, &s.up, &s.down]
-                        .iter()
-                        .map(|m| m.widened_bytes())
-                        .sum()
-                }),
+                Ffn::Dense { gate, up, down } => [gate, up, down].iter().map(|m| f(m)).sum(),
+                Ffn::Experts(x) => x
+                    .shared
+                    .as_ref()
+                    .map_or(0, |s| [&s.gate, &s.up, &s.down].iter().map(|m| f(m)).sum()),
             };
-            let ple = l
-                .ple
-                .as_ref()
-                .map_or(0, |p| p.inp_gate.widened_bytes() + p.proj.widened_bytes());
-            ffn + ple
-                + l.mixer
-                    .matrices()
-                    .iter()
-                    .map(|m| m.widened_bytes())
-                    .sum::<usize>()
+            let ple = l.ple.as_ref().map_or(0, |p| f(&p.inp_gate) + f(&p.proj));
+            ffn + ple + l.mixer.matrices().iter().map(|m| f(m)).sum::<usize>()
         };
-        self.layers.iter().map(layer).sum()
+        f(&self.output) + self.layers.iter().map(layer).sum::<usize>()
     }
 
     /// Runs token `token` at position `pos` (all earlier positions must be in `cache`) and
@@ -907,10 +912,21 @@ impl<'a> Model<'a> {
                 &mut work.scratch,
             )?;
             if h.logit_softcap > 0.0 {
-                // As llama.cpp: scale by 1/cap, tanh, scale by cap (three rounded steps).
+                // As llama.cpp: scale by 1/cap, tanh, scale by cap (three rounded steps), the
+                // vocabulary split over the threads (a quarter million `tanh`s a token).
                 let (cap, inverse) = (h.logit_softcap, 1.0 / h.logit_softcap);
-                out.iter_mut()
-                    .for_each(|l| *l = (*l * inverse).tanh() * cap);
+                cache.exec.pool.for_each_share(
+                    &mut [&mut *out],
+                    1,
+                    SOFTCAP_ALIGN,
+                    Schedule::Even,
+                    &|_, mut share| {
+                        share
+                            .column(0)
+                            .iter_mut()
+                            .for_each(|l| *l = (*l * inverse).tanh() * cap);
+                    },
+                );
             }
             Ok(())
         });
