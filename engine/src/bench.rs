@@ -248,6 +248,7 @@ fn timed_head(
 ) -> Result<f64, String> {
     let depth = depth.max(PASS_CONTEXT);
     let mut cache = KvCache::on_threads(&model.hparams, depth + 1, threads)?;
+    head.prepare(&mut cache);
     let before = random_tokens(depth, model.hparams.vocab, 0xc0de);
     model.forward(&before, 0, &mut cache, Logits::Last)?;
     let mut hidden = cache
@@ -258,7 +259,7 @@ fn timed_head(
     let mut token = random_tokens(1, model.hparams.vocab, 0xd7af)[0];
     let mut step = |token: &mut u32, hidden: &mut Vec<f32>| -> Result<(), String> {
         *token = head
-            .draft(model, &mut cache, *token, hidden, depth, &mut work)?
+            .draft(model, &mut cache, *token, hidden, (depth, 0), &mut work)?
             .token;
         hidden.clear();
         hidden.extend_from_slice(work.hidden());

@@ -58,6 +58,9 @@ pub fn generate(
         ));
     }
     let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
+    if let Some(head) = head {
+        head.prepare(&mut cache);
+    }
     model.forward(prompt, 0, &mut cache, Logits::Last)?;
     let mut history = prompt.to_vec();
     let mut sink = Sampling {

@@ -34,7 +34,8 @@ struct Generated {
 /// Speculative decoding modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Spec {
-    /// Drafts from the model's draft head (`--model-draft`).
+    /// Drafts from the model's draft head (`--model-draft`), or its own nextn layer (Qwen
+    /// 3.5's, chosen by default where the file holds one).
     Mtp,
     /// Drafts from n-grams of the sequence itself.
     Ngram,
@@ -43,16 +44,14 @@ enum Spec {
 }
 
 impl Spec {
-    /// The mode asked for, or by default `mtp` with a draft head and `ngram` without.
-    fn source(spec: Option<Spec>, draft: Option<&Path>) -> Result<Source, String> {
+    /// The source asked for: `--spec`, else `mtp` with a head file; `None` leaves it to the
+    /// model (its own nextn layer drafts, else n-grams: [`Source::chosen`]).
+    fn asked(spec: Option<Spec>, draft: Option<&Path>) -> Option<Source> {
         match (spec, draft) {
-            (Some(Spec::Mtp) | None, Some(_)) => Ok(Source::Mtp),
-            (Some(Spec::Mtp), None) => {
-                Err("--spec mtp needs the model's draft head: --model-draft FILE".into())
-            }
-            (Some(Spec::Ngram) | None, None) => Ok(Source::Ngram),
-            (Some(Spec::Ngram), Some(_)) => Ok(Source::Ngram),
-            (Some(Spec::None), _) => Ok(Source::None),
+            (Some(Spec::Mtp), _) | (None, Some(_)) => Some(Source::Mtp),
+            (Some(Spec::Ngram), _) => Some(Source::Ngram),
+            (Some(Spec::None), _) => Some(Source::None),
+            (None, None) => None,
         }
     }
 }
@@ -323,11 +322,11 @@ fn main() -> ExitCode {
             json,
             memory_limit,
         } => {
-            let source = match Spec::source(spec, model_draft.as_deref()) {
-                Ok(source) => source,
-                Err(e) => return fail(e),
-            };
-            let head_file = match model_draft.as_deref().filter(|_| source == Source::Mtp) {
+            let asked = Spec::asked(spec, model_draft.as_deref());
+            let head_file = match model_draft
+                .as_deref()
+                .filter(|_| asked == Some(Source::Mtp))
+            {
                 Some(path) => match open(path) {
                     Ok(f) => Some(f),
                     Err(code) => return code,
@@ -376,9 +375,12 @@ fn main() -> ExitCode {
                     }
                     text.push_str(&piece);
                 };
-                let head = match &head_file {
-                    Some(f) => Some(DraftHead::load(f, &m).map_err(|e| e.to_string())?),
-                    None => None,
+                let own = DraftHead::nextn(&m);
+                let source = Source::chosen(asked, head_file.is_some() || own.is_some());
+                let head = match (&head_file, source) {
+                    (Some(f), _) => Some(DraftHead::load(f, &m).map_err(|e| e.to_string())?),
+                    (None, Source::Mtp) => Some(own.ok_or(engine::server::NO_DRAFT_SOURCE)?),
+                    (None, _) => None,
                 };
                 let mut speculation = (source != Source::None).then(|| {
                     engine::speculate::Speculation::new(
@@ -462,10 +464,7 @@ fn main() -> ExitCode {
             model_draft,
             memory_limit,
         } => {
-            let source = match Spec::source(spec, model_draft.as_deref()) {
-                Ok(source) => source,
-                Err(e) => return fail(e),
-            };
+            let asked = Spec::asked(spec, model_draft.as_deref());
             let chat_template = match chat_template_file.map(|p| {
                 std::fs::read_to_string(&p)
                     .map_err(|e| format!("--chat-template-file {}: {e}", p.display()))
@@ -505,7 +504,7 @@ fn main() -> ExitCode {
                 },
                 chat_template,
                 cors: cors_origins,
-                speculation: source,
+                speculation: asked,
                 model_draft,
                 memory_limit: memory_limit_of(memory_limit),
             }) {
@@ -546,15 +545,25 @@ fn main() -> ExitCode {
                 Ok(head) => head,
                 Err(e) => return fail(e),
             };
+            // Without a head file, `--spec mtp` times the model's own nextn layer.
+            let head = match (head, spec) {
+                (None, Spec::Mtp) => match DraftHead::nextn(&loaded) {
+                    Some(head) => Some(head),
+                    None => return fail(engine::server::NO_DRAFT_SOURCE),
+                },
+                (head, _) => head,
+            };
             let speculation = match spec {
                 Spec::None => None,
-                Spec::Mtp => {
+                Spec::Mtp if batch.is_empty() => {
                     return fail(
-                        "engine bench times n-gram speculation (--spec ngram); a draft head's \
-                         steps and the depth the planner picks for it are timed with \
-                         --model-draft FILE --batch 1,2,3,4,5",
+                        "engine bench times n-gram speculation (--spec ngram); a draft \
+                         source's steps and the depth the planner picks for it are timed with \
+                         --batch 1,2,3,4,5 (and --model-draft FILE, or --spec mtp for a model's \
+                         own nextn layer)",
                     );
                 }
+                Spec::Mtp => None,
                 Spec::Ngram => match bench_chat(&file, &model, spec_prompt.as_deref()) {
                     Ok(ids) => Some(ids),
                     Err(e) => return fail(e),

@@ -1,8 +1,8 @@
 //! Lossless speculative decoding. Drafts come from n-grams (the sequence's own recent tokens
 //! are looked up in what it already holds, the prompt and the answer so far, and the tokens
 //! that followed the earlier occurrence that agrees with the longest suffix are proposed) or
-//! from a model's draft head ([`DraftHead`], Gemma 4's MTP head); one batched pass checks them
-//! all. Each row of that pass is sampled exactly as a single step
+//! from a model's draft head ([`DraftHead`]: Gemma 4's MTP head, or Qwen 3.5's nextn layer);
+//! one batched pass checks them all. Each row of that pass is sampled exactly as a single step
 //! would be (same logits bit for bit, same draws in the same order), a drafted token is kept
 //! only when it is the token chosen, and the first mismatch ends the run with the target's
 //! own token, so the output is the same with and without speculation.
@@ -29,6 +29,14 @@ pub enum Source {
     Ngram,
     /// The model's draft head (multi-token prediction).
     Mtp,
+}
+
+impl Source {
+    /// The source a run drafts from: the one `asked` for, else the model's draft head where
+    /// it `has_head` (a head file given, or a nextn layer in its own file), else n-grams.
+    pub fn chosen(asked: Option<Source>, has_head: bool) -> Source {
+        asked.unwrap_or(if has_head { Source::Mtp } else { Source::Ngram })
+    }
 }
 
 /// Shortest match that proposes a draft (one token matches too often to predict anything).
@@ -651,7 +659,7 @@ pub fn decode(
                     }
                     let started = Instant::now();
                     token = head
-                        .draft(model, cache, token, &hidden, pos, &mut head_work)?
+                        .draft(model, cache, token, &hidden, (pos, step), &mut head_work)?
                         .token;
                     s.head_timed(started.elapsed().as_secs_f64());
                     drafted.push(token);

@@ -2,8 +2,9 @@
 //! count: the tiny random models of every architecture and quant type (`common/tiny.rs`) run
 //! once on the scalar reference and once on each SIMD path this CPU has (AVX2 here, NEON+dotprod
 //! under qemu-aarch64 in CI), and on 1 to 4 threads (the Pi 5 uses 4), single steps and batched
-//! passes alike, and Gemma 4's draft head's steps; every logit must be the same bit for bit. A wrong kernel that the kernel tests'
-//! shapes miss shows up here, before it reaches a Pi.
+//! passes alike, and the draft steps of Gemma 4's head and Qwen 3.5's nextn layer; every logit
+//! must be the same bit for bit. A wrong kernel that the kernel tests' shapes miss shows up
+//! here, before it reaches a Pi.
 
 mod common;
 
@@ -40,9 +41,10 @@ fn logits(model: &Model<'_>, isa: Isa, threads: usize) -> (Vec<u32>, Vec<u32>) {
 fn head_logits(model: &Model<'_>, head: &DraftHead<'_>, isa: Isa, threads: usize) -> Vec<u32> {
     let tokens = prompt();
     let (last, before) = tokens.split_last().expect("a prompt");
-    let mut cache = KvCache::on_threads(&model.hparams, tokens.len() + 1, threads)
+    let mut cache = KvCache::on_threads(&model.hparams, tokens.len() + 4, threads)
         .expect("cache")
         .with_isa(isa);
+    head.prepare(&mut cache);
     model
         .forward(before, 0, &mut cache, Logits::Last)
         .expect("prefill");
@@ -51,9 +53,16 @@ fn head_logits(model: &Model<'_>, head: &DraftHead<'_>, isa: Isa, threads: usize
         .expect("hidden")
         .to_vec();
     let (mut token, mut work, mut bits) = (*last, DraftWork::default(), Vec::new());
-    for _ in 0..3 {
+    for step in 0..3 {
         token = head
-            .draft(model, &mut cache, token, &hidden, before.len(), &mut work)
+            .draft(
+                model,
+                &mut cache,
+                token,
+                &hidden,
+                (before.len(), step),
+                &mut work,
+            )
             .expect("draft")
             .token;
         bits.extend(
@@ -109,9 +118,11 @@ fn every_simd_path_gives_the_scalar_reference_s_logits_on_every_model() {
         let model = Model::load(&file).expect("load");
         let reference = logits(&model, Isa::Scalar, 2);
         let head_file = head_file(t, &path);
+        // Gemma 4's head file, or Qwen 3.5's own nextn layer.
         let head = head_file
             .as_ref()
-            .map(|f| DraftHead::load(f, &model).expect("load the head"));
+            .map(|f| DraftHead::load(f, &model).expect("load the head"))
+            .or_else(|| DraftHead::nextn(&model));
         let head_reference = head
             .as_ref()
             .map(|h| head_logits(&model, h, Isa::Scalar, 2));
@@ -149,7 +160,8 @@ fn one_to_four_threads_give_the_same_logits_on_every_model() {
         let head_file = head_file(t, &path);
         let head = head_file
             .as_ref()
-            .map(|f| DraftHead::load(f, &model).expect("load the head"));
+            .map(|f| DraftHead::load(f, &model).expect("load the head"))
+            .or_else(|| DraftHead::nextn(&model));
         let head_one = head.as_ref().map(|h| head_logits(&model, h, isa, 1));
         for threads in 2..=4 {
             assert!(

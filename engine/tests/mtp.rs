@@ -1,10 +1,11 @@
-//! Gemma 4's draft head (multi-token prediction) against llama.cpp 11434: the tiny random head
+//! Draft sources (multi-token prediction) against llama.cpp 11434: the tiny random Gemma 4 head
 //! of `common/tiny.rs` drafts, from the same target states, the tokens llama.cpp's
 //! `--spec-type draft-mtp` drafted (its top-3 candidates and their probabilities over the
-//! head's top 10, step by step); and drafting from the head changes no generated token, greedy
-//! or seeded.
+//! head's top 10, step by step), and so does the tiny Qwen 3.5's own nextn layer; and drafting
+//! from the head changes no generated token, greedy or seeded (`nextn.rs` for the layer).
 //!
-//! Recording: `engine/tests/goldens/record-tiny.sh` (runs `record_mtp.py` on the pair).
+//! Recording: `engine/tests/goldens/record-tiny.sh` (runs `record_mtp.py` on the pair and on
+//! the Qwen 3.5 model).
 
 mod common;
 
@@ -82,16 +83,62 @@ const P_TOLERANCE: f64 = 0.03;
 
 #[test]
 fn head_drafts_what_llama_cpp_drafts() {
-    let golden_path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/tiny-gemma4-q4_k_m-mtp.json");
+    let (files, target_bytes, head_bytes) = pair();
+    let target_file = ModelFile::open(&files.target).expect("open the target");
+    let model = Model::load(&target_file).expect("load the target");
+    let head_file = ModelFile::open(&files.head).expect("open the head");
+    let head = DraftHead::load(&head_file, &model).expect("load the head");
+    drafts_match(
+        "tiny-gemma4-q4_k_m-mtp.json",
+        &model,
+        &head,
+        [
+            ("model_sha256", &target_bytes),
+            ("head_sha256", &head_bytes),
+        ],
+    );
+}
+
+/// Qwen 3.5's nextn layer drafts what llama.cpp's `--spec-type draft-mtp` drafts from it
+/// (its own keys and values mirroring the target's passes).
+#[test]
+fn nextn_layer_drafts_what_llama_cpp_drafts() {
+    let t = MODELS
+        .iter()
+        .find(|t| t.name == "tiny-qwen35-q4_k_m")
+        .expect("the tiny Qwen 3.5");
+    let bytes = gguf_bytes(t);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("qwen35.gguf");
+    std::fs::write(&path, &bytes).expect("write");
+    let file = ModelFile::open(&path).expect("open");
+    let model = Model::load(&file).expect("load");
+    let head = DraftHead::nextn(&model).expect("its nextn layer");
+    drafts_match(
+        "tiny-qwen35-q4_k_m-mtp.json",
+        &model,
+        &head,
+        [("model_sha256", &bytes), ("head_sha256", &bytes)],
+    );
+}
+
+/// Each draft call recorded in `golden` (what llama.cpp's draft source drafted, step by step,
+/// after the prompt and the continuation before the call's place), drafted again by `head`:
+/// the same argmax (but for near ties) and every recorded candidate's probability within
+/// [`P_TOLERANCE`].
+fn drafts_match(
+    golden: &str,
+    model: &Model<'_>,
+    head: &DraftHead<'_>,
+    files: [(&str, &Vec<u8>); 2],
+) {
+    let golden_path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/goldens")
+        .join(golden);
     let golden: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&golden_path).expect("golden"))
             .expect("json");
-    let (files, target_bytes, head_bytes) = pair();
-    for (key, bytes) in [
-        ("model_sha256", &target_bytes),
-        ("head_sha256", &head_bytes),
-    ] {
+    for (key, bytes) in files {
         assert_eq!(
             golden[key].as_str(),
             Some(hex(bytes).as_str()),
@@ -108,10 +155,6 @@ fn head_drafts_what_llama_cpp_drafts() {
     };
     let prompt = ids(&golden["prompt_tokens"]);
     let tokens = ids(&golden["tokens"]);
-    let target_file = ModelFile::open(&files.target).expect("open the target");
-    let model = Model::load(&target_file).expect("load the target");
-    let head_file = ModelFile::open(&files.head).expect("open the head");
-    let head = DraftHead::load(&head_file, &model).expect("load the head");
     let e = model.hparams.n_embd;
     let (mut worst, mut steps_checked, mut firsts_agreeing) = (0f64, 0, 0);
     let calls = golden["calls"].as_array().expect("calls");
@@ -123,6 +166,7 @@ fn head_drafts_what_llama_cpp_drafts() {
         let mut history = prompt.clone();
         history.extend_from_slice(&tokens[..at]);
         let mut cache = KvCache::on_threads(&model.hparams, 512, 2).expect("cache");
+        head.prepare(&mut cache);
         model
             .forward(&history, 0, &mut cache, Logits::Last)
             .expect("prefill");
@@ -137,7 +181,14 @@ fn head_drafts_what_llama_cpp_drafts() {
         let mut work = DraftWork::default();
         for (step, expected) in call["steps"].as_array().expect("steps").iter().enumerate() {
             let drafted = head
-                .draft(&model, &mut cache, token, &hidden, history.len(), &mut work)
+                .draft(
+                    model,
+                    &mut cache,
+                    token,
+                    &hidden,
+                    (history.len(), step),
+                    &mut work,
+                )
                 .expect("draft");
             let ours = top10(work.logits());
             let theirs: Vec<(u32, f64)> = expected
@@ -174,8 +225,8 @@ fn head_drafts_what_llama_cpp_drafts() {
         }
     }
     eprintln!(
-        "{steps_checked} draft steps: {firsts_agreeing} argmaxes equal, worst probability \
-         difference {worst:.4}"
+        "{golden_path:?}: {steps_checked} draft steps: {firsts_agreeing} argmaxes equal, worst \
+         probability difference {worst:.4}"
     );
 }
 

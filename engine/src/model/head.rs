@@ -8,6 +8,9 @@
 //! back up). The draft is the logits' argmax; the next step takes it with that hidden state.
 //! The first step takes the target's own last hidden state (the final-normed row behind the
 //! logits its last token was chosen from).
+//!
+//! [`DraftHead`] is also how Qwen 3.5's nextn layer (`nextn.rs`, in the target's own file) is
+//! drafted from: the speculation loop sees one kind of draft source.
 
 use super::layers;
 use super::{
@@ -17,11 +20,23 @@ use super::{
 use crate::kernels::{self, Matrix};
 use crate::quant;
 
-/// A draft head paired with its target model.
+/// A draft source paired with its target model: Gemma 4's assistant (a file of its own) or
+/// Qwen 3.5's nextn layer (in the target's file, `nextn.rs`).
 pub struct DraftHead<'a> {
+    kind: Kind<'a>,
+}
+
+enum Kind<'a> {
+    Assistant(Box<Assistant<'a>>),
+    /// The target's own nextn layer.
+    Nextn,
+}
+
+/// Gemma 4's assistant.
+struct Assistant<'a> {
     /// Its hyperparameters; each layer's `kv_from` is the target layer whose keys and values
     /// it reads.
-    pub hparams: Hparams,
+    hparams: Hparams,
     output: Matrix<'a>,
     output_norm: Vec<f32>,
     /// `[token embedding; hidden state]` (twice the target's width) to the head's width.
@@ -35,10 +50,10 @@ pub struct DraftHead<'a> {
 /// The buffers of a draft step, kept across steps so drafting does not allocate.
 #[derive(Default)]
 pub struct DraftWork {
-    input: Vec<f32>,
-    x: Vec<f32>,
-    logits: Vec<f32>,
-    hidden: Vec<f32>,
+    pub(super) input: Vec<f32>,
+    pub(super) x: Vec<f32>,
+    pub(super) logits: Vec<f32>,
+    pub(super) hidden: Vec<f32>,
 }
 
 impl DraftWork {
@@ -65,6 +80,56 @@ impl<'a> DraftHead<'a> {
     /// target's width and vocabulary whose layers' head widths and key-value heads are those
     /// of the target layers they read.
     pub fn load(file: &'a ModelFile, target: &Model<'_>) -> Result<DraftHead<'a>, LoadError> {
+        Ok(DraftHead {
+            kind: Kind::Assistant(Box::new(Assistant::load(file, target)?)),
+        })
+    }
+
+    /// The target's own nextn layer as its draft source, if its file holds one.
+    pub fn nextn(target: &Model<'_>) -> Option<DraftHead<'static>> {
+        target
+            .nextn
+            .as_ref()
+            .map(|_| DraftHead { kind: Kind::Nextn })
+    }
+
+    /// Readies a cache of the target's for drafting from it: the nextn layer needs every
+    /// pass mirrored into its own keys and values ([`KvCache::mirror_draft_layer`]). Call it
+    /// on a new cache, before its first pass.
+    pub fn prepare(&self, cache: &mut KvCache) {
+        if let Kind::Nextn = self.kind {
+            cache.mirror_draft_layer();
+        }
+    }
+
+    /// Drafts the token after `token`, step `step` of a chain that started at position `pos`
+    /// of `cache` (the target's, holding positions `..pos`; `token` the target's last choice
+    /// on step 0, the previous step's draft after), from `hidden`: the target's hidden state
+    /// behind that choice's logits on step 0, [`DraftWork::hidden`] after. Leaves its logits
+    /// and the next hidden state in `work`. Gemma 4's assistant drafts every step at `pos`;
+    /// the nextn layer at `pos + step`, where its draft stands.
+    pub fn draft(
+        &self,
+        target: &Model<'_>,
+        cache: &mut KvCache,
+        token: u32,
+        hidden: &[f32],
+        (pos, step): (usize, usize),
+        work: &mut DraftWork,
+    ) -> Result<Draft, String> {
+        match &self.kind {
+            Kind::Assistant(a) => a.draft(target, cache, token, hidden, pos, work),
+            Kind::Nextn => target
+                .nextn
+                .as_ref()
+                .ok_or("this model has no nextn layer to draft with")?
+                .draft(target, cache, token, hidden, pos + step, work),
+        }
+    }
+}
+
+impl<'a> Assistant<'a> {
+    fn load(file: &'a ModelFile, target: &Model<'_>) -> Result<Assistant<'a>, LoadError> {
         let mut h =
             Hparams::from_header(file.header(), file.bytes()).map_err(|e| load_err(file, e))?;
         let t = &target.hparams;
@@ -123,8 +188,10 @@ impl<'a> DraftHead<'a> {
         }
         let e = h.n_embd;
         let mut budget = kernels::WIDEN_BUDGET;
+        let isa = kernels::Isa::detect();
         let mut weights = |name: &str, cols: usize, rows: usize| {
-            matrix(file, name, cols, rows).map(|t| Matrix::widened(t, &mut budget))
+            matrix(file, name, cols, rows)
+                .map(|t| Matrix::widened(t, &mut budget).with_lanes(isa, file))
         };
         let mut layers = Vec::with_capacity(h.n_layer);
         for (i, shape) in h.layers.iter().enumerate() {
@@ -158,8 +225,9 @@ impl<'a> DraftHead<'a> {
             });
         }
         let out = h.n_embd_out;
-        Ok(DraftHead {
-            output: Matrix::stored(matrix(file, "token_embd.weight", e, h.vocab)?),
+        Ok(Assistant {
+            output: Matrix::stored(matrix(file, "token_embd.weight", e, h.vocab)?)
+                .with_lanes(isa, file),
             output_norm: vector(file, "output_norm.weight", e)?,
             pre_projection: Matrix::stored(matrix(
                 file,
@@ -174,11 +242,7 @@ impl<'a> DraftHead<'a> {
         })
     }
 
-    /// Drafts the token after `token`, which stands at position `pos` of `cache` (the target's,
-    /// holding positions `..pos`), from `hidden`: the target's hidden state behind `token`'s
-    /// logits on a first step, [`DraftWork::hidden`] after one. Leaves its logits and the next
-    /// hidden state in `work`.
-    pub fn draft(
+    fn draft(
         &self,
         target: &Model<'_>,
         cache: &mut KvCache,
@@ -218,18 +282,21 @@ impl<'a> DraftHead<'a> {
         project(&self.output, &work.x, &mut work.logits, cache)?;
         work.hidden.resize(out, 0.0);
         project(&self.post_projection, &work.x, &mut work.hidden, cache)?;
-        let token = work
-            .logits
-            .iter()
-            .enumerate()
-            .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
-                if l > best.1 { (i, l) } else { best }
-            })
-            .0;
         Ok(Draft {
-            token: token as u32,
+            token: argmax(&work.logits),
         })
     }
+}
+
+/// The draft: the logits' argmax, the lowest id among equals.
+pub(super) fn argmax(logits: &[f32]) -> u32 {
+    let best = logits
+        .iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
+            if l > best.1 { (i, l) } else { best }
+        });
+    best.0 as u32
 }
 
 /// `out = w · x` for one token, on the cache's threads.

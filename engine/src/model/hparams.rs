@@ -673,6 +673,18 @@ fn qwen35(h: &mut Hparams, arch: &str, header: &Header, file: &[u8]) -> Result<(
     for (layer, recurrent) in h.layers.iter_mut().zip(recurrent) {
         layer.recurrent = recurrent;
     }
+    // One nextn layer (all llama.cpp runs) is an attention block after the trunk with keys and
+    // values of its own, whatever the recurrent pattern says of its index: its shape goes
+    // last, past `n_layer`.
+    if h.n_nextn == 1
+        && let Some(&last) = h.layers.last()
+    {
+        h.layers.push(LayerShape {
+            recurrent: false,
+            kv_from: h.n_layer,
+            ..last
+        });
+    }
     h.delta = Some(delta);
     Ok(())
 }

@@ -9,6 +9,7 @@ mod head;
 mod hparams;
 mod layers;
 mod moe;
+mod nextn;
 
 pub use head::{Draft, DraftHead, DraftWork};
 pub use hparams::{Arch, DeltaShape, Hparams, LayerShape};
@@ -123,6 +124,8 @@ pub struct Model<'a> {
     rope_freqs: Option<Vec<f32>>,
     layers: Vec<Layer<'a>>,
     ple: Option<Ple<'a>>,
+    /// Qwen 3.5's multi-token-prediction layer, where the file holds it.
+    nextn: Option<nextn::Nextn<'a>>,
 }
 
 /// Keys and values (f16, as llama.cpp keeps them) of every position seen so far, per layer,
@@ -150,6 +153,8 @@ pub struct KvCache {
     checkpoints: Vec<delta::Checkpoint>,
     /// The recurrence inputs of the pass that followed the newest checkpoint.
     journal: delta::Journal,
+    /// The nextn layer's mirror of the passes (Qwen 3.5's draft source; off unless drafting).
+    mirror: nextn::Mirror,
     work: Work,
 }
 
@@ -175,6 +180,8 @@ struct Work {
     hidden: Vec<f32>,
     /// Gemma 4's per-layer inputs of the pass's tokens (token × layer × width).
     ple: Vec<f32>,
+    /// Every row's final-normed state, for the nextn layer's mirror.
+    normed: Vec<f32>,
     /// A Gated DeltaNet layer's convolution window (kept rows, then the pass's inputs), its
     /// output (queries, keys, values), output gate, write strengths, decays, and outputs by
     /// value head.
@@ -216,6 +223,7 @@ impl Work {
             logits: Vec::new(),
             hidden: Vec::new(),
             ple: Vec::new(),
+            normed: Vec::new(),
             mixed: Vec::new(),
             conv_out: Vec::new(),
             z: Vec::new(),
@@ -330,8 +338,16 @@ impl KvCache {
             held: 0,
             checkpoints: Vec::new(),
             journal: delta::Journal::default(),
+            mirror: nextn::Mirror::default(),
             work: Work::new(),
         })
+    }
+
+    /// Mirrors every pass from here on into the model's nextn layer (Qwen 3.5's built-in draft
+    /// source, [`DraftHead::nextn`]), whose keys and values must cover every position a draft
+    /// attends to. A model without that layer ignores it.
+    pub fn mirror_draft_layer(&mut self) {
+        self.mirror.on = true;
     }
 
     /// Whether some layer keeps a recurrent state (which positions cannot simply be cut from).
@@ -418,6 +434,7 @@ impl KvCache {
             held: self.held,
             checkpoints: self.checkpoints.clone(),
             journal: self.journal.clone(),
+            mirror: self.mirror.clone(),
             work: Work::new(),
         };
         let kept = recurrent.resume(positions.min(self.context));
@@ -724,6 +741,33 @@ impl<'a> Model<'a> {
         } else {
             None
         };
+        // The layer after the trunk's (its shape last in the hyperparameters) is the nextn
+        // layer's block.
+        let nextn = match layers.len() > h.n_layer {
+            true => {
+                let il = h.n_layer;
+                let block = layers
+                    .pop()
+                    .ok_or_else(|| load_err(file, "no nextn layer".into()))?;
+                let name = |n: &str| format!("blk.{il}.nextn.{n}.weight");
+                Some(nextn::Nextn {
+                    layer: block,
+                    eh_proj: weights(&name("eh_proj"), 2 * e, e)?,
+                    enorm: vector(file, &name("enorm"), e)?,
+                    hnorm: vector(file, &name("hnorm"), e)?,
+                    head_norm: optional_vector(file, &name("shared_head_norm"), e)?,
+                    head: match has(&name("shared_head_head")) {
+                        true => Some(weights(&name("shared_head_head"), e, h.vocab)?),
+                        false => None,
+                    },
+                    embed: match has(&name("embed_tokens")) {
+                        true => Some(matrix(file, &name("embed_tokens"), e, h.vocab)?),
+                        false => None,
+                    },
+                })
+            }
+            false => None,
+        };
         Ok(Model {
             output_norm: vector(file, "output_norm.weight", e)?,
             rope_freqs: optional_vector(file, "rope_freqs.weight", h.n_rot / 2)?,
@@ -731,6 +775,7 @@ impl<'a> Model<'a> {
             output,
             layers,
             ple,
+            nextn,
             hparams: h,
         })
     }
@@ -885,6 +930,20 @@ impl<'a> Model<'a> {
         if record {
             cache.journal.recorded(n);
         }
+        let ran = ran.and_then(|()| match &self.nextn {
+            Some(nextn) if cache.mirror.on => {
+                let mut normed = std::mem::take(&mut cache.work.normed);
+                normed.clear();
+                normed.extend_from_slice(&x[..n * e]);
+                for row in normed.chunks_exact_mut(e) {
+                    layers::rms_norm(row, &self.output_norm, h.rms_eps);
+                }
+                let mirrored = nextn.mirror(self, tokens, first, &normed, cache);
+                cache.work.normed = normed;
+                mirrored
+            }
+            _ => Ok(()),
+        });
         let projected = ran.and_then(|()| {
             let Some(at) = out_row else {
                 return Ok(());

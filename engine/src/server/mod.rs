@@ -198,8 +198,9 @@ pub struct ServeConfig {
     pub chat_template: Option<String>,
     /// Browser origins allowed to call the API (`--cors-origins`).
     pub cors: CorsOrigins,
-    /// Where requests' drafts come from (`--spec`; each request may turn it off).
-    pub speculation: crate::speculate::Source,
+    /// Where requests' drafts come from (`--spec`; each request may turn it off); `None`
+    /// leaves it to the model ([`crate::speculate::Source::chosen`]).
+    pub speculation: Option<crate::speculate::Source>,
     /// The model's draft head (`--model-draft`), needed by [`crate::speculate::Source::Mtp`].
     pub model_draft: Option<std::path::PathBuf>,
     /// The memory the model, its context and caches must fit (`None`: not checked).
@@ -375,6 +376,11 @@ fn guard_error(status: axum::http::StatusCode, message: &str) -> Response {
 
 /// How long connections get to finish after SIGTERM before the process exits regardless (a
 /// client that stops reading must not hold the engine up).
+/// Why `--spec mtp` cannot run: neither a head file nor a layer of the model's own to draft with.
+pub const NO_DRAFT_SOURCE: &str = "--spec mtp needs a draft source: the model's draft head \
+    (--model-draft FILE, Gemma 4's assistant) or a model whose file holds a nextn layer \
+    (Qwen 3.5 converted with its MTP layer)";
+
 const SHUTDOWN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn exit_after(deadline: std::time::Duration) {
@@ -398,17 +404,24 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
     // The server runs for the life of the process: its mapping can be too.
     let file: &'static crate::model_file::ModelFile = Box::leak(Box::new(file));
     let model = Arc::new(crate::model::Model::load(file).map_err(|e| e.to_string())?);
-    let head = match (config.speculation, &config.model_draft) {
-        (crate::speculate::Source::Mtp, Some(path)) => {
+    use crate::speculate::Source;
+    let own = crate::model::DraftHead::nextn(&model);
+    let speculation = Source::chosen(
+        config.speculation,
+        config.model_draft.is_some() || own.is_some(),
+    );
+    let head = match (speculation, &config.model_draft) {
+        (Source::Mtp, Some(path)) => {
             let head_file = crate::model_file::ModelFile::open(path).map_err(|e| e.to_string())?;
             let head_file: &'static crate::model_file::ModelFile = Box::leak(Box::new(head_file));
             let head =
                 crate::model::DraftHead::load(head_file, &model).map_err(|e| e.to_string())?;
             Some((Arc::new(head), head_file.bytes().len() as u64))
         }
-        (crate::speculate::Source::Mtp, None) => {
-            return Err("--spec mtp needs the model's draft head: --model-draft FILE".into());
-        }
+        (Source::Mtp, None) => match own {
+            Some(head) => Some((Arc::new(head), 0)),
+            None => return Err(NO_DRAFT_SOURCE.into()),
+        },
         _ => None,
     };
     if let Some(limit) = &config.memory_limit {
@@ -446,7 +459,7 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
             queue: config.queue,
             cache_bytes: config.cache_mib.saturating_mul(1 << 20),
             warm,
-            speculation: config.speculation != crate::speculate::Source::None,
+            speculation: speculation != Source::None,
             head: head.map(|(head, _)| head),
         },
         metrics,
@@ -458,7 +471,7 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
         context: config.context,
         system_prompt: config.system_prompt.clone(),
         defaults: config.defaults.clone(),
-        speculation: config.speculation,
+        speculation,
     })
 }
 

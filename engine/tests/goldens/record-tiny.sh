@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Records the tiny random models' goldens with llama.cpp: writes the models (the ignored test
 # tiny_vs_llama::write_tiny_models), then runs record.py --tiny on each (record_mtp.py on a
-# target with a draft head). Usage:
+# target with a draft head, and on Qwen 3.5's own nextn layer). Usage:
 # record-tiny.sh [CACHE] [LLAMA_SERVER_ARG ...]   (CACHE as for build-llama.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -20,5 +20,9 @@ for model in "$models"/*.gguf; do
   if [ -f "$models/$name-head.gguf" ]; then
     python3 engine/tests/goldens/record_mtp.py "$bin" "$model" "$models/$name-head.gguf" \
       "$name-mtp" engine/tests/goldens
+  fi
+  # Qwen 3.5 drafts from the nextn layer in its own file.
+  if [ "$name" = tiny-qwen35-q4_k_m ]; then
+    python3 engine/tests/goldens/record_mtp.py "$bin" "$model" - "$name-mtp" engine/tests/goldens
   fi
 done

@@ -7,7 +7,8 @@ the continuation of the token it started after (a call that follows a pass accep
 starts k + 1 tokens on).
 
 Usage: record_mtp.py LLAMA_BIN_DIR TARGET.gguf HEAD.gguf NAME OUT_DIR
-The prompt is the token ids in prompt.json beside the target; writes OUT_DIR/NAME.json.
+HEAD `-` drafts from the target's own nextn layer (Qwen 3.5). The prompt is the token ids in
+prompt.json beside the target; writes OUT_DIR/NAME.json.
 """
 import hashlib
 import json
@@ -32,7 +33,9 @@ def main():
     with open(os.path.join(os.path.dirname(target), "prompt.json")) as f:
         ids = json.load(f)
     log = tempfile.NamedTemporaryFile(prefix="llama-mtp-", suffix=".log", delete=False)
-    server, port = start_server(bin_dir, target, ["-md", head, "--spec-type", "draft-mtp", "-lv", "5"], log)
+    own = head == "-"
+    draft = [] if own else ["-md", head]
+    server, port = start_server(bin_dir, target, draft + ["--spec-type", "draft-mtp", "-lv", "5"], log)
     try:
         result = post(port, "/completion", {"prompt": ids, "n_predict": GENERATE, "temperature": 0.0,
                                             "n_probs": 1, "cache_prompt": False, "samplers": ["top_k"],
@@ -73,7 +76,8 @@ def main():
         sys.exit(f"the log shows {sum(len(c) for c in calls)} drafted tokens, the answer "
                  f"{result['timings']['draft_n']}")
     golden = {"model": os.path.basename(target), "model_sha256": sha256(target),
-              "head": os.path.basename(head), "head_sha256": sha256(head), "prompt_tokens": ids,
+              "head": "nextn" if own else os.path.basename(head),
+              "head_sha256": sha256(target if own else head), "prompt_tokens": ids,
               "tokens": tokens, "draft_n_accepted": result["timings"]["draft_n_accepted"],
               "calls": placed}
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:

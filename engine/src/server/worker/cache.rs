@@ -1,7 +1,7 @@
 //! Kept conversation caches: the KV cache of recent conversations with the tokens each holds,
 //! so a request that starts with them only prefills the rest (reported as `cache_n`).
 
-use crate::model::{KvCache, Logits, Model};
+use crate::model::{DraftHead, KvCache, Logits, Model};
 
 /// A conversation's cache and the tokens it holds.
 pub(super) struct Cached {
@@ -38,7 +38,7 @@ impl Caches {
 
     pub(super) fn warm(
         &mut self,
-        model: &Model<'static>,
+        (model, head): (&Model<'static>, Option<&DraftHead<'static>>),
         tokens: &[u32],
         context: usize,
         threads: usize,
@@ -47,6 +47,9 @@ impl Caches {
             return Ok(());
         }
         let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
+        if let Some(head) = head {
+            head.prepare(&mut cache);
+        }
         model.forward(tokens, 0, &mut cache, Logits::None)?;
         self.pinned = Some(Cached {
             cache,

@@ -364,7 +364,7 @@ impl Worker {
             .name("engine-generation".into())
             .spawn(move || {
                 let mut caches = Caches::new(cache_bytes);
-                if let Err(e) = caches.warm(&model, &warm, context, threads) {
+                if let Err(e) = caches.warm((&model, head.as_deref()), &warm, context, threads) {
                     eprintln!("warning: the system prompt was not prefilled: {e}");
                 }
                 let runner = Runner {
@@ -641,7 +641,13 @@ impl Runner<'_> {
                 let n = c.cache.resume(n);
                 (c.cache, n)
             }
-            None => (KvCache::on_threads(&model.hparams, context, threads)?, 0),
+            None => {
+                let mut cache = KvCache::on_threads(&model.hparams, context, threads)?;
+                if let Some(head) = self.head {
+                    head.prepare(&mut cache);
+                }
+                (cache, 0)
+            }
         };
         let started = Instant::now();
         // One pass at a time (the same passes `forward` would make of the whole prompt), so a
