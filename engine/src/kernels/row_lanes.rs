@@ -42,19 +42,36 @@ impl LaneKind {
         }
     }
 
-    /// The block's fields in order, as (bytes, unit): they tile the block.
-    fn fields(self) -> &'static [(usize, usize)] {
+    /// The block's fields in the copy's order, as (offset in the stored block, bytes, unit):
+    /// together they cover the block once. Q4_K keeps the stored order. Q6_K's words go in the
+    /// order its kernel reads them, so the copy streams: for each half of the block and each
+    /// word `k` of its eight, low-nibble words `k` and `8 + k`, then high-bit word `k`.
+    fn fields(self) -> Vec<(usize, usize, usize)> {
         match self {
-            LaneKind::Q4K => &[(2, 2), (2, 2), (12, 4), (128, 4)],
-            LaneKind::Q6K => &[(128, 4), (64, 4), (16, 1), (2, 2)],
+            LaneKind::Q4K => vec![(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)],
+            LaneKind::Q6K => {
+                let mut fields = Vec::with_capacity(50);
+                for half in 0..2 {
+                    for k in 0..8 {
+                        let low = 64 * half + 4 * k;
+                        fields.extend([
+                            (low, 4, 4),
+                            (low + 32, 4, 4),
+                            (128 + 32 * half + 4 * k, 4, 4),
+                        ]);
+                    }
+                }
+                fields.extend([(192, 16, 1), (208, 2, 2)]);
+                fields
+            }
         }
     }
 }
 
 /// The lanes copy of `rows` (whole rows of `row_bytes` bytes, their count a multiple of
 /// [`ROWS`]): group `g` of sixteen rows at `g · 16 · row_bytes`, in it block `i` at
-/// `i · 16 · block`, in it field by field (starting at 16 times the field's offset in a
-/// block) unit `u` of row `r` at `(u · 16 + r) · unit`. None if the rows do not divide so.
+/// `i · 16 · block`, in it field by field (each taking 16 times its bytes) unit `u` of row `r`
+/// at `(u · 16 + r) · unit`. None if the rows do not divide so.
 pub fn interleave(kind: LaneKind, rows: &[u8], row_bytes: usize) -> Option<Box<[u8]>> {
     let block = kind.block_bytes();
     if row_bytes == 0
@@ -64,6 +81,7 @@ pub fn interleave(kind: LaneKind, rows: &[u8], row_bytes: usize) -> Option<Box<[
         return None;
     }
     let mut out = vec![0u8; rows.len()].into_boxed_slice();
+    let fields = kind.fields();
     let group_bytes = ROWS * row_bytes;
     for (from, to) in rows
         .chunks_exact(group_bytes)
@@ -72,15 +90,20 @@ pub fn interleave(kind: LaneKind, rows: &[u8], row_bytes: usize) -> Option<Box<[
         for i in 0..row_bytes / block {
             let to = &mut to[i * ROWS * block..(i + 1) * ROWS * block];
             let mut at = 0;
-            for &(len, unit) in kind.fields() {
+            for &(offset, len, unit) in &fields {
                 for r in 0..ROWS {
-                    let src = &from[r * row_bytes + i * block + at..][..len];
+                    let src = &from[r * row_bytes + i * block + offset..][..len];
                     for (u, value) in src.chunks_exact(unit).enumerate() {
-                        let dst = ROWS * at + (u * ROWS + r) * unit;
-                        to[dst..dst + unit].copy_from_slice(value);
+                        let dst = at + (u * ROWS + r) * unit;
+                        match unit {
+                            // Fixed sizes: a copy of a few bytes not made a library call.
+                            4 => to[dst..dst + 4].copy_from_slice(&value[..4]),
+                            2 => to[dst..dst + 2].copy_from_slice(&value[..2]),
+                            _ => to[dst] = value[0],
+                        }
                     }
                 }
-                at += len;
+                at += ROWS * len;
             }
         }
     }
@@ -109,7 +132,7 @@ mod tests {
             // Row 5 of the second group, block 1: its first f16 or word.
             let (g, r, i) = (1, 5, 1);
             let stored = &rows[(g * ROWS + r) * row_bytes + i * block..][..2];
-            let first_unit = kind.fields()[0].1;
+            let first_unit = kind.fields()[0].2;
             let at = g * ROWS * row_bytes + i * ROWS * block + r * first_unit;
             assert_eq!(&lanes[at..at + 2], stored, "{kind:?}");
         }

@@ -307,7 +307,8 @@ unsafe fn q4_k_block<L: Lanes, const N: usize>(
 }
 
 /// Sixteen rows' Q6_K block at `p` (half `h` of the lanes) against `N` columns: each
-/// column's Σ scale · (value − 32) · activation, as `scalar::q6_k` makes it.
+/// column's Σ scale · (value − 32) · activation, as `scalar::q6_k` makes it. The copy holds
+/// the words in the order read here, three at a time (`row_lanes`).
 #[inline(always)]
 unsafe fn q6_k_block<L: Lanes, const N: usize>(
     p: *const u8,
@@ -324,9 +325,12 @@ unsafe fn q6_k_block<L: Lanes, const N: usize>(
                 // Parts of the four groups of 16 values these words feed.
                 let mut part = [[L::splat(0); 4]; N];
                 for k in 4 * quarter..4 * quarter + 4 {
-                    let qa = L::load(p.add(64 * (16 * half + k) + words));
-                    let qb = L::load(p.add(64 * (16 * half + 8 + k) + words));
-                    let qh = L::load(p.add(2048 + 64 * (8 * half + k) + words));
+                    let triple = p.add(192 * (8 * half + k) + words);
+                    let (qa, qb, qh) = (
+                        L::load(triple),
+                        L::load(triple.add(64)),
+                        L::load(triple.add(128)),
+                    );
                     let v = [
                         L::or(L::and(qa, low), L::and(L::shl4(qh), high)),
                         L::or(L::and(qb, low), L::and(L::shl2(qh), high)),
