@@ -244,7 +244,8 @@ enum Command {
         json: bool,
         /// `ngram` adds greedy decoding rows after a real chat prompt, plain (`greedyN`) and
         /// with n-gram speculation (`greedyN+ngram`), repetitions alternating, with the time of
-        /// their passes in the decoding loop by width.
+        /// their passes in the decoding loop by width. `mtp` with `--batch` times the model's
+        /// own nextn layer (Qwen 3.5) as `--model-draft` times a head file.
         #[arg(long, value_enum, default_value_t = Spec::None)]
         spec: Spec,
         /// The user message of that chat (default: quote the treatment and follow-up of a

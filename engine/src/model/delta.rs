@@ -119,8 +119,10 @@ impl Checkpoint {
 /// after any of those tokens is rebuilt without running the model again.
 #[derive(Clone, Default)]
 pub(super) struct Journal {
-    /// The state where the record starts (None: no record).
+    /// The state where the record starts (kept after a stop for its buffers).
     base: Option<Checkpoint>,
+    /// Whether there is a record (from `base`).
+    live: bool,
     /// Tokens recorded.
     tokens: usize,
     /// Whether the next pass goes on recording.
@@ -139,6 +141,7 @@ impl Journal {
             }
             _ => self.base = Some(Checkpoint::of(at, layers)),
         }
+        self.live = true;
         self.tokens = 0;
         self.recording = true;
         self.layers.iter_mut().for_each(Vec::clear);
@@ -146,19 +149,14 @@ impl Journal {
 
     /// Drops the record (its buffers stay for the next).
     pub fn stop(&mut self) {
-        if let Some(base) = &mut self.base {
-            base.at = usize::MAX;
-        }
+        self.live = false;
         self.recording = false;
         self.tokens = 0;
     }
 
     /// The position the record starts at, if there is one.
     pub fn from(&self) -> Option<usize> {
-        self.base
-            .as_ref()
-            .map(|b| b.at)
-            .filter(|&at| at != usize::MAX)
+        self.base.as_ref().filter(|_| self.live).map(|b| b.at)
     }
 
     /// The furthest position at or before `wanted` it can rebuild, if it starts at or before.
