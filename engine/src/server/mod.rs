@@ -436,7 +436,8 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
     let widened = model.widened_bytes();
     if widened > 0 {
         eprintln!(
-            "engine: {:.1} MiB of Q5_0 weights widened to Q8_0 for batched passes",
+            "engine: {:.1} MiB of weights copied for the kernels (Q5_0 widened to Q8_0 for \
+             batched passes, Q4_K and Q6_K with sixteen rows side by side)",
             widened as f64 / f64::from(1 << 20)
         );
     }
