@@ -11,11 +11,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use engine::generate::{Budget, generate};
 use engine::model::{DraftHead, DraftWork, KvCache, Logits, Model};
 use engine::model_file::ModelFile;
-use engine::sampler::{Sampler, Sampling};
-use engine::speculate::{Costs, MAX_DRAFT, Speculation};
 use sha2::{Digest, Sha256};
 use test_support::tiny::{MODELS, Tiny, gemma4_head_bytes, gguf_bytes};
 
@@ -239,45 +236,7 @@ fn drafting_from_the_head_changes_no_token() {
     let model = Model::load(&target_file).expect("load the target");
     let head_file = ModelFile::open(&files.head).expect("open the head");
     let head = DraftHead::load(&head_file, &model).expect("load the head");
-    let prompt = test_support::tiny::prompt();
-    // Passes as cheap as steps, so the head drafts at every step it is trusted at all.
-    let free = Costs::from_seconds(&[1.0; MAX_DRAFT + 1]);
-    for sampling in [
-        Sampling {
-            temperature: 0.0,
-            ..Sampling::default()
-        },
-        Sampling {
-            temperature: 1.0,
-            seed: 7,
-            ..Sampling::default()
-        },
-    ] {
-        let run = |speculate: bool| {
-            let mut sampler = Sampler::new(sampling.clone());
-            let mut speculation = speculate.then(|| Speculation::new(3, 0, free.clone()));
-            let (tokens, _) = generate(
-                &model,
-                &prompt,
-                Budget {
-                    limit: 40,
-                    context: 256,
-                    threads: 2,
-                },
-                &mut sampler,
-                &[],
-                speculation.as_mut(),
-                speculate.then_some(&head),
-                &mut |_| {},
-            )
-            .expect("generate");
-            (tokens, speculation.map_or((0, 0), |s| s.drafts()))
-        };
-        let (plain, _) = run(false);
-        let (drafted, (n, _)) = run(true);
-        assert_eq!(plain, drafted, "{sampling:?}");
-        assert!(n > 0, "the head drafted nothing ({sampling:?})");
-    }
+    common::drafts::change_no_token(&model, &head, "Gemma 4's head");
 }
 
 /// `engine serve --model-draft` drafts from the head by default, says so in `/health`, and

@@ -6,11 +6,8 @@
 
 mod common;
 
-use engine::generate::{Budget, generate};
 use engine::model::{DraftHead, DraftWork, KvCache, Logits, Model};
 use engine::model_file::ModelFile;
-use engine::sampler::{Sampler, Sampling};
-use engine::speculate::{Costs, MAX_DRAFT, Speculation};
 use test_support::tiny::{MODELS, Tiny, gguf_bytes};
 
 fn qwen35_models() -> impl Iterator<Item = &'static Tiny> {
@@ -32,49 +29,7 @@ fn drafting_from_the_nextn_layer_changes_no_token() {
         let file = ModelFile::open(&path).expect("open");
         let model = Model::load(&file).expect("load");
         let head = DraftHead::nextn(&model).expect("the file holds a nextn layer");
-        let prompt = test_support::tiny::prompt();
-        // Passes as cheap as steps, so the layer drafts at every step it is trusted at all.
-        let free = Costs::from_seconds(&[1.0; MAX_DRAFT + 1]);
-        for sampling in [
-            Sampling {
-                temperature: 0.0,
-                ..Sampling::default()
-            },
-            Sampling {
-                temperature: 1.0,
-                seed: 7,
-                ..Sampling::default()
-            },
-        ] {
-            let run = |speculate: bool| {
-                let mut sampler = Sampler::new(sampling.clone());
-                let mut speculation = speculate.then(|| Speculation::new(3, 0, free.clone()));
-                let (tokens, _) = generate(
-                    &model,
-                    &prompt,
-                    Budget {
-                        limit: 40,
-                        context: 256,
-                        threads: 2,
-                    },
-                    &mut sampler,
-                    &[],
-                    speculation.as_mut(),
-                    speculate.then_some(&head),
-                    &mut |_| {},
-                )
-                .expect("generate");
-                (tokens, speculation.map_or((0, 0), |s| s.drafts()))
-            };
-            let (plain, _) = run(false);
-            let (drafted, (n, _)) = run(true);
-            assert_eq!(plain, drafted, "{} {sampling:?}", t.name);
-            assert!(
-                n > 0,
-                "{}: the layer drafted nothing ({sampling:?})",
-                t.name
-            );
-        }
+        common::drafts::change_no_token(&model, &head, t.name);
     }
 }
 

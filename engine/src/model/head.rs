@@ -300,7 +300,12 @@ pub(super) fn argmax(logits: &[f32]) -> u32 {
 }
 
 /// `out = w · x` for one token, on the cache's threads.
-fn project(w: &Matrix<'_>, x: &[f32], out: &mut [f32], cache: &mut KvCache) -> Result<(), String> {
+pub(super) fn project(
+    w: &Matrix<'_>,
+    x: &[f32],
+    out: &mut [f32],
+    cache: &mut KvCache,
+) -> Result<(), String> {
     kernels::matmul(
         &mut [kernels::Product { w, out }],
         x,

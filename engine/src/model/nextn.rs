@@ -90,6 +90,34 @@ impl Nextn<'_> {
         )
     }
 
+    /// The layer over `tokens` from position `first`, each with its state in `hidden`: the
+    /// inputs into `x` (through `joined`), then the block, its keys and values written.
+    fn run(
+        &self,
+        model: &Model<'_>,
+        (tokens, hidden): (&[u32], &[f32]),
+        first: usize,
+        cache: &mut KvCache,
+        (joined, x): (&mut Vec<f32>, &mut Vec<f32>),
+    ) -> Result<(), String> {
+        let h = &model.hparams;
+        self.inputs(model, tokens, hidden, cache, (joined, x))?;
+        cache.work.shape(h, tokens.len());
+        let rope_freqs = model.rope_freqs.as_deref();
+        let n = tokens.len();
+        layers::block(
+            h,
+            h.n_layer,
+            &self.layer,
+            rope_freqs,
+            x,
+            n,
+            first,
+            false,
+            cache,
+        )
+    }
+
     /// Mirrors a target pass of `tokens` from `first` into the layer's cache: `normed` holds
     /// the pass's final-normed hidden states, every row.
     pub(super) fn mirror(
@@ -118,23 +146,13 @@ impl Nextn<'_> {
         shifted[e..].copy_from_slice(&normed[..(n - 1) * e]);
         let mut x = std::mem::take(&mut cache.mirror.input);
         let mut joined = std::mem::take(&mut cache.mirror.joined);
-        let ran = self
-            .inputs(model, tokens, &shifted, cache, (&mut joined, &mut x))
-            .and_then(|()| {
-                cache.work.shape(h, n);
-                let rope_freqs = model.rope_freqs.as_deref();
-                layers::block(
-                    h,
-                    h.n_layer,
-                    &self.layer,
-                    rope_freqs,
-                    &mut x,
-                    n,
-                    first,
-                    false,
-                    cache,
-                )
-            });
+        let ran = self.run(
+            model,
+            (tokens, &shifted),
+            first,
+            cache,
+            (&mut joined, &mut x),
+        );
         cache.mirror.input = x;
         cache.mirror.shifted = shifted;
         cache.mirror.joined = joined;
@@ -169,23 +187,7 @@ impl Nextn<'_> {
         }
         let mut x = std::mem::take(&mut work.x);
         let mut joined = std::mem::take(&mut work.input);
-        let ran = self
-            .inputs(model, &[token], hidden, cache, (&mut joined, &mut x))
-            .and_then(|()| {
-                cache.work.shape(h, 1);
-                let rope_freqs = model.rope_freqs.as_deref();
-                layers::block(
-                    h,
-                    h.n_layer,
-                    &self.layer,
-                    rope_freqs,
-                    &mut x,
-                    1,
-                    pos,
-                    false,
-                    cache,
-                )
-            });
+        let ran = self.run(model, (&[token], hidden), pos, cache, (&mut joined, &mut x));
         work.x = x;
         work.input = joined;
         ran?;
@@ -193,16 +195,7 @@ impl Nextn<'_> {
         layers::rms_norm(&mut work.x, norm, h.rms_eps);
         work.logits.resize(h.vocab, 0.0);
         let head = self.head.as_ref().unwrap_or(&model.output);
-        kernels::matmul(
-            &mut [kernels::Product {
-                w: head,
-                out: &mut work.logits,
-            }],
-            &work.x,
-            1,
-            &cache.exec,
-            &mut cache.work.scratch,
-        )?;
+        super::head::project(head, &work.x, &mut work.logits, cache)?;
         work.hidden.clear();
         work.hidden.extend_from_slice(&work.x);
         Ok(Draft {

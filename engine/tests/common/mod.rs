@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+pub mod drafts;
 pub mod golden;
 pub mod serve;
 
