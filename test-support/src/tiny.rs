@@ -61,6 +61,8 @@ pub struct Qwen35Tiny {
     pub k_heads: usize,
     /// Value heads of the recurrent layers.
     pub v_heads: usize,
+    /// The training context (`context_length`), the most `engine serve -c` accepts.
+    pub context: u32,
 }
 
 /// What a tiny Gemma 4 has beyond the fields every model has.
@@ -211,6 +213,7 @@ pub const QWEN35: Tiny = Tiny {
         state: 32,
         k_heads: 4,
         v_heads: 8,
+        context: 1024,
     }),
     ..LLAMA
 };
@@ -363,6 +366,8 @@ pub const QWEN35_4B_BENCH: Tiny = Tiny {
         state: 128,
         k_heads: 16,
         v_heads: 32,
+        // Qwen 3.5 4B's, so benchmarks can ask for any context a user would.
+        context: 262_144,
     }),
 };
 
@@ -962,7 +967,7 @@ fn qwen35_bytes(t: &Tiny, q: &Qwen35Tiny, r: &mut Random) -> Vec<u8> {
         Builder::new()
             .string("general.architecture", t.arch)
             .string("general.name", t.name)
-            .u32(&key("context_length"), 1024)
+            .u32(&key("context_length"), q.context)
             .u32(&key("embedding_length"), t.embd as u32)
             .u32(&key("block_count"), blocks as u32)
             .u32(&key("nextn_predict_layers"), 1)

@@ -33,7 +33,7 @@ pub struct Matrix<'a> {
     wide: Option<Box<[u8]>>,
     /// The rows sixteen side by side, read instead of the stored ones where the ISA has kernels
     /// for them.
-    lanes: Option<(LaneKind, Box<[u8]>)>,
+    lanes: Option<(LaneKind, memmap2::MmapMut)>,
     /// The tensor's rows this matrix is (all of them but for an expert's share).
     window: Range<usize>,
 }

@@ -243,6 +243,18 @@ impl Lanes for Ymm {
 /// Columns taken together in one walk over a group's blocks.
 const COLUMNS: usize = 4;
 
+/// How far ahead of each load a kernel asks for the copy's bytes. One core's hardware
+/// prefetchers alone left generation at two thirds of the memory's speed (Qwen 3.5 4B's
+/// shapes, one thread: 3.8 tokens/s without, 5.2 with; 1 to 3 KiB all measured alike).
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks for the cache line `PREFETCH_AHEAD` bytes past `p`; never faults, even past the copy.
+#[inline(always)]
+unsafe fn prefetch(p: *const u8) {
+    // SAFETY: a prefetch is a hint: it reads nothing the program sees and never faults.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD).cast()) }
+}
+
 /// Activation word `t` (values `4t..4t + 4`) of a block.
 #[inline(always)]
 fn word(y: &BlockQ8K, t: usize) -> i32 {
@@ -284,6 +296,7 @@ unsafe fn q4_k_block<L: Lanes, const N: usize>(
             let mut hi = [L::splat(0); N];
             for k in 0..8 {
                 let q = L::load(p.add(256 + 64 * (8 * j + k) + words));
+                prefetch(p.add(256 + 64 * (8 * j + k) + words));
                 let (vlo, vhi) = (L::and(q, nibbles), L::and(L::shr4(q), nibbles));
                 for (col, y) in ys.iter().enumerate() {
                     lo[col] = L::dot4(lo[col], vlo, word(y, 16 * j + k));
@@ -326,6 +339,9 @@ unsafe fn q6_k_block<L: Lanes, const N: usize>(
                 let mut part = [[L::splat(0); 4]; N];
                 for k in 4 * quarter..4 * quarter + 4 {
                     let triple = p.add(192 * (8 * half + k) + words);
+                    for line in 0..3 {
+                        prefetch(triple.add(64 * line));
+                    }
                     let (qa, qb, qh) = (
                         L::load(triple),
                         L::load(triple.add(64)),
