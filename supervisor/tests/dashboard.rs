@@ -1044,3 +1044,56 @@ fn without_a_password_the_dashboard_is_loopback_only_and_says_so() {
         "the guard's answer carries the security headers too: {answer:?}"
     );
 }
+
+/// Every route the router declares, asked without credentials and with a wrong token: only the
+/// public group answers; every other route is refused by its group's check before its handler
+/// runs (a route moved into the wrong group, or a group whose check lets strangers through,
+/// fails here).
+#[test]
+fn every_route_outside_the_public_group_refuses_strangers() {
+    use supervisor::dashboard::{Group, ROUTES};
+    // Who may call what, decided here once more: a new route, or one moved to another
+    // group, fails until this list says the same.
+    let expected = [
+        ("GET", "/", Group::Page),
+        ("GET", "/login", Group::Public),
+        ("POST", "/login", Group::Public),
+        ("POST", "/logout", Group::Browser),
+        ("GET", "/events", Group::Live),
+        ("GET", "/api/status", Group::Reader),
+        ("GET", "/metrics", Group::Reader),
+        ("POST", "/api/chat", Group::Browser),
+        ("POST", "/api/enroll", Group::Enrol),
+        ("POST", "/api/identity", Group::Public),
+        ("POST", "/api/update", Group::Operator),
+        ("GET", "/api/update", Group::Reader),
+        ("GET", "/assets/app.js", Group::Public),
+        ("GET", "/assets/style.css", Group::Public),
+    ];
+    assert_eq!(ROUTES, &expected[..]);
+    let port = free_port();
+    let _d = start_with_password(port);
+    let base = format!("http://127.0.0.1:{port}");
+    for &(method, path, group) in ROUTES {
+        for headers in [&[][..], &[("authorization", "Bearer not-a-token")][..]] {
+            let url = format!("{base}{path}");
+            let reply = match method {
+                "GET" => get(&url, headers),
+                "POST" => post(&url, headers, "application/json", "{}"),
+                other => panic!("{other} {path}: a method this test does not ask with"),
+            };
+            let what = format!(
+                "{method} {path} ({group:?}, headers {headers:?}): {}",
+                reply.status
+            );
+            match group {
+                Group::Public => assert_ne!(reply.status, 401, "{what}"),
+                Group::Page => {
+                    assert_eq!(reply.status, 303, "{what}");
+                    assert_eq!(reply.header("location"), Some("/login"), "{what}");
+                }
+                _ => assert!([401, 403].contains(&reply.status), "{what}"),
+            }
+        }
+    }
+}

@@ -19,24 +19,29 @@ use crate::update::slot::Slot;
 /// Pause between looks while something is not healthy yet.
 const RETRY: Duration = Duration::from_secs(2);
 
-/// What is not healthy yet, or `None` when everything is.
-async fn not_healthy(
+/// One look at the new slot. Only the last line of [`look`] says `Healthy`, after every check
+/// has passed: each early return is a reason not to commit, so a check skipped by a later
+/// change leaves the slot uncommitted rather than committed unverified.
+enum Health {
+    /// Every check passed: the slot may be committed.
+    Healthy,
+    /// Not healthy yet; waiting may change that.
+    Pending(String),
+    /// Not healthy, and it will not become so in this boot.
+    Failed(String),
+}
+
+/// Looks at tuning, the model, the engine and the dashboard, in that order.
+async fn look(
     config: &Config,
     failing_before: &[String],
     tuned: &watch::Sender<dashboard::Tuned>,
     engine: &engine::Handle,
-) -> Option<Unhealthy> {
-    let pending = |why: String| Unhealthy {
-        why,
-        for_good: false,
-    };
+) -> Health {
     let status = engine.status();
     // An engine the supervision gave up on will not come back in this boot.
     if status.state == Phase::Failing {
-        return Some(Unhealthy {
-            why: format!("the engine is failing: {}", status.reason),
-            for_good: true,
-        });
+        return Health::Failed(format!("the engine is failing: {}", status.reason));
     }
     let (failed, model) = {
         let t = tuned.borrow();
@@ -48,25 +53,17 @@ async fn not_healthy(
         (failed, t.model.clone())
     };
     if let Some(why) = failed {
-        return Some(pending(why));
+        return Health::Pending(why);
     }
     if model.state != "verified" {
-        return Some(pending(format!(
-            "the model is {}: {}",
-            model.state, model.reason
-        )));
+        return Health::Pending(format!("the model is {}: {}", model.state, model.reason));
     }
     if status.state != Phase::Ready {
-        return Some(pending(format!(
-            "the engine is not serving: {}",
-            status.reason
-        )));
+        return Health::Pending(format!("the engine is not serving: {}", status.reason));
     }
     // Never healthy by default: without the way in to this engine there is no proof.
     let (Some(key), Some(socket)) = (status.control_key, status.control_socket) else {
-        return Some(pending(
-            "the engine's control key and socket are not known yet".into(),
-        ));
+        return Health::Pending("the engine's control key and socket are not known yet".into());
     };
     let answered = tokio::task::spawn_blocking(move || {
         engine::probe::complete_one_token(&socket, Duration::from_secs(60), &key)
@@ -76,23 +73,24 @@ async fn not_healthy(
     match answered {
         Ok(engine::probe::Completion::Generated) => {}
         Ok(engine::probe::Completion::QueueFull) => {
-            return Some(pending(
-                "the engine's queue is full; no completion yet".into(),
-            ));
+            return Health::Pending("the engine's queue is full; no completion yet".into());
         }
         Err(e) => {
-            return Some(pending(format!(
-                "the engine did not answer a completion: {e}"
-            )));
+            return Health::Pending(format!("the engine did not answer a completion: {e}"));
         }
     }
-    dashboard_answers(config).await.err().map(pending)
+    match dashboard_answers(config).await {
+        Ok(()) => Health::Healthy,
+        Err(why) => Health::Pending(why),
+    }
 }
 
-/// Why the new slot is not healthy, and whether waiting could change that.
-struct Unhealthy {
-    why: String,
-    for_good: bool,
+/// What the trial ends in.
+enum Verdict {
+    /// Healthy before the deadline.
+    Commit,
+    /// Not, for the reason given.
+    RollBack(String),
 }
 
 /// The dashboard answers HTTP on its plain port over loopback.
@@ -144,28 +142,27 @@ pub async fn check(
             .unwrap_or_default()
     };
     let verdict = loop {
-        match not_healthy(config, &failing_before, tuned, engine).await {
-            None => break Ok(()),
-            Some(u) if u.for_good => break Err(u.why),
-            Some(u) if Instant::now() >= deadline => {
-                break Err(format!(
-                    "not healthy within {} s: {}",
+        match look(config, &failing_before, tuned, engine).await {
+            Health::Healthy => break Verdict::Commit,
+            Health::Failed(why) => break Verdict::RollBack(why),
+            Health::Pending(why) if Instant::now() >= deadline => {
+                break Verdict::RollBack(format!(
+                    "not healthy within {} s: {why}",
                     config.update.health_timeout_s.get(),
-                    u.why
                 ));
             }
-            Some(u) => tracing::info!("update: slot {slot} not healthy yet: {}", u.why),
+            Health::Pending(why) => tracing::info!("update: slot {slot} not healthy yet: {why}"),
         }
         tokio::time::sleep(RETRY).await;
     };
     let (board, config) = (board.clone(), config.clone());
     let done = tokio::task::spawn_blocking(move || match verdict {
-        Ok(()) => crate::update::commit(
+        Verdict::Commit => crate::update::commit(
             &board,
             &config,
             "tuning verified, weights verified, the engine answered a completion, the dashboard answered",
         ),
-        Err(why) => crate::update::roll_back(&board, &config, &why),
+        Verdict::RollBack(why) => crate::update::roll_back(&board, &config, &why),
     })
     .await
     .unwrap_or_else(|e| Err(format!("the task crashed: {e}")));

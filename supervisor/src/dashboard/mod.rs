@@ -35,6 +35,7 @@ use crate::report::Status;
 use crate::tune::StepReport;
 
 pub use error::DashError;
+pub use routes::{Group, ROUTES};
 
 /// What the daemon last found when it tuned the board and checked the model.
 #[derive(Debug, Clone)]

@@ -10,8 +10,11 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
+mod guard;
 mod origin;
 
+use guard::Caller;
+pub use guard::Group;
 use origin::Served;
 
 use super::auth::{self, Session};
@@ -29,27 +32,45 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");
 
+/// Declares every route with the group whose check guards it ([`Group`]): the router is built
+/// from this list only, so a route cannot be added without a group, and [`ROUTES`] lists
+/// them for the test that asks each one without credentials.
+macro_rules! routes {
+    ($($method:ident $path:expr => $route:expr, $group:ident;)*) => {
+        /// Every route: method, path and the group that may call it.
+        pub const ROUTES: &[(&str, &str, Group)] = &[$((stringify!($method), $path, Group::$group)),*];
+
+        fn guarded_routes(app: &Arc<App>) -> Router<Arc<App>> {
+            Router::new()
+                $(.route($path, $route.route_layer(axum::middleware::from_fn_with_state(
+                    (Arc::clone(app), Group::$group),
+                    guard::check,
+                ))))*
+        }
+    };
+}
+
+routes! {
+    GET "/" => get(overview), Page;
+    GET "/login" => get(login_page), Public;
+    POST "/login" => post(login), Public;
+    POST "/logout" => post(logout), Browser;
+    GET "/events" => get(events), Live;
+    GET "/api/status" => get(api_status), Reader;
+    GET "/metrics" => get(metrics), Reader;
+    POST "/api/chat" => post(api_chat), Browser;
+    POST "/api/enroll" => post(api_enroll), Enrol;
+    POST "/api/identity" => post(api_identity), Public;
+    POST super::update::PATH => post(api_update_upload).layer(DefaultBodyLimit::disable()), Operator;
+    GET super::update::PATH => get(api_update_progress), Reader;
+    GET "/assets/app.js" => get(app_js), Public;
+    GET "/assets/style.css" => get(style_css), Public;
+}
+
 /// Every route, with the security headers and the body limit. `over_tls`: the router of the
 /// HTTPS listener; the plain one redirects other machines to HTTPS when the box serves it.
 pub fn router(app: Arc<App>, over_tls: bool) -> Router {
-    let routes = Router::new()
-        .route("/", get(overview))
-        .route("/login", get(login_page).post(login))
-        .route("/logout", post(logout))
-        .route("/events", get(events))
-        .route("/api/status", get(api_status))
-        .route("/metrics", get(metrics))
-        .route("/api/chat", post(api_chat))
-        .route("/api/enroll", post(api_enroll))
-        .route("/api/identity", post(api_identity))
-        .route(
-            super::update::PATH,
-            post(api_update_upload)
-                .get(api_update_progress)
-                .layer(DefaultBodyLimit::disable()),
-        )
-        .route("/assets/app.js", get(app_js))
-        .route("/assets/style.css", get(style_css))
+    let routes = guarded_routes(&app)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),
@@ -191,32 +212,11 @@ fn cookie_id(headers: &HeaderMap) -> Option<String> {
 }
 
 impl App {
+    /// The session the request's cookie names, if it is live.
     fn session(&self, headers: &HeaderMap) -> Option<(String, Session)> {
         let id = cookie_id(headers)?;
         let session = self.sessions.get(&id)?;
         Some((id, session))
-    }
-
-    /// A session, or an error saying how to get one.
-    fn require_session(&self, headers: &HeaderMap) -> Result<(String, Session), DashError> {
-        self.session(headers).ok_or(DashError::LoginRequired)
-    }
-
-    /// A session whose CSRF token the request presents (form field or `X-CSRF-Token` header).
-    fn require_csrf(
-        &self,
-        headers: &HeaderMap,
-        presented: Option<&str>,
-    ) -> Result<(String, Session), DashError> {
-        let (id, session) = self.session(headers).ok_or(DashError::Csrf)?;
-        let presented = presented
-            .or_else(|| headers.get("x-csrf-token").and_then(|v| v.to_str().ok()))
-            .unwrap_or("");
-        if auth::constant_time_eq(presented.as_bytes(), session.csrf.as_bytes()) {
-            Ok((id, session))
-        } else {
-            Err(DashError::Csrf)
-        }
     }
 
     /// A fresh session and its `Set-Cookie` value, `Secure` once the box serves HTTPS (before
@@ -235,15 +235,18 @@ impl App {
     }
 }
 
-async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, DashError> {
-    let (session, cookie) = match app.session(&headers) {
-        Some((_, session)) => (session, None),
-        // Without a password the box's own loopback is the only way in: no login to ask for.
-        None if app.open => {
+async fn overview(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, DashError> {
+    let (session, cookie) = match caller {
+        Caller::Session(_, session) => (session, None),
+        // Without a password the box's own loopback is the only way in (the guard let only it
+        // through): no login to ask for.
+        Caller::Anyone | Caller::Token => {
             let (session, cookie) = app.new_session()?;
             (session, Some(cookie))
         }
-        None => return Err(DashError::LoginRequired),
     };
     let status = serde_json::to_value(app.status_off_thread().await?)
         .map_err(|e| DashError::Internal(format!("cannot encode the status: {e}")))?;
@@ -350,11 +353,11 @@ async fn login(
 
 async fn logout(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    Form(form): Form<HashMap<String, String>>,
+    Extension(caller): Extension<Caller>,
 ) -> Result<Response, DashError> {
-    let (id, _) = app.require_csrf(&headers, form.get("csrf").map(String::as_str))?;
-    app.sessions.remove(&id);
+    if let Caller::Session(id, _) = caller {
+        app.sessions.remove(&id);
+    }
     let mut response = Redirect::to("/login").into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,
@@ -365,26 +368,24 @@ async fn logout(
     Ok(response)
 }
 
-async fn events(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, DashError> {
-    let (id, _) = app
-        .require_session(&headers)
-        .map_err(|_| DashError::Unauthorized)?;
+async fn events(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, DashError> {
+    let Caller::Session(id, _) = caller else {
+        return Err(DashError::Unauthorized);
+    };
     let updates = app.updates.subscribe();
     let allowed = move || app.sessions.get(&id).is_some();
     Ok(live::stream(updates, allowed).into_response())
 }
 
-async fn api_status(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-) -> Result<Response, DashError> {
-    require_reader(&app, &headers)?;
+async fn api_status(State(app): State<Arc<App>>) -> Result<Response, DashError> {
     Ok(Json(app.status_off_thread().await?).into_response())
 }
 
 /// `GET /metrics`: the same status document in Prometheus' text format, to the same readers.
-async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response, DashError> {
-    require_reader(&app, &headers)?;
+async fn metrics(State(app): State<Arc<App>>) -> Result<Response, DashError> {
     let status = app.status_off_thread().await?;
     Ok((
         [(header::CONTENT_TYPE, metrics_text::CONTENT_TYPE)],
@@ -401,13 +402,6 @@ async fn api_update_upload(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Response, DashError> {
-    if headers.contains_key(header::AUTHORIZATION) {
-        if !bearer_allowed(&app, &headers) {
-            return Err(DashError::Unauthorized);
-        }
-    } else {
-        app.require_csrf(&headers, None)?;
-    }
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -424,39 +418,8 @@ async fn api_update_upload(
 }
 
 /// `GET /api/update`: how the last upload's install is doing.
-async fn api_update_progress(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-) -> Result<Response, DashError> {
-    require_reader(&app, &headers)?;
+async fn api_update_progress(State(app): State<Arc<App>>) -> Result<Response, DashError> {
     Ok(Json(app.uploads.progress()).into_response())
-}
-
-/// Whether a request may read the box's state (`/api/status`, `/api/update`, `/metrics`): an
-/// API token it accepts, or a session (without a password the pages are open on loopback; so
-/// is what they show). Otherwise 401.
-fn require_reader(app: &App, headers: &HeaderMap) -> Result<(), DashError> {
-    let allowed = if headers.contains_key(header::AUTHORIZATION) {
-        bearer_allowed(app, headers)
-    } else {
-        app.open || app.session(headers).is_some()
-    };
-    if allowed {
-        Ok(())
-    } else {
-        Err(DashError::Unauthorized)
-    }
-}
-
-/// Whether a request carries an API token the box accepts.
-fn bearer_allowed(app: &App, headers: &HeaderMap) -> bool {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|token| {
-            auth::token_allowed(token.trim(), &app.sources.config.dashboard.api_token_sha256)
-        })
 }
 
 /// The nonce of an enrolment or identity request: 32-128 hex digits.
@@ -500,12 +463,8 @@ async fn api_identity(
 /// its enrolment token and device key (see `provision::enroll`). Once per generation.
 async fn api_enroll(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, DashError> {
-    if !bearer_allowed(&app, &headers) {
-        return Err(DashError::Unauthorized);
-    }
     let nonce = nonce_of(&body)?;
     let board = app.sources.board.clone();
     let answer = tokio::task::spawn_blocking(move || enroll(&board, &nonce))
@@ -542,10 +501,8 @@ fn enroll(
 
 async fn api_chat(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, DashError> {
-    app.require_csrf(&headers, None)?;
     let question: chat::Question = serde_json::from_slice(&body)
         .map_err(|e| DashError::BadRequest(format!("expected {{\"message\": \"...\"}}: {e}")))?;
     let engine = app.sources.engine.borrow().clone();
