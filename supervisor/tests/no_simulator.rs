@@ -65,14 +65,18 @@ fn normal_dependencies(package: &Value) -> Vec<(String, bool)> {
         .collect()
 }
 
-/// The crates `cargo tree -e normal -p package` lists: what the package's production build links.
+/// The crates `cargo tree -e normal -p package` lists, sorted, each once: what the package's
+/// production build links.
 fn production_tree(package: &str) -> Vec<String> {
-    cargo(&[
+    let mut crates: Vec<String> = cargo(&[
         "tree", "-e", "normal", "-p", package, "--prefix", "none", "--format", "{p}",
     ])
     .lines()
     .filter_map(|line| line.split_whitespace().next().map(str::to_string))
-    .collect()
+    .collect();
+    crates.sort();
+    crates.dedup();
+    crates
 }
 
 #[test]
