@@ -752,6 +752,9 @@ fn data_files(paths: &Paths, data: &Path, options: &Options) -> Result<PathBuf, 
                     "--locked",
                     "-p",
                     "supervisor",
+                    // The stand-in board is a simulated one.
+                    "--features",
+                    "sim",
                     "--manifest-path",
                 ])
                 .arg(paths.repo.join("Cargo.toml"))

@@ -13,9 +13,10 @@ use test_support::Owned;
 const APPLIANCE: &str = env!("CARGO_BIN_EXE_appliance");
 const PASSWORD: &str = "front desk 42";
 
-/// The `supervisor` binary of this checkout, brought up to date by cargo.
+/// The `supervisor` binary of this checkout with its simulator (feature `sim`: every box here is
+/// a simulated board), brought up to date by cargo.
 fn supervisor_binary() -> PathBuf {
-    test_support::binary("supervisor", "supervisor")
+    test_support::binary_with_features("supervisor", "supervisor", &["sim"])
 }
 
 fn supervisor(args: &[&str], stdin: &str) -> Output {

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::board::{Board, sim};
+use crate::board::{Board, BoardResult};
 use crate::config::Config;
 use crate::report;
 use crate::systemd::Systemd;
@@ -22,9 +22,19 @@ fn bad_input(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(EXIT_BAD_INPUT)
 }
 
+/// Opens the board at `root`. With the `sim` feature a simulated tree opens through
+/// `board-sim`; without it (the production build) only the live board opens, and a simulated
+/// tree is refused.
+pub fn open_board(root: &Path) -> BoardResult<Board> {
+    #[cfg(feature = "sim")]
+    return board_sim::open(root);
+    #[cfg(not(feature = "sim"))]
+    Board::open(root)
+}
+
 /// The board and its configuration, or the bad-input exit having said why.
 pub(crate) fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
-    let board = Board::open(root).map_err(bad_input)?;
+    let board = open_board(root).map_err(bad_input)?;
     let config = Config::for_board(&board, config).map_err(bad_input)?;
     Ok((board, config))
 }
@@ -50,16 +60,17 @@ pub async fn applier_for(board: &Board, backend: Backend) -> Applier<'_> {
     }
 }
 
-/// `supervisor sim init DIR [--variant NAME]`.
+/// `supervisor sim init DIR [--variant NAME]` (feature `sim`).
+#[cfg(feature = "sim")]
 pub fn sim_init(dir: &Path, variant: &str) -> ExitCode {
-    let Some(v) = sim::Variant::from_name(variant) else {
-        let names: Vec<&str> = sim::Variant::ALL.iter().map(|(n, _)| *n).collect();
+    let Some(v) = board_sim::Variant::from_name(variant) else {
+        let names: Vec<&str> = board_sim::Variant::ALL.iter().map(|(n, _)| *n).collect();
         return bad_input(format!(
             "unknown board variant \"{variant}\"; choose one of: {}",
             names.join(", ")
         ));
     };
-    match sim::init(dir, v) {
+    match board_sim::init(dir, v) {
         Ok(()) => {
             println!("simulated {} board written to {}", v.name(), dir.display());
             ExitCode::SUCCESS
@@ -71,23 +82,25 @@ pub fn sim_init(dir: &Path, variant: &str) -> ExitCode {
     }
 }
 
-/// `supervisor sim write-slot DIR SLOT VERSION`.
+/// `supervisor sim write-slot DIR SLOT VERSION` (feature `sim`).
+#[cfg(feature = "sim")]
 pub fn sim_write_slot(dir: &Path, slot: &str, version: &str) -> ExitCode {
-    if !dir.join(sim::MARKER).is_file() {
+    if !dir.join(board_sim::MARKER).is_file() {
         return bad_input(format!("{} is not a simulated board", dir.display()));
     }
-    match sim::write_slot(dir, slot, version) {
+    match board_sim::write_slot(dir, slot, version) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => bad_input(format!("writing slot {slot} of {}: {e}", dir.display())),
     }
 }
 
-/// `supervisor sim boot DIR`.
+/// `supervisor sim boot DIR` (feature `sim`).
+#[cfg(feature = "sim")]
 pub fn sim_boot(dir: &Path) -> ExitCode {
-    if !dir.join(sim::MARKER).is_file() {
+    if !dir.join(board_sim::MARKER).is_file() {
         return bad_input(format!("{} is not a simulated board", dir.display()));
     }
-    match crate::board::sim_firmware::boot(dir) {
+    match board_sim::firmware::boot(dir) {
         Ok(story) => {
             println!("{story}");
             ExitCode::SUCCESS
@@ -103,7 +116,7 @@ pub fn sim_boot(dir: &Path) -> ExitCode {
 /// provisioning feeds).
 pub fn provision_apply(root: &Path, from: Option<&str>, json: bool) -> ExitCode {
     use crate::provision::Outcome;
-    let board = match Board::open(root) {
+    let board = match open_board(root) {
         Ok(board) => board,
         Err(e) => return bad_input(e),
     };

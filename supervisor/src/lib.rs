@@ -2,17 +2,20 @@
 //!
 //! It brings the board into the tuned state (governor, the engine's cgroup, swap, bootloader
 //! SDRAM interleave) and proves it by reading back effective values ([`tune`]); everything it
-//! reads or writes on the machine goes through one root ([`board`]), so a simulated board tree
-//! stands in for a real Pi in tests and local runs. It lets the engine run only weights that
+//! reads or writes on the machine goes through one root ([`board`], its own crate), so a simulated
+//! board tree (crate `board-sim`, behind the `sim` feature) stands in for a real Pi in tests and
+//! local runs. It lets the engine run only weights that
 //! match an approved manifest ([`model`], on the `weights` crate), and launches, probes and restarts
 //! the engine on them ([`engine`]). It finds the highest clock the board computes right at, one
 //! tryboot trial at a time under the hardware watchdog ([`overclock`]). It takes signed A/B system
 //! updates through RAUC, commits a new slot only once it is healthy and otherwise lets the
 //! firmware fall back ([`update`]). The `supervisor` binary is a thin CLI over [`commands`].
 
-pub mod board;
+/// The machine itself: the `board` crate, under the name the supervisor's modules use.
+pub use ::board;
+/// The bootloader's formats, from the `board` crate.
+pub use ::board::bootloader;
 pub mod bootfiles;
-pub mod bootloader;
 pub mod clock;
 pub mod commands;
 pub mod config;

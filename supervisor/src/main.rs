@@ -1,4 +1,7 @@
 //! `supervisor`: the command line. Parsing only; each subcommand is one call into the library.
+//!
+//! The `sim` subcommands exist only in a build with the `sim` feature (tests, `scripts/run-local`):
+//! the production binary has no simulator.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +41,7 @@ enum Command {
     /// Run the daemon in the foreground.
     Run,
     /// Simulated boards for tests and local runs.
+    #[cfg(feature = "sim")]
     Sim {
         #[command(subcommand)]
         command: SimCommand,
@@ -253,6 +257,7 @@ enum DashboardCommand {
     NewToken,
 }
 
+#[cfg(feature = "sim")]
 #[derive(Subcommand)]
 enum SimCommand {
     /// Write a simulated Raspberry Pi 5 tree into DIR.
@@ -309,6 +314,7 @@ fn main() -> ExitCode {
         Command::Apply { dry_run } => commands::apply(&cli.root, config, dry_run),
         Command::Status { json } => commands::status(&cli.root, config, json),
         Command::Run => commands::run(&cli.root, config),
+        #[cfg(feature = "sim")]
         Command::Sim {
             command: SimCommand::Init { dir, variant },
         } => commands::sim_init(&dir, &variant),
@@ -341,9 +347,11 @@ fn main() -> ExitCode {
                 UpdateCommand::PostInstall => cli::post_install(&cli.root, config),
             }
         }
+        #[cfg(feature = "sim")]
         Command::Sim {
             command: SimCommand::Boot { dir },
         } => commands::sim_boot(&dir),
+        #[cfg(feature = "sim")]
         Command::Sim {
             command: SimCommand::WriteSlot { dir, slot, version },
         } => commands::sim_write_slot(&dir, &slot, &version),

@@ -222,7 +222,7 @@ impl Drop for Browser {
 /// A simulated board with the default model, and `supervisor run` serving the dashboard.
 fn start_supervisor(dir: &Path, port: u16) -> Owned {
     let root = dir.join("board");
-    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
     common::install_default_model(&root);
     let config = format!(
         "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {}\nhealth_interval_s = 2\n\n\

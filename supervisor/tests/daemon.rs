@@ -24,7 +24,7 @@ struct Daemon {
 fn start(config: &str, watchdog_usec: Option<&str>) -> Daemon {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("board");
-    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
     std::fs::write(root.join("etc/appliance/appliance.toml"), config).expect("config");
     let socket_path = dir.path().join("notify");
     let socket = UnixDatagram::bind(&socket_path).expect("bind");

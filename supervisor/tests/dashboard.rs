@@ -41,7 +41,7 @@ struct Daemon {
 fn start(dashboard: &str, port: u16) -> Daemon {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("board");
-    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
     std::fs::write(root.join("proc/uptime"), "93784.52 180000.10\n").expect("uptime");
     std::fs::write(
         root.join("etc/os-release"),
@@ -567,11 +567,7 @@ fn metrics_are_prometheus_text_for_the_readers_of_api_status() {
     // boot (bits 0, 16 and 18).
     let temperature = d.root.join("sys/class/thermal/thermal_zone0/temp");
     std::fs::write(&temperature, "61375\n").expect("temperature");
-    std::fs::write(
-        d.root.join(supervisor::board::sim::GET_THROTTLED_FILE),
-        "50001\n",
-    )
-    .expect("throttled");
+    std::fs::write(d.root.join(board_sim::GET_THROTTLED_FILE), "50001\n").expect("throttled");
 
     // Exactly the authentication of /api/status: nothing, a wrong token or a forged session
     // is refused alike; a session and the token are let in.

@@ -33,7 +33,7 @@ fn board_with_model() -> Board {
 fn board_without_model() -> Board {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("board");
-    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
     Board { dir, root }
 }
 

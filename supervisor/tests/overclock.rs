@@ -27,7 +27,7 @@ impl Sim {
     fn new(steps: &[u32], faults: &str) -> Sim {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join("board");
-        supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+        board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
         let config = dir.path().join("appliance.toml");
         let steps: Vec<String> = steps
             .iter()

@@ -163,7 +163,7 @@ impl Appliance {
     fn new() -> Appliance {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join("board");
-        supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+        board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
         let bundles = dir.path().join("bundles");
         std::fs::create_dir_all(&bundles).expect("dir");
         let bus = start_bus();
@@ -483,7 +483,7 @@ fn the_real_rauc_refuses_unsigned_and_wrongly_signed_bundles() {
     .expect("system.conf");
 
     let root = dir.path().join("board");
-    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
     let bus = start_bus();
     let mut rauc = test_support::Owned::spawn(
         Command::new("rauc")

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use supervisor::board::{Board, sim};
+use board_sim as sim;
+use supervisor::board::Board;
 use supervisor::config::{CgroupBackend, Config, SliceName};
 use supervisor::systemd::{PropertyValue, Systemd};
 use supervisor::tune::{self, Applier, Backend, State};
@@ -133,7 +134,7 @@ fn simulated(variant: sim::Variant) -> (tempfile::TempDir, PathBuf, Board) {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("board");
     sim::init(&root, variant).expect("sim init");
-    let board = Board::open(&root).expect("open");
+    let board = sim::open(&root).expect("open");
     (dir, root, board)
 }
 

@@ -33,7 +33,7 @@ impl Sim {
     fn new() -> Sim {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path().join("board");
-        supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+        board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
         Sim { _dir: dir, root }
     }
 
@@ -305,7 +305,7 @@ fn a_check_whose_time_ran_out_across_restarts_rolls_back() {
     sim.run_ok(&["update", "reboot"]);
     sim.boot();
     sim.run_ok(&["update", "boot"]);
-    supervisor::board::sim_firmware::write_boot_id(&sim.root).expect("boot id");
+    board_sim::firmware::write_boot_id(&sim.root).expect("boot id");
     let out = sim.run_ok(&["update", "boot"]);
     assert!(out.contains("cut off"), "{out}");
 }

@@ -35,7 +35,7 @@ fn text(b: &[u8]) -> String {
 fn board() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("board");
-    supervisor::board::sim::init(&root, supervisor::board::sim::Variant::Pi5_8gb).expect("sim");
+    board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
     let root = root.to_str().expect("utf8").to_string();
     (dir, root)
 }

@@ -25,6 +25,15 @@ use std::time::{Duration, Instant};
 /// # Panics
 /// When the build fails.
 pub fn binary(package: &str, name: &str) -> PathBuf {
+    binary_with_features(package, name, &[])
+}
+
+/// [`binary`] built with the package's `features` on (e.g. the supervisor's `sim`, for a test
+/// that runs it on simulated boards).
+///
+/// # Panics
+/// When the build fails.
+pub fn binary_with_features(package: &str, name: &str, features: &[&str]) -> PathBuf {
     // One build at a time from this test process (tests run on parallel threads).
     static BUILDING: Mutex<()> = Mutex::new(());
     let _one = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
@@ -32,6 +41,9 @@ pub fn binary(package: &str, name: &str) -> PathBuf {
     let profile_dir = exe.ancestors().nth(2).expect("target/<profile>");
     let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     build.args(["build", "--locked", "-p", package, "--bin", name]);
+    if !features.is_empty() {
+        build.args(["--features", &features.join(",")]);
+    }
     if profile_dir.ends_with("release") {
         build.arg("--release");
     }

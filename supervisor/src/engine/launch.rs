@@ -138,8 +138,8 @@ pub(crate) mod tests {
     /// model whose manifest says 4 threads and 4096 tokens of context.
     pub(crate) fn approved(dir: &Path) -> (Board, Config, Approved) {
         let root = dir.join("board");
-        crate::board::sim::init(&root, crate::board::sim::Variant::Pi5_8gb).expect("sim");
-        let board = Board::open(&root).expect("board");
+        board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
+        let board = board_sim::open(&root).expect("board");
         let config = Config::default();
         let template = Template {
             id: Some(config.model.id.clone()),

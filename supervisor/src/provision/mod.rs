@@ -480,8 +480,8 @@ mod tests {
     #[test]
     fn the_supervisor_runs_with_what_was_provisioned_under_the_boot_override() {
         let dir = tempfile::tempdir().expect("tempdir");
-        crate::board::sim::init(dir.path(), crate::board::sim::Variant::Pi5_8gb).expect("sim");
-        let board = Board::open(dir.path()).expect("board");
+        board_sim::init(dir.path(), board_sim::Variant::Pi5_8gb).expect("sim");
+        let board = board_sim::open(dir.path()).expect("board");
         let hash = crate::dashboard::auth::hash_password("front-desk").expect("hash");
         let digest = "ab".repeat(32);
         let file = format!(

@@ -139,8 +139,7 @@ impl Backend {
             CgroupBackend::Systemd => Backend::Systemd,
             CgroupBackend::Files => Backend::Files,
             CgroupBackend::Auto => {
-                let live = !board.is_simulated() && board.root() == std::path::Path::new("/");
-                if live && board.path("/run/systemd/system").is_dir() {
+                if board.runs_systemd() {
                     Backend::Systemd
                 } else {
                     Backend::Files

@@ -11,7 +11,7 @@ use crate::board::Board;
 use crate::config::Config;
 
 /// Where a new system keeps the files of its boot folder (the image build puts them there).
-pub const SLOT_BOOT_DIR: &str = "usr/lib/appliance/boot";
+pub use crate::board::paths::SLOT_BOOT_DIR;
 /// Where the target slot is mounted while its boot files are copied.
 const MOUNT_POINT: &str = "/run/appliance/update-slot";
 

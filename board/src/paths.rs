@@ -79,6 +79,9 @@ pub const ENGINE_CONTROL_SOCKET: &str = "/run/appliance/engine/control.sock";
 
 /// The version of the system in the booted slot, as its image build stamped it.
 pub const SYSTEM_VERSION: &str = "/usr/share/appliance/version";
+/// Where a system keeps the files of its slot's boot folder (the image build puts them there),
+/// relative to that system's root: the update handler copies them onto the boot partition.
+pub const SLOT_BOOT_DIR: &str = "usr/lib/appliance/boot";
 /// When the image was built (Unix seconds): the box's clock never starts earlier.
 pub const BUILD_TIME: &str = "/usr/share/appliance/build-time";
 /// The last time the box knew (Unix seconds), on the data partition: the clock never goes back

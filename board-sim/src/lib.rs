@@ -1,20 +1,84 @@
-//! A simulated Raspberry Pi 5: writes the files the supervisor reads on a real board, and plays the
-//! kernel's part for the few writes that are more than storing bytes (cgroup controllers, cgroup
-//! creation, swapoff, value validation), so the same supervisor code runs on both.
+//! `board-sim`: a simulated Raspberry Pi 5 for tests and local runs. It writes the files the
+//! supervisor reads on a real board ([`init`]), plays the kernel's part for the few writes that
+//! are more than storing bytes (cgroup controllers, cgroup creation, swapoff, value validation),
+//! and the firmware's between boots ([`firmware`]), so the same supervisor code runs on both.
+//!
+//! Only tests, `supervisor sim ...` and `scripts/run-local` use it: the supervisor depends on it
+//! through its `sim` feature, off in the production build, so the binary on a box carries none
+//! of this code (`supervisor/tests/no_simulator.rs` checks the dependency graph). [`open`] is
+//! how a build with the simulator opens a board: a marked tree through [`Simulated`], anything
+//! else as the live board.
+
+pub mod firmware;
 
 use std::fs;
 use std::io;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::bootloader::image::Image;
+use board::bootloader::image::Image;
+use board::slot::{self, Slot};
+use board::{Board, BoardResult, paths};
 
 /// Where a Pi 5 kernel puts the firmware's `get_throttled` (relative to the board root).
 pub const GET_THROTTLED_FILE: &str =
     "sys/devices/platform/soc@107c000000/soc@107c000000:firmware/get_throttled";
 
 /// Marker file at the root of a simulated board; its contents name the variant.
-pub const MARKER: &str = ".appliance-sim";
+pub const MARKER: &str = board::SIM_MARKER;
+
+/// The kernel and firmware of a simulated board, as [`Board`] asks them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Simulated;
+
+impl board::Simulation for Simulated {
+    fn kernel_write(&self, path: &Path, value: &str) -> io::Result<()> {
+        kernel_write(path, value)
+    }
+
+    fn create_cgroup(&self, path: &Path) -> io::Result<()> {
+        kernel_mkdir_cgroup(path)
+    }
+
+    fn swap_off(&self, root: &Path, device: &str) -> io::Result<()> {
+        kernel_swapoff(root, device)
+    }
+
+    fn before_write(&self, root: &Path) {
+        firmware::before_write(root);
+    }
+
+    fn after_durable_write(&self, root: &Path) {
+        firmware::after_durable_write(root);
+    }
+
+    fn request_reboot(&self, root: &Path) -> io::Result<()> {
+        firmware::request_reboot(root)
+    }
+
+    fn compute_corruption(&self, root: &Path) -> u64 {
+        firmware::compute_corruption(root)
+    }
+
+    fn clock(&self, root: &Path) -> Option<u64> {
+        firmware::clock(root)
+    }
+
+    fn set_clock(&self, root: &Path, unix: u64) -> io::Result<()> {
+        firmware::set_clock(root, unix)
+    }
+}
+
+/// Opens the board rooted at `root`: a tree written by [`init`] (recognised by its [`MARKER`])
+/// as a simulated board, anything else as the live one ([`Board::open`]).
+pub fn open(root: &Path) -> BoardResult<Board> {
+    if root.join(MARKER).is_file() {
+        Board::simulated(root, Arc::new(Simulated))
+    } else {
+        Board::open(root)
+    }
+}
 
 /// Page size of the Raspberry Pi 5 kernel (`bcm2712` builds use 16 KiB pages); memory limits
 /// written to cgroup files read back rounded down to it.
@@ -176,9 +240,9 @@ fn write_proc(tree: &Tree, variant: Variant) -> io::Result<()> {
         "proc/cmdline",
         &format!("{FIRMWARE_CMDLINE}{numa} {user_part} rauc.slot=A\n"),
     )?;
-    super::sim_firmware::write_boot_id(&tree.0)?;
+    firmware::write_boot_id(&tree.0)?;
     tree.file(
-        super::sim_firmware::FIRMWARE_CMDLINE,
+        firmware::FIRMWARE_CMDLINE,
         &format!("{FIRMWARE_CMDLINE}{numa}\n"),
     )?;
     let (total_kb, available_kb) = if variant == Variant::Pi5_4gb {
@@ -357,8 +421,8 @@ fn write_boot_partition(tree: &Tree, variant: Variant) -> io::Result<()> {
             text: "[all]\narm_64bit=1\nkernel=vmlinuz\ninitramfs initrd.img followkernel\n".into(),
         },
         config_txt::Fragment {
-            name: crate::update::slot::FRAGMENT_NAME.into(),
-            text: crate::update::slot::Slot::A.fragment_text(),
+            name: slot::FRAGMENT_NAME.into(),
+            text: Slot::A.fragment_text(),
         },
     ];
     for fragment in &fragments {
@@ -386,30 +450,27 @@ fn write_boot_partition(tree: &Tree, variant: Variant) -> io::Result<()> {
     for name in ["vmlinuz", "initrd.img", "version"] {
         let from = tree
             .0
-            .join(super::sim_firmware::SLOTS)
+            .join(firmware::SLOTS)
             .join("A")
             .join(SLOT_BOOT_DIR)
             .join(name);
         fs::copy(from, tree.0.join("boot/firmware/slot-a").join(name))?;
     }
-    tree.file(
-        crate::board::paths::SYSTEM_VERSION.trim_start_matches('/'),
-        "1\n",
-    )
+    tree.file(paths::SYSTEM_VERSION.trim_start_matches('/'), "1\n")
 }
 
 /// Where a system keeps its boot folder's files (the image build puts them there).
-const SLOT_BOOT_DIR: &str = crate::update::handler::SLOT_BOOT_DIR;
+const SLOT_BOOT_DIR: &str = paths::SLOT_BOOT_DIR;
 
 /// Writes a system of `version` into slot `name`'s root filesystem on the simulated board at
 /// `root`, as RAUC would (`sim write-slot`).
 pub fn write_slot(root: &Path, name: &str, version: &str) -> io::Result<()> {
-    crate::update::slot::Slot::from_bootname(name).map_err(invalid)?;
+    Slot::from_bootname(name).map_err(invalid)?;
     write_slot_system(&Tree(root.to_path_buf()), name, version)
 }
 
 fn write_slot_system(tree: &Tree, name: &str, version: &str) -> io::Result<()> {
-    let base = format!("{}/{name}", super::sim_firmware::SLOTS);
+    let base = format!("{}/{name}", firmware::SLOTS);
     tree.file(
         &format!("{base}/{SLOT_BOOT_DIR}/vmlinuz"),
         &format!("simulated kernel of version {version}\n"),
@@ -423,7 +484,7 @@ fn write_slot_system(tree: &Tree, name: &str, version: &str) -> io::Result<()> {
         &format!("{version}\n"),
     )?;
     tree.file(
-        &format!("{base}{}", crate::board::paths::SYSTEM_VERSION),
+        &format!("{base}{}", paths::SYSTEM_VERSION),
         &format!("{version}\n"),
     )
 }

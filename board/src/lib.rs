@@ -1,16 +1,24 @@
-//! The only code that touches the machine: sysfs, procfs, the device tree, the cgroup filesystem
-//! and the boot partition, all resolved under one root directory (`/` on a box).
+//! `board`: the only code that touches the machine. Sysfs, procfs, the device tree, the cgroup
+//! filesystem and the boot partition, all resolved under one root directory (`/` on a box):
+//! every path the supervisor reads or writes ([`paths`]), the readers of what the board is and
+//! does ([`facts`]), the bootloader's state ([`eeprom`]) and formats ([`bootloader`]), and the
+//! card's A/B slot layout ([`slot`]).
 //!
-//! A simulated board (see [`sim`]) is an ordinary directory tree with a marker file. Plain files
-//! cannot reproduce what the kernel does on some writes (enabling a cgroup controller, creating a
-//! cgroup, turning swap off), so for those few operations [`Board`] asks the simulation to play the
-//! kernel's part; everything else is the same code on both.
+//! The crate depends on nothing of the supervisor's; the supervisor's layers sit on top of it.
+//!
+//! A board is a live system unless it was opened with a [`Simulation`]: an ordinary directory
+//! tree marked by [`SIM_MARKER`], whose kernel and firmware another crate (`board-sim`, used only
+//! by tests and local runs) plays. Plain files cannot reproduce what the kernel does on some
+//! writes (enabling a cgroup controller, creating a cgroup, turning swap off), so for those few
+//! operations [`Board`] asks the simulation to play the kernel's part; everything else is the
+//! same code on both. [`Board::open`] refuses a marked tree, so a build without the simulator
+//! never treats a simulated board as the live machine (rebooting the host, say).
 
+pub mod bootloader;
 pub mod eeprom;
 pub mod facts;
 pub mod paths;
-pub mod sim;
-pub mod sim_firmware;
+pub mod slot;
 
 use std::fmt;
 use std::fs;
@@ -18,6 +26,34 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+
+/// Marker file at the root of a simulated board tree; its contents name the variant.
+pub const SIM_MARKER: &str = ".appliance-sim";
+
+/// What stands in for the kernel and the firmware of a simulated board: the operations that are
+/// more than storing bytes in files, and the faults a test injects. Paths are real paths under
+/// the board root; `root` is that root.
+pub trait Simulation: fmt::Debug + Send + Sync {
+    /// A write to a kernel attribute, validated and interpreted the way the kernel does it.
+    fn kernel_write(&self, path: &Path, value: &str) -> io::Result<()>;
+    /// `mkdir` in the cgroup filesystem: the kernel fills in the new group's interface files.
+    fn create_cgroup(&self, path: &Path) -> io::Result<()>;
+    /// `swapoff` of one active swap device or file.
+    fn swap_off(&self, root: &Path, device: &str) -> io::Result<()>;
+    /// Called before every write to the board (a test may slow writes down).
+    fn before_write(&self, root: &Path);
+    /// Called after every durable write (a test may cut the power there).
+    fn after_durable_write(&self, root: &Path);
+    /// The machine goes down for a reboot.
+    fn request_reboot(&self, root: &Path) -> io::Result<()>;
+    /// Bits the simulated CPU flips in computed results (0: it computes correctly).
+    fn compute_corruption(&self, root: &Path) -> u64;
+    /// The simulated clock in Unix seconds, if one is set (else the host's is the board's).
+    fn clock(&self, root: &Path) -> Option<u64>;
+    /// Sets the simulated clock.
+    fn set_clock(&self, root: &Path, unix: u64) -> io::Result<()>;
+}
 
 /// A failed read or write of one board file, naming the file as seen on the box.
 #[derive(Debug)]
@@ -49,7 +85,7 @@ pub type BoardResult<T> = Result<T, BoardError>;
 #[derive(Debug, Clone)]
 pub struct Board {
     root: PathBuf,
-    simulated: bool,
+    simulation: Option<Arc<dyn Simulation>>,
 }
 
 /// The largest file the supervisor reads from the board: bootloader images are 2 MiB, every
@@ -57,8 +93,31 @@ pub struct Board {
 pub const MAX_FILE_BYTES: u64 = 32 << 20;
 
 impl Board {
-    /// Opens the board rooted at `root`; a tree written by [`sim::init`] is recognised by its marker.
+    /// Opens the live board rooted at `root`. A simulated tree (one holding [`SIM_MARKER`]) is
+    /// refused: only [`Board::simulated`] may open it, with the simulation that plays its kernel.
     pub fn open(root: &Path) -> BoardResult<Board> {
+        let board = Board::at(root, None)?;
+        if root.join(SIM_MARKER).is_file() {
+            return Err(BoardError {
+                op: "opening board root",
+                path: root.display().to_string(),
+                source: io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "a simulated board ({SIM_MARKER}), and this build has no simulator (board-sim)"
+                    ),
+                ),
+            });
+        }
+        Ok(board)
+    }
+
+    /// Opens a simulated board rooted at `root`, whose kernel and firmware `simulation` plays.
+    pub fn simulated(root: &Path, simulation: Arc<dyn Simulation>) -> BoardResult<Board> {
+        Board::at(root, Some(simulation))
+    }
+
+    fn at(root: &Path, simulation: Option<Arc<dyn Simulation>>) -> BoardResult<Board> {
         let meta = fs::metadata(root).map_err(|source| BoardError {
             op: "opening board root",
             path: root.display().to_string(),
@@ -71,10 +130,9 @@ impl Board {
                 source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
             });
         }
-        let simulated = root.join(sim::MARKER).is_file();
         Ok(Board {
             root: root.to_path_buf(),
-            simulated,
+            simulation,
         })
     }
 
@@ -83,9 +141,19 @@ impl Board {
         &self.root
     }
 
-    /// Whether this is a simulated board tree rather than a live system.
+    /// Whether this is a simulated board tree rather than a live system (for reports; what
+    /// differs in behaviour is asked of the board, e.g. [`Board::runs_systemd`]).
     pub fn is_simulated(&self) -> bool {
-        self.simulated
+        self.simulation.is_some()
+    }
+
+    /// Whether the running system's systemd owns this board and can be asked to manage its
+    /// cgroups: the live root `/`, booted by systemd (`/run/systemd/system` exists). A tree under
+    /// another root, or a simulated one, has no service manager of its own.
+    pub fn runs_systemd(&self) -> bool {
+        self.simulation.is_none()
+            && self.root == Path::new("/")
+            && self.path("/run/systemd/system").is_dir()
     }
 
     /// Resolves a path as written on the box (e.g. `/proc/cmdline`) under the root.
@@ -188,9 +256,11 @@ impl Board {
                 io::Error::new(io::ErrorKind::PermissionDenied, "read-only attribute"),
             ));
         }
-        if self.simulated {
-            sim_firmware::before_write(&self.root);
-            return sim::kernel_write(&path, value).map_err(|e| self.err("writing", box_path, e));
+        if let Some(sim) = &self.simulation {
+            sim.before_write(&self.root);
+            return sim
+                .kernel_write(&path, value)
+                .map_err(|e| self.err("writing", box_path, e));
         }
         fs::write(&path, value).map_err(|e| self.err("writing", box_path, e))
     }
@@ -261,7 +331,7 @@ impl Board {
     /// guard drops. On a simulated board a slot is a directory: `device` is then a box path
     /// resolved under the root, and nothing is mounted.
     pub fn mount_read_only(&self, device: &str, at: &str) -> BoardResult<Mounted> {
-        if self.simulated {
+        if self.simulation.is_some() {
             return Ok(Mounted {
                 dir: self.path(device),
                 mounted: false,
@@ -355,15 +425,15 @@ impl Board {
 
     /// A simulated board's writes may be slow (tests inject that).
     fn writing(&self) {
-        if self.simulated {
-            sim_firmware::before_write(&self.root);
+        if let Some(sim) = &self.simulation {
+            sim.before_write(&self.root);
         }
     }
 
     /// A simulated board may lose power after any durable write (tests inject that).
     fn wrote(&self) {
-        if self.simulated {
-            sim_firmware::after_durable_write(&self.root);
+        if let Some(sim) = &self.simulation {
+            sim.after_durable_write(&self.root);
         }
     }
 
@@ -376,8 +446,9 @@ impl Board {
         } else {
             self.remove_file(paths::REBOOT_PARAM)?;
         }
-        if self.simulated {
-            return sim_firmware::request_reboot(&self.root)
+        if let Some(sim) = &self.simulation {
+            return sim
+                .request_reboot(&self.root)
                 .map_err(|e| self.err("rebooting", "/", e));
         }
         // systemctl hands PID 1 the reboot job; systemd-shutdown passes reboot-param on.
@@ -399,11 +470,9 @@ impl Board {
     /// Bits a simulated CPU flips in computed results (always 0 on a real board, whose faults
     /// are real): lets tests show that a wrong computation fails a stability check.
     pub fn compute_corruption(&self) -> u64 {
-        if self.simulated {
-            sim_firmware::compute_corruption(&self.root)
-        } else {
-            0
-        }
+        self.simulation
+            .as_ref()
+            .map_or(0, |sim| sim.compute_corruption(&self.root))
     }
 
     /// Takes an exclusive advisory lock on a file (created if absent), held until the returned
@@ -419,11 +488,11 @@ impl Board {
             .map_err(|(_, errno)| self.err("locking", box_path, io::Error::from(errno)))
     }
 
-    /// The board's clock in Unix seconds (a simulated board keeps its own, see
-    /// [`sim_firmware::CLOCK`]).
+    /// The board's clock in Unix seconds (a simulated board may keep its own, see
+    /// [`Simulation::clock`]).
     pub fn now_unix(&self) -> u64 {
-        if self.simulated
-            && let Some(t) = sim_firmware::clock(&self.root)
+        if let Some(sim) = &self.simulation
+            && let Some(t) = sim.clock(&self.root)
         {
             return t;
         }
@@ -434,8 +503,9 @@ impl Board {
 
     /// Sets the board's clock (root only on a live system).
     pub fn set_clock(&self, unix: u64) -> BoardResult<()> {
-        if self.simulated {
-            return sim_firmware::set_clock(&self.root, unix)
+        if let Some(sim) = &self.simulation {
+            return sim
+                .set_clock(&self.root, unix)
                 .map_err(|e| self.err("setting the clock of", "/", e));
         }
         let seconds = i64::try_from(unix).map_err(|_| {
@@ -470,8 +540,8 @@ impl Board {
     /// Creates a cgroup directory (the kernel fills in its interface files).
     pub fn create_cgroup(&self, box_path: &str) -> BoardResult<()> {
         let path = self.path(box_path);
-        let result = if self.simulated {
-            sim::kernel_mkdir_cgroup(&path)
+        let result = if let Some(sim) = &self.simulation {
+            sim.create_cgroup(&path)
         } else {
             match fs::create_dir(&path) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
@@ -483,8 +553,9 @@ impl Board {
 
     /// Turns off one active swap device or file.
     pub fn swap_off(&self, device: &str) -> BoardResult<()> {
-        if self.simulated {
-            return sim::kernel_swapoff(&self.root, device)
+        if let Some(sim) = &self.simulation {
+            return sim
+                .swap_off(&self.root, device)
                 .map_err(|e| self.err("turning off swap on", device, e));
         }
         // util-linux's swapoff; the device comes from /proc/swaps and is passed as one argument.

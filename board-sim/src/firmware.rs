@@ -3,7 +3,7 @@
 //! On a box, `systemctl reboot` ends the running system and the firmware starts the next boot
 //! from `config.txt`, or once from `tryboot.txt` when the reboot asked for `0 tryboot`. Here a
 //! reboot request only leaves a marker (the process that asked is expected to end, as it would
-//! when systemd stops it), and `supervisor sim boot` plays the firmware: it clears `/run` (tmpfs),
+//! when systemd stops it), and [`boot`] (`supervisor sim boot`) plays the firmware: it clears `/run` (tmpfs),
 //! chooses the config file, sets `chosen/bootloader/tryboot`, and gives the board the clock the
 //! chosen file asks for, with the faults a test injected:
 //!
@@ -29,7 +29,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::paths;
+use board::paths;
 
 /// Left by a reboot request: the next `sim boot` is an orderly reboot, not a power cycle.
 const REBOOT_REQUESTED: &str = ".appliance-sim-reboot";
@@ -261,7 +261,7 @@ pub fn boot(root: &Path) -> io::Result<String> {
     // Arm frequency capped, now and since boot.
     let throttled = if capped { "20002" } else { "0" };
     fs::write(
-        root.join(super::sim::GET_THROTTLED_FILE),
+        root.join(crate::GET_THROTTLED_FILE),
         format!("{throttled}\n"),
     )?;
     let miscompute = faults.miscompute_from_mhz.is_some_and(|h| mhz >= h);
