@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use wire::status::{Stage, UpdateTrial};
 
 use crate::https::{self, Failure};
 use provision::FleetFile;
@@ -364,67 +364,55 @@ pub fn status_one(
         ));
         return row;
     }
-    let status: Value = match serde_json::from_slice(&response.body) {
-        Ok(v) => v,
+    let status = match wire::Status::from_json(&response.body) {
+        Ok(s) => s,
         Err(e) => {
             row.error = Some(format!("not a status document: {e}"));
             return row;
         }
     };
-    if status["provision"]["device_public_key"].as_str() != Some(&enrolled.device_public_key) {
+    let provision = status.provision.as_ref();
+    if provision.and_then(|p| p.device_public_key.as_deref())
+        != Some(enrolled.device_public_key.as_str())
+    {
         row.identity = "MISMATCH".into();
         row.error = Some("its device key is not the enrolled one; not trusted".into());
         return row;
     }
-    let board = &status["board"];
-    row.os = board["os"].as_str().map(str::to_string);
-    row.boot_partition = board["boot"]["partition"].as_u64();
-    row.model = status["model"]["id"].as_str().map(str::to_string);
-    row.model_state = status["model"]["state"].as_str().map(str::to_string);
-    row.engine = status["engine"]["state"].as_str().map(str::to_string);
-    row.decode_tokens_per_second = status["engine"]["decode_tokens_per_second"].as_f64();
-    row.temperature_c = board["temperature_c"].as_f64();
-    row.throttling = board["throttle"]["now"].as_array().map(|words| {
-        words
-            .iter()
-            .filter_map(|w| w.as_str().map(str::to_string))
-            .collect()
-    });
-    row.uptime_s = board["uptime_s"].as_u64();
-    row.generation = status["provision"]["generation"].as_u64();
-    let update = &status["update"];
-    row.slot = update["booted"].as_str().map(str::to_string);
-    row.system_version = update["slots"].as_array().and_then(|slots| {
-        slots
-            .iter()
-            .find(|s| s["booted"] == true)
-            .and_then(|s| s["system_version"].as_str().map(str::to_string))
-    });
-    row.last_update = update["last"]["result"].as_str().map(|result| {
-        format!(
-            "{result} {}",
-            update["last"]["system_version"].as_str().unwrap_or("?")
-        )
-    });
-    row.last_update_ended_unix = update["last"]["ended_unix"].as_u64();
-    row.update_stage = trial_stage(&update["trial"]).map(str::to_string);
+    let board = &status.board;
+    row.os = board.os.clone();
+    row.boot_partition = board.boot.as_ref().map(|b| u64::from(b.partition));
+    row.model = Some(status.model.id.clone());
+    row.model_state = Some(status.model.state.clone());
+    row.engine = Some(status.engine.state.clone());
+    row.decode_tokens_per_second = status.engine.decode_tokens_per_second;
+    row.temperature_c = board.temperature_c;
+    row.throttling = board.throttle.as_ref().map(|t| t.now.clone());
+    row.uptime_s = board.uptime_s;
+    row.generation = provision.map(|p| p.generation);
+    if let Some(update) = &status.update {
+        row.slot = update.booted.clone();
+        row.system_version = update.booted_slot().and_then(|s| s.system_version.clone());
+        row.last_update = update.last.as_ref().map(|last| {
+            format!(
+                "{} {}",
+                last.result,
+                last.system_version.as_deref().unwrap_or("?")
+            )
+        });
+        row.last_update_ended_unix = update.last.as_ref().map(|last| last.ended_unix);
+        row.update_stage = trial_stage(update.trial.as_ref()).map(str::to_string);
+    }
     row
 }
 
 /// The stage of the update under way, from the box's trial record.
-fn trial_stage(trial: &Value) -> Option<&'static str> {
-    let has = |field: &str| trial[field].as_u64().is_some();
-    if !trial.is_object() {
-        return None;
-    }
-    Some(if has("checking_since_unix") {
-        "checking"
-    } else if has("rebooted_unix") {
-        "rebooting"
-    } else if has("prepared_unix") {
-        "installed"
-    } else {
-        "writing"
+fn trial_stage(trial: Option<&UpdateTrial>) -> Option<&'static str> {
+    Some(match trial?.stage() {
+        Stage::Checking => "checking",
+        Stage::Rebooting => "rebooting",
+        Stage::Installed => "installed",
+        Stage::Writing => "writing",
     })
 }
 
@@ -504,9 +492,9 @@ pub fn update_one(
     let deadline = std::time::Instant::now() + wait;
     let progress = loop {
         let answer = ask("GET", "/api/update", None)?;
-        let p: Value = serde_json::from_slice(&answer.body)
+        let p: wire::Progress = serde_json::from_slice(&answer.body)
             .map_err(|e| format!("{name}: not an update progress document: {e}"))?;
-        if p["running"] != true {
+        if !p.running {
             break p;
         }
         if std::time::Instant::now() > deadline {
@@ -514,7 +502,7 @@ pub fn update_one(
         }
         std::thread::sleep(std::time::Duration::from_secs(2));
     };
-    if let Some(e) = progress["error"].as_str() {
+    if let Some(e) = &progress.error {
         return Err(format!("{name}: the install failed: {e}"));
     }
     // This install's trial: its version, and when the box armed it (by the box's clock). Only
@@ -523,14 +511,13 @@ pub fn update_one(
     // same version.
     let trial = ask("GET", "/api/status", None)
         .ok()
-        .and_then(|r| serde_json::from_slice::<Value>(&r.body).ok())
-        .map(|s| s["update"]["trial"].clone())
-        .filter(Value::is_object)
+        .and_then(|r| wire::Status::from_json(&r.body).ok())
+        .and_then(|s| s.update?.trial)
         .ok_or_else(|| {
             format!("{name}: the install ended but the box shows no update under way")
         })?;
-    let target = trial["system_version"].as_str().map(str::to_string);
-    let armed = trial["armed_unix"].as_u64().unwrap_or(0);
+    let target = trial.system_version;
+    let armed = trial.armed_unix;
     say(&format!(
         "{name}: installed {}; waiting for it to reboot into it and prove healthy",
         target.as_deref().unwrap_or("the bundle")
@@ -638,7 +625,10 @@ fn with_nonce(
     let mut nonce = [0u8; 32];
     getrandom::fill(&mut nonce).map_err(|e| format!("the OS random source failed: {e}"))?;
     let nonce = hex::encode(nonce);
-    let body = serde_json::json!({ "nonce": nonce }).to_string();
+    let body = serde_json::to_string(&wire::NonceRequest {
+        nonce: nonce.clone(),
+    })
+    .map_err(|e| format!("encoding the nonce: {e}"))?;
     let response = https::request(
         address,
         "POST",
@@ -775,15 +765,23 @@ mod tests {
 
     #[test]
     fn the_trial_stage_reads_the_box_record() {
-        use serde_json::json;
-        assert_eq!(trial_stage(&Value::Null), None);
-        assert_eq!(trial_stage(&json!({ "armed_unix": 1 })), Some("writing"));
-        let installed = json!({ "armed_unix": 1, "prepared_unix": 2, "rebooted_unix": null });
-        assert_eq!(trial_stage(&installed), Some("installed"));
-        let rebooting = json!({ "prepared_unix": 2, "rebooted_unix": 3 });
-        assert_eq!(trial_stage(&rebooting), Some("rebooting"));
-        let checking = json!({ "prepared_unix": 2, "rebooted_unix": 3, "checking_since_unix": 4 });
-        assert_eq!(trial_stage(&checking), Some("checking"));
+        let trial = |json: serde_json::Value| -> UpdateTrial {
+            serde_json::from_value(json).expect("a trial record")
+        };
+        assert_eq!(trial_stage(None), None);
+        let writing = trial(serde_json::json!({ "slot": "B", "armed_unix": 1 }));
+        assert_eq!(trial_stage(Some(&writing)), Some("writing"));
+        let installed = trial(
+            serde_json::json!({ "slot": "B", "armed_unix": 1, "prepared_unix": 2, "rebooted_unix": null }),
+        );
+        assert_eq!(trial_stage(Some(&installed)), Some("installed"));
+        let rebooting =
+            trial(serde_json::json!({ "slot": "B", "prepared_unix": 2, "rebooted_unix": 3 }));
+        assert_eq!(trial_stage(Some(&rebooting)), Some("rebooting"));
+        let checking = trial(
+            serde_json::json!({ "slot": "B", "prepared_unix": 2, "rebooted_unix": 3, "checking_since_unix": 4 }),
+        );
+        assert_eq!(trial_stage(Some(&checking)), Some("checking"));
     }
 
     #[test]

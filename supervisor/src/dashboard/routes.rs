@@ -245,8 +245,7 @@ async fn overview(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Res
         }
         None => return Err(DashError::LoginRequired),
     };
-    let status = serde_json::to_value(app.status_off_thread().await?)
-        .map_err(|e| DashError::Internal(format!("cannot encode the status: {e}")))?;
+    let status = app.status_off_thread().await?.to_wire();
     let fields = super::fields::fields(&status, &app.engine_log());
     let (charts, seq) = {
         let history = app.history.lock().unwrap_or_else(|p| p.into_inner());
@@ -379,7 +378,7 @@ async fn api_status(
     headers: HeaderMap,
 ) -> Result<Response, DashError> {
     require_reader(&app, &headers)?;
-    Ok(Json(app.status_off_thread().await?).into_response())
+    Ok(Json(app.status_off_thread().await?.to_wire()).into_response())
 }
 
 /// `GET /metrics`: the same status document in Prometheus' text format, to the same readers.
@@ -461,11 +460,7 @@ fn bearer_allowed(app: &App, headers: &HeaderMap) -> bool {
 
 /// The nonce of an enrolment or identity request: 32-128 hex digits.
 fn nonce_of(body: &[u8]) -> Result<String, DashError> {
-    #[derive(serde::Deserialize)]
-    struct Request {
-        nonce: String,
-    }
-    let request: Request = serde_json::from_slice(body)
+    let request: wire::NonceRequest = serde_json::from_slice(body)
         .map_err(|e| DashError::BadRequest(format!("expected {{\"nonce\": \"<hex>\"}}: {e}")))?;
     let nonce = request.nonce;
     if !(32..=128).contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
