@@ -364,7 +364,13 @@ pub fn status_one(
         ));
         return row;
     }
-    let status = match wire::Status::from_json(&response.body) {
+    read_status(row, &response.body, &enrolled.device_public_key)
+}
+
+/// Fills `row` from the status document `body` a box answered, once its device key is the
+/// `enrolled` one; a body that is no status document, or another key, is the row's error.
+fn read_status(mut row: Row, body: &[u8], enrolled: &str) -> Row {
+    let status = match wire::Status::from_json(body) {
         Ok(s) => s,
         Err(e) => {
             row.error = Some(format!("not a status document: {e}"));
@@ -372,9 +378,7 @@ pub fn status_one(
         }
     };
     let provision = status.provision.as_ref();
-    if provision.and_then(|p| p.device_public_key.as_deref())
-        != Some(enrolled.device_public_key.as_str())
-    {
+    if provision.and_then(|p| p.device_public_key.as_deref()) != Some(enrolled) {
         row.identity = "MISMATCH".into();
         row.error = Some("its device key is not the enrolled one; not trusted".into());
         return row;
@@ -782,6 +786,85 @@ mod tests {
             serde_json::json!({ "slot": "B", "prepared_unix": 2, "rebooted_unix": 3, "checking_since_unix": 4 }),
         );
         assert_eq!(trial_stage(Some(&checking)), Some("checking"));
+    }
+
+    /// A box running a newer system than this tool: a higher minor version, parts and fields
+    /// this tool does not know, a state word it has never seen.
+    const NEWER_BOX: &str = r#"{
+        "schema_version": 1, "schema_minor": 4, "root": "/", "simulated": false,
+        "accelerator": { "kind": "npu" },
+        "board": { "os": "Debian GNU/Linux 14", "temperature_c": 55.5, "uptime_s": 7260,
+                   "throttle": { "raw": "0x0", "now": [], "since_boot": [], "history": [] },
+                   "boot": { "partition": 2, "tryboot": false, "boot_mode": 1,
+                             "bootloader_build_timestamp": 1 },
+                   "fan_rpm": 3000 },
+        "model": { "id": "gemma", "state": "verified", "quantisation": "q4_1" },
+        "steps": [],
+        "engine": { "state": "draining", "decode_tokens_per_second": 12.25, "queue": 3 },
+        "update": { "booted": "B", "committed": "B", "channel": "stable",
+                    "slots": [ { "slot": "A", "system_version": "7", "state": "good", "booted": false },
+                               { "slot": "B", "system_version": "8", "state": "good", "booted": true,
+                                 "signed_by": "fleet" } ],
+                    "trial": null,
+                    "last": { "slot": "B", "system_version": "8", "result": "committed",
+                              "reason": "healthy", "ended_unix": 50 } },
+        "provision": { "state": "provisioned", "generation": 3, "device_public_key": "aa",
+                       "site": "Hamburg" }
+    }"#;
+
+    #[test]
+    fn a_newer_box_s_status_fills_the_row() {
+        let row = read_status(Row::default(), NEWER_BOX.as_bytes(), "aa");
+        assert_eq!(row.error, None);
+        assert_eq!(row.os.as_deref(), Some("Debian GNU/Linux 14"));
+        assert_eq!(row.engine.as_deref(), Some("draining"));
+        assert_eq!(row.decode_tokens_per_second, Some(12.25));
+        assert_eq!(row.model.as_deref(), Some("gemma"));
+        assert_eq!(row.model_state.as_deref(), Some("verified"));
+        assert_eq!(row.slot.as_deref(), Some("B"));
+        assert_eq!(row.system_version.as_deref(), Some("8"));
+        assert_eq!(row.last_update.as_deref(), Some("committed 8"));
+        assert_eq!(row.last_update_ended_unix, Some(50));
+        assert_eq!(row.update_stage, None);
+        assert_eq!(row.boot_partition, Some(2));
+        assert_eq!(row.throttling, Some(Vec::new()));
+        assert_eq!(row.uptime_s, Some(7260));
+        assert_eq!(row.generation, Some(3));
+        assert!(table(&[row]).contains("B 8"));
+    }
+
+    #[test]
+    fn a_status_that_is_not_one_or_another_key_is_the_rows_error() {
+        let row = read_status(Row::default(), NEWER_BOX.as_bytes(), "bb");
+        assert_eq!(row.identity, "MISMATCH");
+        let row = read_status(Row::default(), b"<html>busy</html>", "aa");
+        assert!(
+            row.error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("not a status document: expected value")),
+            "{row:?}"
+        );
+        let without_engine = NEWER_BOX.replace("\"engine\"", "\"motor\"");
+        let row = read_status(Row::default(), without_engine.as_bytes(), "aa");
+        assert!(
+            row.error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("not a status document: missing field `engine`")),
+            "{row:?}"
+        );
+        let row = read_status(
+            Row::default(),
+            NEWER_BOX
+                .replace("\"schema_version\": 1", "\"schema_version\": 2")
+                .as_bytes(),
+            "aa",
+        );
+        assert!(
+            row.error
+                .as_deref()
+                .is_some_and(|e| e.contains("status schema version 2")),
+            "{row:?}"
+        );
     }
 
     #[test]
