@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use wire::Status;
 
 use crate::args;
 use crate::definition::Definition;
@@ -63,15 +63,15 @@ fn until(
     deadline: Instant,
     what: &str,
     serial: &Path,
-    wanted: &dyn Fn(&Value) -> bool,
-) -> Result<Option<Value>, String> {
+    wanted: &dyn Fn(&Status) -> bool,
+) -> Result<Option<Status>, String> {
     loop {
         if let Ok(Some(_)) = guest.0.try_wait() {
             return Ok(None);
         }
         let last = match stamped::api_status(stamped, https) {
             Ok(doc) if wanted(&doc) => return Ok(Some(doc)),
-            Ok(doc) => doc["update"].to_string(),
+            Ok(doc) => json(&doc.update),
             Err(e) => e,
         };
         if Instant::now() > deadline {
@@ -105,22 +105,35 @@ fn rebooted(
     }
 }
 
-fn running_version(doc: &Value) -> String {
-    let update = &doc["update"];
-    update["slots"]
-        .as_array()
-        .and_then(|slots| slots.iter().find(|s| s["booted"] == true))
-        .and_then(|s| s["system_version"].as_str())
-        .unwrap_or("")
-        .to_string()
+/// A part of the status document as the box wrote it, for messages.
+fn json(part: &impl serde::Serialize) -> String {
+    serde_json::to_string(part).unwrap_or_default()
 }
 
-fn data_intact(doc: &Value) -> Result<(), String> {
-    if doc["model"]["state"] != "verified" {
-        return Err(format!("the model is not verified: {}", doc["model"]));
+fn running_version(doc: &Status) -> String {
+    doc.update
+        .as_ref()
+        .and_then(|u| u.booted_slot())
+        .and_then(|s| s.system_version.clone())
+        .unwrap_or_default()
+}
+
+/// How the last update ended (`committed`, `rolled-back`, `cancelled`), if one did.
+fn last_result(doc: &Status) -> Option<&str> {
+    Some(doc.update.as_ref()?.last.as_ref()?.result.as_str())
+}
+
+fn data_intact(doc: &Status) -> Result<(), String> {
+    if doc.model.state != "verified" {
+        return Err(format!("the model is not verified: {}", json(&doc.model)));
     }
-    if doc["provision"]["generation"] != 1 || doc["board"]["hostname"] != HOSTNAME {
-        return Err(format!("the provisioning changed: {}", doc["provision"]));
+    if doc.provision.as_ref().map(|p| p.generation) != Some(1)
+        || doc.board.hostname.as_deref() != Some(HOSTNAME)
+    {
+        return Err(format!(
+            "the provisioning changed: {}",
+            json(&doc.provision)
+        ));
     }
     Ok(())
 }
@@ -183,7 +196,7 @@ pub fn update_test(
         deadline,
         "version 2 committed",
         &serial,
-        &|d| running_version(d) == v2 && d["update"]["last"]["result"] == "committed",
+        &|d| running_version(d) == v2 && last_result(d) == Some("committed"),
     )?
     .ok_or_else(|| {
         format!(
@@ -205,7 +218,10 @@ pub fn update_test(
         deadline,
         "version 2 after a power cycle",
         &serial,
-        &|d| running_version(d) == v2 && d["update"]["committed"] == "B",
+        &|d| {
+            running_version(d) == v2
+                && d.update.as_ref().and_then(|u| u.committed.as_deref()) == Some("B")
+        },
     )?
     .ok_or_else(|| {
         format!(
@@ -248,7 +264,7 @@ pub fn update_test(
         deadline,
         "back on version 2",
         &serial,
-        &|d| running_version(d) == v2 && d["update"]["last"]["result"] == "rolled-back",
+        &|d| running_version(d) == v2 && last_result(d) == Some("rolled-back"),
     )?
     .ok_or_else(|| {
         format!(
@@ -259,23 +275,26 @@ pub fn update_test(
     let install_to_rollback = plugged.elapsed();
     seen.push(running_version(&doc));
     data_intact(&doc)?;
-    let last = &doc["update"]["last"];
-    if last["system_version"] != v3 {
+    let update = doc.update.clone().unwrap_or_default();
+    let last = update.last.clone().unwrap_or_default();
+    if last.system_version.as_deref() != Some(v3) {
         return Err(format!(
-            "the rollback is recorded for another version: {last}"
+            "the rollback is recorded for another version: {}",
+            json(&update.last)
         ));
     }
-    let bad = doc["update"]["slots"]
-        .as_array()
-        .is_some_and(|s| s.iter().any(|s| s["slot"] == "A" && s["state"] == "bad"));
+    let bad = update
+        .slots
+        .iter()
+        .any(|s| s.slot == "A" && s.state == "bad");
     if !bad {
-        return Err(format!("slot A is not marked bad: {}", doc["update"]));
+        return Err(format!("slot A is not marked bad: {}", json(&update)));
     }
     drop(guest);
     Ok(Report {
         versions: seen,
         install_to_commit,
         install_to_rollback,
-        rollback_reason: last["reason"].as_str().unwrap_or("").to_string(),
+        rollback_reason: last.reason,
     })
 }

@@ -7,7 +7,6 @@ use std::path::Path;
 
 use operator::https;
 use provision::{FleetFile, PROVISION_FILE};
-use serde_json::Value;
 
 /// The host name the stamped box must take.
 pub const HOSTNAME: &str = "qemu-box";
@@ -150,7 +149,7 @@ pub struct Seen {
 }
 
 /// The box's `/api/status` document over HTTPS with the stamped API token.
-pub fn api_status(stamped: &Stamped, https: &str) -> Result<Value, String> {
+pub fn api_status(stamped: &Stamped, https: &str) -> Result<wire::Status, String> {
     let status = https::request(
         https,
         "GET",
@@ -166,7 +165,8 @@ pub fn api_status(stamped: &Stamped, https: &str) -> Result<Value, String> {
             status.status
         ));
     }
-    serde_json::from_slice(&status.body).map_err(|e| format!("/api/status is not JSON: {e}"))
+    wire::Status::from_json(&status.body)
+        .map_err(|e| format!("/api/status is not a status document: {e}"))
 }
 
 /// Checks the running box at `https` (host:port) and `plain` (its plain HTTP port as another
@@ -180,19 +180,17 @@ pub fn check_running(
     generation: u64,
 ) -> Result<Seen, String> {
     let doc = api_status(stamped, https)?;
-    let record = &doc["provision"];
-    if record["state"] != "provisioned"
-        || record["generation"] != generation
-        || !record["last_error"].is_null()
+    let record = doc.provision.clone().unwrap_or_default();
+    if record.state != "provisioned"
+        || record.generation != generation
+        || record.last_error.is_some()
     {
         return Err(format!(
-            "the box is not provisioned with generation {generation}: {record}"
+            "the box is not provisioned with generation {generation}: {}",
+            serde_json::to_string(&record).unwrap_or_default()
         ));
     }
-    let seen = doc["board"]["hostname"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let seen = doc.board.hostname.clone().unwrap_or_default();
     if seen != hostname {
         return Err(format!("the host name is {seen:?}, not {hostname:?}"));
     }
@@ -230,7 +228,7 @@ pub fn check_running(
         ));
     }
     Ok(Seen {
-        applied_unix: record["applied_unix"].as_u64().unwrap_or_default(),
+        applied_unix: record.applied_unix.unwrap_or_default(),
         hostname: seen,
     })
 }

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use wire::status::{Stage, UpdateTrial};
 
 use crate::https::{self, Failure};
 use provision::FleetFile;
@@ -364,67 +364,59 @@ pub fn status_one(
         ));
         return row;
     }
-    let status: Value = match serde_json::from_slice(&response.body) {
-        Ok(v) => v,
+    read_status(row, &response.body, &enrolled.device_public_key)
+}
+
+/// Fills `row` from the status document `body` a box answered, once its device key is the
+/// `enrolled` one; a body that is no status document, or another key, is the row's error.
+fn read_status(mut row: Row, body: &[u8], enrolled: &str) -> Row {
+    let status = match wire::Status::from_json(body) {
+        Ok(s) => s,
         Err(e) => {
             row.error = Some(format!("not a status document: {e}"));
             return row;
         }
     };
-    if status["provision"]["device_public_key"].as_str() != Some(&enrolled.device_public_key) {
+    let provision = status.provision.as_ref();
+    if provision.and_then(|p| p.device_public_key.as_deref()) != Some(enrolled) {
         row.identity = "MISMATCH".into();
         row.error = Some("its device key is not the enrolled one; not trusted".into());
         return row;
     }
-    let board = &status["board"];
-    row.os = board["os"].as_str().map(str::to_string);
-    row.boot_partition = board["boot"]["partition"].as_u64();
-    row.model = status["model"]["id"].as_str().map(str::to_string);
-    row.model_state = status["model"]["state"].as_str().map(str::to_string);
-    row.engine = status["engine"]["state"].as_str().map(str::to_string);
-    row.decode_tokens_per_second = status["engine"]["decode_tokens_per_second"].as_f64();
-    row.temperature_c = board["temperature_c"].as_f64();
-    row.throttling = board["throttle"]["now"].as_array().map(|words| {
-        words
-            .iter()
-            .filter_map(|w| w.as_str().map(str::to_string))
-            .collect()
-    });
-    row.uptime_s = board["uptime_s"].as_u64();
-    row.generation = status["provision"]["generation"].as_u64();
-    let update = &status["update"];
-    row.slot = update["booted"].as_str().map(str::to_string);
-    row.system_version = update["slots"].as_array().and_then(|slots| {
-        slots
-            .iter()
-            .find(|s| s["booted"] == true)
-            .and_then(|s| s["system_version"].as_str().map(str::to_string))
-    });
-    row.last_update = update["last"]["result"].as_str().map(|result| {
-        format!(
-            "{result} {}",
-            update["last"]["system_version"].as_str().unwrap_or("?")
-        )
-    });
-    row.last_update_ended_unix = update["last"]["ended_unix"].as_u64();
-    row.update_stage = trial_stage(&update["trial"]).map(str::to_string);
+    let board = &status.board;
+    row.os = board.os.clone();
+    row.boot_partition = board.boot.as_ref().map(|b| u64::from(b.partition));
+    row.model = Some(status.model.id.clone());
+    row.model_state = Some(status.model.state.clone());
+    row.engine = Some(status.engine.state.clone());
+    row.decode_tokens_per_second = status.engine.decode_tokens_per_second;
+    row.temperature_c = board.temperature_c;
+    row.throttling = board.throttle.as_ref().map(|t| t.now.clone());
+    row.uptime_s = board.uptime_s;
+    row.generation = provision.map(|p| p.generation);
+    if let Some(update) = &status.update {
+        row.slot = update.booted.clone();
+        row.system_version = update.booted_slot().and_then(|s| s.system_version.clone());
+        row.last_update = update.last.as_ref().map(|last| {
+            format!(
+                "{} {}",
+                last.result,
+                last.system_version.as_deref().unwrap_or("?")
+            )
+        });
+        row.last_update_ended_unix = update.last.as_ref().map(|last| last.ended_unix);
+        row.update_stage = trial_stage(update.trial.as_ref()).map(str::to_string);
+    }
     row
 }
 
 /// The stage of the update under way, from the box's trial record.
-fn trial_stage(trial: &Value) -> Option<&'static str> {
-    let has = |field: &str| trial[field].as_u64().is_some();
-    if !trial.is_object() {
-        return None;
-    }
-    Some(if has("checking_since_unix") {
-        "checking"
-    } else if has("rebooted_unix") {
-        "rebooting"
-    } else if has("prepared_unix") {
-        "installed"
-    } else {
-        "writing"
+fn trial_stage(trial: Option<&UpdateTrial>) -> Option<&'static str> {
+    Some(match trial?.stage() {
+        Stage::Checking => "checking",
+        Stage::Rebooting => "rebooting",
+        Stage::Installed => "installed",
+        Stage::Writing => "writing",
     })
 }
 
@@ -504,9 +496,9 @@ pub fn update_one(
     let deadline = std::time::Instant::now() + wait;
     let progress = loop {
         let answer = ask("GET", "/api/update", None)?;
-        let p: Value = serde_json::from_slice(&answer.body)
+        let p: wire::Progress = serde_json::from_slice(&answer.body)
             .map_err(|e| format!("{name}: not an update progress document: {e}"))?;
-        if p["running"] != true {
+        if !p.running {
             break p;
         }
         if std::time::Instant::now() > deadline {
@@ -514,7 +506,7 @@ pub fn update_one(
         }
         std::thread::sleep(std::time::Duration::from_secs(2));
     };
-    if let Some(e) = progress["error"].as_str() {
+    if let Some(e) = &progress.error {
         return Err(format!("{name}: the install failed: {e}"));
     }
     // This install's trial: its version, and when the box armed it (by the box's clock). Only
@@ -523,14 +515,13 @@ pub fn update_one(
     // same version.
     let trial = ask("GET", "/api/status", None)
         .ok()
-        .and_then(|r| serde_json::from_slice::<Value>(&r.body).ok())
-        .map(|s| s["update"]["trial"].clone())
-        .filter(Value::is_object)
+        .and_then(|r| wire::Status::from_json(&r.body).ok())
+        .and_then(|s| s.update?.trial)
         .ok_or_else(|| {
             format!("{name}: the install ended but the box shows no update under way")
         })?;
-    let target = trial["system_version"].as_str().map(str::to_string);
-    let armed = trial["armed_unix"].as_u64().unwrap_or(0);
+    let target = trial.system_version;
+    let armed = trial.armed_unix;
     say(&format!(
         "{name}: installed {}; waiting for it to reboot into it and prove healthy",
         target.as_deref().unwrap_or("the bundle")
@@ -638,7 +629,10 @@ fn with_nonce(
     let mut nonce = [0u8; 32];
     getrandom::fill(&mut nonce).map_err(|e| format!("the OS random source failed: {e}"))?;
     let nonce = hex::encode(nonce);
-    let body = serde_json::json!({ "nonce": nonce }).to_string();
+    let body = serde_json::to_string(&wire::NonceRequest {
+        nonce: nonce.clone(),
+    })
+    .map_err(|e| format!("encoding the nonce: {e}"))?;
     let response = https::request(
         address,
         "POST",
@@ -775,15 +769,102 @@ mod tests {
 
     #[test]
     fn the_trial_stage_reads_the_box_record() {
-        use serde_json::json;
-        assert_eq!(trial_stage(&Value::Null), None);
-        assert_eq!(trial_stage(&json!({ "armed_unix": 1 })), Some("writing"));
-        let installed = json!({ "armed_unix": 1, "prepared_unix": 2, "rebooted_unix": null });
-        assert_eq!(trial_stage(&installed), Some("installed"));
-        let rebooting = json!({ "prepared_unix": 2, "rebooted_unix": 3 });
-        assert_eq!(trial_stage(&rebooting), Some("rebooting"));
-        let checking = json!({ "prepared_unix": 2, "rebooted_unix": 3, "checking_since_unix": 4 });
-        assert_eq!(trial_stage(&checking), Some("checking"));
+        let trial = |json: serde_json::Value| -> UpdateTrial {
+            serde_json::from_value(json).expect("a trial record")
+        };
+        assert_eq!(trial_stage(None), None);
+        let writing = trial(serde_json::json!({ "slot": "B", "armed_unix": 1 }));
+        assert_eq!(trial_stage(Some(&writing)), Some("writing"));
+        let installed = trial(
+            serde_json::json!({ "slot": "B", "armed_unix": 1, "prepared_unix": 2, "rebooted_unix": null }),
+        );
+        assert_eq!(trial_stage(Some(&installed)), Some("installed"));
+        let rebooting =
+            trial(serde_json::json!({ "slot": "B", "prepared_unix": 2, "rebooted_unix": 3 }));
+        assert_eq!(trial_stage(Some(&rebooting)), Some("rebooting"));
+        let checking = trial(
+            serde_json::json!({ "slot": "B", "prepared_unix": 2, "rebooted_unix": 3, "checking_since_unix": 4 }),
+        );
+        assert_eq!(trial_stage(Some(&checking)), Some("checking"));
+    }
+
+    /// A box running a newer system than this tool: a higher minor version, parts and fields
+    /// this tool does not know, a state word it has never seen.
+    const NEWER_BOX: &str = r#"{
+        "schema_version": 1, "schema_minor": 4, "root": "/", "simulated": false,
+        "accelerator": { "kind": "npu" },
+        "board": { "os": "Debian GNU/Linux 14", "temperature_c": 55.5, "uptime_s": 7260,
+                   "throttle": { "raw": "0x0", "now": [], "since_boot": [], "history": [] },
+                   "boot": { "partition": 2, "tryboot": false, "boot_mode": 1,
+                             "bootloader_build_timestamp": 1 },
+                   "fan_rpm": 3000 },
+        "model": { "id": "gemma", "state": "verified", "quantisation": "q4_1" },
+        "steps": [],
+        "engine": { "state": "draining", "decode_tokens_per_second": 12.25, "queue": 3 },
+        "update": { "booted": "B", "committed": "B", "channel": "stable",
+                    "slots": [ { "slot": "A", "system_version": "7", "state": "good", "booted": false },
+                               { "slot": "B", "system_version": "8", "state": "good", "booted": true,
+                                 "signed_by": "fleet" } ],
+                    "trial": null,
+                    "last": { "slot": "B", "system_version": "8", "result": "committed",
+                              "reason": "healthy", "ended_unix": 50 } },
+        "provision": { "state": "provisioned", "generation": 3, "device_public_key": "aa",
+                       "site": "Hamburg" }
+    }"#;
+
+    #[test]
+    fn a_newer_box_s_status_fills_the_row() {
+        let row = read_status(Row::default(), NEWER_BOX.as_bytes(), "aa");
+        assert_eq!(row.error, None);
+        assert_eq!(row.os.as_deref(), Some("Debian GNU/Linux 14"));
+        assert_eq!(row.engine.as_deref(), Some("draining"));
+        assert_eq!(row.decode_tokens_per_second, Some(12.25));
+        assert_eq!(row.model.as_deref(), Some("gemma"));
+        assert_eq!(row.model_state.as_deref(), Some("verified"));
+        assert_eq!(row.slot.as_deref(), Some("B"));
+        assert_eq!(row.system_version.as_deref(), Some("8"));
+        assert_eq!(row.last_update.as_deref(), Some("committed 8"));
+        assert_eq!(row.last_update_ended_unix, Some(50));
+        assert_eq!(row.update_stage, None);
+        assert_eq!(row.boot_partition, Some(2));
+        assert_eq!(row.throttling, Some(Vec::new()));
+        assert_eq!(row.uptime_s, Some(7260));
+        assert_eq!(row.generation, Some(3));
+        assert!(table(&[row]).contains("B 8"));
+    }
+
+    #[test]
+    fn a_status_that_is_not_one_or_another_key_is_the_rows_error() {
+        let row = read_status(Row::default(), NEWER_BOX.as_bytes(), "bb");
+        assert_eq!(row.identity, "MISMATCH");
+        let row = read_status(Row::default(), b"<html>busy</html>", "aa");
+        assert!(
+            row.error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("not a status document: expected value")),
+            "{row:?}"
+        );
+        let without_engine = NEWER_BOX.replace("\"engine\"", "\"motor\"");
+        let row = read_status(Row::default(), without_engine.as_bytes(), "aa");
+        assert!(
+            row.error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("not a status document: missing field `engine`")),
+            "{row:?}"
+        );
+        let row = read_status(
+            Row::default(),
+            NEWER_BOX
+                .replace("\"schema_version\": 1", "\"schema_version\": 2")
+                .as_bytes(),
+            "aa",
+        );
+        assert!(
+            row.error
+                .as_deref()
+                .is_some_and(|e| e.contains("status schema version 2")),
+            "{row:?}"
+        );
     }
 
     #[test]

@@ -10,31 +10,11 @@
 
 use ed25519_dalek::{Signature, VerifyingKey};
 use hmac::{Hmac, KeyInit, Mac};
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// What the box answers to an enrolment request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Answer {
-    /// The box's name in the fleet.
-    pub name: String,
-    /// The fleet.
-    pub fleet: String,
-    /// The applied provisioning generation.
-    pub generation: u64,
-    /// The board serial, when known.
-    pub serial: Option<String>,
-    /// The device key's public half, 64 hex digits.
-    pub device_public_key: String,
-    /// SHA-256 of the TLS certificate's DER, 64 hex digits.
-    pub certificate_sha256: String,
-    /// HMAC-SHA256 of [`message`] under the enrolment token, hex.
-    pub proof: String,
-    /// ed25519 signature of [`message`] by the device key, hex.
-    pub signature: String,
-}
+pub use wire::enrol::{Answer, Identity};
 
 /// The bytes both the proof and the signature cover.
 pub fn message(nonce: &str, device_public_key: &str, certificate_sha256: &str) -> String {
@@ -75,19 +55,6 @@ pub fn check(answer: &Answer, nonce: &str, token: &str) -> Result<(), String> {
         );
     }
     verify(&answer.device_public_key, &answer.signature, &signed)
-}
-
-/// What the box answers when asked who it is (no token needed, nothing secret in it): its
-/// device key signs the nonce with the certificate it serves, which binds the TLS connection
-/// to the device key even after the certificate is renewed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Identity {
-    /// The device key's public half, 64 hex digits.
-    pub device_public_key: String,
-    /// SHA-256 of the TLS certificate's DER, 64 hex digits.
-    pub certificate_sha256: String,
-    /// ed25519 signature of [`identity_message`] by the device key, hex.
-    pub signature: String,
 }
 
 /// The bytes an identity signature covers.

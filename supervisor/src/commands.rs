@@ -285,7 +285,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
     let engine = crate::engine::read_status(&board, &config.model.id);
     let status = report::collect(&board, &config, model, steps, engine);
     if json {
-        match serde_json::to_string_pretty(&status) {
+        match serde_json::to_string_pretty(&status.to_wire()) {
             Ok(text) => println!("{text}"),
             Err(e) => return bad_input(format!("cannot encode status: {e}")),
         }

@@ -1,12 +1,11 @@
-//! Every value the overview shows, in words, from the status document as JSON. Reading the
-//! JSON rather than the Rust types lets parts added later (the overclock ladder) show up without
-//! this file knowing their types, and absent parts simply say so. The page and every live update
-//! carry this same list.
+//! Every value the overview shows, in words, from the status document ([`wire::Status`]).
+//! Parts a box may lack (the overclock ladder, updates, provisioning) are `Option`s there, and
+//! absent parts simply say so. The page and every live update carry this same list.
 
 use std::fmt::Write;
 
 use serde::Serialize;
-use serde_json::Value;
+use wire::status::{Overclock, Provision, Stage, Status, Update};
 
 /// How a health line looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -34,41 +33,31 @@ pub struct Field {
     pub level: Option<Level>,
 }
 
-pub(super) fn text_of(v: &Value) -> String {
+fn number(v: Option<f64>, digits: usize, unit: &str) -> String {
     match v {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
-fn number(v: &Value, digits: usize, unit: &str) -> String {
-    match v.as_f64() {
         Some(n) => format!("{n:.digits$} {unit}"),
         None => "unknown".into(),
     }
 }
 
 /// Fleet provisioning: which box of which fleet, or why the last file was refused.
-fn provision_line(p: &Value) -> Option<Field> {
-    if p.is_null() {
-        return None;
-    }
-    let (text, level) = if let Some(error) = p["last_error"].as_str() {
+fn provision_line(p: Option<&Provision>) -> Option<Field> {
+    let p = p?;
+    let (text, level) = if let Some(error) = &p.last_error {
         (
             format!("provisioning file refused, nothing applied: {error}"),
             Level::Bad,
         )
-    } else if p["state"] == "provisioned" {
-        let applied = p["applied_unix"]
-            .as_u64()
+    } else if p.state == "provisioned" {
+        let applied = p
+            .applied_unix
             .map_or_else(|| "at an unknown time".into(), crate::report::civil_date);
         (
             format!(
                 "provisioned: box {} of fleet {}, generation {}, applied {applied}",
-                text_of(&p["name"]),
-                text_of(&p["fleet"]),
-                text_of(&p["generation"])
+                p.name.as_deref().unwrap_or_default(),
+                p.fleet.as_deref().unwrap_or_default(),
+                p.generation
             ),
             Level::Ok,
         )
@@ -118,25 +107,22 @@ fn value(id: &str, label: &str, text: String) -> Field {
 }
 
 /// The overclock line from the status document's `overclock` part, when this build has one.
-fn overclock_line(oc: &Value) -> (String, Level) {
-    if oc.is_null() {
+fn overclock_line(oc: Option<&Overclock>) -> (String, Level) {
+    let Some(oc) = oc else {
         return ("not part of this build".into(), Level::Ok);
-    }
-    let phase = oc["phase"].as_str().unwrap_or("unknown");
-    let result = &oc["result"];
+    };
+    let phase = oc.phase.as_str();
     let mut text = phase.to_string();
-    if let Some(mhz) = result["arm_freq"].as_u64() {
-        let _ = write!(text, ", keeps {mhz} MHz");
+    if let Some(result) = &oc.result {
+        let _ = write!(text, ", keeps {} MHz", result.arm_freq);
     }
-    if oc["enabled"] == Value::Bool(false) {
+    if !oc.enabled {
         text.push_str(" (trials off)");
     }
-    let message = text_of(&oc["message"]);
-    if !message.is_empty() {
-        let _ = write!(text, " — {message}");
+    if !oc.message.is_empty() {
+        let _ = write!(text, " — {}", oc.message);
     }
-    let error = text_of(&oc["error"]);
-    if !error.is_empty() {
+    if let Some(error) = oc.error.as_deref().filter(|e| !e.is_empty()) {
         let _ = write!(text, " — {error}");
         return (text, Level::Bad);
     }
@@ -150,22 +136,20 @@ fn overclock_line(oc: &Value) -> (String, Level) {
 
 /// The update line from the status document's `update` part: both slots (version, health, which
 /// runs), the update under way, the last one's outcome.
-fn update_line(u: &Value) -> (String, Level) {
-    if u.is_null() {
+fn update_line(u: Option<&Update>) -> (String, Level) {
+    let Some(u) = u else {
         return ("not part of this build".into(), Level::Ok);
-    }
-    let empty = Vec::new();
-    let slots: Vec<String> = u["slots"]
-        .as_array()
-        .unwrap_or(&empty)
+    };
+    let slots: Vec<String> = u
+        .slots
         .iter()
         .map(|s| {
-            let version = s["system_version"].as_str().unwrap_or("empty");
-            let mut text = format!("slot {} {version}", text_of(&s["slot"]));
-            if s["booted"] == Value::Bool(true) {
+            let version = s.system_version.as_deref().unwrap_or("empty");
+            let mut text = format!("slot {} {version}", s.slot);
+            if s.booted {
                 text.push_str(" (running)");
             }
-            if s["state"] == "bad" {
+            if s.state == "bad" {
                 text.push_str(" (bad)");
             }
             text
@@ -177,41 +161,36 @@ fn update_line(u: &Value) -> (String, Level) {
         slots.join(", ")
     };
     let mut level = Level::Ok;
-    let trial = &u["trial"];
-    if !trial.is_null() {
-        let stage = if !trial["checking_since_unix"].is_null() {
-            "being checked"
-        } else if !trial["rebooted_unix"].is_null() {
-            "rebooting into it"
-        } else if !trial["prepared_unix"].is_null() {
-            "installed, waiting for the reboot"
-        } else {
-            "being written"
+    if let Some(trial) = &u.trial {
+        let stage = match trial.stage() {
+            Stage::Checking => "being checked",
+            Stage::Rebooting => "rebooting into it",
+            Stage::Installed => "installed, waiting for the reboot",
+            Stage::Writing => "being written",
         };
         let _ = write!(
             text,
             " — version {} to slot {}: {stage}",
-            text_of(&trial["system_version"]),
-            text_of(&trial["slot"])
+            trial.system_version.as_deref().unwrap_or_default(),
+            trial.slot
         );
         level = Level::Warn;
     }
-    let last = &u["last"];
-    if !last.is_null() {
-        let result = text_of(&last["result"]);
+    if let Some(last) = &u.last {
         let _ = write!(
             text,
             " — last update: version {} {}: {}",
-            text_of(&last["system_version"]),
-            result.replace('-', " "),
-            text_of(&last["reason"])
+            last.system_version.as_deref().unwrap_or_default(),
+            last.result.replace('-', " "),
+            last.reason
         );
-        if result == "rolled-back" && level == Level::Ok {
+        if last.result == "rolled-back" && level == Level::Ok {
             level = Level::Warn;
         }
     }
-    let error = text_of(&u["error"]);
-    if !error.is_empty() && !slots.is_empty() {
+    if let Some(error) = u.error.as_deref().filter(|e| !e.is_empty())
+        && !slots.is_empty()
+    {
         let _ = write!(text, " — {error}");
         level = Level::Bad;
     }
@@ -219,25 +198,16 @@ fn update_line(u: &Value) -> (String, Level) {
 }
 
 /// Every value the overview shows, from the status document and the engine's recent output.
-pub fn fields(status: &Value, engine_log: &[String]) -> Vec<Field> {
+pub fn fields(status: &Status, engine_log: &[String]) -> Vec<Field> {
     let mut out = Vec::new();
-    let empty = Vec::new();
-    for (i, step) in status["steps"]
-        .as_array()
-        .unwrap_or(&empty)
-        .iter()
-        .enumerate()
-    {
-        let state = step["state"].as_str().unwrap_or("unknown");
+    for (i, step) in status.steps.iter().enumerate() {
+        let state = step.state.as_str();
         let mut text = format!(
             "{}: {state} (desired {}, effective {})",
-            text_of(&step["name"]),
-            text_of(&step["desired"]),
-            text_of(&step["effective"])
+            step.name, step.desired, step.effective
         );
-        let reason = text_of(&step["reason"]);
-        if !reason.is_empty() && step_level(state) != Level::Ok {
-            let _ = write!(text, " — {reason}");
+        if !step.reason.is_empty() && step_level(state) != Level::Ok {
+            let _ = write!(text, " — {}", step.reason);
         }
         out.push(health(
             &format!("h-step-{i}"),
@@ -246,53 +216,46 @@ pub fn fields(status: &Value, engine_log: &[String]) -> Vec<Field> {
             step_level(state),
         ));
     }
-    let model = &status["model"];
-    let model_state = model["state"].as_str().unwrap_or("unknown");
+    let model = &status.model;
     out.push(health(
         "h-model",
         "weights",
-        format!(
-            "weights {}: {model_state} — {}",
-            text_of(&model["id"]),
-            text_of(&model["reason"])
-        ),
-        if model_state == "verified" {
+        format!("weights {}: {} — {}", model.id, model.state, model.reason),
+        if model.state == "verified" {
             Level::Ok
         } else {
             Level::Bad
         },
     ));
-    let engine = &status["engine"];
-    let engine_state = engine["state"].as_str().unwrap_or("unknown");
+    let engine = &status.engine;
     out.push(health(
         "h-engine",
         "engine",
         format!(
-            "engine: {engine_state} — {} (restarts {})",
-            text_of(&engine["reason"]),
-            text_of(&engine["restarts"])
+            "engine: {} — {} (restarts {})",
+            engine.state, engine.reason, engine.restarts
         ),
-        match engine_state {
+        match engine.state.as_str() {
             "ready" => Level::Ok,
             "starting" | "backing-off" | "stopped" => Level::Warn,
             _ => Level::Bad,
         },
     ));
-    let (oc, oc_level) = overclock_line(&status["overclock"]);
+    let (oc, oc_level) = overclock_line(status.overclock.as_ref());
     out.push(health(
         "h-overclock",
         "overclock",
         format!("overclock: {oc}"),
         oc_level,
     ));
-    let (update, update_level) = update_line(&status["update"]);
+    let (update, update_level) = update_line(status.update.as_ref());
     out.push(health(
         "h-update",
         "updates",
         format!("updates: {update}"),
         update_level,
     ));
-    if let Some(line) = provision_line(&status["provision"]) {
+    if let Some(line) = provision_line(status.provision.as_ref()) {
         out.push(line);
     }
     let worst = out
@@ -307,75 +270,68 @@ pub fn fields(status: &Value, engine_log: &[String]) -> Vec<Field> {
     };
     out.insert(0, health("h-summary", "summary", summary.into(), worst));
 
-    let board = &status["board"];
-    out.push(value(
-        "v-model",
-        "Model in use",
-        text_of(&engine["model_id"]),
-    ));
+    let board = &status.board;
+    out.push(value("v-model", "Model in use", engine.model_id.clone()));
     out.push(value(
         "v-prefill",
         "Prefill (prompt) speed",
-        number(&engine["prefill_tokens_per_second"], 1, "tokens/s"),
+        number(engine.prefill_tokens_per_second, 1, "tokens/s"),
     ));
     out.push(value(
         "v-decode",
         "Decode (answer) speed",
-        number(&engine["decode_tokens_per_second"], 1, "tokens/s"),
+        number(engine.decode_tokens_per_second, 1, "tokens/s"),
     ));
     out.push(value(
         "v-temp",
         "Temperature",
-        number(&board["temperature_c"], 1, "°C"),
+        number(board.temperature_c, 1, "°C"),
     ));
+    let mhz = |m: Option<u64>| number(m.map(|m| m as f64), 0, "MHz");
     out.push(value(
         "v-clock",
         "CPU clock",
-        format!(
-            "{} (max {})",
-            number(&board["cpu_mhz"], 0, "MHz"),
-            number(&board["cpu_max_mhz"], 0, "MHz")
-        ),
+        format!("{} (max {})", mhz(board.cpu_mhz), mhz(board.cpu_max_mhz)),
     ));
-    let words = |v: &Value| -> String {
-        match v.as_array() {
+    let words = |w: Option<&Vec<String>>| -> String {
+        match w {
             None => "unknown".into(),
             Some(a) if a.is_empty() => "none".into(),
-            Some(a) => a.iter().map(text_of).collect::<Vec<_>>().join(", "),
+            Some(a) => a.join(", "),
         }
     };
-    let throttle = &board["throttle"];
+    let throttle = board.throttle.as_ref();
     out.push(value(
         "v-throttle-now",
         "Throttling now",
-        words(&throttle["now"]),
+        words(throttle.map(|t| &t.now)),
     ));
     out.push(value(
         "v-throttle-boot",
         "Throttling since boot",
-        words(&throttle["since_boot"]),
+        words(throttle.map(|t| &t.since_boot)),
     ));
+    let mib = |m: Option<u64>| number(m.map(|m| m as f64), 0, "MiB");
     out.push(value(
         "v-memory",
         "Memory",
         format!(
             "{} available of {}",
-            number(&board["memory_available_mib"], 0, "MiB"),
-            number(&board["memory_total_mib"], 0, "MiB")
+            mib(board.memory_available_mib),
+            mib(board.memory_total_mib)
         ),
     ));
-    let swap = match board["swap"].as_array() {
+    let swap = match &board.swap {
         None => "unknown".to_string(),
         Some(a) if a.is_empty() => "off".to_string(),
         Some(a) => a
             .iter()
             .map(|s| {
-                let kib = |k: &str| s[k].as_u64().unwrap_or(0) / 1024;
                 format!(
                     "{} {} of {} MiB used",
-                    text_of(&s["device"]),
-                    kib("used_kib"),
-                    kib("size_kib")
+                    s.device,
+                    s.used_kib / 1024,
+                    s.size_kib / 1024
                 )
             })
             .collect::<Vec<_>>()
@@ -385,26 +341,48 @@ pub fn fields(status: &Value, engine_log: &[String]) -> Vec<Field> {
     out.push(value(
         "v-uptime",
         "Up for",
-        board["uptime_s"]
-            .as_u64()
+        board
+            .uptime_s
             .map(duration_words)
             .unwrap_or_else(|| "unknown".into()),
     ));
     out.push(value(
         "v-bootloader",
         "Bootloader",
-        board["boot"]["bootloader_build_timestamp"]
-            .as_u64()
-            .map(|t| format!("built {}", crate::report::civil_date(t)))
+        board
+            .boot
+            .as_ref()
+            .map(|b| {
+                format!(
+                    "built {}",
+                    crate::report::civil_date(u64::from(b.bootloader_build_timestamp))
+                )
+            })
             .unwrap_or_else(|| "unknown".into()),
     ));
     out.push(value(
         "v-os",
         "Operating system",
-        board["os"].as_str().unwrap_or("unknown").to_string(),
+        board.os.as_deref().unwrap_or("unknown").to_string(),
     ));
     out.push(value("v-engine-log", "Engine log", engine_log.join("\n")));
     out
+}
+
+/// A status document for tests: `parts` over the smallest document there is (every required
+/// field, empty).
+#[cfg(test)]
+pub(crate) fn test_status(parts: serde_json::Value) -> Status {
+    let mut doc = serde_json::json!({
+        "schema_version": 1, "board": {}, "model": { "id": "", "state": "" }, "steps": [],
+        "engine": { "state": "" }
+    });
+    if let (Some(doc), Some(parts)) = (doc.as_object_mut(), parts.as_object()) {
+        for (k, v) in parts {
+            doc.insert(k.clone(), v.clone());
+        }
+    }
+    serde_json::from_value(doc).expect("a status document")
 }
 
 #[cfg(test)]
@@ -422,7 +400,7 @@ mod tests {
         });
         let get =
             |fields: &[Field], id: &str| fields.iter().find(|f| f.id == id).cloned().expect(id);
-        let f = fields(&status, &[]);
+        let f = fields(&test_status(status.clone()), &[]);
         assert_eq!(get(&f, "h-summary").level, Some(Level::Ok));
         assert_eq!(
             get(&f, "h-overclock").text,
@@ -440,7 +418,7 @@ mod tests {
             "trials": [{ "run": 1, "candidate": { "arm_freq": 2800, "over_voltage_delta": 20000 },
                          "status": "failed", "reason": "throttled" }] });
         status["steps"][0]["state"] = json!("pending-reboot");
-        let f = fields(&status, &[]);
+        let f = fields(&test_status(status.clone()), &[]);
         assert_eq!(get(&f, "h-overclock").level, Some(Level::Bad));
         assert_eq!(get(&f, "h-step-0").level, Some(Level::Warn));
         assert_eq!(get(&f, "h-summary").level, Some(Level::Bad));
@@ -451,15 +429,16 @@ mod tests {
         status["overclock"]["phase"] = json!("done");
         status["overclock"]["message"] = json!("2600 MHz passed every check");
         status["overclock"]["result"] = json!({ "arm_freq": 2600, "over_voltage_delta": 0 });
+        let overclock = |status: &serde_json::Value| test_status(status.clone()).overclock;
         assert_eq!(
-            overclock_line(&status["overclock"]),
+            overclock_line(overclock(&status).as_ref()),
             (
                 "done, keeps 2600 MHz — 2600 MHz passed every check".to_string(),
                 Level::Ok
             )
         );
         status["overclock"]["error"] = json!("cannot read overclock.json");
-        assert_eq!(overclock_line(&status["overclock"]).1, Level::Bad);
+        assert_eq!(overclock_line(overclock(&status).as_ref()).1, Level::Bad);
     }
 
     #[test]
@@ -473,12 +452,13 @@ mod tests {
             "last": { "slot": "A", "system_version": "3", "from_version": "2",
                       "result": "rolled-back", "reason": "the engine is failing", "ended_unix": 1 }
         });
-        let (text, level) = update_line(&update);
+        let update: Update = serde_json::from_value(update).expect("an update part");
+        let (text, level) = update_line(Some(&update));
         assert_eq!(
             text,
             "slot A 3 (bad), slot B 2 (running) — last update: version 3 rolled back: the engine is failing"
         );
         assert_eq!(level, Level::Warn);
-        assert_eq!(update_line(&Value::Null).0, "not part of this build");
+        assert_eq!(update_line(None).0, "not part of this build");
     }
 }

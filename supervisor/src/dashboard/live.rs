@@ -10,8 +10,8 @@ use std::time::Duration;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::Serialize;
-use serde_json::Value;
 use tokio::sync::watch;
+use wire::Status;
 
 use super::charts::{self, Series};
 use super::fields::{self, Field};
@@ -59,13 +59,13 @@ impl History {
     }
 
     /// Records the readings in a status document taken at `unix_ms`.
-    pub fn record(&mut self, status: &Value, unix_ms: u64) -> Sample {
+    pub fn record(&mut self, status: &Status, unix_ms: u64) -> Sample {
         let sample = Sample {
             seq: self.next_seq,
             unix_ms,
-            temperature_c: status["board"]["temperature_c"].as_f64(),
-            cpu_mhz: status["board"]["cpu_mhz"].as_u64(),
-            decode_tokens_per_second: status["engine"]["decode_tokens_per_second"].as_f64(),
+            temperature_c: status.board.temperature_c,
+            cpu_mhz: status.board.cpu_mhz,
+            decode_tokens_per_second: status.engine.decode_tokens_per_second,
         };
         self.next_seq += 1;
         if self.samples.len() == self.capacity {
@@ -142,7 +142,7 @@ pub struct Update<'a> {
 /// Takes a sample from a fresh status document and renders the update every browser gets.
 pub fn update(
     history: &mut History,
-    status: &Value,
+    status: &Status,
     engine_log: &[String],
     unix_ms: u64,
 ) -> String {
@@ -187,23 +187,30 @@ pub fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::dashboard::fields::test_status;
+    use serde_json::{Value, json};
 
     #[test]
     fn history_keeps_one_hour_and_numbers_samples() {
         let mut history = History::new(60);
         assert_eq!(history.capacity, 61);
         for i in 0..100u64 {
-            let status = json!({ "board": { "temperature_c": 40.0 + i as f64, "cpu_mhz": 2400 },
-                                 "engine": { "decode_tokens_per_second": null } });
+            let status = test_status(json!({
+                "board": { "temperature_c": 40.0 + i as f64, "cpu_mhz": 2400 },
+                "engine": { "state": "ready", "decode_tokens_per_second": null }
+            }));
             history.record(&status, i * 60_000);
         }
         assert_eq!(history.seq(), 100);
         assert_eq!(history.samples.len(), 61);
         assert_eq!(history.samples.front().map(|s| s.seq), Some(40));
-        let update: Value =
-            serde_json::from_str(&update(&mut history, &json!({}), &[], 100 * 60_000))
-                .expect("json");
+        let update: Value = serde_json::from_str(&update(
+            &mut history,
+            &test_status(json!({})),
+            &[],
+            100 * 60_000,
+        ))
+        .expect("json");
         assert_eq!(update["sample"]["seq"], 101);
         assert_eq!(update["charts"].as_array().map(Vec::len), Some(3));
         assert!(
@@ -217,7 +224,7 @@ mod tests {
     fn charts_draw_at_most_chart_points_and_always_the_newest() {
         let mut history = History::new(1);
         for i in 0..3600u64 {
-            let status = json!({ "board": { "temperature_c": i as f64 } });
+            let status = test_status(json!({ "board": { "temperature_c": i as f64 } }));
             history.record(&status, i * 1000);
         }
         let charts = history.charts(3_599_000);

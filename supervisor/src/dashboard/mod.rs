@@ -116,12 +116,6 @@ impl App {
         crate::report::collect(board, config, tuned.model, steps, engine)
     }
 
-    fn status_value(&self) -> serde_json::Value {
-        serde_json::to_value(self.status()).unwrap_or_else(
-            |e| serde_json::json!({ "error": format!("cannot encode the status: {e}") }),
-        )
-    }
-
     /// [`App::status`] off the runtime thread: reading the board walks sysfs, and the daemon
     /// supervises the engine on the same (single) runtime thread.
     async fn status_off_thread(self: &Arc<Self>) -> Result<Status, DashError> {
@@ -137,7 +131,7 @@ impl App {
 
     /// Takes one sample and hands the rendered update to every listening browser.
     fn sample(&self) {
-        let status = self.status_value();
+        let status = self.status().to_wire();
         let now_ms = unix_ms();
         let update = {
             let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());

@@ -2,9 +2,9 @@
 
 use std::fmt::Write;
 
-use serde_json::Value;
+use wire::status::{Overclock, Status};
 
-use super::fields::{Field, Level, text_of};
+use super::fields::{Field, Level};
 
 /// `&`, `<`, `>`, `"` and `'` as entities: safe in text and in quoted attributes.
 pub fn escape(text: &str) -> String {
@@ -22,39 +22,28 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-/// The overclock history table from the status document's `overclock` part: its `trials`
-/// (each a `candidate` clock with its status and reason), or a flat `steps` list.
-pub(super) fn overclock_history(oc: &Value) -> String {
-    if oc.is_null() {
+/// The overclock history table from the status document's `overclock` part: its `trials`,
+/// each a `candidate` clock with its status and reason.
+pub(super) fn overclock_history(oc: Option<&Overclock>) -> String {
+    let Some(oc) = oc else {
         return "<p>No overclock trials in this build.</p>".into();
-    }
-    let empty = Vec::new();
-    let trials = oc["trials"]
-        .as_array()
-        .or_else(|| oc["steps"].as_array())
-        .unwrap_or(&empty);
-    if trials.is_empty() {
+    };
+    if oc.trials.is_empty() {
         return "<p>No overclock trials have run.</p>".into();
     }
     let mut html = String::from(
         "<table id=\"overclock-history\"><thead><tr><th>run</th><th>Arm clock</th>\
          <th>voltage offset</th><th>result</th><th>why</th></tr></thead><tbody>",
     );
-    for t in trials {
-        let candidate = if t["candidate"].is_object() {
-            &t["candidate"]
-        } else {
-            t
-        };
-        let cell = |v: &Value| escape(&text_of(v));
+    for t in &oc.trials {
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{} MHz</td><td>{} µV</td><td>{}</td><td>{}</td></tr>",
-            cell(&t["run"]),
-            cell(&candidate["arm_freq"]),
-            cell(&candidate["over_voltage_delta"]),
-            cell(&t["status"]),
-            cell(&t["reason"])
+            t.run,
+            t.candidate.arm_freq,
+            t.candidate.over_voltage_delta,
+            escape(&t.status),
+            escape(&t.reason)
         );
     }
     html.push_str("</tbody></table>");
@@ -102,7 +91,7 @@ pub fn login(error: Option<&str>) -> String {
 /// What the overview page is made of.
 pub struct Overview<'a> {
     /// The status document.
-    pub status: &'a Value,
+    pub status: &'a Status,
     /// Its values (see [`fields`]).
     pub fields: &'a [Field],
     /// Rendered charts by name.
@@ -126,10 +115,8 @@ pub fn overview(o: &Overview) -> String {
         "<meta name=\"csrf-token\" content=\"{}\"><script src=\"/assets/app.js\" defer></script></head><body>",
         escape(o.csrf)
     );
-    let model = o.status["board"]["model"]
-        .as_str()
-        .unwrap_or("unknown board");
-    let simulated = if o.status["simulated"] == Value::Bool(true) {
+    let model = o.status.board.model.as_deref().unwrap_or("unknown board");
+    let simulated = if o.status.simulated {
         " (simulated)"
     } else {
         ""
@@ -215,7 +202,7 @@ pub fn overview(o: &Overview) -> String {
         html,
         "<section><h2>Engine log</h2><pre id=\"v-engine-log\" class=\"log\">{log}</pre></section>\
          <section><h2>Overclock history</h2>{}</section></main></body></html>",
-        overclock_history(&o.status["overclock"])
+        overclock_history(o.status.overclock.as_ref())
     );
     html
 }
@@ -223,6 +210,7 @@ pub fn overview(o: &Overview) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dashboard::fields::test_status;
     use serde_json::json;
 
     #[test]
@@ -231,11 +219,11 @@ mod tests {
             escape("<a href='x'>&\"</a>"),
             "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
         );
-        let status = json!({
+        let status = test_status(json!({
             "board": { "model": "<script>alert(1)</script>" },
             "steps": [{ "name": "gov<", "desired": "a", "effective": "b", "state": "failed", "reason": "<img>" }],
             "engine": { "state": "ready", "reason": "serving", "restarts": 0 }
-        });
+        }));
         let fields = super::super::fields::fields(&status, &["<b>log</b>".to_string()]);
         let page = overview(&Overview {
             status: &status,
@@ -254,7 +242,7 @@ mod tests {
 
     #[test]
     fn log_out_is_offered_only_behind_a_login() {
-        let status = json!({ "board": { "model": "Raspberry Pi 5" } });
+        let status = test_status(json!({ "board": { "model": "Raspberry Pi 5" } }));
         let page = |login: bool| {
             overview(&Overview {
                 status: &status,
@@ -281,12 +269,14 @@ mod tests {
     }
 
     #[test]
-    fn the_overclock_history_lists_every_trial_in_either_shape() {
-        let nested = json!({ "phase": "done", "trials": [
+    fn the_overclock_history_lists_every_trial() {
+        let history = |oc: serde_json::Value| {
+            overclock_history(test_status(json!({ "overclock": oc })).overclock.as_ref())
+        };
+        let html = history(json!({ "phase": "done", "trials": [
             { "run": 1, "candidate": { "arm_freq": 2600, "over_voltage_delta": 0 }, "status": "passed", "reason": "" },
             { "run": 1, "candidate": { "arm_freq": 2800, "over_voltage_delta": 20000 }, "status": "failed", "reason": "<throttled>" }
-        ]});
-        let html = overclock_history(&nested);
+        ]}));
         assert!(
             html.contains("<td>1</td><td>2600 MHz</td><td>0 µV</td><td>passed</td>"),
             "{html}"
@@ -297,11 +287,7 @@ mod tests {
             ),
             "{html}"
         );
-        let flat = json!({ "steps": [{ "arm_freq": 2700, "over_voltage_delta": 2, "status": "running", "reason": "" }] });
-        assert!(
-            overclock_history(&flat).contains("<td>2700 MHz</td><td>2 µV</td><td>running</td>")
-        );
-        assert!(overclock_history(&json!({ "phase": "idle", "trials": [] })).contains("have run"));
-        assert!(overclock_history(&Value::Null).contains("in this build"));
+        assert!(history(json!({ "phase": "idle", "trials": [] })).contains("have run"));
+        assert!(overclock_history(None).contains("in this build"));
     }
 }

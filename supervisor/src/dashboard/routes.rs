@@ -248,8 +248,7 @@ async fn overview(
             (session, Some(cookie))
         }
     };
-    let status = serde_json::to_value(app.status_off_thread().await?)
-        .map_err(|e| DashError::Internal(format!("cannot encode the status: {e}")))?;
+    let status = app.status_off_thread().await?.to_wire();
     let fields = super::fields::fields(&status, &app.engine_log());
     let (charts, seq) = {
         let history = app.history.lock().unwrap_or_else(|p| p.into_inner());
@@ -381,7 +380,7 @@ async fn events(
 }
 
 async fn api_status(State(app): State<Arc<App>>) -> Result<Response, DashError> {
-    Ok(Json(app.status_off_thread().await?).into_response())
+    Ok(Json(app.status_off_thread().await?.to_wire()).into_response())
 }
 
 /// `GET /metrics`: the same status document in Prometheus' text format, to the same readers.
@@ -424,11 +423,7 @@ async fn api_update_progress(State(app): State<Arc<App>>) -> Result<Response, Da
 
 /// The nonce of an enrolment or identity request: 32-128 hex digits.
 fn nonce_of(body: &[u8]) -> Result<String, DashError> {
-    #[derive(serde::Deserialize)]
-    struct Request {
-        nonce: String,
-    }
-    let request: Request = serde_json::from_slice(body)
+    let request: wire::NonceRequest = serde_json::from_slice(body)
         .map_err(|e| DashError::BadRequest(format!("expected {{\"nonce\": \"<hex>\"}}: {e}")))?;
     let nonce = request.nonce;
     if !(32..=128).contains(&nonce.len()) || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {

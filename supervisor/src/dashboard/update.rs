@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use futures_util::StreamExt;
-use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
 use super::error::DashError;
@@ -25,20 +24,8 @@ pub const UPLOAD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Progress lines kept.
 const LINES: usize = 40;
 
-/// How the last upload is doing.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Progress {
-    /// An install is under way.
-    pub running: bool,
-    /// Bytes received of the last upload.
-    pub received: u64,
-    /// RAUC's progress lines and ours, newest last.
-    pub lines: Vec<String>,
-    /// How it ended: what happens next.
-    pub done: Option<String>,
-    /// Why it failed.
-    pub error: Option<String>,
-}
+/// How the last upload is doing: the `GET /api/update` document.
+pub use wire::Progress;
 
 /// The uploads' shared state.
 #[derive(Default)]

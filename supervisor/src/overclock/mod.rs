@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::board::{Board, paths};
 use crate::config::Config;
+pub use check::CheckReport;
 use config::STOCK_ARM_FREQ;
 pub use record::{Phase, Record, Trial, TrialStatus};
 
