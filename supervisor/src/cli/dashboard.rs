@@ -4,8 +4,9 @@
 use std::io::Read;
 use std::process::ExitCode;
 
-use super::auth;
-use crate::commands::EXIT_BAD_INPUT;
+use supervisor::dashboard::auth;
+
+use super::{EXIT_BAD_INPUT, EXIT_FAILED};
 
 /// Longest password read from stdin; anything longer is a mistake (a file piped in).
 const MAX_PASSWORD: usize = 1024;
@@ -64,7 +65,7 @@ pub fn new_token() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(crate::commands::EXIT_FAILED)
+            ExitCode::from(EXIT_FAILED)
         }
     }
 }

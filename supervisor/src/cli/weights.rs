@@ -13,7 +13,7 @@ use weights::sign::Trust;
 use weights::verify::{Mapped, verify_file};
 use weights::{Error, ErrorKind, Manifest};
 
-use crate::commands::{EXIT_BAD_INPUT, EXIT_FAILED};
+use super::{EXIT_BAD_INPUT, EXIT_FAILED};
 
 fn fail(e: &Error) -> ExitCode {
     eprintln!("error: {e}");
