@@ -32,3 +32,4 @@ pub mod state_file;
 pub mod systemd;
 pub mod tune;
 pub mod update;
+pub mod weights_ops;

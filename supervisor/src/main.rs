@@ -439,14 +439,19 @@ fn weights(
             )
         }),
         WeightsCommand::FetchDefault { cache } => on_box(&|trust, data_dir| {
-            let cache = cache.clone().unwrap_or_else(w::default_cache);
+            let cache = cache
+                .clone()
+                .unwrap_or_else(supervisor::weights_ops::default_cache);
             w::fetch(supervisor::model::default_approval(trust), &cache, data_dir)
         }),
-        WeightsCommand::SourcePath { manifest, cache } => {
-            w::source_path(&manifest, &cache.unwrap_or_else(w::default_cache))
-        }
+        WeightsCommand::SourcePath { manifest, cache } => w::source_path(
+            &manifest,
+            &cache.unwrap_or_else(supervisor::weights_ops::default_cache),
+        ),
         WeightsCommand::Fetch { manifest, cache } => on_box(&|trust, data_dir| {
-            let cache = cache.clone().unwrap_or_else(w::default_cache);
+            let cache = cache
+                .clone()
+                .unwrap_or_else(supervisor::weights_ops::default_cache);
             w::fetch(
                 weights::install::Approval::load(&manifest, trust),
                 &cache,
