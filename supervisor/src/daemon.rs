@@ -16,7 +16,6 @@ use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 
 use crate::board::Board;
-use crate::commands::applier_for;
 use crate::config::Config;
 use crate::dashboard;
 use crate::engine::{self, LogRing};
@@ -130,7 +129,7 @@ async fn wait_for_reboot(
 pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let backend = Backend::resolve(config.tuning.engine.backend, board);
     let steps = tune::steps(config, backend);
-    let applier = applier_for(board, backend).await;
+    let applier = tune::applier_for(board, backend).await;
     let mut terminate =
         signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
     let mut interrupt =

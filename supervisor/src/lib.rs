@@ -9,7 +9,8 @@
 //! the engine on them ([`engine`]). It finds the highest clock the board computes right at, one
 //! tryboot trial at a time under the hardware watchdog ([`overclock`]). It takes signed A/B system
 //! updates through RAUC, commits a new slot only once it is healthy and otherwise lets the
-//! firmware fall back ([`update`]). The `supervisor` binary is a thin CLI over [`commands`].
+//! firmware fall back ([`update`]). The library returns typed results and never prints or picks an
+//! exit status: the `supervisor` binary (`src/main.rs`, `src/cli/`) is the command line over it.
 
 /// The machine itself: the `board` crate, under the name the supervisor's modules use.
 pub use ::board;
@@ -17,7 +18,6 @@ pub use ::board;
 pub use ::board::bootloader;
 pub mod bootfiles;
 pub mod clock;
-pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod dashboard;
@@ -32,4 +32,4 @@ pub mod state_file;
 pub mod systemd;
 pub mod tune;
 pub mod update;
-pub mod weights_cli;
+pub mod weights_ops;

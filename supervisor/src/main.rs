@@ -1,4 +1,5 @@
-//! `supervisor`: the command line. Parsing only; each subcommand is one call into the library.
+//! `supervisor`: the command line. Parsing here; each subcommand is one call into [`cli`], which
+//! calls the library, prints and picks the exit status.
 //!
 //! The `sim` subcommands exist only in a build with the `sim` feature (tests, `scripts/run-local`):
 //! the production binary has no simulator.
@@ -7,7 +8,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use supervisor::commands;
+
+mod cli;
 
 /// The Appliance supervisor: tunes and verifies the board, and runs the engine.
 #[derive(Parser)]
@@ -302,7 +304,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = e.print();
             return if e.use_stderr() {
-                ExitCode::from(commands::EXIT_BAD_INPUT)
+                ExitCode::from(cli::EXIT_BAD_INPUT)
             } else {
                 ExitCode::SUCCESS
             };
@@ -311,56 +313,54 @@ fn main() -> ExitCode {
     supervisor::logging::init();
     let config = cli.config.as_deref();
     match cli.command {
-        Command::Apply { dry_run } => commands::apply(&cli.root, config, dry_run),
-        Command::Status { json } => commands::status(&cli.root, config, json),
-        Command::Run => commands::run(&cli.root, config),
+        Command::Apply { dry_run } => cli::tune::apply(&cli.root, config, dry_run),
+        Command::Status { json } => cli::status::status(&cli.root, config, json),
+        Command::Run => cli::daemon::run(&cli.root, config),
         #[cfg(feature = "sim")]
         Command::Sim {
             command: SimCommand::Init { dir, variant },
-        } => commands::sim_init(&dir, &variant),
+        } => cli::sim::init(&dir, &variant),
         Command::Config {
             command: ConfigCommand::Check { file },
-        } => commands::config_check(&file),
+        } => cli::config::check(&file),
         Command::Weights { command } => weights(&cli.root, config, command),
         Command::Overclock { command } => match command {
-            OverclockCommand::Status { json } => {
-                commands::overclock_status(&cli.root, config, json)
-            }
-            OverclockCommand::Start => commands::overclock_start(&cli.root, config),
-            OverclockCommand::Abort => commands::overclock_abort(&cli.root, config),
-            OverclockCommand::Boot => commands::overclock_boot(&cli.root, config),
+            OverclockCommand::Status { json } => cli::overclock::status(&cli.root, config, json),
+            OverclockCommand::Start => cli::overclock::start(&cli.root, config),
+            OverclockCommand::Abort => cli::overclock::abort(&cli.root, config),
+            OverclockCommand::Boot => cli::overclock::boot(&cli.root, config),
         },
         Command::Update { command } => {
-            use supervisor::update::cli;
+            use cli::update as u;
             match command {
-                UpdateCommand::Status { json } => cli::status(&cli.root, config, json),
+                UpdateCommand::Status { json } => u::status(&cli.root, config, json),
                 UpdateCommand::Install {
                     source,
                     force,
                     in_window,
-                } => cli::install(&cli.root, config, &source, force, in_window),
-                UpdateCommand::InstallStick { dir } => cli::install_stick(&cli.root, config, &dir),
-                UpdateCommand::Reboot => cli::reboot(&cli.root, config),
-                UpdateCommand::Cancel => cli::cancel(&cli.root, config),
-                UpdateCommand::Boot => cli::boot(&cli.root, config),
-                UpdateCommand::Backend { args } => cli::backend(&cli.root, config, &args),
-                UpdateCommand::PostInstall => cli::post_install(&cli.root, config),
+                } => u::install(&cli.root, config, &source, force, in_window),
+                UpdateCommand::InstallStick { dir } => u::install_stick(&cli.root, config, &dir),
+                UpdateCommand::Reboot => u::reboot(&cli.root, config),
+                UpdateCommand::Cancel => u::cancel(&cli.root, config),
+                UpdateCommand::Boot => u::boot(&cli.root, config),
+                UpdateCommand::Backend { args } => u::backend(&cli.root, config, &args),
+                UpdateCommand::PostInstall => u::post_install(&cli.root, config),
             }
         }
         #[cfg(feature = "sim")]
         Command::Sim {
             command: SimCommand::Boot { dir },
-        } => commands::sim_boot(&dir),
+        } => cli::sim::boot(&dir),
         #[cfg(feature = "sim")]
         Command::Sim {
             command: SimCommand::WriteSlot { dir, slot, version },
-        } => commands::sim_write_slot(&dir, &slot, &version),
+        } => cli::sim::write_slot(&dir, &slot, &version),
         Command::Provision {
             command: ProvisionCommand::Apply { from, json },
-        } => commands::provision_apply(&cli.root, from.as_deref(), json),
+        } => cli::provision::apply(&cli.root, from.as_deref(), json),
         Command::Dashboard { command } => match command {
-            DashboardCommand::HashPassword => supervisor::dashboard::cli::hash_password(),
-            DashboardCommand::NewToken => supervisor::dashboard::cli::new_token(),
+            DashboardCommand::HashPassword => cli::dashboard::hash_password(),
+            DashboardCommand::NewToken => cli::dashboard::new_token(),
         },
     }
 }
@@ -370,14 +370,14 @@ fn weights(
     config: Option<&std::path::Path>,
     command: WeightsCommand,
 ) -> ExitCode {
-    use supervisor::weights_cli as w;
+    use cli::weights as w;
     // Commands on the box read its configuration (trusted keys, data directory).
     let on_box = |run: &dyn Fn(&weights::sign::Trust, &std::path::Path) -> ExitCode| -> ExitCode {
-        let (board, config) = match commands::load_config(root, config) {
+        let (board, config) = match cli::load(root, config) {
             Ok(loaded) => loaded,
             Err(code) => return code,
         };
-        match commands::trust_for(&config) {
+        match cli::trust_for(&config) {
             Ok(trust) => run(&trust, &supervisor::model::data_dir(&board, &config)),
             Err(code) => code,
         }
@@ -405,11 +405,11 @@ fn weights(
             json,
             ..
         } => {
-            let (board, config) = match commands::load_config(root, config) {
+            let (board, config) = match cli::load(root, config) {
                 Ok(loaded) => loaded,
                 Err(code) => return code,
             };
-            match commands::trust_for(&config) {
+            match cli::trust_for(&config) {
                 Ok(trust) => w::verify_installed(
                     &data.unwrap_or_else(|| supervisor::model::data_dir(&board, &config)),
                     &config.model.id,
@@ -422,7 +422,7 @@ fn weights(
         // clap requires one of the two forms; this only keeps the match total.
         WeightsCommand::Verify { .. } => {
             eprintln!("error: weights verify needs FILE --manifest M, or --installed");
-            ExitCode::from(commands::EXIT_BAD_INPUT)
+            ExitCode::from(cli::EXIT_BAD_INPUT)
         }
         WeightsCommand::Install {
             src,
@@ -439,14 +439,19 @@ fn weights(
             )
         }),
         WeightsCommand::FetchDefault { cache } => on_box(&|trust, data_dir| {
-            let cache = cache.clone().unwrap_or_else(w::default_cache);
+            let cache = cache
+                .clone()
+                .unwrap_or_else(supervisor::weights_ops::default_cache);
             w::fetch(supervisor::model::default_approval(trust), &cache, data_dir)
         }),
-        WeightsCommand::SourcePath { manifest, cache } => {
-            w::source_path(&manifest, &cache.unwrap_or_else(w::default_cache))
-        }
+        WeightsCommand::SourcePath { manifest, cache } => w::source_path(
+            &manifest,
+            &cache.unwrap_or_else(supervisor::weights_ops::default_cache),
+        ),
         WeightsCommand::Fetch { manifest, cache } => on_box(&|trust, data_dir| {
-            let cache = cache.clone().unwrap_or_else(w::default_cache);
+            let cache = cache
+                .clone()
+                .unwrap_or_else(supervisor::weights_ops::default_cache);
             w::fetch(
                 weights::install::Approval::load(&manifest, trust),
                 &cache,

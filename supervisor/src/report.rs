@@ -375,6 +375,25 @@ pub fn collect(
     }
 }
 
+/// The status document read from the board now, for `supervisor status`: the model through
+/// the gate, the steps observed, the engine as it published itself.
+pub fn read(board: &Board, config: &crate::config::Config) -> Status {
+    let backend = crate::tune::Backend::resolve(config.tuning.engine.backend, board);
+    // The gate as configured: `full` hashes every chunk, `fast` trusts an unchanged file.
+    let gate = crate::model::check(board, config, crate::model::reverify(config));
+    let model = crate::model::ModelStatus::from_gate(&config.model.id, &gate);
+    // In the running daemon's words where the board is as its last pass left it, so this says
+    // what the dashboard says at the same moment.
+    let last_pass = crate::tune::last_pass::read(board);
+    let steps = crate::tune::status_after(
+        board,
+        &crate::tune::steps(config, backend),
+        last_pass.as_deref(),
+    );
+    let engine = crate::engine::read_status(board, &config.model.id);
+    collect(board, config, model, steps, engine)
+}
+
 /// The provisioning record; an unreadable one is reported as such rather than hidden.
 fn provision_record(board: &Board) -> crate::provision::Record {
     match crate::provision::read_record(board) {

@@ -5,6 +5,7 @@
 //! out live sessions. Every session carries its own CSRF token, checked on every POST.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::Read;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -262,6 +263,35 @@ impl LoginLimiter {
     }
 }
 
+/// Longest password read from stdin; anything longer is a mistake (a file piped in).
+pub const MAX_PASSWORD: usize = 1024;
+
+/// The password typed for `supervisor dashboard hash-password`, read from `input` (stdin)
+/// without its final line break: not empty, at most [`MAX_PASSWORD`] bytes of UTF-8.
+pub fn password_from(mut input: impl Read) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    input
+        .by_ref()
+        .take(MAX_PASSWORD as u64 + 3)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read the password from stdin: {e}"))?;
+    let mut text =
+        String::from_utf8(bytes).map_err(|_| "the password is not valid UTF-8".to_string())?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    if text.is_empty() {
+        return Err("empty password: type it on stdin, e.g. `read -rs PW; printf '%s' \"$PW\" | supervisor dashboard hash-password`".into());
+    }
+    if text.len() > MAX_PASSWORD {
+        return Err(format!("the password is longer than {MAX_PASSWORD} bytes"));
+    }
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,5 +413,18 @@ mod tests {
         running.next().expect("one").succeeded();
         assert!(limiter.attempt_at(a, t0).is_ok());
         assert!(limiter.attempt_at(a, t0).is_err());
+    }
+
+    #[test]
+    fn the_final_line_break_is_not_part_of_the_password_and_empty_is_refused() {
+        assert_eq!(password_from(&b"s3cret\n"[..]).expect("ok"), "s3cret");
+        assert_eq!(password_from(&b"s3cret\r\n"[..]).expect("ok"), "s3cret");
+        assert_eq!(
+            password_from(&b" two words "[..]).expect("ok"),
+            " two words "
+        );
+        assert!(password_from(&b"\n"[..]).is_err());
+        assert!(password_from(&b""[..]).is_err());
+        assert!(password_from(&[b'x'; 2000][..]).is_err());
     }
 }

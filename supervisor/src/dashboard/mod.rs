@@ -11,7 +11,6 @@
 pub mod auth;
 pub mod charts;
 mod chat;
-pub mod cli;
 mod error;
 pub mod fields;
 mod listener;

@@ -257,7 +257,7 @@ fn engine_cgroup(board: &Board, config: &Config) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot set up the engine's cgroup: no async runtime: {e}"))?;
     let reports = runtime.block_on(async {
-        let applier = crate::commands::applier_for(board, backend).await;
+        let applier = tune::applier_for(board, backend).await;
         tune::apply(board, &steps, &applier, false).await
     });
     // The limits' own failures are logged by the pass; only a missing slice keeps the engine out.

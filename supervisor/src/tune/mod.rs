@@ -23,6 +23,7 @@ pub use edit::{Applier, Edit, UnitProperty};
 
 use crate::board::{Board, BoardError};
 use crate::config::{CgroupBackend, Config};
+use crate::systemd::Systemd;
 
 /// Where a step stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,6 +148,29 @@ impl Backend {
             }
         }
     }
+}
+
+/// The applier for this board: with a systemd connection when the backend is systemd.
+pub async fn applier_for(board: &Board, backend: Backend) -> Applier<'_> {
+    match backend {
+        Backend::Files => Applier::files_only(board, "the cgroup backend is files"),
+        Backend::Systemd => match Systemd::connect(None).await {
+            Ok(systemd) => Applier::with_systemd(board, systemd),
+            Err(e) => Applier::files_only(
+                board,
+                format!("cannot reach systemd on the system bus: {e}"),
+            ),
+        },
+    }
+}
+
+/// The configured tuned state applied (or with `dry_run` only planned) and verified on this
+/// board, through the applier its backend calls for (`supervisor apply`).
+pub async fn apply_configured(board: &Board, config: &Config, dry_run: bool) -> Vec<StepReport> {
+    let backend = Backend::resolve(config.tuning.engine.backend, board);
+    let steps = steps(config, backend);
+    let applier = applier_for(board, backend).await;
+    apply(board, &steps, &applier, dry_run).await
 }
 
 /// The steps of the tuned state, in the order they are applied.

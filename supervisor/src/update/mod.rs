@@ -12,7 +12,6 @@
 //! write leaves a box that boots a committed slot and a record that says what happened.
 
 pub mod backend;
-pub mod cli;
 pub mod config;
 pub mod handler;
 pub mod install;

@@ -3,9 +3,10 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use super::backend::{self, Call};
-use super::install::{self, Reboot};
-use crate::commands::{EXIT_BAD_INPUT, EXIT_FAILED, load};
+use supervisor::update::backend::{self, Call};
+use supervisor::update::install::{self, Reboot};
+
+use super::{EXIT_BAD_INPUT, EXIT_FAILED, load};
 
 fn done(result: Result<String, String>) -> ExitCode {
     match result {
@@ -28,13 +29,13 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let status = super::status(&board, &config);
+    let status = supervisor::update::status(&board, &config);
     if json {
         return done(
             serde_json::to_string_pretty(&status).map_err(|e| format!("cannot encode: {e}")),
         );
     }
-    print!("{}", crate::report::update_text(&status));
+    print!("{}", supervisor::report::update_text(&status));
     if status.error.is_some() {
         ExitCode::from(EXIT_FAILED)
     } else {
@@ -83,12 +84,14 @@ fn block_on(
 /// `supervisor update boot`: what the daemon does first at every boot.
 pub fn boot(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
-        Ok((board, config)) => done(super::on_boot(&board, &config).map(|b| match b {
-            super::Boot::Normal(m) | super::Boot::Rebooting(m) => m,
-            super::Boot::Trial(slot, left) => {
-                format!("this boot tries slot {slot}: {left} s left for its health check")
-            }
-        })),
+        Ok((board, config)) => done(supervisor::update::on_boot(&board, &config).map(
+            |b| match b {
+                supervisor::update::Boot::Normal(m) | supervisor::update::Boot::Rebooting(m) => m,
+                supervisor::update::Boot::Trial(slot, left) => {
+                    format!("this boot tries slot {slot}: {left} s left for its health check")
+                }
+            },
+        )),
         Err(code) => code,
     }
 }
@@ -105,7 +108,7 @@ pub fn install_stick(root: &Path, config: Option<&Path>, dir: &str) -> ExitCode 
 /// `supervisor update reboot`: into the installed slot now.
 pub fn reboot(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
-        Ok((board, config)) => done(super::reboot_into_trial(&board, &config)),
+        Ok((board, config)) => done(supervisor::update::reboot_into_trial(&board, &config)),
         Err(code) => code,
     }
 }
@@ -114,7 +117,7 @@ pub fn reboot(root: &Path, config: Option<&Path>) -> ExitCode {
 pub fn cancel(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
         Ok((board, config)) => done(
-            super::cancel(&board, &config, "cancelled by `supervisor update cancel`")
+            supervisor::update::cancel(&board, &config, "cancelled by `supervisor update cancel`")
                 .map(|()| "no update is armed".to_string()),
         ),
         Err(code) => code,
@@ -142,7 +145,9 @@ pub fn post_install(root: &Path, config: Option<&Path>) -> ExitCode {
         .filter(|(k, _)| k.starts_with("RAUC_"))
         .collect();
     match load(root, config) {
-        Ok((board, config)) => done(super::handler::post_install(&board, &config, &env)),
+        Ok((board, config)) => done(supervisor::update::handler::post_install(
+            &board, &config, &env,
+        )),
         Err(code) => code,
     }
 }

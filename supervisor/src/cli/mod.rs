@@ -1,0 +1,63 @@
+//! The binary's commands: one module per group of subcommands, each function one subcommand;
+//! `main.rs` only parses arguments and calls these. They call the library, print what it
+//! returns and pick the exit status; the library itself never prints or exits.
+//!
+//! Exit status: 0 success; 1 a tuning step failed (or the daemon stopped on an error);
+//! 2 bad input (configuration, board root, arguments).
+
+pub mod config;
+pub mod daemon;
+pub mod dashboard;
+pub mod overclock;
+pub mod provision;
+#[cfg(feature = "sim")]
+pub mod sim;
+pub mod status;
+pub mod tune;
+pub mod update;
+pub mod weights;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use supervisor::board::{Board, BoardResult};
+use supervisor::config::Config;
+
+/// Exit status for bad input.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status when a step failed.
+pub const EXIT_FAILED: u8 = 1;
+
+fn bad_input(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_BAD_INPUT)
+}
+
+/// Opens the board at `root`. With the `sim` feature a simulated tree opens through
+/// `board-sim`; without it (the production build) only the live board opens, and a simulated
+/// tree is refused.
+pub fn open_board(root: &Path) -> BoardResult<Board> {
+    #[cfg(feature = "sim")]
+    return board_sim::open(root);
+    #[cfg(not(feature = "sim"))]
+    Board::open(root)
+}
+
+/// The board and its configuration, or the bad-input exit having said why.
+pub fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
+    let board = open_board(root).map_err(bad_input)?;
+    let config = Config::for_board(&board, config).map_err(bad_input)?;
+    Ok((board, config))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| bad_input(format!("cannot start the async runtime: {e}")))
+}
+
+/// The trust a `weights` command checks signatures with.
+pub fn trust_for(config: &Config) -> Result<::weights::sign::Trust, ExitCode> {
+    supervisor::model::trust(config).map_err(bad_input)
+}
