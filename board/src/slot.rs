@@ -8,6 +8,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::{Board, BoardResult};
+
 /// The fragment that chooses the slot.
 pub const FRAGMENT_NAME: &str = "15-slot.txt";
 
@@ -90,4 +92,28 @@ impl Slot {
             self.folder()
         )
     }
+}
+
+/// The slot the running system was booted from (`rauc.slot=` on the kernel command line, which
+/// each slot's `cmdline.txt` carries); `None` on a box without A/B slots.
+pub fn booted(board: &Board) -> BoardResult<Option<Slot>> {
+    Ok(board
+        .kernel_cmdline()?
+        .iter()
+        .rev()
+        .find_map(|arg| arg.strip_prefix("rauc.slot="))
+        .and_then(|name| Slot::from_bootname(name).ok()))
+}
+
+/// The `cmdline.txt` the firmware gave this boot: the booted slot's, or the boot partition's
+/// own on a box without slots.
+pub fn cmdline_txt(board: &Board) -> BoardResult<String> {
+    let boot = board.boot_dir()?;
+    if let Some(slot) = booted(board)? {
+        let path = format!("{boot}/{}/cmdline.txt", slot.folder());
+        if board.exists(&path) {
+            return Ok(path);
+        }
+    }
+    Ok(format!("{boot}/cmdline.txt"))
 }

@@ -57,8 +57,8 @@ pub fn raise_to_floor(board: &Board) -> Result<Option<String>, String> {
         board.set_clock(floor).map_err(|e| e.to_string())?;
         changed = Some(format!(
             "the clock read {}, before this box last knew ({}); set to that until network time arrives",
-            crate::report::civil_time(now),
-            crate::report::civil_time(floor)
+            civil_time(now),
+            civil_time(floor)
         ));
     }
     record(board, 0)?;
@@ -79,4 +79,45 @@ pub fn record(board: &Board, interval_s: u64) -> Result<(), String> {
     board
         .replace_file(paths::SAVED_CLOCK, format!("{now}\n").as_bytes())
         .map_err(|e| e.to_string())
+}
+
+/// `YYYY-MM-DD HH:MM UTC` of a Unix time.
+pub fn civil_time(unix: u64) -> String {
+    format!(
+        "{} {:02}:{:02} UTC",
+        civil_date(unix),
+        unix / 3600 % 24,
+        unix / 60 % 60
+    )
+}
+
+/// `YYYY-MM-DD` (UTC) of a Unix time.
+pub fn civil_date(unix: u64) -> String {
+    // Howard Hinnant's days-to-civil algorithm.
+    let days = (unix / 86_400) as i64 + 719_468;
+    let era = days.div_euclid(146_097);
+    let doe = days - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{civil_date, civil_time};
+
+    #[test]
+    fn dates_are_utc_calendar_days() {
+        assert_eq!(
+            civil_time(1_746_662_400 + 3600 + 120),
+            "2025-05-08 01:02 UTC"
+        );
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(1_746_662_400), "2025-05-08");
+        assert_eq!(civil_date(951_782_400), "2000-02-29");
+    }
 }

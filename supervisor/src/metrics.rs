@@ -275,7 +275,7 @@ fn overclock(out: &mut Exposition, o: &OverclockStatus) {
     out.gauge(
         "appliance_overclock_arm_frequency_hertz",
         "The ARM clock the ladder has config.txt carry now (stock when it keeps none).",
-        f64::from(level.map_or(crate::overclock::config::STOCK_ARM_FREQ, |c| c.arm_freq)) * 1e6,
+        f64::from(level.map_or(crate::config::overclock::STOCK_ARM_FREQ, |c| c.arm_freq)) * 1e6,
     );
     out.gauge(
         "appliance_overclock_over_voltage_delta_microvolts",

@@ -9,6 +9,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::clock::{civil_date, civil_time};
+
 use crate::board::Board;
 use crate::board::facts::Facts;
 use crate::engine::EngineStatus;
@@ -161,7 +163,7 @@ fn wire_check(c: &crate::overclock::CheckReport) -> wire::status::Check {
     }
 }
 
-fn wire_candidate(c: &crate::overclock::config::Candidate) -> wire::status::Candidate {
+fn wire_candidate(c: &crate::config::overclock::Candidate) -> wire::status::Candidate {
     wire::status::Candidate {
         arm_freq: c.arm_freq,
         over_voltage_delta: c.over_voltage_delta,
@@ -555,16 +557,6 @@ fn words_or_none(words: &[&str]) -> String {
     }
 }
 
-/// `YYYY-MM-DD HH:MM UTC` of a Unix time.
-pub fn civil_time(unix: u64) -> String {
-    format!(
-        "{} {:02}:{:02} UTC",
-        civil_date(unix),
-        unix / 3600 % 24,
-        unix / 60 % 60
-    )
-}
-
 /// The clock in words: the time, whether network time synchronised it, the RTC.
 pub fn clock_text(c: &crate::clock::ClockStatus) -> String {
     format!(
@@ -582,24 +574,8 @@ pub fn clock_text(c: &crate::clock::ClockStatus) -> String {
     )
 }
 
-/// `YYYY-MM-DD` (UTC) of a Unix time.
-pub fn civil_date(unix: u64) -> String {
-    // Howard Hinnant's days-to-civil algorithm.
-    let days = (unix / 86_400) as i64 + 719_468;
-    let era = days.div_euclid(146_097);
-    let doe = days - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{civil_date, civil_time};
 
     /// Every part of the wire document is written byte for byte as the supervisor's own type
     /// writes it (the document before the wire crate), filled in as far as each part goes.
@@ -644,7 +620,7 @@ mod tests {
             throttle: Some("0x0".into()),
             engine_sha256: None,
         };
-        let candidate = crate::overclock::config::Candidate {
+        let candidate = crate::config::overclock::Candidate {
             arm_freq: 2800,
             over_voltage_delta: 20_000,
         };
@@ -719,16 +695,5 @@ mod tests {
             wire::Status::from_json(text.as_bytes()).expect("reads"),
             wire
         );
-    }
-
-    #[test]
-    fn dates_are_utc_calendar_days() {
-        assert_eq!(
-            civil_time(1_746_662_400 + 3600 + 120),
-            "2025-05-08 01:02 UTC"
-        );
-        assert_eq!(civil_date(0), "1970-01-01");
-        assert_eq!(civil_date(1_746_662_400), "2025-05-08");
-        assert_eq!(civil_date(951_782_400), "2000-02-29");
     }
 }

@@ -4,6 +4,7 @@
 //! Session ids are 256 random bits; only their SHA-256 is kept, so a memory dump does not hand
 //! out live sessions. Every session carries its own CSRF token, checked on every POST.
 
+pub use crate::secret::{hex, random_256};
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::net::IpAddr;
@@ -31,18 +32,6 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// Failures remembered at most (the oldest are forgotten first): bounds the limiter's memory
 /// while still counting far more guesses than Argon2 lets a window hold.
 const MAX_REMEMBERED_FAILURES: usize = 4096;
-
-/// 32 random bytes from the OS.
-pub fn random_256() -> Result<[u8; 32], String> {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).map_err(|e| format!("the OS random source failed: {e}"))?;
-    Ok(bytes)
-}
-
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(bytes: &[u8]) -> String {

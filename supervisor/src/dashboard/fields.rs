@@ -51,7 +51,7 @@ fn provision_line(p: Option<&Provision>) -> Option<Field> {
     } else if p.state == "provisioned" {
         let applied = p
             .applied_unix
-            .map_or_else(|| "at an unknown time".into(), crate::report::civil_date);
+            .map_or_else(|| "at an unknown time".into(), crate::clock::civil_date);
         (
             format!(
                 "provisioned: box {} of fleet {}, generation {}, applied {applied}",
@@ -355,7 +355,7 @@ pub fn fields(status: &Status, engine_log: &[String]) -> Vec<Field> {
             .map(|b| {
                 format!(
                     "built {}",
-                    crate::report::civil_date(u64::from(b.bootloader_build_timestamp))
+                    crate::clock::civil_date(u64::from(b.bootloader_build_timestamp))
                 )
             })
             .unwrap_or_else(|| "unknown".into()),

@@ -18,6 +18,5 @@ pub use control::ControlKey;
 pub use launch::{Launch, binary};
 pub use logs::LogRing;
 pub use process::{Finished, run_to_end};
-pub(crate) use state::alive;
 pub use state::{EngineStatus, Phase, STATE_FILE, read_status};
 pub use supervise::{Handle, supervise};

@@ -1,6 +1,7 @@
 //! The engine's state as the daemon publishes it (one JSON file, replaced atomically on every
 //! change) and as `supervisor status` reads it back.
 
+use crate::pid::alive;
 use serde::{Deserialize, Serialize};
 
 use super::control::ControlKey;
@@ -129,16 +130,4 @@ pub fn read_status(board: &Board, model_id: &str) -> EngineStatus {
         .ready_unix
         .map(|t| weights::install::now_unix().saturating_sub(t));
     status
-}
-
-/// Whether process `pid` exists.
-pub(crate) fn alive(pid: u32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else {
-        return false;
-    };
-    // Signal 0 checks existence; EPERM means it exists but belongs to someone else.
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
-        Ok(()) => true,
-        Err(e) => e == nix::errno::Errno::EPERM,
-    }
 }

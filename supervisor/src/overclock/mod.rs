@@ -12,7 +12,7 @@
 
 mod bootfiles;
 mod check;
-pub mod config;
+pub use crate::config::overclock as config;
 mod load;
 mod record;
 mod store;

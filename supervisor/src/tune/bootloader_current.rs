@@ -28,7 +28,7 @@ fn day(unix: u32) -> i64 {
 }
 
 fn date(day: i64) -> String {
-    crate::report::civil_date(u64::try_from(day).unwrap_or(0) * 86_400)
+    crate::clock::civil_date(u64::try_from(day).unwrap_or(0) * 86_400)
 }
 
 impl Step for CurrentStep {

@@ -77,7 +77,7 @@ impl Target {
         }
         // Only the memory steps need these; their failure must not fail the cpu steps.
         let mem_total_kib = board.meminfo_kib("MemTotal").map_err(|e| e.to_string());
-        let cmdline_enables_memory = crate::update::slot::cmdline_txt(board)
+        let cmdline_enables_memory = crate::board::slot::cmdline_txt(board)
             .and_then(|path| board.read(&path))
             .map(|text| enables_memory(&text))
             .map_err(|e| e.to_string());

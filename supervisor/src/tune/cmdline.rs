@@ -38,7 +38,7 @@ impl Step for MemoryCgroup {
 
     fn observe(&self, board: &Board) -> Result<Observed, BoardError> {
         let controllers = board.read(&format!("{}/cgroup.controllers", paths::CGROUP_ROOT))?;
-        let cmdline_path = crate::update::slot::cmdline_txt(board)?;
+        let cmdline_path = crate::board::slot::cmdline_txt(board)?;
         Ok(Observed {
             available: controllers.split_whitespace().any(|c| c == "memory"),
             cmdline_txt: board.read(&cmdline_path)?,

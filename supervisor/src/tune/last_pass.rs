@@ -50,5 +50,5 @@ pub fn read(board: &Board) -> Option<Vec<StepReport>> {
             return None;
         }
     };
-    crate::engine::alive(pass.supervisor_pid).then_some(pass.steps)
+    crate::pid::alive(pass.supervisor_pid).then_some(pass.steps)
 }

@@ -12,7 +12,7 @@
 //! write leaves a box that boots a committed slot and a record that says what happened.
 
 pub mod backend;
-pub mod config;
+pub use crate::config::update as config;
 pub mod handler;
 pub mod install;
 pub mod rauc;

@@ -7,35 +7,11 @@
 
 use crate::board::{Board, BoardResult, paths};
 
-pub use crate::board::slot::{BOOT_FILES, FRAGMENT_NAME, Slot};
+pub use crate::board::slot::{BOOT_FILES, FRAGMENT_NAME, Slot, booted, cmdline_txt};
 
 /// The slot a firmware configuration text boots (its `os_prefix`), if it names one.
 pub fn booted_by(config_text: &str) -> Option<Slot> {
     config_txt::setting(config_text, "os_prefix").and_then(Slot::from_prefix)
-}
-
-/// The slot the running system was booted from (`rauc.slot=` on the kernel command line, which
-/// each slot's `cmdline.txt` carries); `None` on a box without A/B slots.
-pub fn booted(board: &Board) -> BoardResult<Option<Slot>> {
-    Ok(board
-        .kernel_cmdline()?
-        .iter()
-        .rev()
-        .find_map(|arg| arg.strip_prefix("rauc.slot="))
-        .and_then(|name| Slot::from_bootname(name).ok()))
-}
-
-/// The `cmdline.txt` the firmware gave this boot: the booted slot's, or the boot partition's
-/// own on a box without slots.
-pub fn cmdline_txt(board: &Board) -> BoardResult<String> {
-    let boot = board.boot_dir()?;
-    if let Some(slot) = booted(board)? {
-        let path = format!("{boot}/{}/cmdline.txt", slot.folder());
-        if board.exists(&path) {
-            return Ok(path);
-        }
-    }
-    Ok(format!("{boot}/cmdline.txt"))
 }
 
 /// A slot's boot folder as a box path.

@@ -5,6 +5,9 @@
 //! only file. The documented copy of every key with its default is
 //! `overlays/rootfs/etc/appliance/appliance.toml`, which a test keeps equal to [`Config::default`].
 
+pub mod overclock;
+pub mod update;
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -30,9 +33,9 @@ pub struct Config {
     /// How the daemon runs the engine.
     pub engine: Engine,
     /// Safe overclock trials.
-    pub overclock: crate::overclock::config::Overclock,
+    pub overclock: overclock::Overclock,
     /// A/B system updates.
-    pub update: crate::update::config::Update,
+    pub update: update::Update,
     /// The web dashboard the daemon serves.
     pub dashboard: Dashboard,
 }
@@ -870,7 +873,7 @@ impl Config {
 mod tests {
     use super::*;
 
-    const DOCUMENTED: &str = include_str!("../../overlays/rootfs/etc/appliance/appliance.toml");
+    const DOCUMENTED: &str = include_str!("../../../overlays/rootfs/etc/appliance/appliance.toml");
 
     fn parse(text: &str) -> Result<Config, String> {
         toml::from_str(text).map_err(|e| e.to_string())
