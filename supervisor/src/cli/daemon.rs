@@ -3,16 +3,12 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use super::{EXIT_FAILED, load, runtime};
+use super::{EXIT_FAILED, load_with_runtime};
 
 /// `supervisor --root DIR [--config FILE] run`.
 pub fn run(root: &Path, config: Option<&Path>) -> ExitCode {
-    let (board, config) = match load(root, config) {
+    let (board, config, rt) = match load_with_runtime(root, config) {
         Ok(loaded) => loaded,
-        Err(code) => return code,
-    };
-    let rt = match runtime() {
-        Ok(rt) => rt,
         Err(code) => return code,
     };
     let result = rt.block_on(supervisor::daemon::run(&board, &config));

@@ -50,11 +50,17 @@ pub fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitC
     Ok((board, config))
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_current_thread()
+/// [`load`], and the runtime an async command (`apply`, `run`) runs on.
+fn load_with_runtime(
+    root: &Path,
+    config: Option<&Path>,
+) -> Result<(Board, Config, tokio::runtime::Runtime), ExitCode> {
+    let (board, config) = load(root, config)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| bad_input(format!("cannot start the async runtime: {e}")))
+        .map_err(|e| bad_input(format!("cannot start the async runtime: {e}")))?;
+    Ok((board, config, rt))
 }
 
 /// The trust a `weights` command checks signatures with.

@@ -6,16 +6,12 @@ use std::process::ExitCode;
 use supervisor::report;
 use supervisor::tune;
 
-use super::{EXIT_FAILED, load, runtime};
+use super::{EXIT_FAILED, load_with_runtime};
 
 /// `supervisor --root DIR [--config FILE] apply [--dry-run]`.
 pub fn apply(root: &Path, config: Option<&Path>, dry_run: bool) -> ExitCode {
-    let (board, config) = match load(root, config) {
+    let (board, config, rt) = match load_with_runtime(root, config) {
         Ok(loaded) => loaded,
-        Err(code) => return code,
-    };
-    let rt = match runtime() {
-        Ok(rt) => rt,
         Err(code) => return code,
     };
     let reports = rt.block_on(tune::apply_configured(&board, &config, dry_run));
