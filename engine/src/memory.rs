@@ -107,8 +107,9 @@ pub struct Need {
     /// The model file's pages that must stay in memory: all of a dense model, a mixture of
     /// experts' shared weights and the used share of its experts.
     pub weights: u64,
-    /// Weights copied in another layout for batches.
-    pub widened: u64,
+    /// Weights copied in another layout for the kernels: Q5_0 widened for batches, K-quants
+    /// with sixteen rows side by side.
+    pub copies: u64,
     /// Keys and values of one conversation's context, and a recurrent model's state with its
     /// checkpoints and rollback mark (the same at any length).
     pub kv: u64,
@@ -171,7 +172,7 @@ impl Need {
         let replaced = model.replaced_bytes() as u64;
         Ok(Need {
             weights: file_bytes.saturating_sub(experts + row_read + replaced) + used,
-            widened: model.widened_bytes() as u64,
+            copies: model.copied_bytes() as u64,
             kv,
             kept,
             work,
@@ -182,7 +183,7 @@ impl Need {
 
     /// All of it, with the overhead.
     pub fn total(&self) -> u64 {
-        self.weights + self.widened + self.kv + self.kept + self.work + OVERHEAD
+        self.weights + self.copies + self.kv + self.kept + self.work + OVERHEAD
     }
 
     /// Refuses what does not fit `limit`, saying what takes how much and what would fit.
@@ -196,7 +197,7 @@ impl Need {
             "weights {} MiB, KV cache (and recurrent state) for {} tokens {} MiB, kept \
              conversations {} MiB, work \
              buffers {} MiB, other {} MiB",
-            mib(self.weights + self.widened),
+            mib(self.weights + self.copies),
             self.context,
             mib(self.kv),
             mib(self.kept),

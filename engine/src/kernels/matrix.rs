@@ -161,7 +161,7 @@ impl<'a> Matrix<'a> {
     }
 
     /// Bytes held beside the mapped file: the widened copy and the lanes copy.
-    pub fn widened_bytes(&self) -> usize {
+    pub fn copied_bytes(&self) -> usize {
         self.wide.as_ref().map_or(0, |w| w.len()) + self.lanes.as_ref().map_or(0, |l| l.1.len())
     }
 

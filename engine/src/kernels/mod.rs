@@ -1538,10 +1538,10 @@ mod tests {
         };
         let mut budget = WIDEN_BUDGET;
         let wide = Matrix::widened(tensor, &mut budget);
-        assert_eq!(wide.widened_bytes(), bytes.len() / 22 * 34);
-        assert_eq!(budget, WIDEN_BUDGET - wide.widened_bytes());
+        assert_eq!(wide.copied_bytes(), bytes.len() / 22 * 34);
+        assert_eq!(budget, WIDEN_BUDGET - wide.copied_bytes());
         let mut none_left = 100;
-        assert_eq!(Matrix::widened(tensor, &mut none_left).widened_bytes(), 0);
+        assert_eq!(Matrix::widened(tensor, &mut none_left).copied_bytes(), 0);
         let stored = Matrix::stored(tensor);
         let mut scratch = Scratch::default();
         for isa in Isa::available() {

@@ -803,8 +803,8 @@ impl<'a> Model<'a> {
 
     /// Memory held beside the mapped file by copies of weights: widened for batches, or with
     /// rows side by side.
-    pub fn widened_bytes(&self) -> usize {
-        self.sum_over_matrices(|m| m.widened_bytes())
+    pub fn copied_bytes(&self) -> usize {
+        self.sum_over_matrices(|m| m.copied_bytes())
     }
 
     /// Bytes of the mapped file a copy stands in for (never read, so never resident).

@@ -433,12 +433,12 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
         )?;
         need.fits(limit)?;
     }
-    let widened = model.widened_bytes();
-    if widened > 0 {
+    let copied = model.copied_bytes();
+    if copied > 0 {
         eprintln!(
             "engine: {:.1} MiB of weights copied for the kernels (Q5_0 widened to Q8_0 for \
              batched passes, Q4_K and Q6_K with sixteen rows side by side)",
-            widened as f64 / f64::from(1 << 20)
+            copied as f64 / f64::from(1 << 20)
         );
     }
     let tokenizer =
