@@ -17,11 +17,17 @@ pub fn hash_password(password: &str) -> Result<String, String> {
         .map_err(|e| format!("cannot hash the password: {e}"))
 }
 
-/// A fresh API token (256 random bits, hex) and its SHA-256 (hex), which is all a box keeps.
-pub fn new_token() -> Result<(String, String), String> {
+/// 256 random bits from the OS: API tokens here, and the supervisor's session ids, CSRF tokens
+/// and the engine's control key.
+pub fn random_256() -> Result<[u8; 32], String> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| format!("the OS random source failed: {e}"))?;
-    let token = hex::encode(bytes);
+    Ok(bytes)
+}
+
+/// A fresh API token (256 random bits, hex) and its SHA-256 (hex), which is all a box keeps.
+pub fn new_token() -> Result<(String, String), String> {
+    let token = hex::encode(random_256()?);
     let digest = hex::encode(Sha256::digest(token.as_bytes()));
     Ok((token, digest))
 }

@@ -29,7 +29,6 @@ pub mod overclock;
 pub mod pid;
 pub mod provision;
 pub mod report;
-pub mod secret;
 pub mod state_file;
 pub mod systemd;
 pub mod tune;

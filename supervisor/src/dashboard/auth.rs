@@ -4,7 +4,6 @@
 //! Session ids are 256 random bits; only their SHA-256 is kept, so a memory dump does not hand
 //! out live sessions. Every session carries its own CSRF token, checked on every POST.
 
-pub use crate::secret::{hex, random_256};
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::net::IpAddr;
@@ -16,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::TokenDigest;
 pub use provision::secrets::hash_password;
+use provision::secrets::random_256;
 
 /// How long a session lives after login, renewed by nothing: a clinic logs in again each day.
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
@@ -35,7 +35,7 @@ const MAX_REMEMBERED_FAILURES: usize = 4096;
 
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// Equality whose time does not depend on where the inputs differ (only on their lengths,
@@ -83,9 +83,9 @@ pub struct Sessions {
 impl Sessions {
     /// Starts a session; returns the id for the cookie (never stored) and the session.
     pub fn create(&self) -> Result<(String, Session), String> {
-        let id = hex(&random_256()?);
+        let id = hex::encode(random_256()?);
         let session = Session {
-            csrf: hex(&random_256()?),
+            csrf: hex::encode(random_256()?),
             created: Instant::now(),
         };
         let mut map = self.by_digest.lock().unwrap_or_else(|p| p.into_inner());

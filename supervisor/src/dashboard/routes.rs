@@ -243,10 +243,12 @@ async fn overview(
         Caller::Session(_, session) => (session, None),
         // Without a password the box's own loopback is the only way in (the guard let only it
         // through): no login to ask for.
-        Caller::Anyone | Caller::Token => {
+        Caller::Anyone => {
             let (session, cookie) = app.new_session()?;
             (session, Some(cookie))
         }
+        // An API token never opens a browser session.
+        Caller::Token => return Err(DashError::LoginRequired),
     };
     let status = app.status_off_thread().await?.to_wire();
     let fields = super::fields::fields(&status, &app.engine_log());

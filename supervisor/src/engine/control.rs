@@ -20,9 +20,9 @@ pub struct ControlKey(String);
 impl ControlKey {
     /// A fresh key from the OS random source.
     pub fn generate() -> Result<ControlKey, String> {
-        let bytes = crate::secret::random_256()
+        let bytes = provision::secrets::random_256()
             .map_err(|e| format!("not started: making its control key: {e}"))?;
-        Ok(ControlKey(crate::secret::hex(&bytes)))
+        Ok(ControlKey(hex::encode(bytes)))
     }
 
     /// The key itself, for the environment variable and the header.
