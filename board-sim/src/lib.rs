@@ -5,7 +5,7 @@
 //!
 //! Only tests, `supervisor sim ...` and `scripts/run-local` use it: the supervisor depends on it
 //! through its `sim` feature, off in the production build, so the binary on a box carries none
-//! of this code (`supervisor/tests/no_simulator.rs` checks the dependency graph). [`open`] is
+//! of this code (`supervisor/tests/crate_graph.rs` checks the dependency graph). [`open`] is
 //! how a build with the simulator opens a board: a marked tree through [`Simulated`], anything
 //! else as the live board.
 

@@ -15,11 +15,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 
-use crate::board::Board;
-use crate::config::Config;
-use crate::dashboard;
-use crate::engine::{self, LogRing};
-use crate::tune::{self, Applier, Backend, Evaluate, State, StepReport};
+use supervisor_core::board::Board;
+use supervisor_core::config::Config;
+use supervisor_core::engine::{self, LogRing};
+use supervisor_core::tune::{self, Applier, Backend, Evaluate, State, StepReport};
 
 mod trial;
 
@@ -50,14 +49,15 @@ async fn check_model(
     board: &Board,
     config: &Config,
     how: weights::gate::Reverify,
-) -> (String, crate::model::ModelStatus) {
+) -> (String, supervisor_core::model::ModelStatus) {
     let (board, config) = (board.clone(), config.clone());
     let id = config.model.id.clone();
     let result =
-        tokio::task::spawn_blocking(move || crate::model::check(&board, &config, how)).await;
+        tokio::task::spawn_blocking(move || supervisor_core::model::check(&board, &config, how))
+            .await;
     let model = match &result {
-        Ok(gate) => crate::model::ModelStatus::from_gate(&id, gate),
-        Err(e) => crate::model::ModelStatus {
+        Ok(gate) => supervisor_core::model::ModelStatus::from_gate(&id, gate),
+        Err(e) => supervisor_core::model::ModelStatus {
             id: id.clone(),
             state: "failed",
             path: None,
@@ -138,16 +138,16 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let started = tokio::time::Instant::now();
     // Before anything else: this boot may be an update's trial (checked once the daemon is
     // up), the fallback after one, or an overclock trial to check or the fallback after one.
-    let trial = match blocking(board, config, crate::update::on_boot).await {
-        Ok(crate::update::Boot::Trial(slot, left)) => {
+    let trial = match blocking(board, config, supervisor_core::update::on_boot).await {
+        Ok(supervisor_core::update::Boot::Trial(slot, left)) => {
             tracing::info!("update: this boot tries slot {slot}; checking it ({left} s left)");
             Some((slot, left))
         }
-        Ok(crate::update::Boot::Normal(message)) => {
+        Ok(supervisor_core::update::Boot::Normal(message)) => {
             tracing::info!("update: {message}");
             None
         }
-        Ok(crate::update::Boot::Rebooting(message)) => {
+        Ok(supervisor_core::update::Boot::Rebooting(message)) => {
             tracing::error!("update: {message}");
             return wait_for_reboot(&message, &mut terminate, &mut interrupt).await;
         }
@@ -161,11 +161,11 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
         let (board, config) = (board.clone(), config.clone());
         tokio::task::spawn_blocking(move || {
             if trial.is_some() {
-                return Ok(crate::overclock::Outcome::Continue(
+                return Ok(supervisor_core::overclock::Outcome::Continue(
                     "not checked in an update's trial boot".into(),
                 ));
             }
-            crate::overclock::on_boot(&board, &config)
+            supervisor_core::overclock::on_boot(&board, &config)
         })
     };
     tokio::pin!(overclock);
@@ -173,11 +173,11 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     let outcome = loop {
         tokio::select! {
             _ = terminate.recv() => {
-                crate::overclock::request_shutdown();
+                supervisor_core::overclock::request_shutdown();
                 return Ok(());
             }
             _ = interrupt.recv() => {
-                crate::overclock::request_shutdown();
+                supervisor_core::overclock::request_shutdown();
                 return Ok(());
             }
             _ = extend.tick() => notify(&[NotifyState::ExtendTimeoutUsec(30_000_000)]),
@@ -185,17 +185,22 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
         }
     };
     match outcome {
-        Ok(crate::overclock::Outcome::Continue(message)) => tracing::info!("overclock: {message}"),
-        Ok(crate::overclock::Outcome::Rebooting(message)) => {
+        Ok(supervisor_core::overclock::Outcome::Continue(message)) => {
+            tracing::info!("overclock: {message}")
+        }
+        Ok(supervisor_core::overclock::Outcome::Rebooting(message)) => {
             return wait_for_reboot(&message, &mut terminate, &mut interrupt).await;
         }
-        Ok(crate::overclock::Outcome::Stopped(message)) => tracing::error!("overclock: {message}"),
+        Ok(supervisor_core::overclock::Outcome::Stopped(message)) => {
+            tracing::error!("overclock: {message}")
+        }
         Err(e) => tracing::error!("overclock: {e}"),
     }
 
     let reports = tune::apply(board, &steps, &applier, false).await;
     publish_pass(board, &reports).await;
-    let (model, verdict) = check_model(board, config, crate::model::reverify(config)).await;
+    let (model, verdict) =
+        check_model(board, config, supervisor_core::model::reverify(config)).await;
     let status = format!("{}; {model}", summary(&reports));
     tracing::info!("{status}");
     notify(&[NotifyState::Ready, NotifyState::Status(&status)]);
@@ -226,7 +231,8 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     // The re-verification under way: polled beside the signals and the watchdog rather than
     // awaited in their place, so a slow one delays neither, and no second one starts meanwhile.
     let mut pass: Option<Pin<Box<dyn Future<Output = ()> + '_>>> = None;
-    let mut clock_tick = tokio::time::interval(Duration::from_secs(crate::clock::SAVE_INTERVAL_S));
+    let mut clock_tick =
+        tokio::time::interval(Duration::from_secs(supervisor_core::clock::SAVE_INTERVAL_S));
     // The trial boot's health check, then an installed update's reboot when its window opens.
     let mut trial_check: Option<Pin<Box<dyn Future<Output = ()> + '_>>> =
         trial.map(|(slot, left)| {
@@ -250,7 +256,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
             _ = clock_tick.tick() => {
                 let board = board.clone();
                 let recorded = tokio::task::spawn_blocking(move || {
-                    crate::clock::record(&board, crate::clock::SAVE_INTERVAL_S)
+                    supervisor_core::clock::record(&board, supervisor_core::clock::SAVE_INTERVAL_S)
                 })
                 .await;
                 if let Ok(Err(e)) = recorded {
@@ -273,7 +279,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                 }
             }, if trial_check.is_some() => trial_check = None,
             _ = update_tick.tick(), if trial_check.is_none() => {
-                match blocking(board, config, crate::update::reboot_when_due).await {
+                match blocking(board, config, supervisor_core::update::reboot_when_due).await {
                     Ok(Some(message)) => tracing::info!("update: {message}"),
                     Ok(None) => {}
                     Err(e) => tracing::error!("update: {e}"),
@@ -309,7 +315,8 @@ async fn reverify_pass(
     for drifted in reports.iter().filter(|r| r.state == State::Applied) {
         tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
     }
-    let (model, verdict) = check_model(board, config, crate::model::between_boots(config)).await;
+    let (model, verdict) =
+        check_model(board, config, supervisor_core::model::between_boots(config)).await;
     // Only verified weights run, also while running: a failed check stops the engine now,
     // a passing one lets a stopped engine relaunch (through the gate) without waiting.
     engine.model_checked(if verdict.state == "verified" {

@@ -1,36 +1,6 @@
-//! The Appliance supervisor: the daemon that owns a Raspberry Pi 5 LLM box.
-//!
-//! It brings the board into the tuned state (governor, the engine's cgroup, swap, bootloader
-//! SDRAM interleave) and proves it by reading back effective values ([`tune`]); everything it
-//! reads or writes on the machine goes through one root ([`board`], its own crate), so a simulated
-//! board tree (crate `board-sim`, behind the `sim` feature) stands in for a real Pi in tests and
-//! local runs. It lets the engine run only weights that
-//! match an approved manifest ([`model`], on the `weights` crate), and launches, probes and restarts
-//! the engine on them ([`engine`]). It finds the highest clock the board computes right at, one
-//! tryboot trial at a time under the hardware watchdog ([`overclock`]). It takes signed A/B system
-//! updates through RAUC, commits a new slot only once it is healthy and otherwise lets the
-//! firmware fall back ([`update`]). The library returns typed results and never prints or picks an
-//! exit status: the `supervisor` binary (`src/main.rs`, `src/cli/`) is the command line over it.
+//! The Appliance supervisor's daemon: `supervisor run` wires the core's state machines
+//! (`supervisor-core`: tuning, the engine's supervision, overclock and update trials) to the web
+//! dashboard (`dashboard`) on one runtime. The command line (`src/main.rs`, `src/cli/`) sits on
+//! top and is the only part that prints or picks an exit status.
 
-/// The machine itself: the `board` crate, under the name the supervisor's modules use.
-pub use ::board;
-/// The bootloader's formats, from the `board` crate.
-pub use ::board::bootloader;
-pub mod bootfiles;
-pub mod clock;
-pub mod config;
 pub mod daemon;
-pub mod dashboard;
-pub mod engine;
-pub mod logging;
-pub mod metrics;
-pub mod model;
-pub mod overclock;
-pub mod pid;
-pub mod provision;
-pub mod report;
-pub mod state_file;
-pub mod systemd;
-pub mod tune;
-pub mod update;
-pub mod weights_ops;

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cli;
+mod logging;
 
 /// The Appliance supervisor: tunes and verifies the board, and runs the engine.
 #[derive(Parser)]
@@ -310,7 +311,7 @@ fn main() -> ExitCode {
             };
         }
     };
-    supervisor::logging::init();
+    crate::logging::init();
     let config = cli.config.as_deref();
     match cli.command {
         Command::Apply { dry_run } => cli::tune::apply(&cli.root, config, dry_run),
@@ -378,7 +379,7 @@ fn weights(
             Err(code) => return code,
         };
         match cli::trust_for(&config) {
-            Ok(trust) => run(&trust, &supervisor::model::data_dir(&board, &config)),
+            Ok(trust) => run(&trust, &supervisor_core::model::data_dir(&board, &config)),
             Err(code) => code,
         }
     };
@@ -411,7 +412,7 @@ fn weights(
             };
             match cli::trust_for(&config) {
                 Ok(trust) => w::verify_installed(
-                    &data.unwrap_or_else(|| supervisor::model::data_dir(&board, &config)),
+                    &data.unwrap_or_else(|| supervisor_core::model::data_dir(&board, &config)),
                     &config.model.id,
                     &trust,
                     json,
@@ -441,17 +442,21 @@ fn weights(
         WeightsCommand::FetchDefault { cache } => on_box(&|trust, data_dir| {
             let cache = cache
                 .clone()
-                .unwrap_or_else(supervisor::weights_ops::default_cache);
-            w::fetch(supervisor::model::default_approval(trust), &cache, data_dir)
+                .unwrap_or_else(supervisor_core::weights_ops::default_cache);
+            w::fetch(
+                supervisor_core::model::default_approval(trust),
+                &cache,
+                data_dir,
+            )
         }),
         WeightsCommand::SourcePath { manifest, cache } => w::source_path(
             &manifest,
-            &cache.unwrap_or_else(supervisor::weights_ops::default_cache),
+            &cache.unwrap_or_else(supervisor_core::weights_ops::default_cache),
         ),
         WeightsCommand::Fetch { manifest, cache } => on_box(&|trust, data_dir| {
             let cache = cache
                 .clone()
-                .unwrap_or_else(supervisor::weights_ops::default_cache);
+                .unwrap_or_else(supervisor_core::weights_ops::default_cache);
             w::fetch(
                 weights::install::Approval::load(&manifest, trust),
                 &cache,

@@ -397,7 +397,7 @@ fn staged_config(sim: &Sim) -> String {
     );
     assert!(sig.lines().any(|l| l.starts_with("ts: ")));
     assert_eq!(image.len(), 2 * 1024 * 1024);
-    let image = supervisor::bootloader::image::Image::parse(image).expect("valid image");
+    let image = supervisor_core::bootloader::image::Image::parse(image).expect("valid image");
     image.config().expect("config")
 }
 

@@ -715,16 +715,16 @@ fn metrics_are_prometheus_text_for_the_readers_of_api_status() {
     let rtc = d.root.join("sys/class/rtc/rtc0");
     std::fs::create_dir_all(&rtc).expect("rtc");
     std::fs::write(rtc.join("since_epoch"), "1764930000\n").expect("rtc time");
-    let record = supervisor::update::Record {
-        last: Some(supervisor::update::Ended {
-            slot: supervisor::update::slot::Slot::B,
+    let record = supervisor_core::update::Record {
+        last: Some(supervisor_core::update::Ended {
+            slot: supervisor_core::update::slot::Slot::B,
             system_version: Some("2.1.0".into()),
             from_version: Some("2.0.3".into()),
-            result: supervisor::update::UpdateResult::RolledBack,
+            result: supervisor_core::update::UpdateResult::RolledBack,
             reason: "the engine never became healthy".into(),
             ended_unix: 1_764_900_000,
         }),
-        ..supervisor::update::Record::default()
+        ..supervisor_core::update::Record::default()
     };
     let data = d
         .root
@@ -1047,7 +1047,7 @@ fn without_a_password_the_dashboard_is_loopback_only_and_says_so() {
 /// fails here).
 #[test]
 fn every_route_outside_the_public_group_refuses_strangers() {
-    use supervisor::dashboard::{Group, ROUTES};
+    use dashboard::{Group, ROUTES};
     // Who may call what, decided here once more: a new route, or one moved to another
     // group, fails until this list says the same.
     let expected = [

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use board_sim as sim;
-use supervisor::board::Board;
-use supervisor::config::{CgroupBackend, Config, SliceName};
-use supervisor::systemd::{PropertyValue, Systemd};
-use supervisor::tune::{self, Applier, Backend, State};
+use supervisor_core::board::Board;
+use supervisor_core::config::{CgroupBackend, Config, SliceName};
+use supervisor_core::systemd::{PropertyValue, Systemd};
+use supervisor_core::tune::{self, Applier, Backend, State};
 use zbus::zvariant::{OwnedObjectPath, OwnedValue, Value};
 
 mod common;
@@ -44,7 +44,8 @@ impl FakeManager {
         let path = cgroup_of(unit);
         let mut current = String::from("/sys/fs/cgroup");
         for part in path.trim_start_matches("/sys/fs/cgroup/").split('/') {
-            let fail = |e: supervisor::board::BoardError| zbus::fdo::Error::Failed(e.to_string());
+            let fail =
+                |e: supervisor_core::board::BoardError| zbus::fdo::Error::Failed(e.to_string());
             self.board
                 .write_attribute(&format!("{current}/cgroup.subtree_control"), "+cpu +memory")
                 .map_err(fail)?;
@@ -185,7 +186,7 @@ async fn apply_through_systemd_is_verified_from_the_cgroup_files() {
     let mut config = Config::default();
     config.tuning.engine.backend = CgroupBackend::Systemd;
     config.tuning.engine.memory_low_mib =
-        Some(supervisor::config::MemoryLowMib::try_from(512).expect("in range"));
+        Some(supervisor_core::config::MemoryLowMib::try_from(512).expect("in range"));
     let backend = Backend::resolve(config.tuning.engine.backend, &board);
     assert_eq!(backend, Backend::Systemd);
     let steps = tune::steps(&config, backend);

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use supervisor::config::Config;
+use supervisor_core::config::Config;
 
 use super::bad_input;
 

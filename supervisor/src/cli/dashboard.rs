@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use supervisor::dashboard::auth;
+use dashboard::auth;
 
 use super::{EXIT_BAD_INPUT, EXIT_FAILED};
 

@@ -20,8 +20,8 @@ pub mod weights;
 use std::path::Path;
 use std::process::ExitCode;
 
-use supervisor::board::{Board, BoardResult};
-use supervisor::config::Config;
+use supervisor_core::board::{Board, BoardResult};
+use supervisor_core::config::Config;
 
 /// Exit status for bad input.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -65,5 +65,5 @@ fn load_with_runtime(
 
 /// The trust a `weights` command checks signatures with.
 pub fn trust_for(config: &Config) -> Result<::weights::sign::Trust, ExitCode> {
-    supervisor::model::trust(config).map_err(bad_input)
+    supervisor_core::model::trust(config).map_err(bad_input)
 }

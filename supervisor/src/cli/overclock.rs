@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use supervisor::report;
+use supervisor_core::report;
 
 use super::{EXIT_FAILED, bad_input, load};
 
@@ -13,7 +13,7 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let status = supervisor::overclock::status(&board, &config);
+    let status = supervisor_core::overclock::status(&board, &config);
     if json {
         return match serde_json::to_string_pretty(&status) {
             Ok(text) => {
@@ -31,17 +31,17 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
     }
 }
 
-fn outcome(result: Result<supervisor::overclock::Outcome, String>) -> ExitCode {
+fn outcome(result: Result<supervisor_core::overclock::Outcome, String>) -> ExitCode {
     match result {
-        Ok(supervisor::overclock::Outcome::Continue(message)) => {
+        Ok(supervisor_core::overclock::Outcome::Continue(message)) => {
             println!("{message}");
             ExitCode::SUCCESS
         }
-        Ok(supervisor::overclock::Outcome::Rebooting(message)) => {
+        Ok(supervisor_core::overclock::Outcome::Rebooting(message)) => {
             println!("{message}");
             ExitCode::SUCCESS
         }
-        Ok(supervisor::overclock::Outcome::Stopped(message)) => {
+        Ok(supervisor_core::overclock::Outcome::Stopped(message)) => {
             eprintln!("error: {message}");
             ExitCode::from(EXIT_FAILED)
         }
@@ -55,7 +55,7 @@ fn outcome(result: Result<supervisor::overclock::Outcome, String>) -> ExitCode {
 /// `supervisor overclock start`.
 pub fn start(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
-        Ok((board, config)) => outcome(supervisor::overclock::start(&board, &config)),
+        Ok((board, config)) => outcome(supervisor_core::overclock::start(&board, &config)),
         Err(code) => code,
     }
 }
@@ -63,7 +63,7 @@ pub fn start(root: &Path, config: Option<&Path>) -> ExitCode {
 /// `supervisor overclock boot`.
 pub fn boot(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
-        Ok((board, config)) => outcome(supervisor::overclock::on_boot(&board, &config)),
+        Ok((board, config)) => outcome(supervisor_core::overclock::on_boot(&board, &config)),
         Err(code) => code,
     }
 }
@@ -74,7 +74,7 @@ pub fn abort(root: &Path, config: Option<&Path>) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    match supervisor::overclock::abort(&board, &config) {
+    match supervisor_core::overclock::abort(&board, &config) {
         Ok(message) => {
             println!("{message}");
             ExitCode::SUCCESS

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use supervisor::report;
+use supervisor_core::report;
 
 use super::{bad_input, load};
 

@@ -3,8 +3,8 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use supervisor::report;
-use supervisor::tune;
+use supervisor_core::report;
+use supervisor_core::tune;
 
 use super::{EXIT_FAILED, load_with_runtime};
 

@@ -3,8 +3,8 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use supervisor::update::backend::{self, Call};
-use supervisor::update::install::{self, Reboot};
+use supervisor_core::update::backend::{self, Call};
+use supervisor_core::update::install::{self, Reboot};
 
 use super::{EXIT_BAD_INPUT, EXIT_FAILED, load};
 
@@ -29,13 +29,13 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    let status = supervisor::update::status(&board, &config);
+    let status = supervisor_core::update::status(&board, &config);
     if json {
         return done(
             serde_json::to_string_pretty(&status).map_err(|e| format!("cannot encode: {e}")),
         );
     }
-    print!("{}", supervisor::report::update_text(&status));
+    print!("{}", supervisor_core::report::update_text(&status));
     if status.error.is_some() {
         ExitCode::from(EXIT_FAILED)
     } else {
@@ -84,14 +84,17 @@ fn block_on(
 /// `supervisor update boot`: what the daemon does first at every boot.
 pub fn boot(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
-        Ok((board, config)) => done(supervisor::update::on_boot(&board, &config).map(
-            |b| match b {
-                supervisor::update::Boot::Normal(m) | supervisor::update::Boot::Rebooting(m) => m,
-                supervisor::update::Boot::Trial(slot, left) => {
-                    format!("this boot tries slot {slot}: {left} s left for its health check")
-                }
-            },
-        )),
+        Ok((board, config)) => {
+            done(
+                supervisor_core::update::on_boot(&board, &config).map(|b| match b {
+                    supervisor_core::update::Boot::Normal(m)
+                    | supervisor_core::update::Boot::Rebooting(m) => m,
+                    supervisor_core::update::Boot::Trial(slot, left) => {
+                        format!("this boot tries slot {slot}: {left} s left for its health check")
+                    }
+                }),
+            )
+        }
         Err(code) => code,
     }
 }
@@ -108,7 +111,7 @@ pub fn install_stick(root: &Path, config: Option<&Path>, dir: &str) -> ExitCode 
 /// `supervisor update reboot`: into the installed slot now.
 pub fn reboot(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
-        Ok((board, config)) => done(supervisor::update::reboot_into_trial(&board, &config)),
+        Ok((board, config)) => done(supervisor_core::update::reboot_into_trial(&board, &config)),
         Err(code) => code,
     }
 }
@@ -117,8 +120,12 @@ pub fn reboot(root: &Path, config: Option<&Path>) -> ExitCode {
 pub fn cancel(root: &Path, config: Option<&Path>) -> ExitCode {
     match load(root, config) {
         Ok((board, config)) => done(
-            supervisor::update::cancel(&board, &config, "cancelled by `supervisor update cancel`")
-                .map(|()| "no update is armed".to_string()),
+            supervisor_core::update::cancel(
+                &board,
+                &config,
+                "cancelled by `supervisor update cancel`",
+            )
+            .map(|()| "no update is armed".to_string()),
         ),
         Err(code) => code,
     }
@@ -145,7 +152,7 @@ pub fn post_install(root: &Path, config: Option<&Path>) -> ExitCode {
         .filter(|(k, _)| k.starts_with("RAUC_"))
         .collect();
     match load(root, config) {
-        Ok((board, config)) => done(supervisor::update::handler::post_install(
+        Ok((board, config)) => done(supervisor_core::update::handler::post_install(
             &board, &config, &env,
         )),
         Err(code) => code,

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde_json::json;
-use supervisor::weights_ops::{self as ops, KeygenError, SignError};
+use supervisor_core::weights_ops::{self as ops, KeygenError, SignError};
 use weights::install::Approval;
 use weights::sign::Trust;
 use weights::{Error, ErrorKind};

@@ -9,12 +9,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::board::Board;
-use crate::config::Config;
-use crate::dashboard;
-use crate::engine::{self, Phase};
-use crate::tune::State;
-use crate::update::slot::Slot;
+use supervisor_core::board::Board;
+use supervisor_core::config::Config;
+use supervisor_core::engine::{self, Phase};
+use supervisor_core::tune::State;
+use supervisor_core::update::slot::Slot;
 
 /// Pause between looks while something is not healthy yet.
 const RETRY: Duration = Duration::from_secs(2);
@@ -133,7 +132,7 @@ pub async fn check(
 ) {
     let failing_before = {
         let (board, config) = (board.clone(), config.clone());
-        tokio::task::spawn_blocking(move || crate::update::pending(&board, &config))
+        tokio::task::spawn_blocking(move || supervisor_core::update::pending(&board, &config))
             .await
             .ok()
             .and_then(Result::ok)
@@ -157,12 +156,12 @@ pub async fn check(
     };
     let (board, config) = (board.clone(), config.clone());
     let done = tokio::task::spawn_blocking(move || match verdict {
-        Verdict::Commit => crate::update::commit(
+        Verdict::Commit => supervisor_core::update::commit(
             &board,
             &config,
             "tuning verified, weights verified, the engine answered a completion, the dashboard answered",
         ),
-        Verdict::RollBack(why) => crate::update::roll_back(&board, &config, &why),
+        Verdict::RollBack(why) => supervisor_core::update::roll_back(&board, &config, &why),
     })
     .await
     .unwrap_or_else(|e| Err(format!("the task crashed: {e}")));

@@ -49,9 +49,10 @@ fn provision_line(p: Option<&Provision>) -> Option<Field> {
             Level::Bad,
         )
     } else if p.state == "provisioned" {
-        let applied = p
-            .applied_unix
-            .map_or_else(|| "at an unknown time".into(), crate::clock::civil_date);
+        let applied = p.applied_unix.map_or_else(
+            || "at an unknown time".into(),
+            supervisor_core::clock::civil_date,
+        );
         (
             format!(
                 "provisioned: box {} of fleet {}, generation {}, applied {applied}",
@@ -355,7 +356,7 @@ pub fn fields(status: &Status, engine_log: &[String]) -> Vec<Field> {
             .map(|b| {
                 format!(
                     "built {}",
-                    crate::clock::civil_date(u64::from(b.bootloader_build_timestamp))
+                    supervisor_core::clock::civil_date(u64::from(b.bootloader_build_timestamp))
                 )
             })
             .unwrap_or_else(|| "unknown".into()),

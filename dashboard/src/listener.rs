@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use tokio::net::TcpListener;
 
-use super::error::DashError;
+use crate::error::DashError;
 
 /// Connections open at once on each of the plain and HTTPS listeners.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -29,12 +29,12 @@ fn limits() -> http_guard::Limits {
     http_guard::Limits {
         max_connections: MAX_CONNECTIONS,
         per_client: PER_CLIENT,
-        max_body: super::routes::BODY_LIMIT as u64,
+        max_body: crate::routes::BODY_LIMIT as u64,
         uploads: vec![http_guard::Upload {
             method: "POST",
-            path: super::update::PATH,
-            max_body: super::update::MAX_BUNDLE,
-            body_timeout: super::update::UPLOAD_TIMEOUT,
+            path: crate::update::PATH,
+            max_body: crate::update::MAX_BUNDLE,
+            body_timeout: crate::update::UPLOAD_TIMEOUT,
         }],
         ..http_guard::Limits::default()
     }
@@ -42,7 +42,7 @@ fn limits() -> http_guard::Limits {
 
 /// The guard's refusals (413, 408) in the dashboard's own error shape.
 fn refused(status: StatusCode, message: &str) -> Response {
-    super::routes::with_security_headers(
+    crate::routes::with_security_headers(
         DashError::Refused(status, message.to_string()).into_response(),
     )
 }

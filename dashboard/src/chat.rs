@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::error::DashError;
-use crate::engine::{ControlKey, control, local};
+use crate::error::DashError;
+use supervisor_core::engine::{ControlKey, control, local};
 
 /// Longest question accepted, in characters.
 pub const MAX_QUESTION: usize = 2000;

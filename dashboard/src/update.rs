@@ -11,9 +11,9 @@ use axum::body::Body;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use super::error::DashError;
-use crate::board::Board;
-use crate::config::Config;
+use crate::error::DashError;
+use supervisor_core::board::Board;
+use supervisor_core::config::Config;
 
 /// The route.
 pub const PATH: &str = "/api/update";
@@ -101,12 +101,12 @@ pub async fn accept(
     tokio::spawn(async move {
         let say = |line: &str| task_uploads.say(line);
         let source = board.path(&path).display().to_string();
-        let installed = crate::update::install::install(
+        let installed = supervisor_core::update::install::install(
             &board,
             &config,
             &source,
             false,
-            crate::update::install::Reboot::InWindow,
+            supervisor_core::update::install::Reboot::InWindow,
             &say,
         )
         .await;
@@ -115,7 +115,9 @@ pub async fn accept(
         let rebooting = tokio::task::spawn_blocking(move || {
             let _ = b.remove_file(&p);
             match installed {
-                Ok(message) => crate::update::reboot_when_due(&b, &c).map(|r| r.unwrap_or(message)),
+                Ok(message) => {
+                    supervisor_core::update::reboot_when_due(&b, &c).map(|r| r.unwrap_or(message))
+                }
                 Err(e) => Err(e),
             }
         })

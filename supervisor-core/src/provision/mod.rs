@@ -460,7 +460,7 @@ mod tests {
 
     #[test]
     fn blanked_secrets_keep_their_kind_and_give_nothing_away() {
-        let hash = crate::dashboard::auth::hash_password("front-desk").expect("hash");
+        let hash = crate::config::TEST_PASSWORD_HASH.to_string();
         let blank = blanked(&hash);
         assert_eq!(blank.len(), hash.len());
         assert!(
@@ -482,7 +482,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         board_sim::init(dir.path(), board_sim::Variant::Pi5_8gb).expect("sim");
         let board = board_sim::open(dir.path()).expect("board");
-        let hash = crate::dashboard::auth::hash_password("front-desk").expect("hash");
+        let hash = crate::config::TEST_PASSWORD_HASH.to_string();
         let digest = "ab".repeat(32);
         let file = format!(
             "[fleet]\nname = \"clinics\"\ngeneration = 1\n\n[[box]]\nname = \"north-1\"\n\

@@ -1,5 +1,6 @@
-//! The production `supervisor` carries no simulator code, and the board sits below the
-//! supervisor: checked on the workspace's own dependency graph, as cargo reports it.
+//! The production `supervisor` carries no simulator code, and the supervisor's crates depend one
+//! way (board, then supervisor-core, then dashboard, then the `supervisor` daemon and command
+//! line): checked on the workspace's own dependency graph, as cargo reports it.
 //!
 //! The simulated board (`board-sim`) reaches the supervisor only through its `sim` feature, which
 //! the production build leaves off: these tests fail if `board-sim` becomes a plain dependency,
@@ -128,6 +129,26 @@ fn the_production_supervisor_links_no_simulator() {
         !crates.iter().any(|c| c == "board-sim"),
         "the production supervisor depends on board-sim: {crates:?}"
     );
+}
+
+/// The supervisor's crates, lowest first: each may depend only on those before it.
+const LAYERS: &[&str] = &["board", "supervisor-core", "dashboard", "supervisor"];
+
+#[test]
+fn each_supervisor_crate_depends_only_on_the_layers_below_it() {
+    for (i, layer) in LAYERS.iter().enumerate() {
+        let tree = production_tree(layer);
+        assert!(
+            tree.iter().any(|c| c == layer),
+            "cargo tree lists {layer} itself: {tree:?}"
+        );
+        for above in &LAYERS[i + 1..] {
+            assert!(
+                !tree.iter().any(|c| c == above),
+                "{layer} depends on {above}, a layer above it: {tree:?}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -26,12 +26,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::board::Board;
-use crate::config::{Config, Dashboard};
-use crate::engine::{EngineStatus, LogRing};
-use crate::model::ModelStatus;
-use crate::report::Status;
-use crate::tune::StepReport;
+use supervisor_core::board::Board;
+use supervisor_core::config::{Config, Dashboard};
+use supervisor_core::engine::{EngineStatus, LogRing};
+use supervisor_core::model::ModelStatus;
+use supervisor_core::report::Status;
+use supervisor_core::tune::StepReport;
 
 pub use error::DashError;
 pub use routes::{Group, ROUTES};
@@ -101,10 +101,10 @@ impl App {
     pub fn status(&self) -> Status {
         let tuned = self.sources.tuned.borrow().clone();
         let (board, config) = (&self.sources.board, &self.sources.config);
-        let backend = crate::tune::Backend::resolve(config.tuning.engine.backend, board);
-        let steps = crate::tune::status_after(
+        let backend = supervisor_core::tune::Backend::resolve(config.tuning.engine.backend, board);
+        let steps = supervisor_core::tune::status_after(
             board,
-            &crate::tune::steps(config, backend),
+            &supervisor_core::tune::steps(config, backend),
             Some(&tuned.steps),
         );
         let mut engine = self.sources.engine.borrow().clone();
@@ -112,7 +112,7 @@ impl App {
         engine.uptime_s = engine
             .ready_unix
             .map(|t| weights::install::now_unix().saturating_sub(t));
-        crate::report::collect(board, config, tuned.model, steps, engine)
+        supervisor_core::report::collect(board, config, tuned.model, steps, engine)
     }
 
     /// [`App::status`] off the runtime thread: reading the board walks sysfs, and the daemon
@@ -236,7 +236,7 @@ fn https_config(sources: &Sources) -> Option<(SocketAddr, Arc<rustls::ServerConf
     if !dashboard.password_hash.is_set() {
         return None;
     }
-    let (cert, key) = crate::provision::identity::tls_identity(&sources.board)?;
+    let (cert, key) = supervisor_core::provision::identity::tls_identity(&sources.board)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -255,7 +255,7 @@ fn https_config(sources: &Sources) -> Option<(SocketAddr, Arc<rustls::ServerConf
             tracing::error!(
                 "dashboard: the box's TLS certificate cannot be used ({e}); serving plain HTTP only. \
                  `supervisor provision apply` makes a new one after the files under {} are removed",
-                crate::provision::PROVISION_DIR
+                supervisor_core::provision::PROVISION_DIR
             );
             None
         }
@@ -273,16 +273,17 @@ mod tests {
         assert_eq!(addr, "127.0.0.1:8000".parse().expect("addr"));
         assert!(why.is_some_and(|w| w.contains("0.0.0.0:8000") && w.contains("password_hash")));
         config.listen =
-            crate::config::ListenAddr::try_from("[::1]:9000".to_string()).expect("addr");
+            supervisor_core::config::ListenAddr::try_from("[::1]:9000".to_string()).expect("addr");
         assert_eq!(
             bind_address(&config),
             ("[::1]:9000".parse().expect("addr"), None)
         );
         config.listen =
-            crate::config::ListenAddr::try_from("0.0.0.0:80".to_string()).expect("addr");
-        config.password_hash =
-            crate::config::PasswordHash::try_from(auth::hash_password("pw").expect("hash"))
-                .expect("valid");
+            supervisor_core::config::ListenAddr::try_from("0.0.0.0:80".to_string()).expect("addr");
+        config.password_hash = supervisor_core::config::PasswordHash::try_from(
+            auth::hash_password("pw").expect("hash"),
+        )
+        .expect("valid");
         assert_eq!(
             bind_address(&config),
             ("0.0.0.0:80".parse().expect("addr"), None)

@@ -17,10 +17,10 @@ use guard::Caller;
 pub use guard::Group;
 use origin::Served;
 
-use super::auth::{self, Session};
-use super::error::DashError;
-use super::listener::ClientAddr;
-use super::{App, chat, live, pages};
+use crate::auth::{self, Session};
+use crate::error::DashError;
+use crate::listener::ClientAddr;
+use crate::{App, chat, live, pages};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "appliance_session";
@@ -61,8 +61,8 @@ routes! {
     POST "/api/chat" => post(api_chat), Browser;
     POST "/api/enroll" => post(api_enroll), Enrol;
     POST "/api/identity" => post(api_identity), Public;
-    POST super::update::PATH => post(api_update_upload).layer(DefaultBodyLimit::disable()), Operator;
-    GET super::update::PATH => get(api_update_progress), Reader;
+    POST crate::update::PATH => post(api_update_upload).layer(DefaultBodyLimit::disable()), Operator;
+    GET crate::update::PATH => get(api_update_progress), Reader;
     GET "/assets/app.js" => get(app_js), Public;
     GET "/assets/style.css" => get(style_css), Public;
 }
@@ -251,10 +251,10 @@ async fn overview(
         Caller::Token => return Err(DashError::LoginRequired),
     };
     let status = app.status_off_thread().await?.to_wire();
-    let fields = super::fields::fields(&status, &app.engine_log());
+    let fields = crate::fields::fields(&status, &app.engine_log());
     let (charts, seq) = {
         let history = app.history.lock().unwrap_or_else(|p| p.into_inner());
-        (history.charts(super::unix_ms()), history.seq())
+        (history.charts(crate::unix_ms()), history.seq())
     };
     let page = pages::overview(&pages::Overview {
         status: &status,
@@ -390,7 +390,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Result<Response, DashError> {
     let status = app.status_off_thread().await?;
     Ok((
         [(header::CONTENT_TYPE, metrics_text::CONTENT_TYPE)],
-        crate::metrics::exposition(&status),
+        supervisor_core::metrics::exposition(&status),
     )
         .into_response())
 }
@@ -407,7 +407,7 @@ async fn api_update_upload(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok());
-    let progress = super::update::accept(
+    let progress = crate::update::accept(
         Arc::clone(&app.uploads),
         app.sources.board.clone(),
         app.sources.config.clone(),
@@ -445,7 +445,7 @@ async fn api_identity(
     let nonce = nonce_of(&body)?;
     let board = app.sources.board.clone();
     let identity = tokio::task::spawn_blocking(move || {
-        crate::provision::identity::identity_answer(&board, &nonce)
+        supervisor_core::provision::identity::identity_answer(&board, &nonce)
     })
     .await
     .map_err(|e| DashError::Internal(format!("identity crashed: {e}")))?
@@ -471,10 +471,10 @@ async fn api_enroll(
 }
 
 fn enroll(
-    board: &crate::board::Board,
+    board: &supervisor_core::board::Board,
     nonce: &str,
 ) -> Result<provision::enroll::Answer, DashError> {
-    use crate::provision as p;
+    use supervisor_core::provision as p;
     let settings = p::committed_settings(board)
         .map_err(DashError::Internal)?
         .ok_or_else(|| DashError::Conflict("this box is not provisioned".into()))?;
@@ -504,11 +504,11 @@ async fn api_chat(
         .map_err(|e| DashError::BadRequest(format!("expected {{\"message\": \"...\"}}: {e}")))?;
     let engine = app.sources.engine.borrow().clone();
     let (socket, key) = match (engine.state, engine.control_socket, engine.control_key) {
-        (crate::engine::Phase::Ready, Some(socket), Some(key)) => (socket, key),
+        (supervisor_core::engine::Phase::Ready, Some(socket), Some(key)) => (socket, key),
         (state, _, _) => {
             return Err(DashError::EngineUnavailable(format!(
                 "the engine is not ready ({}); try again shortly",
-                crate::report::word(state)
+                supervisor_core::report::word(state)
             )));
         }
     };

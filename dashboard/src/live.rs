@@ -13,8 +13,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 use wire::Status;
 
-use super::charts::{self, Series};
-use super::fields::{self, Field};
+use crate::charts::{self, Series};
+use crate::fields::{self, Field};
 
 /// The charts' time span.
 pub const WINDOW_MS: u64 = 3_600_000;
@@ -187,7 +187,7 @@ pub fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dashboard::fields::test_status;
+    use crate::fields::test_status;
     use serde_json::{Value, json};
 
     #[test]

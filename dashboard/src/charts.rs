@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::pages::escape;
+use crate::pages::escape;
 
 const WIDTH: f64 = 600.0;
 const HEIGHT: f64 = 120.0;

@@ -869,6 +869,11 @@ impl Config {
     }
 }
 
+/// A valid Argon2id PHC string, for tests that need a password hash in a configuration.
+#[cfg(test)]
+pub(crate) const TEST_PASSWORD_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$\
+                                            5Aa1ZpR6mxeyPO6o2yv2qXc+HG4kXGszP/Nd+kSwEk0";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1045,9 +1050,10 @@ mod tests {
         assert!(err.contains("0.0.0.0:8000"), "{err}");
         let err = parse("[dashboard]\nsample_interval_s = 0\n").expect_err("refused");
         assert!(err.contains("1-60"), "{err}");
-        let hash = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$\
-                    5Aa1ZpR6mxeyPO6o2yv2qXc+HG4kXGszP/Nd+kSwEk0";
-        let ok = parse(&format!("[dashboard]\npassword_hash = \"{hash}\"\n")).expect("valid");
+        let ok = parse(&format!(
+            "[dashboard]\npassword_hash = \"{TEST_PASSWORD_HASH}\"\n"
+        ))
+        .expect("valid");
         assert!(ok.dashboard.password_hash.is_set());
     }
 

@@ -7,9 +7,9 @@
 
 pub mod control;
 mod launch;
-pub(crate) mod local;
+pub mod local;
 mod logs;
-pub(crate) mod probe;
+pub mod probe;
 mod process;
 mod state;
 mod supervise;

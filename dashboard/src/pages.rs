@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use wire::status::{Overclock, Status};
 
-use super::fields::{Field, Level};
+use crate::fields::{Field, Level};
 
 /// `&`, `<`, `>`, `"` and `'` as entities: safe in text and in quoted attributes.
 pub fn escape(text: &str) -> String {
@@ -210,7 +210,7 @@ pub fn overview(o: &Overview) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dashboard::fields::test_status;
+    use crate::fields::test_status;
     use serde_json::json;
 
     #[test]

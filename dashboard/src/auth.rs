@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use argon2::password_hash::PasswordVerifier;
 use sha2::{Digest, Sha256};
 
-use crate::config::TokenDigest;
 pub use provision::secrets::hash_password;
 use provision::secrets::random_256;
+use supervisor_core::config::TokenDigest;
 
 /// How long a session lives after login, renewed by nothing: a clinic logs in again each day.
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
