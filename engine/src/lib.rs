@@ -25,3 +25,4 @@ pub mod score;
 pub mod server;
 pub mod speculate;
 pub mod tokenizer;
+pub mod tools;

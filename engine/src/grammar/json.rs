@@ -144,8 +144,8 @@ fn has_type(v: &Value, t: &str) -> bool {
     }
 }
 
-struct Json<'a> {
-    b: Builder,
+pub(super) struct Json<'a> {
+    pub(super) b: Builder,
     doc: &'a Value,
     refs: HashMap<String, u32>,
     depth: usize,
@@ -159,7 +159,7 @@ struct Json<'a> {
 }
 
 impl<'a> Json<'a> {
-    fn new(doc: &'a Value) -> Json<'a> {
+    pub(super) fn new(doc: &'a Value) -> Json<'a> {
         Json {
             b: Builder::new("json_schema"),
             doc,
@@ -177,7 +177,7 @@ impl<'a> Json<'a> {
 
     // ---- JSON's own pieces ----
 
-    fn ws(&mut self) -> Result<Item, String> {
+    pub(super) fn ws(&mut self) -> Result<Item, String> {
         if let Some(id) = self.ws {
             return Ok(Item::Rule(id));
         }
@@ -641,7 +641,7 @@ impl<'a> Json<'a> {
 
     // ---- schemas ----
 
-    fn schema(&mut self, s: &Value, path: &str) -> Result<u32, String> {
+    pub(super) fn schema(&mut self, s: &Value, path: &str) -> Result<u32, String> {
         self.depth += 1;
         let r = if self.depth > MAX_SCHEMA_DEPTH {
             Err(err(format!(

@@ -6,8 +6,8 @@
 //! each a sequence of symbols; a symbol is a set of bytes (one byte of input) or a reference to a
 //! rule. Multi-byte UTF-8 characters are sequences of byte sets, so a grammar's strings are always
 //! valid UTF-8 where the source grammar asks for characters. Grammars come from
-//! [`Grammar::json_object`], [`Grammar::from_json_schema`] (`json.rs`) and [`Grammar::from_gbnf`]
-//! (`gbnf.rs`); every constructor refuses left recursion (a rule that can reach itself without
+//! [`Grammar::json_object`], [`Grammar::from_json_schema`] (`json.rs`), [`Grammar::tool_calls`] (`calls.rs`) and
+//! [`Grammar::from_gbnf`] (`gbnf.rs`); every constructor refuses left recursion (a rule that can reach itself without
 //! consuming a byte) and bounds the grammar's size ([`MAX_RULES`], [`MAX_SYMBOLS`]).
 //!
 //! A [`Matcher`] (`matcher.rs`) is where generation stands: a set of pushdown stacks, advanced a
@@ -21,6 +21,7 @@
 //! it is refused does it mask the logits with [`VocabTrie::allowed`] (end of generation allowed
 //! only when [`Matcher::is_complete`]) and sample again.
 
+mod calls;
 mod gbnf;
 mod json;
 mod matcher;
@@ -29,6 +30,7 @@ mod utf8;
 
 use std::fmt;
 
+pub use calls::{CallPart, Calls};
 pub use matcher::{MAX_STEPS, Matcher};
 pub use trie::VocabTrie;
 
@@ -420,6 +422,12 @@ impl Grammar {
     /// See the `json` module for the supported subset of JSON Schema.
     pub fn from_json_schema(schema: &serde_json::Value) -> Result<Grammar, String> {
         json::from_schema(schema)
+    }
+
+    /// Tool calls of the given forms (`calls.rs`): a family's syntax around arguments valid
+    /// against each tool's parameter schema; Err names what in a schema cannot be followed.
+    pub fn tool_calls(calls: &Calls) -> Result<Grammar, String> {
+        calls::grammar(calls)
     }
 
     /// llama.cpp GBNF text (root rule `root`); Err names the line/column and problem.

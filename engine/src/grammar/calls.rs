@@ -1,0 +1,306 @@
+//! Tool calls as a grammar: each call is a sequence of [`CallPart`]s (the family's literal
+//! syntax around JSON valid against the tool's parameter schema, or Qwen's XML parameters), one
+//! alternative per tool, repeated between a minimum and a maximum number of times.
+//!
+//! Every tool's schema lives in one document ([`Calls::doc`]) so `$ref`s resolve: the caller
+//! puts tool `i`'s parameters under `/$defs/tool{i}` and rewrites its references to point there.
+
+use serde_json::Value;
+
+use super::json::Json;
+use super::utf8::{self, MAX_CHAR};
+use super::{ByteSet, Grammar, Item, literal};
+
+/// One piece of a call's text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallPart {
+    /// This text exactly.
+    Text(String),
+    /// Optional whitespace (as JSON allows between tokens).
+    Space,
+    /// A JSON value valid against the schema at this JSON pointer of the document.
+    Json(String),
+    /// Text (valid UTF-8) up to, not including, the first occurrence of this end (which must
+    /// not begin with a repeat of its own first character).
+    RawUntil(String),
+    /// The properties of the object schema at this pointer as Qwen's XML parameters:
+    /// `<parameter=NAME>\nVALUE\n</parameter>\n` each, required ones first; a string's value is
+    /// its raw text, any other value JSON.
+    XmlParameters(String),
+}
+
+/// What the output may be: calls of the given forms.
+#[derive(Debug, Clone)]
+pub struct Calls {
+    /// The document every pointer points into.
+    pub doc: Value,
+    /// The forms of one call: the output's calls are each one of these.
+    pub forms: Vec<Vec<CallPart>>,
+    /// Between two calls.
+    pub between: Vec<CallPart>,
+    /// Fewest calls.
+    pub min: usize,
+    /// Most calls (`None`: no bound).
+    pub max: Option<usize>,
+}
+
+/// The end of a raw XML parameter value.
+const PARAMETER_END: &[u8] = b"\n</parameter>";
+
+/// The grammar of `calls`; an error names what in a schema cannot be followed.
+pub(crate) fn grammar(calls: &Calls) -> Result<Grammar, String> {
+    let mut j = Json::new(&calls.doc);
+    let mut call_alts = Vec::with_capacity(calls.forms.len());
+    for form in &calls.forms {
+        call_alts.push(parts(&mut j, &calls.doc, form)?);
+    }
+    if call_alts.is_empty() {
+        return Err("tools: no tool to call".into());
+    }
+    let call = j.b.rule("call", call_alts)?;
+    let between = parts(&mut j, &calls.doc, &calls.between)?;
+    let mut more = between;
+    more.push(Item::Rule(call));
+    let tail = j.b.repeat(
+        "more calls",
+        &more,
+        calls.min.saturating_sub(1),
+        calls.max.map(|m| m.saturating_sub(1)),
+    )?;
+    let mut first = vec![Item::Rule(call)];
+    first.extend(tail);
+    let root = if calls.min == 0 {
+        j.b.rule("calls", vec![first, Vec::new()])?
+    } else {
+        j.b.rule("calls", vec![first])?
+    };
+    j.b.finish(root)
+}
+
+fn resolve<'d>(doc: &'d Value, pointer: &str) -> Result<&'d Value, String> {
+    doc.pointer(pointer)
+        .ok_or_else(|| format!("tools: no schema at {pointer} (an engine bug)"))
+}
+
+fn parts(j: &mut Json<'_>, doc: &Value, parts: &[CallPart]) -> Result<Vec<Item>, String> {
+    let mut seq = Vec::new();
+    for part in parts {
+        match part {
+            CallPart::Text(t) => seq.extend(literal(t.as_bytes())),
+            CallPart::Space => seq.push(j.ws()?),
+            CallPart::Json(pointer) => {
+                let schema = resolve(doc, pointer)?;
+                seq.push(Item::Rule(j.schema(schema, pointer)?));
+            }
+            CallPart::XmlParameters(pointer) => {
+                let schema = resolve(doc, pointer)?;
+                seq.extend(xml_parameters(j, schema, pointer)?);
+            }
+            CallPart::RawUntil(end) => seq.push(Item::Rule(raw_text(j, end.as_bytes())?)),
+        }
+    }
+    Ok(seq)
+}
+
+/// The properties of `schema`, required ones in their order then the others by name, each
+/// optional one optional.
+fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec<Item>, String> {
+    let empty = serde_json::Map::new();
+    let properties = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(missing) = required.iter().find(|r| !properties.contains_key(**r)) {
+        return Err(format!(
+            "json_schema: `required` names {missing:?}, which is not in `properties` at {pointer}"
+        ));
+    }
+    let mut names: Vec<&str> = required.clone();
+    let mut optional: Vec<&str> = properties
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !required.contains(k))
+        .collect();
+    optional.sort_unstable();
+    names.extend(&optional);
+    let mut seq = Vec::new();
+    for name in names {
+        let property = &properties[name];
+        let at = format!(
+            "{pointer}/properties/{}",
+            name.replace('~', "~0").replace('/', "~1")
+        );
+        let value = if property.get("type").and_then(Value::as_str) == Some("string")
+            && property.get("enum").is_none()
+            && property.get("const").is_none()
+        {
+            raw_text(j, PARAMETER_END)?
+        } else {
+            j.schema(property, &at)?
+        };
+        let mut one = literal(format!("<parameter={name}>\n").as_bytes());
+        one.push(Item::Rule(value));
+        one.extend(literal(PARAMETER_END));
+        one.extend(literal(b"\n"));
+        if required.contains(&name) {
+            seq.extend(one);
+        } else {
+            let id =
+                j.b.rule(format!("optional parameter {name}"), vec![one, Vec::new()])?;
+            seq.push(Item::Rule(id));
+        }
+    }
+    Ok(seq)
+}
+
+/// Text (valid UTF-8) that does not contain `end`: a state per prefix of it matched. `end` is
+/// ASCII and its first byte appears nowhere else in it, so a mismatch restarts the match at
+/// that byte or at nothing.
+fn raw_text(j: &mut Json<'_>, end: &[u8]) -> Result<u32, String> {
+    let n = end.len();
+    let Some(&first) = end.first() else {
+        return Err("tools: an empty end of raw text (an engine bug)".into());
+    };
+    if !end.is_ascii() || end[1..].contains(&first) {
+        return Err(format!(
+            "tools: {:?} cannot end raw text (an engine bug)",
+            String::from_utf8_lossy(end)
+        ));
+    }
+    let states: Vec<u32> = (0..n)
+        .map(|k| j.b.reserve(format!("raw text ({k} of the end matched)")))
+        .collect::<Result<_, _>>()?;
+    for k in 0..n {
+        let mut alts: Vec<Vec<Item>> = vec![Vec::new()];
+        // The end's next byte continues the match (unless it would complete it).
+        let next = end[k];
+        if k + 1 < n {
+            alts.push(vec![
+                Item::Bytes(ByteSet::byte(next)),
+                Item::Rule(states[k + 1]),
+            ]);
+        }
+        // Its first byte starts a new match (the end repeats no prefix of itself).
+        if k > 0 {
+            alts.push(vec![
+                Item::Bytes(ByteSet::byte(first)),
+                Item::Rule(states[1]),
+            ]);
+        }
+        // Any other character starts over.
+        let excluded = [u32::from(next), u32::from(first)];
+        let others = utf8::complement(&utf8::normalize(excluded.iter().map(|&c| (c, c)).collect()));
+        let others: Vec<(u32, u32)> = others
+            .into_iter()
+            .filter(|&(_, hi)| hi <= MAX_CHAR)
+            .collect();
+        for mut alt in utf8::class_alternatives(&others) {
+            alt.push(Item::Rule(states[0]));
+            alts.push(alt);
+        }
+        j.b.define(states[k], alts)?;
+    }
+    Ok(states[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grammar::Matcher;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn follows(g: &Arc<Grammar>, text: &str) -> bool {
+        let mut m = Matcher::new(Arc::clone(g));
+        m.advance(text.as_bytes()) && m.is_complete()
+    }
+
+    fn hermes(max: Option<usize>) -> Arc<Grammar> {
+        let doc = json!({"$defs": {"tool0": {
+            "type": "object",
+            "properties": {"name": {"const": "get_weather"}, "arguments": {
+                "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+            "required": ["name", "arguments"],
+        }}});
+        let form = vec![
+            CallPart::Text("<tool_call>".into()),
+            CallPart::Space,
+            CallPart::Json("/$defs/tool0".into()),
+            CallPart::Space,
+            CallPart::Text("</tool_call>".into()),
+        ];
+        let calls = Calls {
+            doc,
+            forms: vec![form],
+            between: vec![CallPart::Space],
+            min: 1,
+            max,
+        };
+        Arc::new(grammar(&calls).expect("grammar"))
+    }
+
+    #[test]
+    fn a_call_must_name_a_tool_and_carry_its_required_arguments() {
+        let g = hermes(None);
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        assert!(follows(&g, call));
+        assert!(follows(&g, &format!("{call}\n{call}")), "parallel calls");
+        assert!(!follows(
+            &g,
+            "<tool_call>\n{\"name\": \"other\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
+        ));
+        assert!(!follows(
+            &g,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"
+        ));
+        assert!(!follows(&g, ""), "at least one call");
+        let one = hermes(Some(1));
+        assert!(follows(&one, call));
+        assert!(
+            !follows(&one, &format!("{call}\n{call}")),
+            "one call at most"
+        );
+    }
+
+    #[test]
+    fn xml_parameters_take_raw_strings_and_json_for_other_types() {
+        let doc = json!({"$defs": {"tool0": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        }}});
+        let form = vec![
+            CallPart::Text("<tool_call>\n<function=get_weather>\n".into()),
+            CallPart::XmlParameters("/$defs/tool0".into()),
+            CallPart::Text("</function>\n</tool_call>".into()),
+        ];
+        let calls = Calls {
+            doc,
+            forms: vec![form],
+            between: vec![CallPart::Text("\n".into())],
+            min: 1,
+            max: None,
+        };
+        let g = Arc::new(grammar(&calls).expect("grammar"));
+        let city =
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n<b>\n</parameter>\n";
+        assert!(follows(&g, &format!("{city}</function>\n</tool_call>")));
+        assert!(follows(
+            &g,
+            &format!("{city}<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+        ));
+        assert!(!follows(
+            &g,
+            &format!("{city}<parameter=days>\nthree\n</parameter>\n</function>\n</tool_call>")
+        ));
+        assert!(!follows(
+            &g,
+            "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>"
+        ));
+    }
+}

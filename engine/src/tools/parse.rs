@@ -1,0 +1,286 @@
+//! A model's answer split into its text and its calls, as it streams: text is passed on at
+//! once except what may be the beginning of a call's opener, and a call is passed on whole when
+//! it ends. A call that turns out malformed (or not of a callable tool) is passed on as text,
+//! so nothing the model wrote is lost and nothing breaks a client.
+
+use std::sync::Arc;
+
+use super::syntax::End;
+use super::{Call, Request, Syntax};
+
+/// A piece of the answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// Text for `content`.
+    Content(String),
+    /// A whole call.
+    Call(Call),
+}
+
+/// An answer split at once.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Parsed {
+    /// The text outside the calls (whitespace around calls dropped).
+    pub content: String,
+    /// The calls, in order.
+    pub calls: Vec<Call>,
+}
+
+/// Splits a whole answer.
+pub fn parse(syntax: Syntax, request: Arc<Request>, text: &str) -> Parsed {
+    let mut splitter = Splitter::new(syntax, request);
+    let mut parsed = Parsed::default();
+    let mut deltas = splitter.push(text);
+    deltas.extend(splitter.finish());
+    for delta in deltas {
+        match delta {
+            Delta::Content(t) => parsed.content.push_str(&t),
+            Delta::Call(c) => parsed.calls.push(c),
+        }
+    }
+    parsed
+}
+
+/// Splits an answer as it streams.
+#[derive(Debug)]
+pub struct Splitter {
+    syntax: Syntax,
+    request: Arc<Request>,
+    /// Text not yet passed on: a possible opener's beginning, or a call under way.
+    pending: String,
+    /// Whether `pending` begins with an opener.
+    in_call: bool,
+    /// Whitespace held back: dropped if a call follows, passed on if text does.
+    space: String,
+    /// Calls passed on so far.
+    calls: usize,
+    /// Whether the last thing passed on was a call.
+    after_call: bool,
+}
+
+impl Splitter {
+    /// A splitter for answers in `syntax` calling `request`'s tools.
+    pub fn new(syntax: Syntax, request: Arc<Request>) -> Splitter {
+        Splitter {
+            syntax,
+            request,
+            pending: String::new(),
+            in_call: false,
+            space: String::new(),
+            calls: 0,
+            after_call: false,
+        }
+    }
+
+    /// The pieces `text` completes.
+    pub fn push(&mut self, text: &str) -> Vec<Delta> {
+        self.pending.push_str(text);
+        let mut out = Vec::new();
+        let opener = self.syntax.opener();
+        loop {
+            if !self.in_call {
+                if let Some(at) = self.pending.find(opener) {
+                    let before: String = self.pending.drain(..at).collect();
+                    self.text(&before, &mut out);
+                    self.in_call = true;
+                    continue;
+                }
+                let keep = partial_opener(&self.pending, opener);
+                let ready: String = self.pending.drain(..self.pending.len() - keep).collect();
+                self.text(&ready, &mut out);
+                return out;
+            }
+            match self.syntax.end_of_call(&self.pending) {
+                End::NotYet => return out,
+                End::At(len) => {
+                    let call: String = self.pending.drain(..len).collect();
+                    self.in_call = false;
+                    match self.syntax.read_call(&call, &self.request) {
+                        Some(c) => {
+                            self.space.clear();
+                            self.calls += 1;
+                            self.after_call = true;
+                            out.push(Delta::Call(c));
+                        }
+                        None => self.text(&call, &mut out),
+                    }
+                }
+                End::Broken => {
+                    let opened: String = self.pending.drain(..opener.len()).collect();
+                    self.in_call = false;
+                    self.text(&opened, &mut out);
+                }
+            }
+        }
+    }
+
+    /// What is left when the answer has ended: an unfinished call, or a possible opener's
+    /// beginning, as text.
+    pub fn finish(&mut self) -> Vec<Delta> {
+        let mut out = Vec::new();
+        let rest = std::mem::take(&mut self.pending);
+        self.in_call = false;
+        self.text(&rest, &mut out);
+        if self.calls == 0 && !self.space.is_empty() {
+            out.push(Delta::Content(std::mem::take(&mut self.space)));
+        }
+        out
+    }
+
+    /// Passes `text` on, holding its trailing whitespace back.
+    fn text(&mut self, text: &str, out: &mut Vec<Delta>) {
+        let body_len = text.trim_end().len();
+        if body_len == 0 {
+            self.space.push_str(text);
+            return;
+        }
+        let mut piece = std::mem::take(&mut self.space);
+        let mut body = &text[..body_len];
+        if self.after_call {
+            // Whitespace between a call and the text after it is not content.
+            piece.clear();
+            body = body.trim_start();
+            self.after_call = false;
+        }
+        piece.push_str(body);
+        out.push(Delta::Content(piece));
+        self.space.push_str(&text[body_len..]);
+    }
+}
+
+/// The length of the longest end of `text` that begins `opener` (and could become it).
+fn partial_opener(text: &str, opener: &str) -> usize {
+    (1..opener.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && opener.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request() -> Arc<Request> {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+        Arc::new(
+            Request::from_fields(Some(&tools), None, None, None, None)
+                .expect("valid")
+                .expect("tools"),
+        )
+    }
+
+    fn call(city: &str) -> Call {
+        Call {
+            name: "get_weather".into(),
+            arguments: json!({ "city": city }).to_string(),
+        }
+    }
+
+    /// `text` fed in pieces of `step` bytes (at character boundaries), the deltas merged.
+    fn streamed(syntax: Syntax, text: &str, step: usize) -> Parsed {
+        let mut s = Splitter::new(syntax, request());
+        let mut deltas = Vec::new();
+        let mut at = 0;
+        while at < text.len() {
+            let mut end = (at + step).min(text.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            deltas.extend(s.push(&text[at..end]));
+            at = end;
+        }
+        deltas.extend(s.finish());
+        let mut parsed = Parsed::default();
+        for d in deltas {
+            match d {
+                Delta::Content(t) => parsed.content.push_str(&t),
+                Delta::Call(c) => parsed.calls.push(c),
+            }
+        }
+        parsed
+    }
+
+    #[test]
+    fn text_before_a_call_is_content_and_the_call_is_read_however_it_is_split() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        for step in [1, 2, 3, 7, 1000] {
+            let p = streamed(Syntax::Hermes, text, step);
+            assert_eq!(p.content, "Let me check.", "step {step}");
+            assert_eq!(p.calls, vec![call("Oslo")], "step {step}");
+        }
+    }
+
+    #[test]
+    fn two_parallel_calls_are_two_calls() {
+        let one = |c: &str| {
+            format!(
+                "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{c}\"}}}}\n</tool_call>"
+            )
+        };
+        let text = format!("{}\n{}\n", one("Oslo"), one("Lima"));
+        for step in [1, 5, 1000] {
+            let p = streamed(Syntax::Hermes, &text, step);
+            assert_eq!(p.calls, vec![call("Oslo"), call("Lima")]);
+            assert_eq!(p.content, "", "whitespace around calls is no content");
+        }
+    }
+
+    #[test]
+    fn a_malformed_call_is_given_back_as_text() {
+        let broken = "Sure <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": Oslo}}\n</tool_call> done";
+        assert_eq!(streamed(Syntax::Hermes, broken, 3).content, broken);
+        let unknown = "<tool_call>{\"name\": \"format_disk\", \"arguments\": {}}</tool_call>";
+        assert_eq!(streamed(Syntax::Hermes, unknown, 4).content, unknown);
+        let cut = "Checking <tool_call>\n{\"name\": \"get_wea";
+        assert_eq!(
+            streamed(Syntax::Hermes, cut, 2).content,
+            cut,
+            "a call cut off by the limit"
+        );
+        let llama = "{\"name\": oops";
+        assert_eq!(streamed(Syntax::Llama3, llama, 1).content, llama);
+    }
+
+    #[test]
+    fn text_without_calls_passes_unchanged_and_at_once() {
+        let text = "The weather in Oslo is <b>cold</b>, about -3 °C.\n\n";
+        for step in [1, 4, 1000] {
+            assert_eq!(streamed(Syntax::Hermes, text, step).content, text);
+        }
+        let mut s = Splitter::new(Syntax::Hermes, request());
+        assert_eq!(s.push("Hello <tool"), vec![Delta::Content("Hello".into())]);
+        assert_eq!(
+            s.push("box> x"),
+            vec![Delta::Content(" <toolbox> x".into())]
+        );
+    }
+
+    #[test]
+    fn every_family_streams_its_calls() {
+        let cases = [
+            (
+                Syntax::QwenXml,
+                "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>",
+            ),
+            (
+                Syntax::Llama3,
+                "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}",
+            ),
+            (
+                Syntax::Gemma4,
+                "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>}<tool_call|>",
+            ),
+        ];
+        for (syntax, text) in cases {
+            for step in [1, 3, 1000] {
+                let p = streamed(syntax, text, step);
+                assert_eq!(p.calls, vec![call("Oslo")], "{syntax:?} step {step}");
+                assert_eq!(p.content, "", "{syntax:?}");
+            }
+        }
+    }
+}
