@@ -15,10 +15,20 @@ use crate::tokenizer::{Budget, Stopped, Tokenizer};
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// `system`, `user`, `assistant` (or whatever else the template understands).
+    /// `system`, `user`, `assistant`, `tool` (or whatever else the template understands).
     pub role: String,
     /// The turn's text.
     pub content: String,
+    /// An assistant's calls, as templates take them: `[{"id", "type": "function",
+    /// "function": {"name", "arguments": {…}}}]` (arguments an object where they parse as one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool result's call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool result's tool name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
@@ -27,6 +37,9 @@ impl Message {
         Message {
             role: role.to_string(),
             content: content.to_string(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -39,6 +52,9 @@ pub struct Vars {
     /// does. Unset, it is off: on a Pi a thinking block costs more time than most answers
     /// (Qwen's templates would think by default; Gemma 4's would not).
     pub enable_thinking: Option<bool>,
+    /// `tools`: the tools the template describes to the model (`{"type": "function",
+    /// "function": {…}}` each), for templates that take them.
+    pub tools: Option<Vec<serde_json::Value>>,
 }
 
 /// The fallback for models without a template (llama.cpp's `chatml`).
@@ -141,8 +157,15 @@ impl ChatTemplate {
                 bos_token => self.bos,
                 eos_token => self.eos,
                 enable_thinking => vars.enable_thinking.unwrap_or(false),
+                tools => vars.tools,
             })
             .map_err(|e| format!("the chat template refused these messages: {e:#}"))
+    }
+
+    /// The syntax the template writes tool calls in, when it takes tools and writes them in a
+    /// syntax the engine reads (`None`: the fallback of `tools::describe`).
+    pub fn tool_syntax(&self) -> Option<crate::tools::Syntax> {
+        crate::tools::Syntax::of_template(&self.source)
     }
 
     /// The BOS and EOS texts the template is given.
@@ -198,8 +221,9 @@ impl ChatTemplate {
         budget: &Budget<'_>,
     ) -> Result<Vec<u32>, PromptError> {
         let protected = protect(tokenizer, messages);
+        let vars = protect_vars(tokenizer, vars);
         let text = self
-            .render(&protected, add_generation_prompt, vars)
+            .render(&protected, add_generation_prompt, &vars)
             .map_err(PromptError::Template)?;
         self.encode(tokenizer, &text, budget)
     }
@@ -216,8 +240,9 @@ impl ChatTemplate {
         budget: &Budget<'_>,
     ) -> Result<Vec<u32>, PromptError> {
         let protected = protect(tokenizer, messages);
+        let vars = protect_vars(tokenizer, vars);
         let text = self
-            .render_continuation(&protected, vars)
+            .render_continuation(&protected, &vars)
             .map_err(PromptError::Template)?;
         self.encode(tokenizer, &text, budget)
     }
@@ -261,13 +286,51 @@ impl ChatTemplate {
 
 /// A message that writes `<|im_end|>` must not end its turn: its text stays text.
 fn protect(tokenizer: &Tokenizer, messages: &[Message]) -> Vec<Message> {
+    let text = |t: &str| tokenizer.protect(t).into_owned();
     messages
         .iter()
         .map(|m| Message {
-            role: tokenizer.protect(&m.role).into_owned(),
-            content: tokenizer.protect(&m.content).into_owned(),
+            role: text(&m.role),
+            content: text(&m.content),
+            tool_calls: m
+                .tool_calls
+                .as_ref()
+                .map(|calls| calls.iter().map(|c| protect_value(tokenizer, c)).collect()),
+            tool_call_id: m.tool_call_id.as_deref().map(text),
+            name: m.name.as_deref().map(text),
         })
         .collect()
+}
+
+/// `vars` with the client's tool descriptions protected like message text.
+fn protect_vars(tokenizer: &Tokenizer, vars: &Vars) -> Vars {
+    Vars {
+        tools: vars
+            .tools
+            .as_ref()
+            .map(|tools| tools.iter().map(|t| protect_value(tokenizer, t)).collect()),
+        ..vars.clone()
+    }
+}
+
+/// Every string (and key) in `value` protected: a client's JSON is text, never control tokens.
+fn protect_value(tokenizer: &Tokenizer, value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        J::String(s) => J::String(tokenizer.protect(s).into_owned()),
+        J::Array(a) => J::Array(a.iter().map(|v| protect_value(tokenizer, v)).collect()),
+        J::Object(o) => J::Object(
+            o.iter()
+                .map(|(k, v)| {
+                    (
+                        tokenizer.protect(k).into_owned(),
+                        protect_value(tokenizer, v),
+                    )
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// Why a chat's prompt could not be made.

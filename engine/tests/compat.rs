@@ -501,8 +501,8 @@ fn what_is_not_implemented_is_refused_by_name() {
     let image = json!([{ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": "data:," } }] }]);
     let cases = [
         (
-            "/v1/chat/completions",
-            chat("hi", json!({ "tools": tool })),
+            "/v1/completions",
+            json!({ "prompt": "hi", "tools": tool }),
             "tools",
         ),
         (

@@ -42,6 +42,7 @@ fn renders_as_llama_cpp(template: &ChatTemplate, golden: &serde_json::Value) {
         let expected = case["prompt"].as_str().expect("prompt");
         let vars = Vars {
             enable_thinking: Some(thinking),
+            ..Vars::default()
         };
         let rendered = template.render(&messages, true, &vars).expect("renders");
         // llama.cpp's /apply-template leaves out the BOS the tokenizer adds anyway.

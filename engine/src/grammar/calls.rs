@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::json::Json;
+use super::json::{IGNORED, Json};
 use super::utf8::{self, MAX_CHAR};
 use super::{ByteSet, Grammar, Item, literal};
 
@@ -135,11 +135,8 @@ fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec
             "{pointer}/properties/{}",
             name.replace('~', "~0").replace('/', "~1")
         );
-        let value = if property.get("type").and_then(Value::as_str) == Some("string")
-            && property.get("enum").is_none()
-            && property.get("const").is_none()
-        {
-            raw_text(j, PARAMETER_END)?
+        let value = if property.get("type").and_then(Value::as_str) == Some("string") {
+            raw_string(j, property, &at)?
         } else {
             j.schema(property, &at)?
         };
@@ -157,6 +154,71 @@ fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec
     }
     Ok(seq)
 }
+
+/// A string parameter's raw value (the template writes it unquoted): one of its `enum` or its
+/// `const` exactly; one line of `minLength` to `maxLength` characters when it has either; else
+/// any text up to the parameter's end. `format` is not checked on raw text; any keyword JSON
+/// strings refuse (`pattern`, …) is refused here too.
+fn raw_string(j: &mut Json<'_>, property: &Value, at: &str) -> Result<u32, String> {
+    const RAW_KEYS: &[&str] = &["type", "enum", "const", "minLength", "maxLength", "format"];
+    if let Some(key) = property.as_object().and_then(|m| {
+        m.keys().find(|k| {
+            !RAW_KEYS.contains(&k.as_str())
+                && !IGNORED.contains(&k.as_str())
+                && !k.starts_with("x-")
+        })
+    }) {
+        return Err(format!("json_schema: `{key}` at {at} is not supported"));
+    }
+    let listed: Option<Vec<&Value>> = match (property.get("enum"), property.get("const")) {
+        (Some(Value::Array(values)), _) => Some(values.iter().collect()),
+        (_, Some(value)) => Some(vec![value]),
+        (Some(_), None) => return Err(format!("json_schema: `enum` at {at} must be a list")),
+        (None, None) => None,
+    };
+    if let Some(values) = listed {
+        let alts = values
+            .into_iter()
+            .map(|v| {
+                v.as_str().map(|s| literal(s.as_bytes())).ok_or_else(|| {
+                    format!("json_schema: a string's `enum` or `const` at {at} must hold strings")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        return j.b.rule(format!("{at} (listed)"), alts);
+    }
+    let bound = |key: &str| -> Result<Option<usize>, String> {
+        match property.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n <= MAX_RAW_LENGTH)
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| {
+                    format!(
+                        "json_schema: `{key}` at {at} must be a whole number up to {MAX_RAW_LENGTH}"
+                    )
+                }),
+        }
+    };
+    let (min, max) = (bound("minLength")?, bound("maxLength")?);
+    if min.is_none() && max.is_none() {
+        return raw_text(j, PARAMETER_END);
+    }
+    let line = utf8::complement(&utf8::normalize(vec![(u32::from(b'\n'), u32::from(b'\n'))]));
+    let char_rule =
+        j.b.rule("one-line character", utf8::class_alternatives(&line))?;
+    let seq = j.b.repeat(
+        &format!("{at} (characters)"),
+        &[Item::Rule(char_rule)],
+        min.unwrap_or(0),
+        max,
+    )?;
+    j.b.rule(format!("{at} (bounded)"), vec![seq])
+}
+
+/// Most characters a raw string's length bounds unroll.
+const MAX_RAW_LENGTH: u64 = 1024;
 
 /// Text (valid UTF-8) that does not contain `end`: a state per prefix of it matched. `end` is
 /// ASCII and its first byte appears nowhere else in it, so a mismatch restarts the match at
@@ -271,7 +333,9 @@ mod tests {
     fn xml_parameters_take_raw_strings_and_json_for_other_types() {
         let doc = json!({"$defs": {"tool0": {
             "type": "object",
-            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "note": {"type": "string", "maxLength": 3}},
             "required": ["city"],
         }}});
         let form = vec![
@@ -302,5 +366,19 @@ mod tests {
             &g,
             "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>"
         ));
+        let with = |extra: &str| format!("{city}{extra}</function>\n</tool_call>");
+        assert!(follows(
+            &g,
+            &with("<parameter=unit>\ncelsius\n</parameter>\n")
+        ));
+        assert!(
+            !follows(&g, &with("<parameter=unit>\n\"celsius\"\n</parameter>\n")),
+            "raw, not JSON"
+        );
+        assert!(follows(&g, &with("<parameter=note>\nabc\n</parameter>\n")));
+        assert!(
+            !follows(&g, &with("<parameter=note>\nabcd\n</parameter>\n")),
+            "maxLength"
+        );
     }
 }

@@ -52,7 +52,7 @@ const MAX_LENGTH: u64 = 1024;
 /// Deepest schema nesting (through subschemas and references) compiled.
 const MAX_SCHEMA_DEPTH: usize = 128;
 
-const IGNORED: &[&str] = &[
+pub(super) const IGNORED: &[&str] = &[
     "title",
     "description",
     "examples",

@@ -10,6 +10,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::error::{ApiError, parse};
 use super::request::{self, ChatRequest, Dialect, PromptPiece};
+use super::tool_calls::Calling;
 use super::worker::choose::TokenProbs;
 use super::worker::{self, Event, Job, Lane, Params, Place, Prompt, Summary};
 use super::{AppState, Ready};
@@ -263,13 +264,21 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// A chat's messages, the configured system prompt first when it brings none.
-pub fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message>, ApiError> {
+/// A chat's messages, the configured system prompt first when it brings none; for a template
+/// that takes no tools, the tools and past calls written as text (the documented fallback).
+pub fn chat_messages(
+    ready: &Ready,
+    request: &ChatRequest,
+    calling: Option<&Calling>,
+) -> Result<Vec<Message>, ApiError> {
     let mut messages = request::messages(&request.messages)?;
     if let Some(system) = &ready.system_prompt
         && messages.first().is_none_or(|m| m.role != "system")
     {
         messages.insert(0, Message::new("system", system));
+    }
+    if ready.template.tool_syntax().is_none() {
+        messages = crate::tools::describe(messages, calling.map(|c| &*c.request));
     }
     check_text_size(ready, text_bytes(&messages))?;
     Ok(messages)
@@ -278,7 +287,10 @@ pub fn chat_messages(ready: &Ready, request: &ChatRequest) -> Result<Vec<Message
 fn text_bytes(messages: &[Message]) -> usize {
     messages
         .iter()
-        .map(|m| m.content.len() + m.role.len())
+        .map(|m| {
+            let calls = m.tool_calls.iter().flatten();
+            m.content.len() + m.role.len() + calls.map(|c| c.to_string().len()).sum::<usize>()
+        })
         .sum()
 }
 

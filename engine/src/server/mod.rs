@@ -15,6 +15,7 @@ mod openai;
 pub mod request;
 mod stream;
 mod tokenizing;
+mod tool_calls;
 pub mod worker;
 
 use std::net::SocketAddr;

@@ -292,13 +292,12 @@ pub async fn apply_template(
 ) -> Result<Response, ApiError> {
     let request: ChatRequest = parse(&body)?;
     let ready = ready(&state)?;
-    let messages = generation::chat_messages(ready, &request)?;
+    let (calling, vars) = super::tool_calls::for_chat(&ready.template, &request)?;
+    let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
     let prompt = if generation::continues(&messages) {
-        ready
-            .template
-            .render_continuation(&messages, &request.vars())
+        ready.template.render_continuation(&messages, &vars)
     } else {
-        ready.template.render(&messages, true, &request.vars())
+        ready.template.render(&messages, true, &vars)
     }
     .map_err(ApiError::bad_request)?;
     Ok(axum::Json(json!({ "prompt": prompt })).into_response())
@@ -324,6 +323,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         grammar: None,
         draft_max: crate::speculate::MAX_DRAFT,
         draft_min: 0,
+        grammar_trigger: None,
     };
     let mut params = generation_settings(&defaults, ready.context);
     if d.seed.is_none() {

@@ -13,6 +13,7 @@ use super::error::{ApiError, Body};
 use super::generation::{self, Answer, Started, collect, id, now, start, usage};
 use super::request::{ChatRequest, CompletionRequest, Dialect};
 use super::stream::{Format, Piece, stream};
+use super::tool_calls::{self, Calling};
 use super::worker::Lane;
 use super::worker::choose::TokenProbs;
 use crate::tokenizer::Tokenizer;
@@ -103,11 +104,12 @@ pub async fn chat_completions(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let (request, ready, params) =
+    let (request, ready, mut params) =
         generation::checked::<ChatRequest>(&state, &body, Dialect::Chat)?;
-    let messages = generation::chat_messages(ready, &request)?;
+    let (calling, vars) = tool_calling(ready, &request, &mut params)?;
+    let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
     let place = generation::reserve(ready, lane)?;
-    let prompt = generation::chat_prompt(&state, messages, request.vars(), lane).await?;
+    let prompt = generation::chat_prompt(&state, messages, vars, lane).await?;
     let with_probs = params.logprobs.is_some();
     let mut started = start(ready, prompt, params, place, arrived)?;
     let envelope = Envelope::new(&state, "chatcmpl");
@@ -121,10 +123,13 @@ pub async fn chat_completions(
             .iter()
             .enumerate()
             .map(|(i, a)| {
+                let finish = a.summary.finish.openai();
+                let (message, finish) = match &calling {
+                    Some(c) => c.message(&a.text, finish),
+                    None => (json!({ "role": "assistant", "content": a.text }), finish),
+                };
                 json!({
-                    "index": i,
-                    "message": { "role": "assistant", "content": a.text },
-                    "finish_reason": a.summary.finish.openai(),
+                    "index": i, "message": message, "finish_reason": finish,
                     "logprobs": logprobs(&a.probs),
                 })
             })
@@ -140,24 +145,84 @@ pub async fn chat_completions(
         })
         .collect();
     let format = include_usage(&request.knobs);
+    let streaming = calling.map(|c| c.streaming(started.choices));
+    let chunk = move |choice: usize, delta: Value, finish: Option<&str>, probs: Option<Value>| {
+        envelope.body(
+            CHUNK,
+            json!([{ "index": choice, "delta": delta, "finish_reason": finish, "logprobs": probs }]),
+        )
+    };
     Ok(stream(started, first, format, move |piece| match piece {
         Piece::Text {
             choice,
             text,
             probs,
-        } => vec![envelope.body(
-            CHUNK,
-            json!([{
-                "index": choice, "delta": { "content": text }, "finish_reason": null,
-                "logprobs": logprobs(&probs),
-            }]),
-        )],
-        other => envelope.closing(
-            CHUNK,
-            other,
-            |choice, finish| json!({ "index": choice, "delta": {}, "finish_reason": finish }),
-        ),
+        } => match &streaming {
+            None => vec![chunk(
+                choice,
+                json!({ "content": text }),
+                None,
+                logprobs(&probs),
+            )],
+            Some(s) => {
+                let mut deltas = s.text(choice, &text);
+                if deltas.is_empty() && with_probs {
+                    // The text is held back (it may open a call); its probabilities are not.
+                    deltas.push(json!({}));
+                }
+                let mut probs = logprobs(&probs);
+                deltas
+                    .into_iter()
+                    .map(|d| chunk(choice, d, None, probs.take()))
+                    .collect()
+            }
+        },
+        Piece::End { choice, summary } => {
+            let (mut out, finish) = match &streaming {
+                None => (Vec::new(), summary.finish.openai()),
+                Some(s) => {
+                    let (deltas, finish) = s.end(choice, summary.finish.openai());
+                    let out = deltas
+                        .into_iter()
+                        .map(|d| chunk(choice, d, None, None))
+                        .collect();
+                    (out, finish)
+                }
+            };
+            let mut last = chunk(choice, json!({}), Some(finish), None);
+            last["timings"] = json!(summary);
+            out.push(last);
+            out
+        }
+        Piece::Usage(u) => {
+            let mut last = chunk(0, json!({}), None, None);
+            last["choices"] = json!([]);
+            last["usage"] = u;
+            vec![last]
+        }
     }))
+}
+
+/// The request's tools and template variables ([`tool_calls::for_chat`]), the calls'
+/// grammar joining the parameters; a grammar asked for otherwise cannot be combined with tools.
+fn tool_calling(
+    ready: &super::Ready,
+    request: &ChatRequest,
+    params: &mut super::worker::Params,
+) -> Result<(Option<Calling>, crate::chat::Vars), ApiError> {
+    let (calling, vars) = tool_calls::for_chat(&ready.template, request)?;
+    if let Some(calling) = &calling {
+        if params.grammar.is_some() {
+            return Err(ApiError::bad_request(
+                "tools cannot be combined with response_format, json_schema or grammar: calls \
+                 follow their tools' schemas (use tool_choice \"none\" for a constrained answer)",
+            ));
+        }
+        let (grammar, trigger) = calling.grammar().map_err(ApiError::bad_request)?;
+        params.grammar = Some(std::sync::Arc::new(grammar));
+        params.grammar_trigger = trigger;
+    }
+    Ok((calling, vars))
 }
 
 /// A token's text as OpenAI reports it (its bytes beside, for tokens that split a character).

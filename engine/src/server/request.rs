@@ -180,6 +180,21 @@ pub struct ChatRequest {
     /// Template variables (llama.cpp's field): `{"enable_thinking": true}`.
     #[serde(default)]
     pub chat_template_kwargs: Option<TemplateKwargs>,
+    /// The tools the model may call (checked by [`ChatRequest::tools`]).
+    #[serde(default)]
+    pub tools: Option<Value>,
+    /// `none`, `auto`, `required` or a named function.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// Whether one answer may hold several calls.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<Value>,
+    /// Legacy `functions` (the same as `tools`, one call per answer).
+    #[serde(default)]
+    pub functions: Option<Value>,
+    /// Legacy `function_call` (the same as `tool_choice`).
+    #[serde(default)]
+    pub function_call: Option<Value>,
     /// Everything else.
     #[serde(flatten)]
     pub knobs: Knobs,
@@ -195,14 +210,27 @@ pub struct TemplateKwargs {
 }
 
 impl ChatRequest {
-    /// The variables its template is rendered with.
+    /// The variables its template is rendered with (without tools).
     pub fn vars(&self) -> crate::chat::Vars {
         crate::chat::Vars {
             enable_thinking: self
                 .chat_template_kwargs
                 .as_ref()
                 .and_then(|k| k.enable_thinking),
+            tools: None,
         }
+    }
+
+    /// Its tools, checked; `None` when it declares none.
+    pub fn tools(&self) -> Result<Option<crate::tools::Request>, ApiError> {
+        crate::tools::Request::from_fields(
+            self.tools.as_ref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls.as_ref(),
+            self.functions.as_ref(),
+            self.function_call.as_ref(),
+        )
+        .map_err(ApiError::bad_request)
     }
 }
 
@@ -326,17 +354,25 @@ type Harmless = fn(&Value) -> bool;
 /// Fields of OpenAI's and llama.cpp's APIs this engine does not implement, each with when a
 /// value is harmless (the default, or a no-op) and why a real one is refused.
 const UNSUPPORTED: &[(&str, Harmless, &str)] = &[
-    ("tools", empty_list, "tool calling is not implemented"),
+    (
+        "tools",
+        empty_list,
+        "tool calling applies to chats (/v1/chat/completions)",
+    ),
     (
         "functions",
         empty_list,
-        "function calling is not implemented",
+        "function calling applies to chats (/v1/chat/completions)",
     ),
-    ("tool_choice", no_tools, "tool calling is not implemented"),
+    (
+        "tool_choice",
+        no_tools,
+        "tool calling applies to chats (/v1/chat/completions)",
+    ),
     (
         "function_call",
         no_tools,
-        "function calling is not implemented",
+        "function calling applies to chats (/v1/chat/completions)",
     ),
     ("audio", is_null, "the model has no audio output"),
     ("modalities", text_only, "the model produces text only"),
@@ -496,6 +532,7 @@ impl Knobs {
             grammar: self.grammar()?,
             draft_max: self.draft("n_max", crate::speculate::MAX_DRAFT)?,
             draft_min: self.draft("n_min", 0)?,
+            grammar_trigger: None,
         })
     }
 
@@ -843,8 +880,9 @@ pub const MAX_MESSAGES: usize = 2048;
 /// Longest role (`system`, `user`, `assistant`, `tool`, … are all far shorter).
 pub const MAX_ROLE_BYTES: usize = 64;
 
-/// The messages as the chat template takes them; a 400 for an empty or oversized chat, an
-/// oversized role, non-text parts or tool calls, before any work is done on them.
+/// The messages as the chat template takes them (assistants' calls and tools' results
+/// included); a 400 for an empty or oversized chat, an oversized role, non-text parts or
+/// malformed calls, before any work is done on them.
 pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     if sent.is_empty() {
         return Err(ApiError::bad_request(
@@ -870,12 +908,6 @@ pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
     sent.iter()
         .enumerate()
         .map(|(i, m)| {
-            if m.extra.get("tool_calls").is_some_and(|v| !empty_list(v)) {
-                return Err(ApiError::unsupported(
-                    &format!("messages[{i}].tool_calls"),
-                    "tool calling is not implemented",
-                ));
-            }
             let content = match &m.content {
                 None => String::new(),
                 Some(Content::Text(t)) => t.clone(),
@@ -894,14 +926,95 @@ pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
                     text
                 }
             };
-            // OpenAI's newer name for the system role, which chat templates do not know.
-            let role = if m.role == "developer" { "system" } else { &m.role };
-            Ok(Message {
-                role: role.to_string(),
-                content,
-            })
+            // OpenAI's newer name for the system role, which chat templates do not know; the
+            // legacy `function` role is a tool's result.
+            let role = match m.role.as_str() {
+                "developer" => "system",
+                "function" => "tool",
+                other => other,
+            };
+            let mut message = Message::new(role, &content);
+            message.tool_calls = message_calls(&m.extra, i)?;
+            message.tool_call_id = text_field(&m.extra, "tool_call_id", i)?;
+            message.name = text_field(&m.extra, "name", i)?;
+            Ok(message)
         })
         .collect()
+}
+
+/// Most calls one past assistant message may carry.
+pub const MAX_MESSAGE_CALLS: usize = 128;
+
+/// A message's `tool_calls` (or legacy `function_call`) as templates take them: each
+/// `{"id", "type": "function", "function": {"name", "arguments"}}`, the arguments an object
+/// where their JSON text is one.
+fn message_calls(extra: &Map<String, Value>, i: usize) -> Result<Option<Vec<Value>>, ApiError> {
+    let listed: Vec<Value> = match (extra.get("tool_calls"), extra.get("function_call")) {
+        (Some(Value::Array(calls)), _) if !calls.is_empty() => calls.clone(),
+        (None | Some(Value::Null), Some(call @ Value::Object(_))) => {
+            vec![serde_json::json!({ "type": "function", "function": call })]
+        }
+        (None | Some(Value::Null), None | Some(Value::Null)) => return Ok(None),
+        (Some(Value::Array(_)), _) => return Ok(None),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}].tool_calls must be a list of calls"
+            )));
+        }
+    };
+    if listed.len() > MAX_MESSAGE_CALLS {
+        return Err(ApiError::bad_request(format!(
+            "messages[{i}].tool_calls holds {} calls; at most {MAX_MESSAGE_CALLS} are accepted",
+            listed.len()
+        )));
+    }
+    let mut calls = Vec::with_capacity(listed.len());
+    for (k, call) in listed.into_iter().enumerate() {
+        let at = format!("messages[{i}].tool_calls[{k}]");
+        let function = call
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| ApiError::bad_request(format!("{at}.function must be an object")))?;
+        let name = function
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::bad_request(format!("{at}.function.name must be a string")))?;
+        let arguments = match function.get("arguments") {
+            None | Some(Value::Null) => Value::Object(Map::new()),
+            Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
+                Ok(object @ Value::Object(_)) => object,
+                _ => Value::String(text.clone()),
+            },
+            Some(other) => other.clone(),
+        };
+        let mut out = serde_json::json!({
+            "type": "function",
+            "function": { "name": name, "arguments": arguments },
+        });
+        if let Some(id) = call.get("id").filter(|v| !v.is_null()) {
+            let id = id
+                .as_str()
+                .ok_or_else(|| ApiError::bad_request(format!("{at}.id must be a string")))?;
+            out["id"] = Value::String(id.to_string());
+        }
+        calls.push(out);
+    }
+    Ok(Some(calls))
+}
+
+/// A message's optional text field.
+fn text_field(
+    extra: &Map<String, Value>,
+    field: &str,
+    i: usize,
+) -> Result<Option<String>, ApiError> {
+    match extra.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "messages[{i}].{field} must be a string"
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -9,11 +9,13 @@
 //! documented fallback: the tools described in the system turn and calls asked for in the
 //! `<tool_call>` JSON syntax ([`Syntax::Hermes`]), tool results sent back as user turns.
 
+mod describe;
 mod parse;
 mod syntax;
 
 use serde_json::{Map, Value, json};
 
+pub use describe::describe;
 pub use parse::{Delta, Parsed, Splitter, parse};
 pub use syntax::Syntax;
 

@@ -487,9 +487,9 @@ mod tests {
         let r = Request::from_fields(Some(&bad), Some(&json!("required")), None, None, None)
             .expect("valid")
             .expect("tools");
-        let e = Syntax::Hermes
-            .grammar(&r)
-            .expect_err("pattern is not supported");
-        assert!(e.contains("pattern"), "{e}");
+        for syntax in [Syntax::Hermes, Syntax::QwenXml] {
+            let e = syntax.grammar(&r).expect_err("pattern is not supported");
+            assert!(e.contains("pattern"), "{syntax:?}: {e}");
+        }
     }
 }

@@ -4,8 +4,9 @@
 //! log-probabilities it asked for, taken from the model's own distribution.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
-use crate::grammar::{Matcher, VocabTrie};
+use crate::grammar::{Grammar, Matcher, VocabTrie};
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
 
@@ -68,6 +69,52 @@ pub enum Choice {
     Unfollowable(String),
 }
 
+/// A grammar waiting for its trigger (a tool call's opener) to appear in the output.
+pub struct GrammarTrigger {
+    grammar: Arc<Grammar>,
+    trigger: Vec<u8>,
+    /// The output's last bytes, enough to find a trigger split across tokens.
+    tail: Vec<u8>,
+}
+
+impl GrammarTrigger {
+    /// `grammar`, applying from where the output first holds `trigger`.
+    pub fn new(grammar: Arc<Grammar>, trigger: &str) -> GrammarTrigger {
+        GrammarTrigger {
+            grammar,
+            trigger: trigger.as_bytes().to_vec(),
+            tail: Vec::new(),
+        }
+    }
+
+    /// After `bytes` of output: the grammar's matcher, advanced over the output from the
+    /// trigger on, once the trigger has appeared. `Err(())` when what followed the trigger
+    /// already breaks the grammar (the output stays free then).
+    fn after(&mut self, bytes: &[u8]) -> Option<Result<Matcher, ()>> {
+        self.tail.extend_from_slice(bytes);
+        let n = self.trigger.len();
+        match self
+            .tail
+            .windows(n)
+            .position(|w| w == self.trigger.as_slice())
+        {
+            Some(at) => {
+                let mut m = Matcher::new(Arc::clone(&self.grammar));
+                Some(if m.advance(&self.tail[at..]) {
+                    Ok(m)
+                } else {
+                    Err(())
+                })
+            }
+            None => {
+                let keep = self.tail.len().min(n.saturating_sub(1));
+                self.tail.drain(..self.tail.len() - keep);
+                None
+            }
+        }
+    }
+}
+
 /// Everything a request's choices are made with.
 pub struct Chooser<'a> {
     /// The request's seeded sampler.
@@ -76,6 +123,8 @@ pub struct Chooser<'a> {
     pub bias: &'a [(u32, f32)],
     /// Where the output stands in its grammar, if it must follow one.
     pub grammar: Option<Matcher>,
+    /// A grammar that applies once the output holds its trigger.
+    pub waiting: Option<GrammarTrigger>,
     /// The vocabulary for masking (present whenever `grammar` is).
     pub vocab: Option<&'a Vocab>,
     /// For a token's bytes.
@@ -141,6 +190,14 @@ impl Chooser<'_> {
             return Err(format!(
                 "token {token} does not follow the grammar (an engine bug)"
             ));
+        }
+        if !self.end_ids.contains(&token)
+            && self.grammar.is_none()
+            && let Some(waiting) = &mut self.waiting
+            && let Some(triggered) = waiting.after(&self.tokenizer.token_bytes(token))
+        {
+            self.grammar = triggered.ok();
+            self.waiting = None;
         }
         let probs = self.logprobs.map(|n| probabilities(logits, token, n));
         Ok(Choice::Token(token, probs))

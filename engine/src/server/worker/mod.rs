@@ -26,7 +26,7 @@ use crate::sampler::{Sampler, Sampling};
 use crate::speculate::{End, LearnedCosts, Sink, Speculation, decode};
 use crate::tokenizer::{TextStream, Tokenizer};
 use cache::{Cached, Caches, common_prefix};
-use choose::{Choice, Chooser, TokenProbs, Vocab};
+use choose::{Choice, Chooser, GrammarTrigger, TokenProbs, Vocab};
 use stop::StopFilter;
 
 /// How a request generates: checked from its body by the handler.
@@ -52,6 +52,9 @@ pub struct Params {
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the output follows.
     pub grammar: Option<Arc<Grammar>>,
+    /// Where the grammar starts: at the output's first byte (`None`), or where the output
+    /// first holds this text (a tool call's opener; the output before it is free).
+    pub grammar_trigger: Option<String>,
     /// Speculation: tokens drafted per pass at most (0: off; llama.cpp's `speculative.n_max`).
     pub draft_max: usize,
     /// Fewest drafted tokens worth a check (`speculative.n_min`).
@@ -693,7 +696,15 @@ impl Runner<'_> {
                 ..params.sampling.clone()
             }),
             bias: &params.logit_bias,
-            grammar: params.grammar.clone().map(Matcher::new),
+            grammar: params
+                .grammar
+                .clone()
+                .filter(|_| params.grammar_trigger.is_none())
+                .map(Matcher::new),
+            waiting: match (&params.grammar, &params.grammar_trigger) {
+                (Some(g), Some(trigger)) => Some(GrammarTrigger::new(Arc::clone(g), trigger)),
+                _ => None,
+            },
             vocab: params
                 .grammar
                 .as_ref()

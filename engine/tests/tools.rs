@@ -1,0 +1,164 @@
+//! Tool calling end to end: the real chat templates of each family (llama.cpp's
+//! `models/templates/`) told apart, a past call written by each template read back by our parser
+//! for that family, and the `openai` package's full tool loop (`clients/tool_calls.py`) against
+//! `engine serve` on the real SmolLM2 and Gemma 3 (the fallback) and on SmolLM2 with each
+//! family's template (`--chat-template-file`).
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use engine::chat::{ChatTemplate, Message, Vars};
+use engine::tools::{Call, Request, Syntax, parse};
+use serde_json::json;
+
+/// Each family's real template (file in llama.cpp's `models/templates/`) and its syntax.
+const FAMILIES: &[(&str, Syntax)] = &[
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", Syntax::Hermes),
+    ("Qwen-Qwen3-0.6B.jinja", Syntax::Hermes),
+    (
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+        Syntax::Hermes,
+    ),
+    ("Qwen3.5-4B.jinja", Syntax::QwenXml),
+    ("Qwen3-Coder.jinja", Syntax::QwenXml),
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", Syntax::Llama3),
+    ("meta-llama-Llama-3.3-70B-Instruct.jinja", Syntax::Llama3),
+    ("google-gemma-4-31B-it.jinja", Syntax::Gemma4),
+];
+
+fn template_text(file: &str) -> String {
+    std::fs::read_to_string(common::llama_cpp_file(&format!("models/templates/{file}")))
+        .expect("template")
+}
+
+fn weather_request() -> Arc<Request> {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]);
+    Arc::new(
+        Request::from_fields(Some(&tools), None, None, None, None)
+            .expect("valid")
+            .expect("tools"),
+    )
+}
+
+#[test]
+fn each_real_template_is_read_as_its_family() {
+    for (file, syntax) in FAMILIES {
+        assert_eq!(
+            Syntax::of_template(&template_text(file)),
+            Some(*syntax),
+            "{file}"
+        );
+    }
+    // Templates that take no tools get the fallback.
+    for file in [
+        "google-gemma-2-2b-it.jinja",
+        "HuggingFaceTB-SmolLM3-3B.jinja",
+    ] {
+        assert_eq!(Syntax::of_template(&template_text(file)), None, "{file}");
+    }
+}
+
+/// A conversation with a past call, rendered by each family's own template: the call as the
+/// template writes it is what our parser for that family reads back.
+#[test]
+fn a_past_call_written_by_each_template_is_read_back_by_its_parser() {
+    let request = weather_request();
+    for (file, syntax) in FAMILIES {
+        let template = ChatTemplate::new(Some(template_text(file)), "<bos>".into(), "<eos>".into())
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut asked = Message::new("assistant", "");
+        asked.tool_calls = Some(vec![json!({"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}})]);
+        let mut result = Message::new("tool", "{\"temperature\": -3}");
+        result.tool_call_id = Some("call_1".into());
+        result.name = Some("get_weather".into());
+        let messages = vec![
+            Message::new("user", "Weather in Oslo for three days?"),
+            asked,
+            result,
+        ];
+        let vars = Vars {
+            tools: Some(request.tools.iter().map(|t| t.for_template()).collect()),
+            ..Vars::default()
+        };
+        let prompt = template
+            .render(&messages, true, &vars)
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(
+            prompt.contains("get_weather"),
+            "{file}: the tools reach the prompt"
+        );
+        let opener = syntax.opener();
+        // The template's own description of the tools may show the syntax; the call is the
+        // last opener's.
+        let at = prompt
+            .rfind(opener)
+            .unwrap_or_else(|| panic!("{file}: no {opener} in {prompt}"));
+        let parsed = parse(*syntax, Arc::clone(&request), &prompt[at..]);
+        assert_eq!(
+            parsed.calls.first(),
+            Some(&Call {
+                name: "get_weather".into(),
+                arguments: json!({"city": "Oslo", "days": 3}).to_string(),
+            }),
+            "{file}: {}",
+            &prompt[at..]
+        );
+    }
+}
+
+/// The `openai` package's tool loop (`clients/tool_calls.py`) against `server`.
+fn openai_tool_loop(server: &common::serve::Server, what: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/tool_calls.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{}/v1", server.port))
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{what}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_openai_package_runs_the_tool_loop_on_the_fallback() {
+    let smollm2 = common::serve::start(&["-c", "2048"]);
+    openai_tool_loop(&smollm2, "SmolLM2 (its template takes no tools)");
+    drop(smollm2);
+    let gemma3 = common::serve::start_model(&common::gemma3(), &["-c", "2048"], &[]);
+    openai_tool_loop(&gemma3, "Gemma 3 270M (its template takes no tools)");
+}
+
+#[test]
+fn the_openai_package_runs_the_tool_loop_in_each_familys_template() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (file, syntax) in FAMILIES {
+        // One template per syntax whose arguments the grammar checks (Gemma 4's are only
+        // framed, see `Syntax::grammar`).
+        if !matches!(
+            file,
+            &"Qwen-Qwen3-0.6B.jinja"
+                | &"Qwen3.5-4B.jinja"
+                | &"meta-llama-Llama-3.2-3B-Instruct.jinja"
+        ) {
+            continue;
+        }
+        let path = dir.path().join(file);
+        std::fs::write(&path, template_text(file)).expect("write the template");
+        let server = common::serve::start(&[
+            "-c",
+            "2048",
+            "--chat-template-file",
+            path.to_str().expect("utf-8"),
+        ]);
+        openai_tool_loop(&server, &format!("SmolLM2 with {file} ({syntax:?})"));
+    }
+}
