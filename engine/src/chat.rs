@@ -52,6 +52,11 @@ pub struct Vars {
     /// does. Unset, it is off: on a Pi a thinking block costs more time than most answers
     /// (Qwen's templates would think by default; Gemma 4's would not).
     pub enable_thinking: Option<bool>,
+    /// Leave `enable_thinking` undefined when it is `None`, so the template's own default
+    /// applies (`--reasoning auto`); otherwise `None` is false.
+    pub thinking_from_template: bool,
+    /// `reasoning_effort`, for templates that map it.
+    pub reasoning_effort: Option<String>,
     /// `tools`: the tools the template describes to the model (`{"type": "function",
     /// "function": {…}}` each), for templates that take them.
     pub tools: Option<Vec<serde_json::Value>>,
@@ -156,7 +161,11 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos,
                 eos_token => self.eos,
-                enable_thinking => vars.enable_thinking.unwrap_or(false),
+                enable_thinking => match vars.enable_thinking {
+                    None if vars.thinking_from_template => Value::UNDEFINED,
+                    thinking => Value::from(thinking.unwrap_or(false)),
+                },
+                reasoning_effort => vars.reasoning_effort,
                 tools => vars.tools,
             })
             .map_err(|e| format!("the chat template refused these messages: {e:#}"))
@@ -166,6 +175,28 @@ impl ChatTemplate {
     /// syntax the engine reads (`None`: the fallback of `tools::describe`).
     pub fn tool_syntax(&self) -> Option<crate::tools::Syntax> {
         crate::tools::Syntax::of_template(&self.source)
+    }
+
+    /// The syntax the template writes a thinking block in, if any.
+    pub fn thinking(&self) -> Option<crate::reasoning::Thinking> {
+        crate::reasoning::Thinking::of_template(&self.source)
+    }
+
+    /// Whether the prompt of `messages` (answered, or its last message continued) leaves a
+    /// thinking block open, so the answer begins as reasoning.
+    pub fn opens_thinking(
+        &self,
+        messages: &[Message],
+        vars: &Vars,
+        thinking: crate::reasoning::Thinking,
+        continued: bool,
+    ) -> bool {
+        let rendered = if continued {
+            self.render_continuation(messages, vars)
+        } else {
+            self.render(messages, true, vars)
+        };
+        rendered.is_ok_and(|text| thinking.open_at_end(&text))
     }
 
     /// The BOS and EOS texts the template is given.

@@ -20,6 +20,7 @@ pub mod model_file;
 #[allow(unsafe_code)]
 pub mod pool;
 pub mod quant;
+pub mod reasoning;
 pub mod sampler;
 pub mod score;
 pub mod server;

@@ -193,6 +193,19 @@ struct ServeArgs {
     /// A Jinja chat template to use instead of the model's.
     #[arg(long)]
     chat_template_file: Option<PathBuf>,
+    /// Whether chats think when a request does not say (`enable_thinking`): on, off, or auto
+    /// (the template's own default). Off by default: on a Pi a thinking block costs more time
+    /// than most answers.
+    #[arg(long, default_value = "off")]
+    reasoning: engine::reasoning::ThinkingDefault,
+    /// Where a thinking model's reasoning goes, for requests that do not say: none (left in
+    /// the content), auto or deepseek (`reasoning_content`), deepseek-legacy (both).
+    #[arg(long, default_value = "auto")]
+    reasoning_format: engine::reasoning::Format,
+    /// Thinking tokens at most, then the block is closed and the answer follows (−1: no bound;
+    /// 0: no thinking).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    reasoning_budget: i64,
     /// Speculative decoding for requests (`speculative.n_max` per request; 0 turns it off),
     /// the same tokens either way: `mtp` checks the draft head's drafts (the default with
     /// --model-draft), `ngram` drafts looked up in the sequence itself (the default without).

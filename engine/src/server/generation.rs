@@ -8,9 +8,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use super::answer::Calling;
 use super::error::{ApiError, parse};
 use super::request::{self, ChatRequest, Dialect, PromptPiece};
-use super::tool_calls::Calling;
 use super::worker::choose::TokenProbs;
 use super::worker::{self, Event, Job, Lane, Params, Place, Prompt, Summary};
 use super::{AppState, Ready};

@@ -6,6 +6,7 @@
 //! JSON body or server-sent events ([`stream`]). Every refusal is an [`error::ApiError`].
 //! Anything bound beyond loopback needs an API key ([`auth`]).
 
+mod answer;
 pub mod auth;
 pub mod error;
 mod generation;
@@ -15,7 +16,6 @@ mod openai;
 pub mod request;
 mod stream;
 mod tokenizing;
-mod tool_calls;
 pub mod worker;
 
 use std::net::SocketAddr;

@@ -292,7 +292,7 @@ pub async fn apply_template(
 ) -> Result<Response, ApiError> {
     let request: ChatRequest = parse(&body)?;
     let ready = ready(&state)?;
-    let (calling, vars) = super::tool_calls::for_chat(&ready.template, &request)?;
+    let (calling, vars) = super::answer::for_chat(&ready.template, &request, &ready.defaults)?;
     let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
     let prompt = if generation::continues(&messages) {
         ready.template.render_continuation(&messages, &vars)
@@ -324,6 +324,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         draft_max: crate::speculate::MAX_DRAFT,
         draft_min: 0,
         grammar_trigger: None,
+        thinking_budget: None,
     };
     let mut params = generation_settings(&defaults, ready.context);
     if d.seed.is_none() {

@@ -9,11 +9,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::answer::{self, Calling, Shape};
 use super::error::{ApiError, Body};
 use super::generation::{self, Answer, Started, collect, id, now, start, usage};
 use super::request::{ChatRequest, CompletionRequest, Dialect};
 use super::stream::{Format, Piece, stream};
-use super::tool_calls::{self, Calling};
 use super::worker::Lane;
 use super::worker::choose::TokenProbs;
 use crate::tokenizer::Tokenizer;
@@ -108,6 +108,7 @@ pub async fn chat_completions(
         generation::checked::<ChatRequest>(&state, &body, Dialect::Chat)?;
     let (calling, vars) = tool_calling(ready, &request, &mut params)?;
     let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
+    let shape = reasoning_shape(ready, &request, &messages, &vars, &mut params, calling)?;
     let place = generation::reserve(ready, lane)?;
     let prompt = generation::chat_prompt(&state, messages, vars, lane).await?;
     let with_probs = params.logprobs.is_some();
@@ -123,11 +124,7 @@ pub async fn chat_completions(
             .iter()
             .enumerate()
             .map(|(i, a)| {
-                let finish = a.summary.finish.openai();
-                let (message, finish) = match &calling {
-                    Some(c) => c.message(&a.text, finish),
-                    None => (json!({ "role": "assistant", "content": a.text }), finish),
-                };
+                let (message, finish) = shape.message(&a.text, a.summary.finish.openai());
                 json!({
                     "index": i, "message": message, "finish_reason": finish,
                     "logprobs": logprobs(&a.probs),
@@ -145,7 +142,7 @@ pub async fn chat_completions(
         })
         .collect();
     let format = include_usage(&request.knobs);
-    let streaming = calling.map(|c| c.streaming(started.choices));
+    let streaming = (!shape.is_plain()).then(|| shape.streaming(started.choices));
     let chunk = move |choice: usize, delta: Value, finish: Option<&str>, probs: Option<Value>| {
         envelope.body(
             CHUNK,
@@ -203,14 +200,14 @@ pub async fn chat_completions(
     }))
 }
 
-/// The request's tools and template variables ([`tool_calls::for_chat`]), the calls'
-/// grammar joining the parameters; a grammar asked for otherwise cannot be combined with tools.
+/// The request's tools and template variables ([`answer::for_chat`]), the calls' grammar
+/// joining the parameters; a grammar asked for otherwise cannot be combined with tools.
 fn tool_calling(
     ready: &super::Ready,
     request: &ChatRequest,
     params: &mut super::worker::Params,
 ) -> Result<(Option<Calling>, crate::chat::Vars), ApiError> {
-    let (calling, vars) = tool_calls::for_chat(&ready.template, request)?;
+    let (calling, vars) = answer::for_chat(&ready.template, request, &ready.defaults)?;
     if let Some(calling) = &calling {
         if params.grammar.is_some() {
             return Err(ApiError::bad_request(
@@ -223,6 +220,41 @@ fn tool_calling(
         params.grammar_trigger = trigger;
     }
     Ok((calling, vars))
+}
+
+/// How the answer is split: its reasoning (when the template has a thinking syntax and the
+/// request's `reasoning_format` asks for it) and its calls; the thinking budget joins the
+/// parameters.
+fn reasoning_shape(
+    ready: &super::Ready,
+    request: &ChatRequest,
+    messages: &[crate::chat::Message],
+    vars: &crate::chat::Vars,
+    params: &mut super::worker::Params,
+    calling: Option<Calling>,
+) -> Result<Shape, ApiError> {
+    let format = request.reasoning_format(&ready.defaults)?;
+    let thinking = ready.template.thinking();
+    let open = thinking.is_some_and(|t| {
+        ready
+            .template
+            .opens_thinking(messages, vars, t, generation::continues(messages))
+    });
+    if let (Some(t), Some(tokens)) = (thinking, ready.defaults.reasoning_budget) {
+        params.thinking_budget = Some(crate::reasoning::Budget {
+            thinking: t,
+            open,
+            tokens,
+            closer: ready.tokenizer.encode(t.cut(), true),
+        });
+    }
+    let thinking = thinking.filter(|_| format != crate::reasoning::Format::None);
+    Ok(Shape {
+        thinking: thinking.map(|t| (t, open)),
+        keep_reasoning_in_content: thinking.is_some()
+            && format == crate::reasoning::Format::DeepseekLegacy,
+        calling,
+    })
 }
 
 /// A token's text as OpenAI reports it (its bytes beside, for tokens that split a character).

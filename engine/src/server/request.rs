@@ -195,6 +195,13 @@ pub struct ChatRequest {
     /// Legacy `function_call` (the same as `tool_choice`).
     #[serde(default)]
     pub function_call: Option<Value>,
+    /// Where reasoning goes: `none`, `auto`, `deepseek`, `deepseek-legacy` (llama.cpp's).
+    #[serde(default)]
+    pub reasoning_format: Option<String>,
+    /// OpenAI's `reasoning_effort`: given to the template; `none` turns thinking off, any
+    /// other value on.
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
     /// Everything else.
     #[serde(flatten)]
     pub knobs: Knobs,
@@ -210,14 +217,39 @@ pub struct TemplateKwargs {
 }
 
 impl ChatRequest {
-    /// The variables its template is rendered with (without tools).
-    pub fn vars(&self) -> crate::chat::Vars {
+    /// The variables its template is rendered with (without tools): thinking as the request
+    /// asks (`enable_thinking`, else `reasoning_effort`), else as the server's default.
+    pub fn vars(&self, defaults: &Defaults) -> crate::chat::Vars {
+        use crate::reasoning::ThinkingDefault;
+        let asked = self
+            .chat_template_kwargs
+            .as_ref()
+            .and_then(|k| k.enable_thinking)
+            .or_else(|| self.reasoning_effort.as_deref().map(|e| e != "none"));
+        let by_default = match (defaults.reasoning_budget, defaults.thinking) {
+            // A budget of nothing is no thinking (llama.cpp's `--reasoning-budget 0`).
+            (Some(0), _) | (_, ThinkingDefault::Off) => Some(false),
+            (_, ThinkingDefault::On) => Some(true),
+            (_, ThinkingDefault::Auto) => None,
+        };
         crate::chat::Vars {
-            enable_thinking: self
-                .chat_template_kwargs
-                .as_ref()
-                .and_then(|k| k.enable_thinking),
+            enable_thinking: asked.or(by_default),
+            thinking_from_template: asked.is_none() && by_default.is_none(),
+            reasoning_effort: self.reasoning_effort.clone(),
             tools: None,
+        }
+    }
+
+    /// Where its reasoning goes: `reasoning_format`, else the server's default.
+    pub fn reasoning_format(
+        &self,
+        defaults: &Defaults,
+    ) -> Result<crate::reasoning::Format, ApiError> {
+        match &self.reasoning_format {
+            None => Ok(defaults.reasoning_format),
+            Some(f) => f
+                .parse()
+                .map_err(|e| ApiError::bad_request(format!("reasoning_format: {e}"))),
         }
     }
 
@@ -485,6 +517,12 @@ pub struct Defaults {
     pub min_p: f32,
     /// `seed` (`--seed`; `None`: a fresh seed per request).
     pub seed: Option<u64>,
+    /// Whether chats think (`--reasoning`).
+    pub thinking: crate::reasoning::ThinkingDefault,
+    /// Where reasoning goes (`--reasoning-format`).
+    pub reasoning_format: crate::reasoning::Format,
+    /// Thinking tokens at most, then the answer (`--reasoning-budget`; `None`: no bound).
+    pub reasoning_budget: Option<usize>,
 }
 
 impl Default for Defaults {
@@ -496,6 +534,9 @@ impl Default for Defaults {
             top_k: Sampling::default().top_k,
             min_p: Sampling::default().min_p,
             seed: None,
+            thinking: crate::reasoning::ThinkingDefault::default(),
+            reasoning_format: crate::reasoning::Format::default(),
+            reasoning_budget: None,
         }
     }
 }
@@ -533,6 +574,7 @@ impl Knobs {
             draft_max: self.draft("n_max", crate::speculate::MAX_DRAFT)?,
             draft_min: self.draft("n_min", 0)?,
             grammar_trigger: None,
+            thinking_budget: None,
         })
     }
 

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::grammar::{Grammar, Matcher, VocabTrie};
+use crate::reasoning::{Budget, ThoughtSplitter};
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
 
@@ -115,6 +116,42 @@ impl GrammarTrigger {
     }
 }
 
+/// Thinking under a budget: counts the tokens spent inside the block, then closes it.
+pub struct ThinkingBudget {
+    thought: ThoughtSplitter,
+    left: usize,
+    closer: Vec<u32>,
+    forced: std::collections::VecDeque<u32>,
+    closed: bool,
+}
+
+impl ThinkingBudget {
+    /// The state of `budget` at the answer's start.
+    pub fn new(budget: &Budget) -> ThinkingBudget {
+        ThinkingBudget {
+            thought: ThoughtSplitter::new(budget.thinking, budget.open),
+            left: budget.tokens,
+            closer: budget.closer.clone(),
+            forced: std::collections::VecDeque::new(),
+            closed: false,
+        }
+    }
+
+    /// After a token of `bytes`: once the budget is spent inside the block, its closer is due.
+    fn after(&mut self, bytes: &[u8]) {
+        self.thought.push(&String::from_utf8_lossy(bytes));
+        if self.closed || !self.thought.thinking() {
+            return;
+        }
+        if self.left == 0 {
+            self.forced.extend(&self.closer);
+            self.closed = true;
+        } else {
+            self.left -= 1;
+        }
+    }
+}
+
 /// Everything a request's choices are made with.
 pub struct Chooser<'a> {
     /// The request's seeded sampler.
@@ -125,6 +162,8 @@ pub struct Chooser<'a> {
     pub grammar: Option<Matcher>,
     /// A grammar that applies once the output holds its trigger.
     pub waiting: Option<GrammarTrigger>,
+    /// The bound on the answer's thinking, if any.
+    pub budget: Option<ThinkingBudget>,
     /// The vocabulary for masking (present whenever `grammar` is).
     pub vocab: Option<&'a Vocab>,
     /// For a token's bytes.
@@ -140,6 +179,15 @@ pub struct Chooser<'a> {
 impl Chooser<'_> {
     /// The next token after `history`, given the model's `logits`.
     pub fn next(&mut self, logits: &[f32], history: &[u32]) -> Result<Choice, String> {
+        if let Some(budget) = &mut self.budget
+            && let Some(token) = budget.forced.pop_front()
+        {
+            // The thinking budget is spent: its closer is written, whatever the model wanted.
+            let bytes = self.tokenizer.token_bytes(token);
+            budget.after(&bytes);
+            let probs = self.logprobs.map(|n| probabilities(logits, token, n));
+            return Ok(Choice::Token(token, probs));
+        }
         if let Some(m) = &self.grammar
             && !m.can_continue()
         {
@@ -190,6 +238,9 @@ impl Chooser<'_> {
             return Err(format!(
                 "token {token} does not follow the grammar (an engine bug)"
             ));
+        }
+        if let Some(budget) = &mut self.budget {
+            budget.after(&self.tokenizer.token_bytes(token));
         }
         if !self.end_ids.contains(&token)
             && self.grammar.is_none()

@@ -26,7 +26,7 @@ use crate::sampler::{Sampler, Sampling};
 use crate::speculate::{End, LearnedCosts, Sink, Speculation, decode};
 use crate::tokenizer::{TextStream, Tokenizer};
 use cache::{Cached, Caches, common_prefix};
-use choose::{Choice, Chooser, GrammarTrigger, TokenProbs, Vocab};
+use choose::{Choice, Chooser, GrammarTrigger, ThinkingBudget, TokenProbs, Vocab};
 use stop::StopFilter;
 
 /// How a request generates: checked from its body by the handler.
@@ -52,6 +52,8 @@ pub struct Params {
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the output follows.
     pub grammar: Option<Arc<Grammar>>,
+    /// The bound on a chat's thinking (`--reasoning-budget`), if any.
+    pub thinking_budget: Option<crate::reasoning::Budget>,
     /// Where the grammar starts: at the output's first byte (`None`), or where the output
     /// first holds this text (a tool call's opener; the output before it is free).
     pub grammar_trigger: Option<String>,
@@ -701,6 +703,12 @@ impl Runner<'_> {
                 .clone()
                 .filter(|_| params.grammar_trigger.is_none())
                 .map(Matcher::new),
+            // A grammar from the first byte leaves no room for a block to be closed.
+            budget: params
+                .thinking_budget
+                .as_ref()
+                .filter(|_| params.grammar.is_none() || params.grammar_trigger.is_some())
+                .map(ThinkingBudget::new),
             waiting: match (&params.grammar, &params.grammar_trigger) {
                 (Some(g), Some(trigger)) => Some(GrammarTrigger::new(Arc::clone(g), trigger)),
                 _ => None,
