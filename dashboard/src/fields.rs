@@ -284,6 +284,17 @@ pub fn fields(status: &Status, engine_log: &[String]) -> Vec<Field> {
         number(engine.decode_tokens_per_second, 1, "tokens/s"),
     ));
     out.push(value(
+        "v-tools",
+        "Tool calls",
+        match engine.tool_calls {
+            None => "unknown".into(),
+            Some(t) => format!(
+                "{} in {} answers, {} failed (since the engine started)",
+                t.calls, t.answers, t.failures
+            ),
+        },
+    ));
+    out.push(value(
         "v-temp",
         "Temperature",
         number(board.temperature_c, 1, "°C"),

@@ -180,7 +180,14 @@ pub fn overview(o: &Overview) -> String {
         "</div></section><section><h2>Try it</h2>\
          <form id=\"chat-form\"><textarea id=\"chat-input\" maxlength=\"2000\" rows=\"2\" \
          placeholder=\"Ask the model something\"></textarea>\
+         <label><input type=\"checkbox\" id=\"chat-think\"> Think first (models that reason)</label>\
+         <details><summary>Tools the model may call (OpenAI JSON)</summary>\
+         <textarea id=\"chat-tools\" rows=\"4\" maxlength=\"8000\" \
+         placeholder='[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]'>\
+         </textarea><label><input type=\"checkbox\" id=\"chat-must-call\"> The model must call one</label></details>\
          <button type=\"submit\" id=\"chat-send\">Send</button></form>\
+         <details id=\"chat-thinking\" hidden><summary>Thinking</summary><pre id=\"chat-reasoning\"></pre></details>\
+         <pre id=\"chat-calls\" class=\"reply\" hidden></pre>\
          <pre id=\"chat-reply\" class=\"reply\"></pre></section>",
     );
     // Installing updates needs a logged-in owner (a dashboard without a password has none).

@@ -155,6 +155,7 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| format!("chat template: {e:#}"))?;
+        let today = Today::now();
         template
             .render(context! {
                 messages => messages,
@@ -167,6 +168,13 @@ impl ChatTemplate {
                 },
                 reasoning_effort => vars.reasoning_effort,
                 tools => vars.tools,
+                // Variables some templates use without checking them (Llama 3.x's date,
+                // FireFunction's `datetime` and `functions`), given as llama.cpp gives them.
+                date_string => today.date_string(),
+                datetime => today.datetime(),
+                functions => vars.tools.as_ref().map_or_else(String::new, |t| {
+                    serde_json::to_string_pretty(t).unwrap_or_default()
+                }),
             })
             .map_err(|e| format!("the chat template refused these messages: {e:#}"))
     }
@@ -385,6 +393,55 @@ impl std::fmt::Display for PromptError {
     }
 }
 
+/// The date (UTC) a chat is rendered on, for templates that print it.
+struct Today {
+    year: i64,
+    month: u32,
+    day: u32,
+}
+
+impl Today {
+    fn now() -> Today {
+        Today::at(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        )
+    }
+
+    /// The UTC date `secs` after the Unix epoch.
+    fn at(secs: u64) -> Today {
+        // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+        let z = (secs / 86_400) as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        Today { year, month, day }
+    }
+
+    /// `26 Jul 2024` (llama.cpp's `date_string`, as Llama 3.x's templates print it).
+    fn date_string(&self) -> String {
+        format!("{:02} {} {}", self.day, self.month_name(), self.year)
+    }
+
+    /// `Jul 26 2024` (llama.cpp's `datetime`).
+    fn datetime(&self) -> String {
+        format!("{} {:02} {}", self.month_name(), self.day, self.year)
+    }
+
+    fn month_name(&self) -> &'static str {
+        const MONTHS: [&str; 12] = [
+            "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+        ];
+        MONTHS[(self.month as usize).saturating_sub(1) % 12]
+    }
+}
+
 fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
 }
@@ -455,6 +512,16 @@ fn python_json(value: &serde_json::Value, indent: Option<usize>, depth: usize, o
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_are_printed_as_llama_cpp_prints_them() {
+        let epoch = Today::at(0);
+        assert_eq!(epoch.date_string(), "01 Jan 1970");
+        let leap = Today::at(1_709_164_800 + 86_399);
+        assert_eq!(leap.date_string(), "29 Feb 2024");
+        assert_eq!(leap.datetime(), "Feb 29 2024");
+        assert_eq!(Today::at(1_735_689_600).date_string(), "01 Jan 2025");
+    }
 
     #[test]
     fn chatml_fallback_matches_llama_cpp() {

@@ -132,6 +132,19 @@ fn openai_tool_loop(server: &common::serve::Server, what: &str) {
 fn the_openai_package_runs_the_tool_loop_on_the_fallback() {
     let smollm2 = common::serve::start(&["-c", "2048"]);
     openai_tool_loop(&smollm2, "SmolLM2 (its template takes no tools)");
+    // The answers and their calls are counted.
+    let (_, metrics) =
+        common::serve::request(&smollm2, "GET", "/metrics", None, None).expect("metrics");
+    let count = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    // Nine of the script's requests offer tools and are answered (`none` offers none).
+    assert!(count("engine_tool_call_answers_total") >= 9.0, "{metrics}");
+    assert!(count("engine_tool_calls_total") >= 6.0, "{metrics}");
+    assert!(count("engine_tool_call_failures_total") >= 0.0, "{metrics}");
     drop(smollm2);
     let gemma3 = common::serve::start_model(&common::gemma3(), &["-c", "2048"], &[]);
     openai_tool_loop(&gemma3, "Gemma 3 270M (its template takes no tools)");
@@ -160,5 +173,56 @@ fn the_openai_package_runs_the_tool_loop_in_each_familys_template() {
             path.to_str().expect("utf-8"),
         ]);
         openai_tool_loop(&server, &format!("SmolLM2 with {file} ({syntax:?})"));
+    }
+}
+
+/// llama.cpp's own tool-call cases that need no particular model
+/// (`clients/llama_tool_call_cases.py`, from its `test_tool_call.py`), on SmolLM2 with the
+/// templates llama.cpp runs them with: a required call of its `test` tool in every template of
+/// its tiny-model lists, and no call made where none is asked for (Llama 3.3's template, its
+/// fast list).
+#[test]
+fn llama_cpps_tool_call_cases_pass() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: &[(&str, &str)] = &[
+        ("Qwen3-Coder", "required"),
+        ("meta-llama-Llama-3.3-70B-Instruct", "required"),
+        ("meta-llama-Llama-3.3-70B-Instruct", "without"),
+        ("meta-llama-Llama-3.1-8B-Instruct", "required"),
+        ("meetkai-functionary-medium-v3.1", "required"),
+        ("meetkai-functionary-medium-v3.2", "required"),
+        ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "required"),
+        ("meta-llama-Llama-3.2-3B-Instruct", "required"),
+        ("mistralai-Mistral-Nemo-Instruct-2407", "required"),
+        ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "required"),
+        ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "required"),
+        ("fireworks-ai-llama-3-firefunction-v2", "required"),
+    ];
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/llama_tool_call_cases.py"
+    );
+    for (template, which) in cases {
+        let file = format!("{template}.jinja");
+        let path = dir.path().join(&file);
+        std::fs::write(&path, template_text(&file)).expect("write the template");
+        let server = common::serve::start(&[
+            "-c",
+            "4096",
+            "--chat-template-file",
+            path.to_str().expect("utf-8"),
+        ]);
+        let out = Command::new("python3")
+            .arg(script)
+            .arg(format!("http://127.0.0.1:{}/v1", server.port))
+            .arg(which)
+            .output()
+            .expect("run python3");
+        assert!(
+            out.status.success(),
+            "{template} ({which}):\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -243,6 +243,23 @@ fn engine(out: &mut Exposition, e: &EngineStatus) {
         "Recent generation speed, from the engine's own timings.",
         e.decode_tokens_per_second,
     );
+    if let Some(t) = &e.tool_calls {
+        out.counter(
+            "appliance_engine_tool_call_answers_total",
+            "Chat answers to requests that offered tools, since the engine started.",
+            t.answers as f64,
+        );
+        out.counter(
+            "appliance_engine_tool_calls_total",
+            "Tool calls answered, since the engine started.",
+            t.calls as f64,
+        );
+        out.counter(
+            "appliance_engine_tool_call_failures_total",
+            "Tool calls begun but malformed or cut off (given back as text), since the engine started.",
+            t.failures as f64,
+        );
+    }
 }
 
 fn overclock(out: &mut Exposition, o: &OverclockStatus) {
@@ -503,5 +520,33 @@ mod tests {
             assert!(text.contains(line), "{line} not in\n{text}");
         }
         assert_eq!(text.matches("appliance_throttle{").count(), 8, "{text}");
+    }
+
+    #[test]
+    fn the_engines_tool_calls_are_counters_once_it_has_answered() {
+        let mut e = EngineStatus::new("m");
+        let text = |e: &EngineStatus| {
+            let mut out = Exposition::new();
+            engine(&mut out, e);
+            out.finish()
+        };
+        assert!(
+            !text(&e).contains("tool_call"),
+            "unknown before the engine answers"
+        );
+        e.tool_calls = Some(wire::status::ToolCalls {
+            answers: 5,
+            calls: 4,
+            failures: 1,
+        });
+        let text = text(&e);
+        for line in [
+            "# TYPE appliance_engine_tool_calls_total counter\n",
+            "appliance_engine_tool_call_answers_total 5\n",
+            "appliance_engine_tool_calls_total 4\n",
+            "appliance_engine_tool_call_failures_total 1\n",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
     }
 }

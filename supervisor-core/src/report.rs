@@ -142,6 +142,7 @@ fn wire_engine(e: &EngineStatus) -> wire::status::Engine {
         last_exit: e.last_exit.clone(),
         prefill_tokens_per_second: e.prefill_tokens_per_second,
         decode_tokens_per_second: e.decode_tokens_per_second,
+        tool_calls: e.tool_calls,
         recent_log: e.recent_log.clone(),
         supervisor_pid: e.supervisor_pid,
     }

@@ -315,6 +315,11 @@ fn weights_that_fail_reverification_while_served_stop_the_engine_until_they_veri
 /// A question through the dashboard's chat (open on loopback without a password: its page
 /// carries the session and CSRF token): the status and the body of the answer.
 fn dashboard_chat(dashboard: u16, question: &str) -> (u16, String) {
+    dashboard_ask(dashboard, &serde_json::json!({ "message": question }))
+}
+
+/// `question` (the try-it box's whole request) through the dashboard's chat.
+fn dashboard_ask(dashboard: u16, question: &Value) -> (u16, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(300)))
@@ -336,7 +341,7 @@ fn dashboard_chat(dashboard: u16, question: &str) -> (u16, String) {
         .and_then(|rest| rest.split('"').next())
         .expect("csrf token")
         .to_string();
-    let body = serde_json::json!({ "message": question }).to_string();
+    let body = question.to_string();
     let mut answer = agent
         .post(format!("{base}/api/chat"))
         .header("content-type", "application/json")
@@ -416,6 +421,67 @@ fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second()
     let engine = board.status()["engine"].clone();
     assert_eq!(pid_of(&engine), pid, "the same engine answered: {engine:#}");
     assert_eq!(engine["restarts"], 0);
+
+    signal(&supervisor, Signal::SIGTERM);
+    assert!(supervisor.wait().expect("wait").success());
+    board.wait_no_processes(Duration::from_secs(5));
+}
+
+/// Tool calls through the supervisor: the `openai` package's tool loop against the engine it
+/// serves, a call shown apart from the text in the dashboard's try-it box, and the engine's
+/// tool-call counters in the status document.
+#[test]
+fn tool_calls_work_through_the_supervisor_and_are_counted_in_its_status() {
+    let board = board_with_model();
+    let (port, dashboard) = (free_port(), free_port());
+    let config = format!(
+        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\n\n[dashboard]\nlisten = \"127.0.0.1:{dashboard}\"\n",
+        engine_binary().display()
+    );
+    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let mut supervisor = board.run();
+    board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../engine/tests/clients/tool_calls.py"
+    );
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{port}/v1"))
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let (status, text) = dashboard_ask(
+        dashboard,
+        &serde_json::json!({ "message": "Weather in Oslo?", "tools": tools, "must_call": true }),
+    );
+    assert_eq!(status, 200, "{text}");
+    let reply: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(reply["tool_calls"][0]["name"], "get_weather", "{reply}");
+    let arguments: Value =
+        serde_json::from_str(reply["tool_calls"][0]["arguments"].as_str().unwrap_or(""))
+            .expect("the arguments are JSON");
+    assert!(arguments["city"].is_string(), "{reply}");
+    let (status, text) = dashboard_ask(
+        dashboard,
+        &serde_json::json!({ "message": "hi", "tools": {"not": "a list"} }),
+    );
+    assert_eq!(status, 400, "{text}");
+    // The probe reads the engine's counters into the status.
+    let counted = board.wait_for("tool calls counted", Duration::from_secs(30), |e| {
+        e["tool_calls"]["calls"].as_u64().unwrap_or(0) >= 6
+    });
+    assert!(
+        counted["tool_calls"]["answers"].as_u64() >= Some(10),
+        "{counted}"
+    );
 
     signal(&supervisor, Signal::SIGTERM);
     assert!(supervisor.wait().expect("wait").success());

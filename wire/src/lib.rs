@@ -42,7 +42,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// The status document's minor version: bumped when a field is added. Written as
 /// `schema_minor` only when not 0, so version 1.0 documents are what boxes always sent.
-pub const SCHEMA_MINOR: u32 = 0;
+pub const SCHEMA_MINOR: u32 = 1;
 
 /// Whether a number is 0 (serde's `skip_serializing_if` for fields that are absent at 0).
 fn is_zero(n: &u32) -> bool {

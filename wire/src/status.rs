@@ -245,12 +245,30 @@ pub struct Engine {
     /// Recent generation speed.
     #[serde(default)]
     pub decode_tokens_per_second: Option<f64>,
+    /// Tool calls since the running engine started (minor 1; absent from older boxes and
+    /// before the engine first answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<ToolCalls>,
     /// The engine's last output lines.
     #[serde(default)]
     pub recent_log: Vec<String>,
     /// The daemon that published this.
     #[serde(default)]
     pub supervisor_pid: Option<u32>,
+}
+
+/// The engine's tool-call counters, since it started (its `/health` → `tool_calls`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCalls {
+    /// Chat answers to requests that offered tools.
+    #[serde(default)]
+    pub answers: u64,
+    /// Calls answered.
+    #[serde(default)]
+    pub calls: u64,
+    /// Calls begun that were malformed, of no callable tool, or cut off (given back as text).
+    #[serde(default)]
+    pub failures: u64,
 }
 
 /// The overclock ladder: the `[overclock]` switch, and its record.

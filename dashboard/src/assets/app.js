@@ -31,21 +31,44 @@
   const input = document.getElementById("chat-input");
   const reply = document.getElementById("chat-reply");
   const send = document.getElementById("chat-send");
+  const think = document.getElementById("chat-think");
+  const toolsBox = document.getElementById("chat-tools");
+  const thinking = document.getElementById("chat-thinking");
+  const reasoning = document.getElementById("chat-reasoning");
+  const calls = document.getElementById("chat-calls");
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     const message = input.value.trim();
     if (!message) return;
+    const question = { message, thinking: think.checked,
+      must_call: document.getElementById("chat-must-call").checked };
+    if (toolsBox.value.trim()) {
+      try {
+        question.tools = JSON.parse(toolsBox.value);
+      } catch (err) {
+        reply.textContent = "The tools are not JSON: " + err.message;
+        reply.dataset.done = "error";
+        return;
+      }
+    }
     send.disabled = true;
     reply.textContent = "…";
+    thinking.hidden = true;
+    calls.hidden = true;
     try {
       const response = await fetch("/api/chat", {
         method: "POST",
         headers: { "content-type": "application/json", "x-csrf-token": csrf },
-        body: JSON.stringify({ message }),
+        body: JSON.stringify(question),
       });
       if (response.ok) {
         const answer = await response.json();
         reply.textContent = answer.reply;
+        reasoning.textContent = answer.reasoning || "";
+        thinking.hidden = !answer.reasoning;
+        calls.textContent = (answer.tool_calls || [])
+          .map((c) => "Calls " + c.name + " with " + c.arguments).join("\n");
+        calls.hidden = !(answer.tool_calls || []).length;
         reply.dataset.done = "ok";
       } else {
         reply.textContent = "Error " + response.status + ": " + (await response.text());

@@ -90,6 +90,16 @@ impl Calling {
     }
 }
 
+/// A tool-offering answer's calls: how many were answered, and how many begun were given
+/// back as text (for `/metrics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tally {
+    /// Calls answered.
+    pub calls: usize,
+    /// Calls begun but malformed, of no callable tool, or cut off.
+    pub broken: usize,
+}
+
 /// How a chat's answer is split.
 #[derive(Debug, Clone, Default)]
 pub struct Shape {
@@ -108,26 +118,36 @@ impl Shape {
         self.thinking.is_none() && self.calling.is_none() && !self.keep_reasoning_in_content
     }
 
-    /// A whole answer's message and finish reason.
-    pub fn message(&self, text: &str, finish: &'static str) -> (Value, &'static str) {
+    /// A whole answer's message and finish reason, and its calls' tally when it offered tools.
+    pub fn message(
+        &self,
+        text: &str,
+        finish: &'static str,
+    ) -> (Value, &'static str, Option<Tally>) {
         let (reasoning, answer) = match self.thinking {
             Some((thinking, open)) => reasoning::split(thinking, open, text),
             None => (String::new(), text.to_string()),
         };
-        let (mut message, finish) = match &self.calling {
-            None => (json!({ "role": "assistant", "content": answer }), finish),
+        let (mut message, finish, tally) = match &self.calling {
+            None => (
+                json!({ "role": "assistant", "content": answer }),
+                finish,
+                None,
+            ),
             Some(calling) => {
                 let parsed = tools::parse(calling.syntax, Arc::clone(&calling.request), &answer);
+                let tally = Some(Tally {
+                    calls: parsed.calls.len(),
+                    broken: parsed.broken,
+                });
                 if parsed.calls.is_empty() {
-                    (
-                        json!({ "role": "assistant", "content": parsed.content }),
-                        finish,
-                    )
+                    let message = json!({ "role": "assistant", "content": parsed.content });
+                    (message, finish, tally)
                 } else {
                     let content = (!parsed.content.is_empty()).then_some(parsed.content);
                     let mut message = json!({ "role": "assistant", "content": content });
                     calling.put(&mut message, &parsed.calls);
-                    (message, calling.called(finish))
+                    (message, calling.called(finish), tally)
                 }
             }
         };
@@ -137,7 +157,7 @@ impl Shape {
         if !reasoning.is_empty() {
             message["reasoning_content"] = json!(reasoning);
         }
-        (message, finish)
+        (message, finish, tally)
     }
 
     /// The state of `choices` streamed answers.
@@ -191,21 +211,31 @@ impl Streaming {
         })
     }
 
-    /// At a choice's end: its last `delta` objects and its finish reason.
-    pub fn end(&self, choice: usize, finish: &'static str) -> (Vec<Value>, &'static str) {
-        let (deltas, called) = self.with(choice, |c, shape| {
+    /// At a choice's end: its last `delta` objects, its finish reason, and its calls' tally
+    /// when it offered tools.
+    pub fn end(
+        &self,
+        choice: usize,
+        finish: &'static str,
+    ) -> (Vec<Value>, &'static str, Option<Tally>) {
+        let (deltas, tally) = self.with(choice, |c, shape| {
             let parts = c
                 .thought
                 .as_mut()
                 .map(ThoughtSplitter::finish)
                 .unwrap_or_default();
-            (c.deltas(parts, shape, true), c.called > 0)
+            let deltas = c.deltas(parts, shape, true);
+            let tally = c.calls.as_ref().map(|splitter| Tally {
+                calls: c.called,
+                broken: splitter.broken(),
+            });
+            (deltas, tally)
         });
-        let finish = match (&self.shape.calling, called) {
-            (Some(calling), true) => calling.called(finish),
+        let finish = match (&self.shape.calling, tally) {
+            (Some(calling), Some(t)) if t.calls > 0 => calling.called(finish),
             _ => finish,
         };
-        (deltas, finish)
+        (deltas, finish, tally)
     }
 
     fn with<T: Default>(&self, choice: usize, f: impl FnOnce(&mut ChoiceStream, &Shape) -> T) -> T {

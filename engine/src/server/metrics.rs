@@ -37,6 +37,9 @@ pub struct Metrics {
     drafts: AtomicU64,
     drafted_tokens: AtomicU64,
     accepted_tokens: AtomicU64,
+    tool_requests: AtomicU64,
+    tool_calls: AtomicU64,
+    tool_call_failures: AtomicU64,
     first_token: Histogram,
     next_token: Histogram,
 }
@@ -59,6 +62,9 @@ impl Default for Metrics {
             drafts: AtomicU64::new(0),
             drafted_tokens: AtomicU64::new(0),
             accepted_tokens: AtomicU64::new(0),
+            tool_requests: AtomicU64::new(0),
+            tool_calls: AtomicU64::new(0),
+            tool_call_failures: AtomicU64::new(0),
             first_token: Histogram::new(FIRST_TOKEN_BOUNDS),
             next_token: Histogram::new(NEXT_TOKEN_BOUNDS),
         }
@@ -117,6 +123,25 @@ impl Metrics {
     pub fn failed(&self) {
         self.requests_failed.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// The tool-call counters, for `/health` (the supervisor's status reads them there).
+    pub fn tool_calls(&self) -> serde_json::Value {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "answers": get(&self.tool_requests),
+            "calls": get(&self.tool_calls),
+            "failures": get(&self.tool_call_failures),
+        })
+    }
+
+    /// A chat offering tools was answered with `calls` calls, `broken` more begun but given
+    /// back as text (malformed, of no callable tool, or cut off).
+    pub fn tool_answer(&self, calls: usize, broken: usize) {
+        self.tool_requests.fetch_add(1, Ordering::Relaxed);
+        self.tool_calls.fetch_add(calls as u64, Ordering::Relaxed);
+        self.tool_call_failures
+            .fetch_add(broken as u64, Ordering::Relaxed);
+    }
 }
 
 /// `GET /metrics` (behind the API key, like every endpoint but `/health`).
@@ -166,6 +191,22 @@ fn render(state: &AppState) -> String {
         "llamacpp:n_decode_total",
         "Model passes (a prompt slice or one generated token each).",
         get(&m.passes),
+    );
+    out.counter(
+        "engine_tool_call_answers_total",
+        "Chat answers to requests that offered tools.",
+        get(&m.tool_requests),
+    );
+    out.counter(
+        "engine_tool_calls_total",
+        "Tool calls answered.",
+        get(&m.tool_calls),
+    );
+    out.counter(
+        "engine_tool_call_failures_total",
+        "Tool calls a model began that were malformed, of no callable tool, or cut off, and \
+         were given back as text.",
+        get(&m.tool_call_failures),
     );
     let rate = |tokens: &AtomicU64, us: &AtomicU64| {
         let s = seconds(us);

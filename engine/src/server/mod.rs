@@ -138,6 +138,7 @@ async fn health(State(state): State<AppState>) -> Response {
                 "tokens_processed": activity.tokens_processed,
                 "queued": activity.queued,
                 "speeds": ready.worker.speeds(),
+                "tool_calls": state.metrics.tool_calls(),
                 "speculation": ready.speculation,
                 "pass_costs": ready.worker.pass_costs().map(|(relative, timed)| json!({
                     "relative": relative,

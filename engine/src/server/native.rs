@@ -324,6 +324,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         draft_max: crate::speculate::MAX_DRAFT,
         draft_min: 0,
         grammar_trigger: None,
+        grammar_anchored: false,
         thinking_budget: None,
     };
     let mut params = generation_settings(&defaults, ready.context);

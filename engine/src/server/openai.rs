@@ -124,7 +124,10 @@ pub async fn chat_completions(
             .iter()
             .enumerate()
             .map(|(i, a)| {
-                let (message, finish) = shape.message(&a.text, a.summary.finish.openai());
+                let (message, finish, tally) = shape.message(&a.text, a.summary.finish.openai());
+                if let Some(t) = tally {
+                    state.metrics.tool_answer(t.calls, t.broken);
+                }
                 json!({
                     "index": i, "message": message, "finish_reason": finish,
                     "logprobs": logprobs(&a.probs),
@@ -143,6 +146,7 @@ pub async fn chat_completions(
         .collect();
     let format = include_usage(&request.knobs);
     let streaming = (!shape.is_plain()).then(|| shape.streaming(started.choices));
+    let metrics = std::sync::Arc::clone(&state.metrics);
     let chunk = move |choice: usize, delta: Value, finish: Option<&str>, probs: Option<Value>| {
         envelope.body(
             CHUNK,
@@ -178,7 +182,10 @@ pub async fn chat_completions(
             let (mut out, finish) = match &streaming {
                 None => (Vec::new(), summary.finish.openai()),
                 Some(s) => {
-                    let (deltas, finish) = s.end(choice, summary.finish.openai());
+                    let (deltas, finish, tally) = s.end(choice, summary.finish.openai());
+                    if let Some(t) = tally {
+                        metrics.tool_answer(t.calls, t.broken);
+                    }
                     let out = deltas
                         .into_iter()
                         .map(|d| chunk(choice, d, None, None))
@@ -218,6 +225,7 @@ fn tool_calling(
         let (grammar, trigger) = calling.grammar().map_err(ApiError::bad_request)?;
         params.grammar = Some(std::sync::Arc::new(grammar));
         params.grammar_trigger = trigger;
+        params.grammar_anchored = calling.syntax.opens_the_answer();
     }
     Ok((calling, vars))
 }
@@ -248,7 +256,11 @@ fn reasoning_shape(
             closer: ready.tokenizer.encode(t.cut(), true),
         });
     }
-    let thinking = thinking.filter(|_| format != crate::reasoning::Format::None);
+    // An answer held to a grammar from its first byte (a required call, a JSON schema) has
+    // no thinking block, whatever the prompt left open.
+    let whole_answer_constrained = params.grammar.is_some() && params.grammar_trigger.is_none();
+    let thinking =
+        thinking.filter(|_| format != crate::reasoning::Format::None && !whole_answer_constrained);
     Ok(Shape {
         thinking: thinking.map(|t| (t, open)),
         keep_reasoning_in_content: thinking.is_some()

@@ -574,6 +574,7 @@ impl Knobs {
             draft_max: self.draft("n_max", crate::speculate::MAX_DRAFT)?,
             draft_min: self.draft("n_min", 0)?,
             grammar_trigger: None,
+            grammar_anchored: false,
             thinking_budget: None,
         })
     }

@@ -76,7 +76,8 @@ pub struct Request {
     pub tools: Vec<Tool>,
     /// `tool_choice` (or `function_call`).
     pub choice: ToolChoice,
-    /// Whether one answer may hold several calls (`parallel_tool_calls`, default true).
+    /// Whether one answer may hold several calls (`parallel_tool_calls`; default false, as
+    /// llama.cpp's server has it; the legacy `functions` never).
     pub parallel: bool,
 }
 
@@ -108,9 +109,11 @@ impl Request {
             None => ToolChoice::Auto,
             Some(c) => checked_choice(c, choice_field)?,
         };
+        // llama.cpp's default, not OpenAI's: one call per answer unless asked, so a small model
+        // does not repeat its call until the token limit.
         let parallel = match present(parallel_tool_calls) {
-            None => !legacy,
-            Some(Value::Bool(b)) => *b,
+            None => false,
+            Some(Value::Bool(b)) => *b && !legacy,
             Some(_) => return Err("parallel_tool_calls must be true or false".into()),
         };
         if tools.is_empty() {
@@ -320,7 +323,11 @@ mod tests {
             .expect("valid")
             .expect("tools");
         assert_eq!(r.choice, ToolChoice::Auto);
-        assert!(r.parallel);
+        assert!(!r.parallel, "one call per answer unless asked");
+        let asked = Request::from_fields(Some(&tools), None, Some(&json!(true)), None, None)
+            .expect("valid")
+            .expect("tools");
+        assert!(asked.parallel);
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
         let r = Request::from_fields(Some(&tools), Some(&named), None, None, None)
             .expect("valid")

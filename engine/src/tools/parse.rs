@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::syntax::End;
+use super::syntax::{Begins, End};
 use super::{Call, Request, Syntax};
 
 /// A piece of the answer.
@@ -24,6 +24,9 @@ pub struct Parsed {
     pub content: String,
     /// The calls, in order.
     pub calls: Vec<Call>,
+    /// Calls begun that came out malformed, not of a callable tool, or cut off (given back as
+    /// text).
+    pub broken: usize,
 }
 
 /// Splits a whole answer.
@@ -38,6 +41,7 @@ pub fn parse(syntax: Syntax, request: Arc<Request>, text: &str) -> Parsed {
             Delta::Call(c) => parsed.calls.push(c),
         }
     }
+    parsed.broken = splitter.broken();
     parsed
 }
 
@@ -56,6 +60,10 @@ pub struct Splitter {
     calls: usize,
     /// Whether the last thing passed on was a call.
     after_call: bool,
+    /// Calls begun that were given back as text.
+    broken: usize,
+    /// Whether any text (not only whitespace) was passed on.
+    passed_text: bool,
 }
 
 impl Splitter {
@@ -69,6 +77,8 @@ impl Splitter {
             space: String::new(),
             calls: 0,
             after_call: false,
+            broken: 0,
+            passed_text: false,
         }
     }
 
@@ -76,18 +86,25 @@ impl Splitter {
     pub fn push(&mut self, text: &str) -> Vec<Delta> {
         self.pending.push_str(text);
         let mut out = Vec::new();
-        let opener = self.syntax.opener();
         loop {
             if !self.in_call {
-                if let Some(at) = self.pending.find(opener) {
-                    let before: String = self.pending.drain(..at).collect();
-                    self.text(&before, &mut out);
-                    self.in_call = true;
-                    continue;
+                let at_start = self.calls == 0 && !self.passed_text;
+                match self.syntax.find_call(&self.pending, at_start) {
+                    Begins::At(at) => {
+                        let before: String = self.pending.drain(..at).collect();
+                        self.text(&before, &mut out);
+                        self.in_call = true;
+                        continue;
+                    }
+                    Begins::Maybe(at) => {
+                        let ready: String = self.pending.drain(..at).collect();
+                        self.text(&ready, &mut out);
+                    }
+                    Begins::Nowhere => {
+                        let ready = std::mem::take(&mut self.pending);
+                        self.text(&ready, &mut out);
+                    }
                 }
-                let keep = partial_opener(&self.pending, opener);
-                let ready: String = self.pending.drain(..self.pending.len() - keep).collect();
-                self.text(&ready, &mut out);
                 return out;
             }
             match self.syntax.end_of_call(&self.pending) {
@@ -102,11 +119,18 @@ impl Splitter {
                             self.after_call = true;
                             out.push(Delta::Call(c));
                         }
-                        None => self.text(&call, &mut out),
+                        None => {
+                            self.broken += 1;
+                            self.text(&call, &mut out);
+                        }
                     }
                 }
                 End::Broken => {
-                    let opened: String = self.pending.drain(..opener.len()).collect();
+                    self.broken += 1;
+                    // Passed on as text up to its opener's first character; the search for a
+                    // call resumes after it.
+                    let first = self.pending.chars().next().map_or(0, char::len_utf8);
+                    let opened: String = self.pending.drain(..first).collect();
                     self.in_call = false;
                     self.text(&opened, &mut out);
                 }
@@ -119,12 +143,20 @@ impl Splitter {
     pub fn finish(&mut self) -> Vec<Delta> {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.pending);
+        if self.in_call {
+            self.broken += 1;
+        }
         self.in_call = false;
         self.text(&rest, &mut out);
         if self.calls == 0 && !self.space.is_empty() {
             out.push(Delta::Content(std::mem::take(&mut self.space)));
         }
         out
+    }
+
+    /// Calls begun so far that were given back as text.
+    pub fn broken(&self) -> usize {
+        self.broken
     }
 
     /// Passes `text` on, holding its trailing whitespace back.
@@ -143,19 +175,10 @@ impl Splitter {
             self.after_call = false;
         }
         piece.push_str(body);
+        self.passed_text = true;
         out.push(Delta::Content(piece));
         self.space.push_str(&text[body_len..]);
     }
-}
-
-/// The length of the longest end of `text` that begins `opener` (and could become it).
-fn partial_opener(text: &str, opener: &str) -> usize {
-    (1..opener.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| {
-            text.is_char_boundary(text.len() - n) && opener.starts_with(&text[text.len() - n..])
-        })
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -243,6 +266,18 @@ mod tests {
         );
         let llama = "{\"name\": oops";
         assert_eq!(streamed(Syntax::Llama3, llama, 1).content, llama);
+        let spaced =
+            "{\n    \"name\": \"get_weather\",\n    \"parameters\": {\"city\": \"Oslo\"}\n}";
+        for step in [1, 4, 1000] {
+            assert_eq!(
+                streamed(Syntax::Llama3, spaced, step).calls,
+                vec![call("Oslo")],
+                "JSON's whitespace"
+            );
+        }
+        for text in [broken, unknown, cut] {
+            assert_eq!(parse(Syntax::Hermes, request(), text).broken, 1, "{text}");
+        }
     }
 
     #[test]

@@ -32,7 +32,68 @@ pub enum End {
     Broken,
 }
 
+/// Where a call may begin in text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Begins {
+    /// A call begins here.
+    At(usize),
+    /// From here on the text may become a call's beginning: hold it back.
+    Maybe(usize),
+    /// No call begins in the text.
+    Nowhere,
+}
+
 impl Syntax {
+    /// Where the first call begins in `text`: at its opener. A Llama 3 call is the whole
+    /// answer (as llama.cpp reads it): a `{` and, after any whitespace, `"name"`, where nothing
+    /// but whitespace came before (`at_start`: nothing was passed on yet).
+    pub fn find_call(self, text: &str, at_start: bool) -> Begins {
+        if self != Syntax::Llama3 {
+            let opener = self.opener();
+            if let Some(at) = text.find(opener) {
+                return Begins::At(at);
+            }
+            let keep = (1..opener.len().min(text.len() + 1))
+                .rev()
+                .find(|&n| {
+                    text.is_char_boundary(text.len() - n)
+                        && opener.starts_with(&text[text.len() - n..])
+                })
+                .unwrap_or(0);
+            return if keep > 0 {
+                Begins::Maybe(text.len() - keep)
+            } else {
+                Begins::Nowhere
+            };
+        }
+        let trimmed = text.trim_start();
+        if !at_start || trimmed.is_empty() {
+            return if at_start {
+                Begins::Maybe(0)
+            } else {
+                Begins::Nowhere
+            };
+        }
+        let at = text.len() - trimmed.len();
+        if !trimmed.starts_with('{') {
+            return Begins::Nowhere;
+        }
+        let rest = trimmed[1..].trim_start();
+        if rest.starts_with("\"name\"") {
+            Begins::At(at)
+        } else if "\"name\"".starts_with(rest) {
+            Begins::Maybe(at)
+        } else {
+            Begins::Nowhere
+        }
+    }
+
+    /// Whether a call may only open the answer (a lazily applied grammar then starts only
+    /// there).
+    pub fn opens_the_answer(self) -> bool {
+        self == Syntax::Llama3
+    }
+
     /// The syntax `template` writes calls in, if it takes tools at all and writes calls in a
     /// syntax we read (`None`: the fallback, tools described in the system turn).
     pub fn of_template(template: &str) -> Option<Syntax> {

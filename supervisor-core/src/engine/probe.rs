@@ -32,6 +32,9 @@ pub struct Health {
     /// Its recent speeds.
     #[serde(default)]
     pub speeds: Speeds,
+    /// Its tool-call counters since it started.
+    #[serde(default)]
+    pub tool_calls: wire::status::ToolCalls,
 }
 
 /// The engine's recent speeds (`/health` → `speeds`).

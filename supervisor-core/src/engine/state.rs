@@ -55,6 +55,9 @@ pub struct EngineStatus {
     pub prefill_tokens_per_second: Option<f64>,
     /// Recent generation speed, from the engine's own timings.
     pub decode_tokens_per_second: Option<f64>,
+    /// Tool calls since the running engine started, once it has answered a probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<wire::status::ToolCalls>,
     /// The engine's last output lines.
     pub recent_log: Vec<String>,
     /// The daemon that published this.
@@ -84,6 +87,7 @@ impl EngineStatus {
             last_exit: None,
             prefill_tokens_per_second: None,
             decode_tokens_per_second: None,
+            tool_calls: None,
             recent_log: Vec::new(),
             supervisor_pid: Some(std::process::id()),
             control_key: None,

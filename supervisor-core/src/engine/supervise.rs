@@ -359,6 +359,7 @@ impl Supervisor {
         if speeds.decode_tokens_per_second.is_some() {
             self.status.decode_tokens_per_second = speeds.decode_tokens_per_second;
         }
+        self.status.tool_calls = Some(health.tool_calls);
     }
 
     fn failed(&mut self, reason: String, exit: String, stable: bool) -> Outcome {

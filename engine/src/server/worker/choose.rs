@@ -74,16 +74,20 @@ pub enum Choice {
 pub struct GrammarTrigger {
     grammar: Arc<Grammar>,
     trigger: Vec<u8>,
+    /// The trigger counts only at the output's start (after whitespace).
+    anchored: bool,
     /// The output's last bytes, enough to find a trigger split across tokens.
     tail: Vec<u8>,
 }
 
 impl GrammarTrigger {
-    /// `grammar`, applying from where the output first holds `trigger`.
-    pub fn new(grammar: Arc<Grammar>, trigger: &str) -> GrammarTrigger {
+    /// `grammar`, applying from where the output first holds `trigger` (`anchored`: only
+    /// where it opens the output).
+    pub fn new(grammar: Arc<Grammar>, trigger: &str, anchored: bool) -> GrammarTrigger {
         GrammarTrigger {
             grammar,
             trigger: trigger.as_bytes().to_vec(),
+            anchored,
             tail: Vec::new(),
         }
     }
@@ -93,6 +97,20 @@ impl GrammarTrigger {
     /// already breaks the grammar (the output stays free then).
     fn after(&mut self, bytes: &[u8]) -> Option<Result<Matcher, ()>> {
         self.tail.extend_from_slice(bytes);
+        if self.anchored {
+            // The whole output so far, its leading whitespace aside, must be the trigger's start.
+            let start = self.tail.iter().position(|b| !b.is_ascii_whitespace())?;
+            let seen = &self.tail[start..];
+            let n = seen.len().min(self.trigger.len());
+            if seen[..n] != self.trigger[..n] {
+                return Some(Err(()));
+            }
+            if seen.len() < self.trigger.len() {
+                return None;
+            }
+            let mut m = Matcher::new(Arc::clone(&self.grammar));
+            return Some(if m.advance(seen) { Ok(m) } else { Err(()) });
+        }
         let n = self.trigger.len();
         match self
             .tail

@@ -57,6 +57,8 @@ pub struct Params {
     /// Where the grammar starts: at the output's first byte (`None`), or where the output
     /// first holds this text (a tool call's opener; the output before it is free).
     pub grammar_trigger: Option<String>,
+    /// The trigger counts only where it opens the output (a Llama 3 call is the whole answer).
+    pub grammar_anchored: bool,
     /// Speculation: tokens drafted per pass at most (0: off; llama.cpp's `speculative.n_max`).
     pub draft_max: usize,
     /// Fewest drafted tokens worth a check (`speculative.n_min`).
@@ -710,7 +712,11 @@ impl Runner<'_> {
                 .filter(|_| params.grammar.is_none() || params.grammar_trigger.is_some())
                 .map(ThinkingBudget::new),
             waiting: match (&params.grammar, &params.grammar_trigger) {
-                (Some(g), Some(trigger)) => Some(GrammarTrigger::new(Arc::clone(g), trigger)),
+                (Some(g), Some(trigger)) => Some(GrammarTrigger::new(
+                    Arc::clone(g),
+                    trigger,
+                    params.grammar_anchored,
+                )),
                 _ => None,
             },
             vocab: params
