@@ -689,7 +689,7 @@ mod tests {
         assert!(json(&wire.overclock).contains("\"checks\":{\"passed\":false"));
         let text = serde_json::to_string(&wire).expect("encodes");
         assert!(
-            text.starts_with("{\"schema_version\":1,\"root\":"),
+            text.starts_with("{\"schema_version\":1,\"schema_minor\":1,\"root\":"),
             "{text}"
         );
         assert_eq!(

@@ -20,9 +20,9 @@ pub enum CallPart {
     Space,
     /// A JSON value valid against the schema at this JSON pointer of the document.
     Json(String),
-    /// Text (valid UTF-8) up to, not including, the first occurrence of this end (which must
-    /// not begin with a repeat of its own first character).
-    RawUntil(String),
+    /// The object schema at this pointer in Gemma 4's value notation: `{key:value,…}` with
+    /// bare keys, strings between `<|"|>` quotes, numbers and literals as in JSON.
+    GemmaArguments(String),
     /// The properties of the object schema at this pointer as Qwen's XML parameters:
     /// `<parameter=NAME>\nVALUE\n</parameter>\n` each, required ones first; a string's value is
     /// its raw text, any other value JSON.
@@ -96,7 +96,10 @@ fn parts(j: &mut Json<'_>, doc: &Value, parts: &[CallPart]) -> Result<Vec<Item>,
                 let schema = resolve(doc, pointer)?;
                 seq.extend(xml_parameters(j, schema, pointer)?);
             }
-            CallPart::RawUntil(end) => seq.push(Item::Rule(raw_text(j, end.as_bytes())?)),
+            CallPart::GemmaArguments(pointer) => {
+                let schema = resolve(doc, pointer)?;
+                seq.push(Item::Rule(gemma_value(j, doc, schema, pointer, 0)?));
+            }
         }
     }
     Ok(seq)
@@ -136,7 +139,7 @@ fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec
             name.replace('~', "~0").replace('/', "~1")
         );
         let value = if property.get("type").and_then(Value::as_str) == Some("string") {
-            raw_string(j, property, &at)?
+            raw_string(j, property, &at, PARAMETER_END)?
         } else {
             j.schema(property, &at)?
         };
@@ -155,20 +158,17 @@ fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec
     Ok(seq)
 }
 
-/// A string parameter's raw value (the template writes it unquoted): one of its `enum` or its
-/// `const` exactly; one line of `minLength` to `maxLength` characters when it has either; else
-/// any text up to the parameter's end. `format` is not checked on raw text; any keyword JSON
-/// strings refuse (`pattern`, …) is refused here too.
-fn raw_string(j: &mut Json<'_>, property: &Value, at: &str) -> Result<u32, String> {
-    const RAW_KEYS: &[&str] = &["type", "enum", "const", "minLength", "maxLength", "format"];
-    if let Some(key) = property.as_object().and_then(|m| {
-        m.keys().find(|k| {
-            !RAW_KEYS.contains(&k.as_str())
-                && !IGNORED.contains(&k.as_str())
-                && !k.starts_with("x-")
-        })
-    }) {
-        return Err(format!("json_schema: `{key}` at {at} is not supported"));
+/// A string's raw value (a template writes it unquoted, up to `end`): one of its `enum` or its
+/// `const` exactly; one line of `minLength` to `maxLength` characters when it has either (none
+/// of them the end's first); else any text without the end. `format` is not checked on raw
+/// text; any keyword JSON strings refuse (`pattern`, …) is refused here too.
+fn raw_string(j: &mut Json<'_>, property: &Value, at: &str, end: &[u8]) -> Result<u32, String> {
+    if let Some(m) = property.as_object() {
+        only_keys(
+            m,
+            &["type", "enum", "const", "minLength", "maxLength", "format"],
+            at,
+        )?;
     }
     let listed: Option<Vec<&Value>> = match (property.get("enum"), property.get("const")) {
         (Some(Value::Array(values)), _) => Some(values.iter().collect()),
@@ -203,9 +203,14 @@ fn raw_string(j: &mut Json<'_>, property: &Value, at: &str) -> Result<u32, Strin
     };
     let (min, max) = (bound("minLength")?, bound("maxLength")?);
     if min.is_none() && max.is_none() {
-        return raw_text(j, PARAMETER_END);
+        return raw_text(j, end);
     }
-    let line = utf8::complement(&utf8::normalize(vec![(u32::from(b'\n'), u32::from(b'\n'))]));
+    // Bounded: characters other than a newline and the end's first, so the end never appears.
+    let first = u32::from(end.first().copied().unwrap_or(b'\n'));
+    let line = utf8::complement(&utf8::normalize(vec![
+        (u32::from(b'\n'), u32::from(b'\n')),
+        (first, first),
+    ]));
     let char_rule =
         j.b.rule("one-line character", utf8::class_alternatives(&line))?;
     let seq = j.b.repeat(
@@ -215,6 +220,215 @@ fn raw_string(j: &mut Json<'_>, property: &Value, at: &str) -> Result<u32, Strin
         max,
     )?;
     j.b.rule(format!("{at} (bounded)"), vec![seq])
+}
+
+/// Gemma 4's string quote.
+const GEMMA_QUOTE: &str = "<|\"|>";
+/// Deepest schema nesting compiled into Gemma's notation.
+const MAX_GEMMA_DEPTH: usize = 32;
+
+/// A value valid against `schema` in Gemma 4's notation.
+fn gemma_value(
+    j: &mut Json<'_>,
+    doc: &Value,
+    schema: &Value,
+    at: &str,
+    depth: usize,
+) -> Result<u32, String> {
+    let refuse = |what: &str| {
+        Err(format!(
+            "tools: {what} at {at} cannot be written in Gemma 4's call notation"
+        ))
+    };
+    if depth > MAX_GEMMA_DEPTH {
+        return refuse("a schema nested this deep");
+    }
+    let Some(m) = schema.as_object() else {
+        return match schema {
+            Value::Bool(true) => refuse("a value of any type"),
+            _ => refuse("a schema that is not an object"),
+        };
+    };
+    if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+        let target = r
+            .strip_prefix('#')
+            .and_then(|p| doc.pointer(p))
+            .ok_or_else(|| format!("json_schema: `$ref` {r:?} at {at} points nowhere"))?;
+        return gemma_value(j, doc, target, r, depth + 1);
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(list) = m.get(key).and_then(Value::as_array) {
+            let mut alts = Vec::with_capacity(list.len());
+            for (i, sub) in list.iter().enumerate() {
+                let id = gemma_value(j, doc, sub, &format!("{at}/{key}/{i}"), depth + 1)?;
+                alts.push(vec![Item::Rule(id)]);
+            }
+            return j.b.rule(format!("{at} (one of)"), alts);
+        }
+    }
+    let listed: Option<Vec<&Value>> = match (m.get("enum"), m.get("const")) {
+        (Some(Value::Array(values)), _) => Some(values.iter().collect()),
+        (_, Some(value)) => Some(vec![value]),
+        _ => None,
+    };
+    if let Some(values) = listed {
+        let alts = values
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => literal(format!("{GEMMA_QUOTE}{s}{GEMMA_QUOTE}").as_bytes()),
+                other => literal(other.to_string().as_bytes()),
+            })
+            .collect();
+        return j.b.rule(format!("{at} (listed)"), alts);
+    }
+    let kind = match m.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        None if m.contains_key("properties") => "object",
+        None if m.contains_key("items") => "array",
+        _ => return refuse("a value without one `type`"),
+    };
+    match kind {
+        "string" => {
+            let mut seq = literal(GEMMA_QUOTE.as_bytes());
+            seq.push(Item::Rule(raw_string(
+                j,
+                schema,
+                at,
+                GEMMA_QUOTE.as_bytes(),
+            )?));
+            seq.extend(literal(GEMMA_QUOTE.as_bytes()));
+            j.b.rule(format!("{at} (string)"), vec![seq])
+        }
+        "integer" | "number" | "boolean" | "null" => j.schema(schema, at),
+        "array" => {
+            only_keys(m, &["type", "items"], at)?;
+            let items = m.get("items").unwrap_or(&Value::Bool(true));
+            let item = gemma_value(j, doc, items, &format!("{at}/items"), depth + 1)?;
+            let more = j.b.repeat(
+                &format!("{at} (more items)"),
+                &[Item::Bytes(ByteSet::byte(b',')), Item::Rule(item)],
+                0,
+                None,
+            )?;
+            let mut some = vec![Item::Rule(item)];
+            some.extend(more);
+            let body = j.b.rule(format!("{at} (items)"), vec![some, Vec::new()])?;
+            j.b.rule(
+                format!("{at} (array)"),
+                vec![vec![
+                    Item::Bytes(ByteSet::byte(b'[')),
+                    Item::Rule(body),
+                    Item::Bytes(ByteSet::byte(b']')),
+                ]],
+            )
+        }
+        "object" => gemma_object(j, doc, m, at, depth),
+        other => refuse(&format!("type {other:?}")),
+    }
+}
+
+/// `{key:value,…}`: required properties in their order, then the others by name, each of
+/// those optional; a comma between any two present.
+fn gemma_object(
+    j: &mut Json<'_>,
+    doc: &Value,
+    m: &serde_json::Map<String, Value>,
+    at: &str,
+    depth: usize,
+) -> Result<u32, String> {
+    only_keys(
+        m,
+        &["type", "properties", "required", "additionalProperties"],
+        at,
+    )?;
+    if m.get("additionalProperties")
+        .is_some_and(|a| a != &Value::Bool(false))
+    {
+        return Err(format!(
+            "tools: `additionalProperties` other than false at {at} cannot be written in Gemma \
+             4's call notation"
+        ));
+    }
+    let empty = serde_json::Map::new();
+    let properties = m
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let required: Vec<&str> = m
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(missing) = required.iter().find(|r| !properties.contains_key(**r)) {
+        return Err(format!(
+            "json_schema: `required` names {missing:?}, which is not in `properties` at {at}"
+        ));
+    }
+    let mut names: Vec<&str> = required.clone();
+    let mut optional: Vec<&str> = properties
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !required.contains(k))
+        .collect();
+    optional.sort_unstable();
+    names.extend(optional);
+    // after[i]: properties i.. once one was written (each present one after a comma);
+    // first[i]: the same before any was written.
+    let mut after: u32 = j.b.rule(format!("{at} (end)"), vec![Vec::new()])?;
+    let mut first: u32 = after;
+    for name in names.iter().rev() {
+        let value = gemma_value(
+            j,
+            doc,
+            &properties[*name],
+            &format!("{at}/properties/{name}"),
+            depth + 1,
+        )?;
+        let mut item = literal(format!("{name}:").as_bytes());
+        item.push(Item::Rule(value));
+        let mut with_comma = vec![Item::Bytes(ByteSet::byte(b','))];
+        with_comma.extend(item.iter().copied());
+        with_comma.push(Item::Rule(after));
+        let mut leading = item;
+        leading.push(Item::Rule(after));
+        let is_required = required.contains(name);
+        let new_after = if is_required {
+            j.b.rule(format!("{at} {name}"), vec![with_comma])?
+        } else {
+            j.b.rule(
+                format!("{at} {name}"),
+                vec![with_comma, vec![Item::Rule(after)]],
+            )?
+        };
+        let new_first = if is_required {
+            j.b.rule(format!("{at} {name} (first)"), vec![leading])?
+        } else {
+            j.b.rule(
+                format!("{at} {name} (first)"),
+                vec![leading, vec![Item::Rule(first)]],
+            )?
+        };
+        after = new_after;
+        first = new_first;
+    }
+    j.b.rule(
+        format!("{at} (object)"),
+        vec![vec![
+            Item::Bytes(ByteSet::byte(b'{')),
+            Item::Rule(first),
+            Item::Bytes(ByteSet::byte(b'}')),
+        ]],
+    )
+}
+
+/// Refuses, by name, a keyword of `m` outside `allowed` (descriptive ones and `x-` aside).
+fn only_keys(m: &serde_json::Map<String, Value>, allowed: &[&str], at: &str) -> Result<(), String> {
+    match m.keys().find(|k| {
+        !allowed.contains(&k.as_str()) && !IGNORED.contains(&k.as_str()) && !k.starts_with("x-")
+    }) {
+        Some(key) => Err(format!("json_schema: `{key}` at {at} is not supported")),
+        None => Ok(()),
+    }
 }
 
 /// Most characters a raw string's length bounds unroll.

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::request::{ChatRequest, Defaults};
 use crate::chat::{ChatTemplate, Vars};
+use crate::grammar::Grammar;
 use crate::reasoning::{self, Part, Thinking, ThoughtSplitter};
 use crate::tools::{self, Call, Delta, Splitter, Syntax, ToolChoice};
 
@@ -23,6 +24,8 @@ pub struct Calling {
     pub request: Arc<tools::Request>,
     /// The request came with legacy `functions`: answers carry `function_call`.
     pub legacy: bool,
+    /// The calls' grammar: generation follows it, and a call read back must too.
+    pub grammar: Arc<Grammar>,
 }
 
 /// A chat request's tools as its answer must treat them (`None` when it declares none or
@@ -41,24 +44,25 @@ pub fn for_chat(
     if native.is_some() {
         vars.tools = Some(tools.tools.iter().map(tools::Tool::for_template).collect());
     }
+    let syntax = native.unwrap_or(Syntax::Hermes);
+    let grammar = syntax.grammar(&tools).map_err(ApiError::bad_request)?;
     let calling = Calling {
-        syntax: native.unwrap_or(Syntax::Hermes),
+        syntax,
         request: Arc::new(tools),
         legacy: request.functions.as_ref().is_some_and(|f| !f.is_null()),
+        grammar: Arc::new(grammar),
     };
     Ok((Some(calling), vars))
 }
 
 impl Calling {
-    /// The grammar the answer follows and where it starts: the whole answer for `required`
-    /// and a named tool, from a call's opener on for `auto`.
-    pub fn grammar(&self) -> Result<(crate::grammar::Grammar, Option<String>), String> {
-        let grammar = self.syntax.grammar(&self.request)?;
-        let trigger = match self.request.choice {
+    /// Where the calls' grammar starts: at the answer's first byte for `required` and a
+    /// named tool, at a call's opener for `auto`.
+    pub fn trigger(&self) -> Option<String> {
+        match self.request.choice {
             ToolChoice::Auto => Some(self.syntax.opener().to_string()),
             _ => None,
-        };
-        Ok((grammar, trigger))
+        }
     }
 
     /// The finish reason of an answer that made calls.
@@ -135,7 +139,12 @@ impl Shape {
                 None,
             ),
             Some(calling) => {
-                let parsed = tools::parse(calling.syntax, Arc::clone(&calling.request), &answer);
+                let parsed = tools::parse(
+                    calling.syntax,
+                    Arc::clone(&calling.request),
+                    Some(Arc::clone(&calling.grammar)),
+                    &answer,
+                );
                 let tally = Some(Tally {
                     calls: parsed.calls.len(),
                     broken: parsed.broken,
@@ -170,10 +179,13 @@ impl Shape {
                         thought: self
                             .thinking
                             .map(|(thinking, open)| ThoughtSplitter::new(thinking, open)),
-                        calls: self
-                            .calling
-                            .as_ref()
-                            .map(|c| Splitter::new(c.syntax, Arc::clone(&c.request))),
+                        calls: self.calling.as_ref().map(|c| {
+                            Splitter::new(
+                                c.syntax,
+                                Arc::clone(&c.request),
+                                Some(Arc::clone(&c.grammar)),
+                            )
+                        }),
                         called: 0,
                     })
                     .collect(),

@@ -222,9 +222,8 @@ fn tool_calling(
                  follow their tools' schemas (use tool_choice \"none\" for a constrained answer)",
             ));
         }
-        let (grammar, trigger) = calling.grammar().map_err(ApiError::bad_request)?;
-        params.grammar = Some(std::sync::Arc::new(grammar));
-        params.grammar_trigger = trigger;
+        params.grammar = Some(std::sync::Arc::clone(&calling.grammar));
+        params.grammar_trigger = calling.trigger();
         params.grammar_anchored = calling.syntax.opens_the_answer();
     }
     Ok((calling, vars))

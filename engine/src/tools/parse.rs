@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::syntax::{Begins, End};
 use super::{Call, Request, Syntax};
+use crate::grammar::{Grammar, Matcher};
 
 /// A piece of the answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,9 +30,14 @@ pub struct Parsed {
     pub broken: usize,
 }
 
-/// Splits a whole answer.
-pub fn parse(syntax: Syntax, request: Arc<Request>, text: &str) -> Parsed {
-    let mut splitter = Splitter::new(syntax, request);
+/// Splits a whole answer (see [`Splitter::new`] for `grammar`).
+pub fn parse(
+    syntax: Syntax,
+    request: Arc<Request>,
+    grammar: Option<Arc<Grammar>>,
+    text: &str,
+) -> Parsed {
+    let mut splitter = Splitter::new(syntax, request, grammar);
     let mut parsed = Parsed::default();
     let mut deltas = splitter.push(text);
     deltas.extend(splitter.finish());
@@ -50,6 +56,8 @@ pub fn parse(syntax: Syntax, request: Arc<Request>, text: &str) -> Parsed {
 pub struct Splitter {
     syntax: Syntax,
     request: Arc<Request>,
+    /// The calls' grammar: a call is one only if it follows it.
+    grammar: Option<Arc<Grammar>>,
     /// Text not yet passed on: a possible opener's beginning, or a call under way.
     pending: String,
     /// Whether `pending` begins with an opener.
@@ -67,11 +75,15 @@ pub struct Splitter {
 }
 
 impl Splitter {
-    /// A splitter for answers in `syntax` calling `request`'s tools.
-    pub fn new(syntax: Syntax, request: Arc<Request>) -> Splitter {
+    /// A splitter for answers in `syntax` calling `request`'s tools. With `grammar` (the
+    /// calls' grammar the answer was generated under), a call that does not follow it (written
+    /// where the grammar could not hold it) is text, so every call passed on follows its
+    /// tool's schema.
+    pub fn new(syntax: Syntax, request: Arc<Request>, grammar: Option<Arc<Grammar>>) -> Splitter {
         Splitter {
             syntax,
             request,
+            grammar,
             pending: String::new(),
             in_call: false,
             space: String::new(),
@@ -112,7 +124,15 @@ impl Splitter {
                 End::At(len) => {
                     let call: String = self.pending.drain(..len).collect();
                     self.in_call = false;
-                    match self.syntax.read_call(&call, &self.request) {
+                    let follows = self.grammar.as_ref().is_none_or(|g| {
+                        let mut m = Matcher::new(Arc::clone(g));
+                        m.advance(call.as_bytes()) && m.is_complete()
+                    });
+                    match self
+                        .syntax
+                        .read_call(&call, &self.request)
+                        .filter(|_| follows)
+                    {
                         Some(c) => {
                             self.space.clear();
                             self.calls += 1;
@@ -205,7 +225,7 @@ mod tests {
 
     /// `text` fed in pieces of `step` bytes (at character boundaries), the deltas merged.
     fn streamed(syntax: Syntax, text: &str, step: usize) -> Parsed {
-        let mut s = Splitter::new(syntax, request());
+        let mut s = Splitter::new(syntax, request(), None);
         let mut deltas = Vec::new();
         let mut at = 0;
         while at < text.len() {
@@ -276,7 +296,11 @@ mod tests {
             );
         }
         for text in [broken, unknown, cut] {
-            assert_eq!(parse(Syntax::Hermes, request(), text).broken, 1, "{text}");
+            assert_eq!(
+                parse(Syntax::Hermes, request(), None, text).broken,
+                1,
+                "{text}"
+            );
         }
     }
 
@@ -286,7 +310,7 @@ mod tests {
         for step in [1, 4, 1000] {
             assert_eq!(streamed(Syntax::Hermes, text, step).content, text);
         }
-        let mut s = Splitter::new(Syntax::Hermes, request());
+        let mut s = Splitter::new(Syntax::Hermes, request(), None);
         assert_eq!(s.push("Hello <tool"), vec![Delta::Content("Hello".into())]);
         assert_eq!(
             s.push("box> x"),
@@ -317,5 +341,28 @@ mod tests {
                 assert_eq!(p.content, "", "{syntax:?}");
             }
         }
+    }
+
+    #[test]
+    fn with_its_grammar_a_call_off_the_schema_is_text() {
+        let r = request();
+        let grammar = Arc::new(Syntax::Hermes.grammar(&r).expect("grammar"));
+        let good = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let off =
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 5}}\n</tool_call>";
+        let checked = parse(
+            Syntax::Hermes,
+            Arc::clone(&r),
+            Some(Arc::clone(&grammar)),
+            good,
+        );
+        assert_eq!(checked.calls, vec![call("Oslo")]);
+        let checked = parse(Syntax::Hermes, Arc::clone(&r), Some(grammar), off);
+        assert!(checked.calls.is_empty() && checked.content == off && checked.broken == 1);
+        assert_eq!(
+            parse(Syntax::Hermes, r, None, off).calls.len(),
+            1,
+            "unchecked, it parses"
+        );
     }
 }

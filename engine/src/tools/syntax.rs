@@ -141,8 +141,7 @@ impl Syntax {
     }
 
     /// The grammar of one or more calls of the request's callable tools, from the opener on.
-    /// Arguments follow each tool's schema (Gemma 4's own value notation is only framed: the
-    /// name is one of the tools and the call is closed).
+    /// Arguments follow each tool's schema (for Gemma 4, written in its own value notation).
     pub fn grammar(self, request: &Request) -> Result<Grammar, String> {
         let mut defs = Map::new();
         let mut forms = Vec::new();
@@ -180,9 +179,9 @@ impl Syntax {
                 ],
                 Syntax::Llama3 => vec![CallPart::Json(format!("/$defs/{call}"))],
                 Syntax::Gemma4 => vec![
-                    CallPart::Text(format!("<|tool_call>call:{}{{", tool.name)),
-                    CallPart::RawUntil("}<tool_call|>".into()),
-                    CallPart::Text("}<tool_call|>".into()),
+                    CallPart::Text(format!("<|tool_call>call:{}", tool.name)),
+                    CallPart::GemmaArguments(format!("/$defs/{params}")),
+                    CallPart::Text("<tool_call|>".into()),
                 ],
             });
         }
@@ -548,7 +547,7 @@ mod tests {
         let r = Request::from_fields(Some(&bad), Some(&json!("required")), None, None, None)
             .expect("valid")
             .expect("tools");
-        for syntax in [Syntax::Hermes, Syntax::QwenXml] {
+        for syntax in [Syntax::Hermes, Syntax::QwenXml, Syntax::Gemma4] {
             let e = syntax.grammar(&r).expect_err("pattern is not supported");
             assert!(e.contains("pattern"), "{syntax:?}: {e}");
         }
