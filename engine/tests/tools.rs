@@ -1,8 +1,8 @@
 //! Tool calling end to end: the real chat templates of each family (llama.cpp's
 //! `models/templates/`) told apart, a past call written by each template read back by our parser
 //! for that family, and the `openai` package's full tool loop (`clients/tool_calls.py`) against
-//! `engine serve` on the real SmolLM2 and Gemma 3 (the fallback) and on SmolLM2 with each
-//! family's template (`--chat-template-file`).
+//! `engine serve` on the real SmolLM2 and Gemma 3, with their own templates (the fallback) and
+//! with each family's (`--chat-template-file`).
 
 mod common;
 
@@ -152,8 +152,8 @@ fn the_openai_package_runs_the_tool_loop_on_the_fallback() {
     openai_tool_loop(&gemma3, "Gemma 3 270M (its template takes no tools)");
 }
 
-#[test]
-fn the_openai_package_runs_the_tool_loop_in_each_familys_template() {
+/// The tool loop on `model` (named `name`) with one template of each syntax.
+fn tool_loops_in_each_family(model: &std::path::Path, name: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     for (file, syntax) in FAMILIES {
         // One template per syntax.
@@ -168,14 +168,28 @@ fn the_openai_package_runs_the_tool_loop_in_each_familys_template() {
         }
         let path = dir.path().join(file);
         std::fs::write(&path, template_text(file)).expect("write the template");
-        let server = common::serve::start(&[
-            "-c",
-            "2048",
-            "--chat-template-file",
-            path.to_str().expect("utf-8"),
-        ]);
-        openai_tool_loop(&server, &format!("SmolLM2 with {file} ({syntax:?})"));
+        let server = common::serve::start_model(
+            model,
+            &[
+                "-c",
+                "2048",
+                "--chat-template-file",
+                path.to_str().expect("utf-8"),
+            ],
+            &[],
+        );
+        openai_tool_loop(&server, &format!("{name} with {file} ({syntax:?})"));
     }
+}
+
+#[test]
+fn the_openai_package_runs_the_tool_loop_in_each_familys_template() {
+    tool_loops_in_each_family(&common::smollm2(), "SmolLM2");
+}
+
+#[test]
+fn the_openai_package_runs_the_tool_loop_in_each_familys_template_on_gemma3() {
+    tool_loops_in_each_family(&common::gemma3(), "Gemma 3 270M");
 }
 
 /// llama.cpp's own tool-call cases that need no particular model
