@@ -199,12 +199,20 @@ impl ChatTemplate {
         thinking: crate::reasoning::Thinking,
         continued: bool,
     ) -> bool {
-        let rendered = if continued {
-            self.render_continuation(messages, vars)
-        } else {
-            self.render(messages, true, vars)
+        if continued {
+            return self
+                .render_continuation(messages, vars)
+                .is_ok_and(|text| thinking.open_at_end(&text));
+        }
+        // Only what the generation cue adds counts: a tag a user wrote in a message does not.
+        let (Ok(asked), Ok(cued)) = (
+            self.render(messages, false, vars),
+            self.render(messages, true, vars),
+        ) else {
+            return false;
         };
-        rendered.is_ok_and(|text| thinking.open_at_end(&text))
+        let cue = cued.strip_prefix(asked.as_str()).unwrap_or(&cued);
+        thinking.open_at_end(cue)
     }
 
     /// The BOS and EOS texts the template is given.

@@ -133,6 +133,12 @@ fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec
     names.extend(&optional);
     let mut seq = Vec::new();
     for name in names {
+        if name.is_empty() || name.contains(['<', '>', '\n']) {
+            return Err(format!(
+                "tools: the property name {name:?} at {pointer} cannot be a Qwen XML parameter \
+                 (no `<`, `>` or line breaks)"
+            ));
+        }
         let property = &properties[name];
         let at = format!(
             "{pointer}/properties/{}",
@@ -150,8 +156,10 @@ fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec
         if required.contains(&name) {
             seq.extend(one);
         } else {
-            let id =
-                j.b.rule(format!("optional parameter {name}"), vec![one, Vec::new()])?;
+            let id = j.b.rule(
+                format!("optional parameter {}", short(name)),
+                vec![one, Vec::new()],
+            )?;
             seq.push(Item::Rule(id));
         }
     }
@@ -185,7 +193,7 @@ fn raw_string(j: &mut Json<'_>, property: &Value, at: &str, end: &[u8]) -> Resul
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        return j.b.rule(format!("{at} (listed)"), alts);
+        return j.b.rule(format!("{} (listed)", short(at)), alts);
     }
     let bound = |key: &str| -> Result<Option<usize>, String> {
         match property.get(key) {
@@ -214,12 +222,12 @@ fn raw_string(j: &mut Json<'_>, property: &Value, at: &str, end: &[u8]) -> Resul
     let char_rule =
         j.b.rule("one-line character", utf8::class_alternatives(&line))?;
     let seq = j.b.repeat(
-        &format!("{at} (characters)"),
+        &format!("{} (characters)", short(at)),
         &[Item::Rule(char_rule)],
         min.unwrap_or(0),
         max,
     )?;
-    j.b.rule(format!("{at} (bounded)"), vec![seq])
+    j.b.rule(format!("{} (bounded)", short(at)), vec![seq])
 }
 
 /// Gemma 4's string quote.
@@ -254,7 +262,16 @@ fn gemma_value(
             .strip_prefix('#')
             .and_then(|p| doc.pointer(p))
             .ok_or_else(|| format!("json_schema: `$ref` {r:?} at {at} points nowhere"))?;
-        return gemma_value(j, doc, target, r, depth + 1);
+        // Each reference is compiled once (reserved first, so a schema may refer to itself):
+        // a schema that names one definition many times stays as small as it is.
+        if let Some(&id) = j.gemma_refs.get(r) {
+            return Ok(id);
+        }
+        let id = j.b.reserve(format!("ref {}", short(r)))?;
+        j.gemma_refs.insert(r.to_string(), id);
+        let value = gemma_value(j, doc, target, "a referenced schema", depth + 1)?;
+        j.b.define(id, vec![vec![Item::Rule(value)]])?;
+        return Ok(id);
     }
     for key in ["anyOf", "oneOf"] {
         if let Some(list) = m.get(key).and_then(Value::as_array) {
@@ -263,7 +280,7 @@ fn gemma_value(
                 let id = gemma_value(j, doc, sub, &format!("{at}/{key}/{i}"), depth + 1)?;
                 alts.push(vec![Item::Rule(id)]);
             }
-            return j.b.rule(format!("{at} (one of)"), alts);
+            return j.b.rule(format!("{} (one of)", short(at)), alts);
         }
     }
     let listed: Option<Vec<&Value>> = match (m.get("enum"), m.get("const")) {
@@ -279,7 +296,7 @@ fn gemma_value(
                 other => literal(other.to_string().as_bytes()),
             })
             .collect();
-        return j.b.rule(format!("{at} (listed)"), alts);
+        return j.b.rule(format!("{} (listed)", short(at)), alts);
     }
     let kind = match m.get("type") {
         Some(Value::String(t)) => t.as_str(),
@@ -297,7 +314,7 @@ fn gemma_value(
                 GEMMA_QUOTE.as_bytes(),
             )?));
             seq.extend(literal(GEMMA_QUOTE.as_bytes()));
-            j.b.rule(format!("{at} (string)"), vec![seq])
+            j.b.rule(format!("{} (string)", short(at)), vec![seq])
         }
         "integer" | "number" | "boolean" | "null" => j.schema(schema, at),
         "array" => {
@@ -305,16 +322,17 @@ fn gemma_value(
             let items = m.get("items").unwrap_or(&Value::Bool(true));
             let item = gemma_value(j, doc, items, &format!("{at}/items"), depth + 1)?;
             let more = j.b.repeat(
-                &format!("{at} (more items)"),
+                &format!("{} (more items)", short(at)),
                 &[Item::Bytes(ByteSet::byte(b',')), Item::Rule(item)],
                 0,
                 None,
             )?;
             let mut some = vec![Item::Rule(item)];
             some.extend(more);
-            let body = j.b.rule(format!("{at} (items)"), vec![some, Vec::new()])?;
+            let body =
+                j.b.rule(format!("{} (items)", short(at)), vec![some, Vec::new()])?;
             j.b.rule(
-                format!("{at} (array)"),
+                format!("{} (array)", short(at)),
                 vec![vec![
                     Item::Bytes(ByteSet::byte(b'[')),
                     Item::Rule(body),
@@ -374,9 +392,19 @@ fn gemma_object(
     names.extend(optional);
     // after[i]: properties i.. once one was written (each present one after a comma);
     // first[i]: the same before any was written.
-    let mut after: u32 = j.b.rule(format!("{at} (end)"), vec![Vec::new()])?;
+    let mut after: u32 = j.b.rule(format!("{} (end)", short(at)), vec![Vec::new()])?;
     let mut first: u32 = after;
     for name in names.iter().rev() {
+        if name.is_empty()
+            || name
+                .chars()
+                .any(|c| c.is_whitespace() || ":,{}[]<>\"".contains(c))
+        {
+            return Err(format!(
+                "tools: the property name {name:?} at {at} cannot be written in Gemma 4's call \
+                 notation (no spaces or `:,{{}}[]<>\"`)"
+            ));
+        }
         let value = gemma_value(
             j,
             doc,
@@ -393,18 +421,21 @@ fn gemma_object(
         leading.push(Item::Rule(after));
         let is_required = required.contains(name);
         let new_after = if is_required {
-            j.b.rule(format!("{at} {name}"), vec![with_comma])?
+            j.b.rule(format!("{} {}", short(at), short(name)), vec![with_comma])?
         } else {
             j.b.rule(
-                format!("{at} {name}"),
+                format!("{} {}", short(at), short(name)),
                 vec![with_comma, vec![Item::Rule(after)]],
             )?
         };
         let new_first = if is_required {
-            j.b.rule(format!("{at} {name} (first)"), vec![leading])?
+            j.b.rule(
+                format!("{} {} (first)", short(at), short(name)),
+                vec![leading],
+            )?
         } else {
             j.b.rule(
-                format!("{at} {name} (first)"),
+                format!("{} {} (first)", short(at), short(name)),
                 vec![leading, vec![Item::Rule(first)]],
             )?
         };
@@ -412,13 +443,21 @@ fn gemma_object(
         first = new_first;
     }
     j.b.rule(
-        format!("{at} (object)"),
+        format!("{} (object)", short(at)),
         vec![vec![
             Item::Bytes(ByteSet::byte(b'{')),
             Item::Rule(first),
             Item::Bytes(ByteSet::byte(b'}')),
         ]],
     )
+}
+
+/// A rule name from client text, cut short: names are for messages, not copies of the schema.
+fn short(text: &str) -> &str {
+    match text.char_indices().nth(60) {
+        Some((at, _)) => &text[..at],
+        None => text,
+    }
 }
 
 /// Refuses, by name, a keyword of `m` outside `allowed` (descriptive ones and `x-` aside).
@@ -438,6 +477,9 @@ const MAX_RAW_LENGTH: u64 = 1024;
 /// ASCII and its first byte appears nowhere else in it, so a mismatch restarts the match at
 /// that byte or at nothing.
 fn raw_text(j: &mut Json<'_>, end: &[u8]) -> Result<u32, String> {
+    if let Some(&id) = j.raw.get(end) {
+        return Ok(id);
+    }
     let n = end.len();
     let Some(&first) = end.first() else {
         return Err("tools: an empty end of raw text (an engine bug)".into());
@@ -481,6 +523,7 @@ fn raw_text(j: &mut Json<'_>, end: &[u8]) -> Result<u32, String> {
         }
         j.b.define(states[k], alts)?;
     }
+    j.raw.insert(end.to_vec(), states[0]);
     Ok(states[0])
 }
 

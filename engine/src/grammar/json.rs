@@ -156,6 +156,10 @@ pub(super) struct Json<'a> {
     number: Option<u32>,
     integer: Option<u32>,
     any: Option<(u32, u32)>,
+    /// Tool calls' raw text rules, by the end they stop before (`calls.rs`).
+    pub(super) raw: HashMap<Vec<u8>, u32>,
+    /// Tool calls' Gemma 4 value rules, by the `$ref` they were reached through (`calls.rs`).
+    pub(super) gemma_refs: HashMap<String, u32>,
 }
 
 impl<'a> Json<'a> {
@@ -172,6 +176,8 @@ impl<'a> Json<'a> {
             number: None,
             integer: None,
             any: None,
+            raw: HashMap::new(),
+            gemma_refs: HashMap::new(),
         }
     }
 

@@ -36,6 +36,7 @@ pub fn for_chat(
     request: &ChatRequest,
     defaults: &Defaults,
 ) -> Result<(Option<Calling>, Vars), ApiError> {
+    request.check_reasoning_effort()?;
     let mut vars = request.vars(defaults);
     let native = template.tool_syntax();
     let Some(tools) = request.tools()?.filter(|t| t.choice != ToolChoice::None) else {
@@ -60,7 +61,7 @@ impl Calling {
     /// named tool, at a call's opener for `auto`.
     pub fn trigger(&self) -> Option<String> {
         match self.request.choice {
-            ToolChoice::Auto => Some(self.syntax.opener().to_string()),
+            ToolChoice::Auto => Some(self.syntax.trigger().to_string()),
             _ => None,
         }
     }

@@ -326,6 +326,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         grammar_trigger: None,
         grammar_anchored: false,
         thinking_budget: None,
+        thinking_block: None,
     };
     let mut params = generation_settings(&defaults, ready.context);
     if d.seed.is_none() {

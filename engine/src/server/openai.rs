@@ -252,12 +252,21 @@ fn reasoning_shape(
             thinking: t,
             open,
             tokens,
-            closer: ready.tokenizer.encode(t.cut(), true),
+            // The closer alone: never the BOS a tokenizer puts first.
+            closer: ready
+                .tokenizer
+                .encode(t.cut(), true)
+                .into_iter()
+                .filter(|&id| Some(id) != ready.tokenizer.bos_id())
+                .collect(),
         });
     }
     // An answer held to a grammar from its first byte (a required call, a JSON schema) has
     // no thinking block, whatever the prompt left open.
     let whole_answer_constrained = params.grammar.is_some() && params.grammar_trigger.is_none();
+    if !whole_answer_constrained {
+        params.thinking_block = thinking.map(|t| (t, open));
+    }
     let thinking =
         thinking.filter(|_| format != crate::reasoning::Format::None && !whole_answer_constrained);
     Ok(Shape {

@@ -240,6 +240,17 @@ impl ChatRequest {
         }
     }
 
+    /// `reasoning_effort` checked: one of OpenAI's words (it reaches the template as is).
+    pub fn check_reasoning_effort(&self) -> Result<(), ApiError> {
+        match self.reasoning_effort.as_deref() {
+            None | Some("none" | "minimal" | "low" | "medium" | "high") => Ok(()),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "reasoning_effort must be none, minimal, low, medium or high, not {:?}",
+                other.chars().take(32).collect::<String>()
+            ))),
+        }
+    }
+
     /// Where its reasoning goes: `reasoning_format`, else the server's default.
     pub fn reasoning_format(
         &self,
@@ -576,6 +587,7 @@ impl Knobs {
             grammar_trigger: None,
             grammar_anchored: false,
             thinking_budget: None,
+            thinking_block: None,
         })
     }
 

@@ -211,6 +211,27 @@ fn checked_tools(value: &Value, field: &str, wrapped: bool) -> Result<Vec<Tool>,
         };
         let parameters = match function.get("parameters") {
             None | Some(Value::Null) => json!({ "type": "object", "properties": {} }),
+            // A schema that says nothing of its shape (`{}`, only a description) is a tool
+            // without arguments: its arguments are an object all the same.
+            Some(Value::Object(p))
+                if ![
+                    "type",
+                    "properties",
+                    "$ref",
+                    "anyOf",
+                    "oneOf",
+                    "allOf",
+                    "enum",
+                    "const",
+                ]
+                .iter()
+                .any(|k| p.contains_key(*k)) =>
+            {
+                let mut p = p.clone();
+                p.insert("type".into(), json!("object"));
+                p.entry("properties").or_insert_with(|| json!({}));
+                Value::Object(p)
+            }
             Some(Value::Object(p)) => Value::Object(p.clone()),
             Some(_) => return Err(format!("{at}.parameters must be a JSON Schema object")),
         };

@@ -119,7 +119,16 @@ impl Splitter {
                 }
                 return out;
             }
-            match self.syntax.end_of_call(&self.pending) {
+            let end = match (self.syntax.end_of_call(&self.pending), &self.grammar) {
+                (End::At(first), Some(grammar)) => match self.end_in_grammar(grammar) {
+                    Ok(Some(len)) => End::At(len),
+                    Ok(None) => End::NotYet,
+                    // It already breaks the grammar: it ends where it says, and is no call.
+                    Err(()) => End::At(first),
+                },
+                (end, _) => end,
+            };
+            match end {
                 End::NotYet => return out,
                 End::At(len) => {
                     let call: String = self.pending.drain(..len).collect();
@@ -172,6 +181,33 @@ impl Splitter {
             out.push(Delta::Content(std::mem::take(&mut self.space)));
         }
         out
+    }
+
+    /// With the calls' grammar, where the call under way ends: at the first closer where it is
+    /// a complete call (an earlier closer is inside one of its strings), `None` while more text
+    /// is needed, `Err` when it already breaks the grammar.
+    fn end_in_grammar(&self, grammar: &Arc<Grammar>) -> Result<Option<usize>, ()> {
+        let Some(closer) = self.syntax.closer() else {
+            return Err(());
+        };
+        let mut matcher = Matcher::new(Arc::clone(grammar));
+        let mut fed = 0;
+        for (at, _) in self.pending.match_indices(closer) {
+            let end = at + closer.len();
+            if !matcher.advance(&self.pending.as_bytes()[fed..end]) {
+                return Err(());
+            }
+            fed = end;
+            if matcher.is_complete() {
+                return Ok(Some(end));
+            }
+        }
+        let rest = &self.pending.as_bytes()[fed..];
+        if rest.is_empty() || matcher.advance(rest) {
+            Ok(None)
+        } else {
+            Err(())
+        }
     }
 
     /// Calls begun so far that were given back as text.
@@ -364,5 +400,28 @@ mod tests {
             1,
             "unchecked, it parses"
         );
+    }
+
+    #[test]
+    fn with_its_grammar_a_closer_inside_a_string_does_not_end_the_call() {
+        let r = request();
+        let grammar = Arc::new(Syntax::Hermes.grammar(&r).expect("grammar"));
+        let text = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a</tool_call>b\"}}</tool_call>";
+        for step in [1, 5, 1000] {
+            let mut s = Splitter::new(Syntax::Hermes, Arc::clone(&r), Some(Arc::clone(&grammar)));
+            let mut calls = Vec::new();
+            let mut at = 0;
+            while at < text.len() {
+                let end = (at + step).min(text.len());
+                calls.extend(s.push(&text[at..end]));
+                at = end;
+            }
+            calls.extend(s.finish());
+            assert_eq!(
+                calls,
+                vec![Delta::Call(call("a</tool_call>b"))],
+                "step {step}"
+            );
+        }
     }
 }

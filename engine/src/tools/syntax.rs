@@ -122,7 +122,17 @@ impl Syntax {
         }
     }
 
-    fn closer(self) -> Option<&'static str> {
+    /// Where a lazily applied grammar starts: the opener, or for Llama 3 the `{` that opens
+    /// the answer (JSON lets whitespace come before `"name"`).
+    pub fn trigger(self) -> &'static str {
+        match self {
+            Syntax::Llama3 => "{",
+            _ => self.opener(),
+        }
+    }
+
+    /// The text a call ends with, where it has one.
+    pub fn closer(self) -> Option<&'static str> {
         match self {
             Syntax::Hermes | Syntax::QwenXml => Some("</tool_call>"),
             Syntax::Llama3 => None,
@@ -283,9 +293,9 @@ fn read_xml(text: &str, request: &Request) -> Option<(String, Map<String, Value>
     while !rest.is_empty() {
         let after = rest.strip_prefix("<parameter=")?;
         let (key, after) = after.split_once('>')?;
-        let (value, after) = after.split_once("</parameter>")?;
+        // A value ends at the first line holding only the closing tag, as its grammar does.
+        let (value, after) = after.split_once("\n</parameter>")?;
         let value = value.strip_prefix('\n').unwrap_or(value);
-        let value = value.strip_suffix('\n').unwrap_or(value);
         let typed = if tool.argument_is_string(key) {
             Value::String(value.to_string())
         } else {
@@ -550,6 +560,64 @@ mod tests {
         for syntax in [Syntax::Hermes, Syntax::QwenXml, Syntax::Gemma4] {
             let e = syntax.grammar(&r).expect_err("pattern is not supported");
             assert!(e.contains("pattern"), "{syntax:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn gemma_references_compile_once_and_may_recurse() {
+        // Fifteen levels, each naming the next twice: without a cache, 2^15 copies.
+        let mut defs = serde_json::Map::new();
+        for k in 0..15 {
+            let next = json!({"$ref": format!("#/$defs/L{}", k + 1)});
+            defs.insert(
+                format!("L{k}"),
+                json!({"type": "object", "properties": {"a": next, "b": next}}),
+            );
+        }
+        defs.insert("L15".into(), json!({"type": "integer"}));
+        defs.insert(
+            "tree".into(),
+            json!({"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/tree"}}}}),
+        );
+        let tools = json!([{"type": "function", "function": {"name": "deep", "parameters": {
+            "type": "object", "properties": {"x": {"$ref": "#/$defs/L0"}, "t": {"$ref": "#/$defs/tree"}},
+            "$defs": defs}}}]);
+        let r = Request::from_fields(Some(&tools), Some(&json!("required")), None, None, None)
+            .expect("valid")
+            .expect("tools");
+        let started = std::time::Instant::now();
+        let g = std::sync::Arc::new(Syntax::Gemma4.grammar(&r).expect("compiles"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        let mut m = crate::grammar::Matcher::new(g);
+        assert!(m.advance(b"<|tool_call>call:deep{t:{kids:[{kids:[]}]}}<tool_call|>"));
+        assert!(m.is_complete());
+    }
+
+    #[test]
+    fn a_tool_without_an_argument_schema_takes_an_object_and_odd_names_are_refused() {
+        let tools = json!([{"type": "function", "function": {"name": "now", "parameters": {}}}]);
+        let r = Request::from_fields(Some(&tools), Some(&json!("required")), None, None, None)
+            .expect("valid")
+            .expect("tools");
+        for syntax in [Syntax::Hermes, Syntax::Gemma4, Syntax::QwenXml] {
+            syntax.grammar(&r).expect("an empty object schema compiles");
+        }
+        let g = std::sync::Arc::new(Syntax::Hermes.grammar(&r).expect("grammar"));
+        let mut m = crate::grammar::Matcher::new(g);
+        assert!(
+            !m.advance(br#"<tool_call>{"name": "now", "arguments": "x""#),
+            "an object only"
+        );
+        let odd = json!([{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a>b": {"type": "string"}}}}}]);
+        let r = Request::from_fields(Some(&odd), Some(&json!("required")), None, None, None)
+            .expect("valid")
+            .expect("tools");
+        for syntax in [Syntax::QwenXml, Syntax::Gemma4] {
+            let e = syntax
+                .grammar(&r)
+                .expect_err("a name the syntax cannot carry");
+            assert!(e.contains("a>b"), "{syntax:?}: {e}");
         }
     }
 }

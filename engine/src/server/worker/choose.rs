@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::grammar::{Grammar, Matcher, VocabTrie};
-use crate::reasoning::{Budget, ThoughtSplitter};
+use crate::reasoning::{Budget, Part, Thinking, ThoughtSplitter};
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
 
@@ -76,6 +76,9 @@ pub struct GrammarTrigger {
     trigger: Vec<u8>,
     /// The trigger counts only at the output's start (after whitespace).
     anchored: bool,
+    /// Where the answer's thinking block stands, when it may have one: a trigger inside it is
+    /// the model thinking about a call, not making one.
+    thought: Option<ThoughtSplitter>,
     /// The output's last bytes, enough to find a trigger split across tokens.
     tail: Vec<u8>,
 }
@@ -83,11 +86,17 @@ pub struct GrammarTrigger {
 impl GrammarTrigger {
     /// `grammar`, applying from where the output first holds `trigger` (`anchored`: only
     /// where it opens the output).
-    pub fn new(grammar: Arc<Grammar>, trigger: &str, anchored: bool) -> GrammarTrigger {
+    pub fn new(
+        grammar: Arc<Grammar>,
+        trigger: &str,
+        anchored: bool,
+        thinking: Option<(Thinking, bool)>,
+    ) -> GrammarTrigger {
         GrammarTrigger {
             grammar,
             trigger: trigger.as_bytes().to_vec(),
             anchored,
+            thought: thinking.map(|(t, open)| ThoughtSplitter::new(t, open)),
             tail: Vec::new(),
         }
     }
@@ -96,7 +105,17 @@ impl GrammarTrigger {
     /// trigger on, once the trigger has appeared. `Err(())` when what followed the trigger
     /// already breaks the grammar (the output stays free then).
     fn after(&mut self, bytes: &[u8]) -> Option<Result<Matcher, ()>> {
-        self.tail.extend_from_slice(bytes);
+        match &mut self.thought {
+            // Only the answer's text after its thinking block is looked at.
+            Some(thought) => {
+                for part in thought.push(&String::from_utf8_lossy(bytes)) {
+                    if let Part::Text(text) = part {
+                        self.tail.extend_from_slice(text.as_bytes());
+                    }
+                }
+            }
+            None => self.tail.extend_from_slice(bytes),
+        }
         if self.anchored {
             // The whole output so far, its leading whitespace aside, must be the trigger's start.
             let start = self.tail.iter().position(|b| !b.is_ascii_whitespace())?;
@@ -203,6 +222,13 @@ impl Chooser<'_> {
             // The thinking budget is spent: its closer is written, whatever the model wanted.
             let bytes = self.tokenizer.token_bytes(token);
             budget.after(&bytes);
+            // The trigger sees the block close too (it cannot have fired inside the block).
+            if let Some(waiting) = &mut self.waiting
+                && let Some(triggered) = waiting.after(&bytes)
+            {
+                self.grammar = triggered.ok();
+                self.waiting = None;
+            }
             let probs = self.logprobs.map(|n| probabilities(logits, token, n));
             return Ok(Choice::Token(token, probs));
         }

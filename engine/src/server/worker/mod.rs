@@ -52,6 +52,9 @@ pub struct Params {
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the output follows.
     pub grammar: Option<Arc<Grammar>>,
+    /// The thinking block a chat's answer may open with (its syntax, and whether the prompt
+    /// left one open): a lazily applied grammar's trigger counts only after it.
+    pub thinking_block: Option<(crate::reasoning::Thinking, bool)>,
     /// The bound on a chat's thinking (`--reasoning-budget`), if any.
     pub thinking_budget: Option<crate::reasoning::Budget>,
     /// Where the grammar starts: at the output's first byte (`None`), or where the output
@@ -716,6 +719,7 @@ impl Runner<'_> {
                     Arc::clone(g),
                     trigger,
                     params.grammar_anchored,
+                    params.thinking_block,
                 )),
                 _ => None,
             },
