@@ -57,12 +57,13 @@ pub fn verify_password(phc: &str, password: &str) -> bool {
     }
 }
 
-/// Whether a presented bearer token's SHA-256 is one of the configured digests. Every digest is
-/// compared, so the time does not say which one nearly matched.
-pub fn token_allowed(token: &str, allowed: &[TokenDigest]) -> bool {
+/// The configured entry a presented bearer token's SHA-256 is listed under, if any. Every
+/// digest is compared, so the time does not say which one nearly matched.
+pub fn token_scopes<'a>(token: &str, allowed: &'a [TokenDigest]) -> Option<&'a TokenDigest> {
     let digest = sha256_hex(token.as_bytes());
-    allowed.iter().fold(false, |found, d| {
-        found | constant_time_eq(digest.as_bytes(), d.as_str().as_bytes())
+    allowed.iter().fold(None, |found, d| {
+        let same = constant_time_eq(digest.as_bytes(), d.digest().as_bytes());
+        found.or(same.then_some(d))
     })
 }
 
@@ -299,12 +300,12 @@ mod tests {
     fn tokens_match_only_their_digest() {
         let digest = TokenDigest::try_from(sha256_hex(b"secret-token")).expect("digest");
         let other = TokenDigest::try_from("0".repeat(64)).expect("digest");
-        assert!(token_allowed(
-            "secret-token",
-            &[other.clone(), digest.clone()]
-        ));
-        assert!(!token_allowed("secret-tokeN", &[other, digest]));
-        assert!(!token_allowed("secret-token", &[]));
+        assert_eq!(
+            token_scopes("secret-token", &[other.clone(), digest.clone()]),
+            Some(&digest)
+        );
+        assert!(token_scopes("secret-tokeN", &[other, digest]).is_none());
+        assert!(token_scopes("secret-token", &[]).is_none());
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"abcd"));

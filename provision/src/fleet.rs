@@ -199,7 +199,7 @@ impl BoxSettings {
     pub fn secrets(&self) -> Vec<&str> {
         let mut secrets: Vec<&str> = Vec::new();
         secrets.extend(self.password_hash.as_ref().map(|h| h.as_str()));
-        secrets.extend(self.api_token_sha256.iter().flatten().map(|d| d.as_str()));
+        secrets.extend(self.api_token_sha256.iter().flatten().map(|d| d.digest()));
         secrets.extend(self.enrollment_token.as_ref().map(|t| t.as_str()));
         secrets.extend(
             self.network

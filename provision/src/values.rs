@@ -85,10 +85,87 @@ string_value!(
 );
 string_value!(
     /// The SHA-256 of an API token (64 hex digits, lowercased), as `supervisor dashboard
-    /// new-token` prints it. Never the token.
+    /// new-token` prints it, with the scopes the token has before a colon
+    /// (`read+operate:9f86…`); a bare digest has every scope, as tokens always had. Never the
+    /// token.
     TokenDigest,
-    check_digest
+    check_token_digest
 );
+
+/// What an API token may do on a box's dashboard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Read the box's state: `/api/status`, `/metrics`, an update's progress.
+    Read,
+    /// Change the box: install an update.
+    Operate,
+    /// Enrol the box into a fleet.
+    Enroll,
+}
+
+impl Scope {
+    /// Every scope, by its word.
+    pub const ALL: [(&'static str, Scope); 3] = [
+        ("read", Scope::Read),
+        ("operate", Scope::Operate),
+        ("enroll", Scope::Enroll),
+    ];
+
+    /// The scope's word.
+    pub fn word(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Operate => "operate",
+            Scope::Enroll => "enroll",
+        }
+    }
+}
+
+impl TokenDigest {
+    /// The digest's 64 hex digits, without the scopes.
+    pub fn digest(&self) -> &str {
+        let text = self.as_str();
+        text.rsplit(':').next().unwrap_or(text)
+    }
+
+    /// Whether the token may act in `scope`.
+    pub fn allows(&self, scope: Scope) -> bool {
+        match self.as_str().rsplit_once(':') {
+            None => true,
+            Some((scopes, _)) => scopes.split('+').any(|s| s == scope.word()),
+        }
+    }
+}
+
+fn check_token_digest(text: String) -> Result<String, String> {
+    let (scopes, digest) = match text.rsplit_once(':') {
+        Some((scopes, digest)) => (Some(scopes), digest),
+        None => (None, text.as_str()),
+    };
+    let digest = check_digest(digest.to_string()).map_err(|_| {
+        "invalid api_token_sha256 entry: expected the 64 hex digits `supervisor dashboard \
+         new-token` prints (the digest, never the token), optionally after its scopes \
+         (`read:`, `read+operate:`)"
+            .to_string()
+    })?;
+    let Some(scopes) = scopes else {
+        return Ok(digest);
+    };
+    let mut words: Vec<&str> = Vec::new();
+    for word in scopes.split('+') {
+        let word = word.trim();
+        if !Scope::ALL.iter().any(|(w, _)| *w == word) {
+            return Err(format!(
+                "invalid api_token_sha256 entry: unknown scope {word:?}; scopes are read, \
+                 operate and enroll, joined by `+`"
+            ));
+        }
+        if !words.contains(&word) {
+            words.push(word);
+        }
+    }
+    Ok(format!("{}:{digest}", words.join("+")))
+}
 string_value!(
     /// One OpenSSH public key line: type, base64 key (whose encoded type matches), optional comment.
     SshKey,
@@ -423,6 +500,21 @@ mod tests {
         assert!("hunter2".parse::<PasswordHash>().is_err());
         assert!("AB".repeat(32).parse::<TokenDigest>().is_ok());
         assert!("token".parse::<TokenDigest>().is_err());
+        let scoped: TokenDigest = format!("read+read:{}", "AB".repeat(32))
+            .parse()
+            .expect("scoped");
+        assert_eq!(scoped.as_str(), format!("read:{}", "ab".repeat(32)));
+        assert_eq!(scoped.digest(), "ab".repeat(32));
+        assert!(scoped.allows(Scope::Read) && !scoped.allows(Scope::Operate));
+        let bare: TokenDigest = "ab".repeat(32).parse().expect("bare");
+        assert!(
+            Scope::ALL.iter().all(|(_, s)| bare.allows(*s)),
+            "a bare digest has every scope"
+        );
+        let e = format!("admin:{}", "ab".repeat(32))
+            .parse::<TokenDigest>()
+            .expect_err("scope");
+        assert!(e.contains("\"admin\""), "{e}");
         assert!("10000000ABCDEF12".parse::<Serial>().is_ok());
         assert!("xyz".parse::<Serial>().is_err());
         assert!("00".repeat(32).parse::<FleetKey>().is_ok());

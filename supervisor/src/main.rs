@@ -257,7 +257,12 @@ enum DashboardCommand {
     /// Read a password from stdin and print its Argon2id hash for [dashboard] password_hash.
     HashPassword,
     /// Print a fresh API token and its SHA-256 for [dashboard] api_token_sha256.
-    NewToken,
+    NewToken {
+        /// What the token may do: read (the box's state: a Prometheus scraper's), operate
+        /// (install updates), enroll; repeat for several. Without it, every scope.
+        #[arg(long, value_parser = ["read", "operate", "enroll"])]
+        scope: Vec<String>,
+    },
 }
 
 #[cfg(feature = "sim")]
@@ -361,7 +366,7 @@ fn main() -> ExitCode {
         } => cli::provision::apply(&cli.root, from.as_deref(), json),
         Command::Dashboard { command } => match command {
             DashboardCommand::HashPassword => cli::dashboard::hash_password(),
-            DashboardCommand::NewToken => cli::dashboard::new_token(),
+            DashboardCommand::NewToken { scope } => cli::dashboard::new_token(&scope),
         },
     }
 }

@@ -16,6 +16,7 @@ use super::super::App;
 use super::super::auth::{self, Session};
 use super::super::error::DashError;
 use super::BODY_LIMIT;
+use supervisor_core::config::Scope;
 
 /// The callers a route answers. Least scope: the fleet's API tokens read the box's state,
 /// upload updates and enrol it; they never chat or log out.
@@ -82,16 +83,16 @@ async fn admit(app: &App, group: Group, request: Request) -> Result<(Caller, Req
             let (id, session) = app.session(headers).ok_or(DashError::Unauthorized)?;
             Caller::Session(id, session)
         }
-        Group::Reader if has_token => token(app, headers)?,
+        Group::Reader if has_token => token(app, headers, Scope::Read)?,
         Group::Reader => match app.session(headers) {
             Some((id, session)) => Caller::Session(id, session),
             None if app.open => Caller::Anyone,
             None => return Err(DashError::Unauthorized),
         },
-        Group::Operator if has_token => token(app, headers)?,
+        Group::Operator if has_token => token(app, headers, Scope::Operate)?,
         // The body may be a whole update bundle: only the header's CSRF token, never a form.
         Group::Operator => csrf(app, headers, None)?,
-        Group::Enrol => token(app, headers)?,
+        Group::Enrol => token(app, headers, Scope::Enroll)?,
         Group::Browser => {
             let (form_token, request) = form_csrf(request).await?;
             let caller = csrf(app, request.headers(), form_token.as_deref())?;
@@ -101,12 +102,32 @@ async fn admit(app: &App, group: Group, request: Request) -> Result<(Caller, Req
     Ok((caller, request))
 }
 
-/// An API token the box accepts, or 401.
-fn token(app: &App, headers: &HeaderMap) -> Result<Caller, DashError> {
-    if bearer_allowed(app, headers) {
-        Ok(Caller::Token)
-    } else {
-        Err(DashError::Unauthorized)
+/// An API token the box accepts with `scope`: 401 for a token it does not know, 403 for one
+/// whose scopes leave this out (a scraper's `read` token cannot install or enrol).
+fn token(app: &App, headers: &HeaderMap, scope: Scope) -> Result<Caller, DashError> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or("");
+    match auth::token_scopes(presented, &app.sources.config.dashboard.api_token_sha256) {
+        None => Err(DashError::Unauthorized),
+        Some(entry) if entry.allows(scope) => Ok(Caller::Token),
+        Some(_) => Err(DashError::Refused(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this API token may not {}; give it the `{}` scope (`supervisor dashboard \
+                 new-token --scope {}`)",
+                match scope {
+                    Scope::Read => "read the box's state",
+                    Scope::Operate => "change the box",
+                    Scope::Enroll => "enrol the box",
+                },
+                scope.word(),
+                scope.word()
+            ),
+        )),
     }
 }
 
@@ -151,15 +172,4 @@ async fn form_csrf(request: Request) -> Result<(Option<String>, Request), DashEr
         Err(_) => None,
     };
     Ok((field, Request::from_parts(parts, Body::from(bytes))))
-}
-
-/// Whether a request carries an API token the box accepts.
-fn bearer_allowed(app: &App, headers: &HeaderMap) -> bool {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|token| {
-            auth::token_allowed(token.trim(), &app.sources.config.dashboard.api_token_sha256)
-        })
 }

@@ -557,37 +557,9 @@ impl From<PasswordHash> for String {
     }
 }
 
-/// The SHA-256 of an API token, 64 hex digits (lowercase once loaded).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct TokenDigest(String);
-
-impl TokenDigest {
-    /// The digest in lowercase hex.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl TryFrom<String> for TokenDigest {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, Self::Error> {
-        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            Ok(TokenDigest(text.to_ascii_lowercase()))
-        } else {
-            Err(
-                "invalid api_token_sha256 entry: expected the 64 hex digits `supervisor dashboard new-token` prints (the digest, never the token)"
-                    .into(),
-            )
-        }
-    }
-}
-
-impl From<TokenDigest> for String {
-    fn from(d: TokenDigest) -> String {
-        d.0
-    }
-}
+/// The SHA-256 of an API token with its scopes: the provisioning format's own type, so a
+/// configuration and a provisioning file say the same thing the same way.
+pub use provision::values::{Scope, TokenDigest};
 
 /// Seconds between live samples, 1-60.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -906,7 +878,8 @@ mod tests {
         all.tuning.engine.memory_max_mib = Some(MemoryMib(64));
         all.model.trusted_keys = vec![PublicKey("0".repeat(64))];
         all.tuning.engine.memory_low_mib = Some(MemoryLowMib(1));
-        all.dashboard.api_token_sha256 = vec![TokenDigest("0".repeat(64))];
+        all.dashboard.api_token_sha256 =
+            vec![TokenDigest::try_from("0".repeat(64)).expect("digest")];
         let table = toml::Table::try_from(&all).expect("serialize");
         let mut names = Vec::new();
         keys("", &table, &mut names);

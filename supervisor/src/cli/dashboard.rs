@@ -24,13 +24,30 @@ pub fn hash_password() -> ExitCode {
 }
 
 /// Prints a fresh API token and its SHA-256 for `api_token_sha256`.
-pub fn new_token() -> ExitCode {
+pub fn new_token(scopes: &[String]) -> ExitCode {
     match provision::secrets::new_token() {
         Ok((token, digest)) => {
+            let mut words: Vec<&str> = Vec::new();
+            for s in scopes {
+                if !words.contains(&s.as_str()) {
+                    words.push(s);
+                }
+            }
+            let entry = if words.is_empty() {
+                digest
+            } else {
+                format!("{}:{digest}", words.join("+"))
+            };
             println!("token {token}");
-            println!("sha256 {digest}");
+            println!("sha256 {entry}");
             eprintln!(
-                "give the token to the client (Authorization: Bearer TOKEN); put only the sha256 in [dashboard] api_token_sha256"
+                "give the token to the client (Authorization: Bearer TOKEN); put only the sha256 \
+                 line's value in [dashboard] api_token_sha256{}",
+                if words.is_empty() {
+                    " (it may do everything: narrow it with --scope read for a scraper)"
+                } else {
+                    ""
+                }
             );
             ExitCode::SUCCESS
         }
