@@ -498,21 +498,7 @@ fn hostile_prompts_are_refused_quickly() {
 #[test]
 fn the_openai_python_client_works() {
     let server = start(&[]);
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/clients/openai_client.py"
-    );
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(format!("http://127.0.0.1:{}/v1", server.port))
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::serve::run_client("openai_client.py", &server, &[], "SmolLM2");
 }
 
 /// A configured system prompt is prefilled at start, so the first chat already reuses it; a

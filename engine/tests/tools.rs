@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 
 use engine::chat::{ChatTemplate, Message, Vars};
@@ -116,18 +115,7 @@ fn a_past_call_written_by_each_template_is_read_back_by_its_parser() {
 
 /// The `openai` package's tool loop (`clients/tool_calls.py`) against `server`.
 fn openai_tool_loop(server: &common::serve::Server, what: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/tool_calls.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(format!("http://127.0.0.1:{}/v1", server.port))
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "{what}:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::serve::run_client("tool_calls.py", server, &[], what);
 }
 
 #[test]
@@ -214,10 +202,6 @@ fn llama_cpps_tool_call_cases_pass() {
         ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "required"),
         ("fireworks-ai-llama-3-firefunction-v2", "required"),
     ];
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/clients/llama_tool_call_cases.py"
-    );
     for (template, which) in cases {
         let file = format!("{template}.jinja");
         let path = dir.path().join(&file);
@@ -228,17 +212,11 @@ fn llama_cpps_tool_call_cases_pass() {
             "--chat-template-file",
             path.to_str().expect("utf-8"),
         ]);
-        let out = Command::new("python3")
-            .arg(script)
-            .arg(format!("http://127.0.0.1:{}/v1", server.port))
-            .arg(which)
-            .output()
-            .expect("run python3");
-        assert!(
-            out.status.success(),
-            "{template} ({which}):\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        common::serve::run_client(
+            "llama_tool_call_cases.py",
+            &server,
+            &[which],
+            &format!("{template} ({which})"),
         );
     }
 }

@@ -398,15 +398,22 @@ fn slow_bodies_on_the_engines_port_neither_get_it_restarted_nor_lock_out_the_das
     board.wait_no_processes(Duration::from_secs(5));
 }
 
-#[test]
-fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second() {
-    let board = board_with_model();
+/// The configuration of `board`: its engine probed every second, the dashboard on loopback;
+/// the engine's port and the dashboard's.
+fn probed_every_second_with_dashboard(board: &Board) -> (u16, u16) {
     let (port, dashboard) = (free_port(), free_port());
     let config = format!(
         "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\n\n[dashboard]\nlisten = \"127.0.0.1:{dashboard}\"\n",
         engine_binary().display()
     );
     std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    (port, dashboard)
+}
+
+#[test]
+fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second() {
+    let board = board_with_model();
+    let (_, dashboard) = probed_every_second_with_dashboard(&board);
     let mut supervisor = board.run();
     let pid = pid_of(&board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready"));
     // The longest question the box accepts, about a thousand tokens: many prompt slices, each
@@ -433,12 +440,7 @@ fn a_long_question_through_the_dashboard_is_answered_while_probed_every_second()
 #[test]
 fn tool_calls_work_through_the_supervisor_and_are_counted_in_its_status() {
     let board = board_with_model();
-    let (port, dashboard) = (free_port(), free_port());
-    let config = format!(
-        "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {port}\nhealth_interval_s = 1\nrestart_backoff_ms = 100\n\n[dashboard]\nlisten = \"127.0.0.1:{dashboard}\"\n",
-        engine_binary().display()
-    );
-    std::fs::write(board.root.join("etc/appliance/appliance.toml"), config).expect("config");
+    let (port, dashboard) = probed_every_second_with_dashboard(&board);
     let mut supervisor = board.run();
     board.wait_for("ready", Duration::from_secs(120), |e| e["state"] == "ready");
     let script = concat!(

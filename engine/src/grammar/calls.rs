@@ -108,38 +108,15 @@ fn parts(j: &mut Json<'_>, doc: &Value, parts: &[CallPart]) -> Result<Vec<Item>,
 /// The properties of `schema`, required ones in their order then the others by name, each
 /// optional one optional.
 fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec<Item>, String> {
-    let empty = serde_json::Map::new();
-    let properties = schema
-        .get("properties")
-        .and_then(Value::as_object)
-        .unwrap_or(&empty);
-    let required: Vec<&str> = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    if let Some(missing) = required.iter().find(|r| !properties.contains_key(**r)) {
-        return Err(format!(
-            "json_schema: `required` names {missing:?}, which is not in `properties` at {pointer}"
-        ));
-    }
-    let mut names: Vec<&str> = required.clone();
-    let mut optional: Vec<&str> = properties
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !required.contains(k))
-        .collect();
-    optional.sort_unstable();
-    names.extend(&optional);
+    let listed = listed_properties(schema.as_object(), pointer)?;
     let mut seq = Vec::new();
-    for name in names {
+    for (name, property, is_required) in listed {
         if name.is_empty() || name.contains(['<', '>', '\n']) {
             return Err(format!(
                 "tools: the property name {name:?} at {pointer} cannot be a Qwen XML parameter \
                  (no `<`, `>` or line breaks)"
             ));
         }
-        let property = &properties[name];
         let at = format!(
             "{pointer}/properties/{}",
             name.replace('~', "~0").replace('/', "~1")
@@ -153,7 +130,7 @@ fn xml_parameters(j: &mut Json<'_>, schema: &Value, pointer: &str) -> Result<Vec
         one.push(Item::Rule(value));
         one.extend(literal(PARAMETER_END));
         one.extend(literal(b"\n"));
-        if required.contains(&name) {
+        if is_required {
             seq.extend(one);
         } else {
             let id = j.b.rule(
@@ -367,34 +344,12 @@ fn gemma_object(
              4's call notation"
         ));
     }
-    let empty = serde_json::Map::new();
-    let properties = m
-        .get("properties")
-        .and_then(Value::as_object)
-        .unwrap_or(&empty);
-    let required: Vec<&str> = m
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    if let Some(missing) = required.iter().find(|r| !properties.contains_key(**r)) {
-        return Err(format!(
-            "json_schema: `required` names {missing:?}, which is not in `properties` at {at}"
-        ));
-    }
-    let mut names: Vec<&str> = required.clone();
-    let mut optional: Vec<&str> = properties
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !required.contains(k))
-        .collect();
-    optional.sort_unstable();
-    names.extend(optional);
+    let listed = listed_properties(Some(m), at)?;
     // after[i]: properties i.. once one was written (each present one after a comma);
     // first[i]: the same before any was written.
     let mut after: u32 = j.b.rule(format!("{} (end)", short(at)), vec![Vec::new()])?;
     let mut first: u32 = after;
-    for name in names.iter().rev() {
+    for &(name, property, is_required) in listed.iter().rev() {
         if name.is_empty()
             || name
                 .chars()
@@ -408,7 +363,7 @@ fn gemma_object(
         let value = gemma_value(
             j,
             doc,
-            &properties[*name],
+            property,
             &format!("{at}/properties/{name}"),
             depth + 1,
         )?;
@@ -419,26 +374,16 @@ fn gemma_object(
         with_comma.push(Item::Rule(after));
         let mut leading = item;
         leading.push(Item::Rule(after));
-        let is_required = required.contains(name);
-        let new_after = if is_required {
-            j.b.rule(format!("{} {}", short(at), short(name)), vec![with_comma])?
-        } else {
-            j.b.rule(
-                format!("{} {}", short(at), short(name)),
-                vec![with_comma, vec![Item::Rule(after)]],
-            )?
-        };
-        let new_first = if is_required {
-            j.b.rule(
-                format!("{} {} (first)", short(at), short(name)),
-                vec![leading],
-            )?
-        } else {
-            j.b.rule(
-                format!("{} {} (first)", short(at), short(name)),
-                vec![leading, vec![Item::Rule(first)]],
-            )?
-        };
+        // An optional property may also be left out, in either state.
+        let (mut after_alts, mut first_alts) = (vec![with_comma], vec![leading]);
+        if !is_required {
+            after_alts.push(vec![Item::Rule(after)]);
+            first_alts.push(vec![Item::Rule(first)]);
+        }
+        let new_after =
+            j.b.rule(format!("{} {}", short(at), short(name)), after_alts)?;
+        let new_first =
+            j.b.rule(format!("{} {} (first)", short(at), short(name)), first_alts)?;
         after = new_after;
         first = new_first;
     }
@@ -468,6 +413,49 @@ fn only_keys(m: &serde_json::Map<String, Value>, allowed: &[&str], at: &str) -> 
         Some(key) => Err(format!("json_schema: `{key}` at {at} is not supported")),
         None => Ok(()),
     }
+}
+
+/// An object schema's properties in the order a call writes them: the required ones as
+/// `required` lists them, then the others by name; each with its schema and whether it is
+/// required.
+fn listed_properties<'s>(
+    m: Option<&'s serde_json::Map<String, Value>>,
+    at: &str,
+) -> Result<Vec<(&'s str, &'s Value, bool)>, String> {
+    let required: Vec<&str> = m
+        .and_then(|m| m.get("required"))
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let missing = |name: &str| {
+        format!("json_schema: `required` names {name:?}, which is not in `properties` at {at}")
+    };
+    let Some(properties) = m
+        .and_then(|m| m.get("properties"))
+        .and_then(Value::as_object)
+    else {
+        return match required.first() {
+            Some(name) => Err(missing(name)),
+            None => Ok(Vec::new()),
+        };
+    };
+    let mut listed = Vec::with_capacity(properties.len());
+    for name in &required {
+        let (name, schema) = properties
+            .get_key_value(*name)
+            .ok_or_else(|| missing(name))?;
+        if !listed.iter().any(|(n, _, _)| *n == name.as_str()) {
+            listed.push((name.as_str(), schema, true));
+        }
+    }
+    let mut optional: Vec<(&str, &Value, bool)> = properties
+        .iter()
+        .filter(|(k, _)| !required.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str(), v, false))
+        .collect();
+    optional.sort_unstable_by_key(|(k, _, _)| *k);
+    listed.extend(optional);
+    Ok(listed)
 }
 
 /// Most characters a raw string's length bounds unroll.

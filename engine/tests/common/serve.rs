@@ -63,6 +63,24 @@ pub fn start_model(model: &std::path::Path, extra: &[&str], env: &[(&str, &str)]
     server
 }
 
+/// A client script of `tests/clients/` run against `server`'s OpenAI API (`/v1`) with `args`;
+/// its output in the panic when it fails (`what`: which server it was).
+pub fn run_client(script: &str, server: &Server, args: &[&str], what: &str) {
+    let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(&path)
+        .arg(format!("http://127.0.0.1:{}/v1", server.port))
+        .args(args)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{script} on {what}:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `GET path`'s JSON body.
 pub fn get_json(server: &Server, path: &str) -> Value {
     let (status, text) = request(server, "GET", path, None, None).expect("response");
