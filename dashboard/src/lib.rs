@@ -15,6 +15,7 @@ mod error;
 pub mod fields;
 mod listener;
 pub mod live;
+mod models;
 pub mod pages;
 mod routes;
 mod update;

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -30,12 +31,26 @@ fn limits() -> http_guard::Limits {
         max_connections: MAX_CONNECTIONS,
         per_client: PER_CLIENT,
         max_body: crate::routes::BODY_LIMIT as u64,
-        uploads: vec![http_guard::Upload {
-            method: "POST",
-            path: crate::update::PATH,
-            max_body: crate::update::MAX_BUNDLE,
-            body_timeout: crate::update::UPLOAD_TIMEOUT,
-        }],
+        uploads: vec![
+            http_guard::Upload {
+                method: "POST",
+                path: crate::update::PATH,
+                max_body: crate::update::MAX_BUNDLE,
+                body_timeout: crate::update::UPLOAD_TIMEOUT,
+            },
+            http_guard::Upload {
+                method: "POST",
+                path: crate::models::PUSH,
+                max_body: crate::models::MAX_PUSH,
+                body_timeout: Duration::from_secs(60),
+            },
+            http_guard::Upload {
+                method: "PUT",
+                path: crate::models::CHUNKS,
+                max_body: crate::models::MAX_CHUNK,
+                body_timeout: crate::models::CHUNK_TIMEOUT,
+            },
+        ],
         ..http_guard::Limits::default()
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Form, FromRequest, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 
 mod guard;
@@ -63,6 +63,13 @@ routes! {
     POST "/api/identity" => post(api_identity), Public;
     POST crate::update::PATH => post(api_update_upload).layer(DefaultBodyLimit::disable()), Operator;
     GET crate::update::PATH => get(api_update_progress), Reader;
+    GET "/api/models" => get(crate::models::list), Reader;
+    POST crate::models::PUSH => post(crate::models::push)
+        .layer(DefaultBodyLimit::max(crate::models::MAX_PUSH as usize)), Operator;
+    PUT "/api/models/incoming/{id}/{part}/{index}" => put(crate::models::chunk)
+        .layer(DefaultBodyLimit::max(crate::models::MAX_CHUNK as usize)), Operator;
+    POST "/api/models/use" => post(crate::models::switch), Operator;
+    DELETE "/api/models/{id}" => delete(crate::models::remove), Operator;
     GET "/assets/app.js" => get(app_js), Public;
     GET "/assets/style.css" => get(style_css), Public;
 }

@@ -55,6 +55,9 @@ enum Command {
     Bench(BenchArgs),
     /// Teacher-forced scoring: top-K log-probabilities at every position from N on.
     Score(ScoreArgs),
+    /// Whether a model's files load, and the context that fits boards of each memory size
+    /// (JSON).
+    Fit(FitArgs),
 }
 
 /// `engine generate`'s arguments.
@@ -224,6 +227,30 @@ struct ServeArgs {
     memory_limit: Option<u64>,
 }
 
+/// `engine fit`'s arguments.
+#[derive(clap::Args)]
+struct FitArgs {
+    /// The GGUF model.
+    #[arg(short = 'm', long)]
+    model: PathBuf,
+    /// Its draft head (Gemma 4's MTP assistant), loaded against the model.
+    #[arg(long, value_name = "FILE")]
+    model_draft: Option<PathBuf>,
+    /// Context per conversation to check (default: the model's trained context, at most
+    /// 8192).
+    #[arg(short = 'c', long)]
+    ctx_size: Option<usize>,
+    /// MiB for kept conversations, as `engine serve --cache-mib`.
+    #[arg(long, default_value_t = 512)]
+    cache_mib: usize,
+    /// Board memory sizes in GiB, comma-separated.
+    #[arg(long = "boards", value_delimiter = ',', default_value = "4,8,16")]
+    boards_gib: Vec<u64>,
+    /// MiB of a board's memory the system and the supervisor keep.
+    #[arg(long, default_value_t = 768)]
+    reserve_mib: u64,
+}
+
 /// `engine bench`'s arguments.
 #[derive(clap::Args)]
 struct BenchArgs {
@@ -305,6 +332,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => commands::serve::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Score(args) => commands::score::run(args),
+        Command::Fit(args) => commands::fit::run(args),
     }
 }
 

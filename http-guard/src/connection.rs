@@ -327,7 +327,7 @@ where
     let upload = limits
         .uploads
         .iter()
-        .find(|u| parts.method.as_str() == u.method && parts.uri.path() == u.path);
+        .find(|u| parts.method.as_str() == u.method && u.covers(parts.uri.path()));
     let (max_body, whole_timeout) = upload.map_or((limits.max_body, limits.body_timeout), |u| {
         (u.max_body, u.body_timeout)
     });

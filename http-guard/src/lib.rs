@@ -93,12 +93,23 @@ pub struct Limits {
 pub struct Upload {
     /// The method, e.g. `POST`.
     pub method: &'static str,
-    /// The exact path, e.g. `/api/update`.
+    /// The exact path, e.g. `/api/update`; one ending in `*` takes every path that starts
+    /// with what comes before it (`/api/models/incoming/*`).
     pub path: &'static str,
     /// The largest body passed to the app.
     pub max_body: u64,
     /// Time for the whole body.
     pub body_timeout: Duration,
+}
+
+impl Upload {
+    /// Whether a request for `path` is this upload.
+    pub fn covers(&self, path: &str) -> bool {
+        match self.path.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => path == self.path,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -338,5 +349,27 @@ impl<H> Shared<H> {
     fn registry(&self) -> MutexGuard<'_, Registry> {
         // Every registry operation leaves it consistent; a panic elsewhere must not stop us.
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Upload;
+    use std::time::Duration;
+
+    #[test]
+    fn an_upload_path_is_exact_unless_it_ends_in_a_star() {
+        let upload = |path| Upload {
+            method: "PUT",
+            path,
+            max_body: 1,
+            body_timeout: Duration::from_secs(1),
+        };
+        let exact = upload("/api/update");
+        assert!(exact.covers("/api/update"));
+        assert!(!exact.covers("/api/update/x") && !exact.covers("/api/updates"));
+        let prefix = upload("/api/models/incoming/*");
+        assert!(prefix.covers("/api/models/incoming/gemma/model/3"));
+        assert!(!prefix.covers("/api/models/incomin") && !prefix.covers("/api/models/push"));
     }
 }

@@ -611,6 +611,64 @@ fn verdict(row: &Row, target: Option<&str>, armed: u64) -> Verdict {
     }
 }
 
+/// An enrolled box whose device key just vouched for the certificate it presents: where to
+/// ask it, and the certificate to pin every request to.
+pub struct Connected {
+    /// The box's name.
+    pub name: String,
+    /// Where it answers.
+    pub address: String,
+    /// SHA-256 of its certificate.
+    pub pin: String,
+}
+
+impl Connected {
+    /// One request to the box, pinned to its certificate, with the API token.
+    pub fn ask(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<(&str, &[u8])>,
+        timeout: std::time::Duration,
+    ) -> Result<https::Response, String> {
+        https::request_within(
+            timeout,
+            &self.address,
+            method,
+            path,
+            Some(token),
+            body,
+            Some(&self.pin),
+        )
+        .map_err(|e| format!("{}: {e}", self.name))
+    }
+}
+
+/// Box `name`, once it proves it is the box that enrolled.
+pub fn connect(
+    fleet: &FleetFile,
+    lock: &Lock,
+    name: &str,
+    overrides: &[(String, String)],
+) -> Result<Connected, String> {
+    let enrolled = lock
+        .boxes
+        .iter()
+        .find(|b| b.name == name)
+        .ok_or_else(|| format!("{name}: not enrolled: run `appliance fleet enroll` first"))?;
+    let address = address(fleet, lock, name, overrides);
+    let pin = identify(&address, &enrolled.device_public_key).map_err(|r| match r {
+        Refusal::Untrusted(why) => format!("{name}: IDENTITY MISMATCH: {why}; not trusted"),
+        Refusal::Unreachable(why) => format!("{name}: {why}"),
+    })?;
+    Ok(Connected {
+        name: name.to_string(),
+        address,
+        pin,
+    })
+}
+
 /// Why a box is not asked for its status.
 enum Refusal {
     /// It is not the box that enrolled, and why.

@@ -133,6 +133,21 @@ pub fn request(
     body: Option<(&str, &[u8])>,
     pin: Option<&str>,
 ) -> Result<Response, Failure> {
+    request_within(TIMEOUT, address, method, path, bearer, body, pin)
+}
+
+/// [`request`] with `timeout` for the connection and each read and write instead of the
+/// usual 10 s: for an answer the box computes for longer (a pushed model's last chunk
+/// verifies the whole model before it is answered).
+pub fn request_within(
+    timeout: Duration,
+    address: &str,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<(&str, &[u8])>,
+    pin: Option<&str>,
+) -> Result<Response, Failure> {
     let unreachable = |e: &dyn std::fmt::Display| Failure::Unreachable(format!("{address}: {e}"));
     let host = address
         .rsplit_once(':')
@@ -158,9 +173,9 @@ pub fn request(
         .map_err(|e| unreachable(&e))?
         .next()
         .ok_or_else(|| unreachable(&"no address"))?;
-    let tcp = TcpStream::connect_timeout(&socket, TIMEOUT).map_err(|e| unreachable(&e))?;
-    let _ = tcp.set_read_timeout(Some(TIMEOUT));
-    let _ = tcp.set_write_timeout(Some(TIMEOUT));
+    let tcp = TcpStream::connect_timeout(&socket, timeout).map_err(|e| unreachable(&e))?;
+    let _ = tcp.set_read_timeout(Some(timeout));
+    let _ = tcp.set_write_timeout(Some(timeout));
     let connection =
         rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| unreachable(&e))?;
     let mut tls = rustls::StreamOwned::new(connection, tcp);

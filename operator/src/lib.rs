@@ -3,10 +3,12 @@
 //! It never needs root to prepare a card: [`stamp`] copies an image and writes a box's
 //! provisioning file into the copy's boot partition through a FAT implementation of our own
 //! choosing (no mount, no loop device). [`flash`] writes an image to a card and reads it back.
-//! Fleet files themselves are parsed and checked by the `provision` crate.
+//! [`models`] makes and signs model manifests and pushes, switches and removes models on the
+//! fleet's boxes. Fleet files themselves are parsed and checked by the `provision` crate.
 
 pub mod disk;
 pub mod flash;
 pub mod fleet;
 pub mod https;
+pub mod models;
 pub mod stamp;

@@ -71,6 +71,11 @@ enum Command {
         /// The stick's mount point.
         dir: PathBuf,
     },
+    /// Model files: a manifest the engine checked, signed with the fleet key.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
     /// The fleet on the network.
     Fleet {
         #[command(subcommand)]
@@ -99,7 +104,107 @@ struct Reach {
 }
 
 #[derive(Subcommand)]
+enum ModelCommand {
+    /// Make the manifest for a model's files (its weights, then its draft head if it has
+    /// one): the engine loads them and reports the context that fits 4, 8 and 16 GB boards,
+    /// which the manifest records with the engine settings.
+    Manifest {
+        /// The weights (GGUF).
+        file: PathBuf,
+        /// The draft head (Gemma 4's MTP assistant), if the model has one.
+        draft: Option<PathBuf>,
+        /// A template with the id, name and engine settings (models/*.template.toml).
+        #[arg(long)]
+        template: Option<PathBuf>,
+        /// The model's id (default: the template's, else from the file name).
+        #[arg(long)]
+        id: Option<String>,
+        /// Bytes per verification chunk (default 16 MiB; a push takes at most 64 MiB).
+        #[arg(long)]
+        chunk_size: Option<u64>,
+        /// The engine binary to ask (default: beside this tool, else on PATH).
+        #[arg(long)]
+        engine: Option<PathBuf>,
+        /// Where to write the manifest (default: stdout).
+        #[arg(short = 'o', long = "out")]
+        out: Option<PathBuf>,
+    },
+    /// Sign a manifest with the fleet's secret key: MANIFEST.sig, which every box that trusts
+    /// the fleet key accepts.
+    Sign {
+        /// The manifest.
+        manifest: PathBuf,
+        /// The fleet's secret key (`supervisor weights keygen`).
+        #[arg(long)]
+        key: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct Boxes {
+    /// The box (its name in the fleet file).
+    #[arg(long = "box", value_name = "NAME", required_unless_present = "all")]
+    box_name: Option<String>,
+    /// Every box of the fleet, one at a time, stopping at the first that fails.
+    #[arg(long, conflicts_with = "box_name")]
+    all: bool,
+}
+
+#[derive(Subcommand)]
+enum FleetModelCommand {
+    /// Push a signed model to boxes: resumable, each chunk verified by the box as it arrives,
+    /// after the box checked it has room; installed once complete (not switched to).
+    Push {
+        #[command(flatten)]
+        reach: Reach,
+        #[command(flatten)]
+        boxes: Boxes,
+        /// The signed manifest (MANIFEST.sig beside it).
+        manifest: PathBuf,
+        /// The weights, then the draft head if the model has one.
+        #[arg(required = true, num_args = 1..=2)]
+        files: Vec<PathBuf>,
+    },
+    /// Switch boxes to an installed model: each relaunches its engine on it and keeps it only
+    /// if it answers within the deadline, else goes back to the model before by itself.
+    Use {
+        #[command(flatten)]
+        reach: Reach,
+        #[command(flatten)]
+        boxes: Boxes,
+        /// The model's id.
+        id: String,
+        /// Seconds each box has for its verdict.
+        #[arg(long, default_value_t = 600)]
+        wait: u64,
+    },
+    /// Remove a model from boxes (never their active or fallback model).
+    Rm {
+        #[command(flatten)]
+        reach: Reach,
+        #[command(flatten)]
+        boxes: Boxes,
+        /// The model's id.
+        id: String,
+    },
+    /// Each box's models: active (*), fallback (f), size, signer, verification, pushes under
+    /// way, the last switch.
+    List {
+        #[command(flatten)]
+        reach: Reach,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum FleetCommand {
+    /// Models on the boxes: push, use, rm, list.
+    Model {
+        #[command(subcommand)]
+        command: FleetModelCommand,
+    },
     /// Enrol every box not yet in fleet.lock: each proves it holds the token its card was
     /// stamped with, and its device key and certificate are recorded.
     Enroll {
@@ -163,6 +268,10 @@ fn main() -> ExitCode {
         Command::Fleet {
             command: FleetCommand::Enroll { reach },
         } => enroll(&reach),
+        Command::Model { command } => model(command),
+        Command::Fleet {
+            command: FleetCommand::Model { command },
+        } => fleet_model(command),
         Command::Fleet {
             command: FleetCommand::Status { reach, json },
         } => status(&reach, json),
@@ -428,4 +537,187 @@ fn wifi_psk(ssid: &str) -> Result<(), Failure> {
     let psk = provision::wifi::psk(&ssid, passphrase).map_err(bad_input)?;
     println!("{psk}");
     Ok(())
+}
+
+fn model(command: ModelCommand) -> Result<(), Failure> {
+    use operator::models;
+    match command {
+        ModelCommand::Manifest {
+            file,
+            draft,
+            template,
+            id,
+            chunk_size,
+            engine,
+            out,
+        } => {
+            let engine = engine.unwrap_or_else(models::engine_binary);
+            let made = models::manifest(
+                &engine,
+                &file,
+                draft.as_deref(),
+                template.as_deref(),
+                id,
+                chunk_size,
+            )
+            .map_err(bad_input)?;
+            let fit = &made.fit;
+            eprintln!(
+                "{} ({}, {} MiB): the engine loads it; at a context of {} it needs {} MiB",
+                made.manifest.id,
+                fit.architecture,
+                fit.file_bytes >> 20,
+                fit.context,
+                fit.need_bytes >> 20
+            );
+            for b in &fit.boards {
+                eprintln!(
+                    "  {:>2} GB board: {}, longest context {}",
+                    b.memory_gib,
+                    if b.fits { "fits" } else { "does not fit" },
+                    b.max_context
+                );
+            }
+            eprintln!(
+                "engine settings: {} threads, context {}",
+                made.manifest.engine.threads, made.manifest.engine.context
+            );
+            let text = made.manifest.to_toml().map_err(failed)?;
+            match out {
+                Some(path) => {
+                    durable::replace(&path, text.as_bytes())
+                        .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+                    println!("{} written", path.display());
+                }
+                None => print!("{text}"),
+            }
+            Ok(())
+        }
+        ModelCommand::Sign { manifest, key } => {
+            let sig = weights::author::sign(&manifest, &key).map_err(bad_input)?;
+            println!("{} written", sig.display());
+            Ok(())
+        }
+    }
+}
+
+/// The boxes a fleet command acts on, in the fleet file's order.
+fn chosen(fleet: &FleetFile, boxes: Option<&Boxes>) -> Result<Vec<String>, Failure> {
+    let all: Vec<String> = fleet
+        .boxes
+        .iter()
+        .filter_map(|b| b.name.as_ref().map(|n| n.to_string()))
+        .collect();
+    match boxes.and_then(|b| b.box_name.clone()) {
+        Some(name) if all.contains(&name) => Ok(vec![name]),
+        Some(name) => Err(bad_input(format!(
+            "no box {name} in the fleet file (its boxes: {})",
+            all.join(", ")
+        ))),
+        None => Ok(all),
+    }
+}
+
+/// Runs `each` on the boxes one at a time, stopping at the first failure.
+fn one_at_a_time(
+    names: &[String],
+    what: &str,
+    mut each: impl FnMut(&str) -> Result<String, String>,
+) -> Result<(), Failure> {
+    for (i, name) in names.iter().enumerate() {
+        eprintln!("{what} {name} ({} of {})", i + 1, names.len());
+        match each(name) {
+            Ok(done) => println!("{done}"),
+            Err(e) => {
+                let left = &names[i + 1..];
+                return Err(failed(if left.is_empty() {
+                    e
+                } else {
+                    format!(
+                        "{e}; stopped: {} not touched ({})",
+                        left.len(),
+                        left.join(", ")
+                    )
+                }));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fleet_model(command: FleetModelCommand) -> Result<(), Failure> {
+    use operator::models;
+    let connect = |args: &Reach| -> Result<_, Failure> {
+        let (fleet, token, overrides) = reach(args)?;
+        let lock = fleet::read_lock(&fleet::Paths::beside(&args.fleet)).map_err(bad_input)?;
+        Ok((fleet, token, overrides, lock))
+    };
+    match command {
+        FleetModelCommand::Push {
+            reach,
+            boxes,
+            manifest,
+            files,
+        } => {
+            let (fleet, token, overrides, lock) = connect(&reach)?;
+            let names = chosen(&fleet, Some(&boxes))?;
+            let model = models::signed(&manifest, &files).map_err(bad_input)?;
+            one_at_a_time(&names, "pushing to", |name| {
+                let to = fleet::connect(&fleet, &lock, name, &overrides)?;
+                models::push(&to, &token, &model, &|line| eprintln!("{line}"))
+            })
+        }
+        FleetModelCommand::Use {
+            reach,
+            boxes,
+            id,
+            wait,
+        } => {
+            let (fleet, token, overrides, lock) = connect(&reach)?;
+            let names = chosen(&fleet, Some(&boxes))?;
+            one_at_a_time(&names, "switching", |name| {
+                let on = fleet::connect(&fleet, &lock, name, &overrides)?;
+                models::switch(&on, &token, &id, std::time::Duration::from_secs(wait))
+            })
+        }
+        FleetModelCommand::Rm { reach, boxes, id } => {
+            let (fleet, token, overrides, lock) = connect(&reach)?;
+            let names = chosen(&fleet, Some(&boxes))?;
+            one_at_a_time(&names, "removing from", |name| {
+                let on = fleet::connect(&fleet, &lock, name, &overrides)?;
+                models::remove(&on, &token, &id)
+            })
+        }
+        FleetModelCommand::List { reach, json } => {
+            let (fleet, token, overrides, lock) = connect(&reach)?;
+            let names = chosen(&fleet, None)?;
+            let mut all = serde_json::Map::new();
+            let mut unreachable = 0;
+            for name in &names {
+                let listed = fleet::connect(&fleet, &lock, name, &overrides)
+                    .and_then(|on| models::list(&on, &token));
+                match listed {
+                    Ok(list) if json => {
+                        all.insert(name.clone(), serde_json::to_value(&list).map_err(failed)?);
+                    }
+                    Ok(list) => print!("{}", models::lines(name, &list)),
+                    Err(e) => {
+                        unreachable += 1;
+                        if json {
+                            all.insert(name.clone(), serde_json::json!({ "error": e }));
+                        } else {
+                            println!("{name:16}   {e}");
+                        }
+                    }
+                }
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&all).map_err(failed)?);
+            }
+            if unreachable > 0 {
+                return Err(failed_count(unreachable, "not listed"));
+            }
+            Ok(())
+        }
+    }
 }

@@ -3,182 +3,11 @@
 //! the box whose device key is replaced afterwards is flagged and not trusted, HTTPS login works
 //! with the provisioned password.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
 
+use common::{Box_, Fleet, appliance, fleet_of, supervisor, text};
 use operator::https;
 use serde_json::Value;
-use test_support::Owned;
-
-const APPLIANCE: &str = env!("CARGO_BIN_EXE_appliance");
-const PASSWORD: &str = "front desk 42";
-
-/// The `supervisor` binary of this checkout with its simulator (feature `sim`: every box here is
-/// a simulated board), brought up to date by cargo.
-fn supervisor_binary() -> PathBuf {
-    test_support::binary_with_features("supervisor", "supervisor", &["sim"])
-}
-
-fn supervisor(args: &[&str], stdin: &str) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(supervisor_binary())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("supervisor");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("stdin");
-    child.wait_with_output().expect("wait")
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// One box: a simulated board provisioned from the fleet file, its supervisor running.
-struct Box_ {
-    root: PathBuf,
-    https: String,
-    plain: String,
-    daemon: Option<Owned>,
-}
-
-impl Box_ {
-    fn new(dir: &Path, name: &str, provisioning: &str) -> Box_ {
-        let root = dir.join(name);
-        let root_arg = root.to_str().expect("utf8");
-        assert!(supervisor(&["sim", "init", root_arg], "").status.success());
-        std::fs::write(
-            root.join("boot/firmware/appliance-provision.toml"),
-            provisioning,
-        )
-        .expect("stamp");
-        let applied = supervisor(&["--root", root_arg, "provision", "apply"], "");
-        assert!(applied.status.success(), "{}", text(&applied.stderr));
-        let (plain, https) = (free_port(), free_port());
-        std::fs::write(
-            root.join("etc/appliance/appliance.toml"),
-            format!(
-                "[daemon]\nreverify_interval_s = 0\n\n[engine]\nport = {}\n\n[dashboard]\n\
-                 listen = \"127.0.0.1:{plain}\"\nhttps_listen = \"127.0.0.1:{https}\"\n\
-                 sample_interval_s = 1\n",
-                free_port()
-            ),
-        )
-        .expect("config");
-        let mut b = Box_ {
-            root,
-            https: format!("127.0.0.1:{https}"),
-            plain: format!("127.0.0.1:{plain}"),
-            daemon: None,
-        };
-        b.start();
-        b
-    }
-
-    fn start(&mut self) {
-        let mut child = Owned::spawn(
-            Command::new(supervisor_binary())
-                .args(["--root", self.root.to_str().expect("utf8"), "run"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-            "supervisor run",
-        );
-        let https = &self.https;
-        child.wait_until(|| https::request(https, "GET", "/login", None, None, None).is_ok());
-        self.daemon = Some(child);
-    }
-
-    /// Kills the daemon (a power cut, as far as the box's state is concerned).
-    fn stop(&mut self) {
-        self.daemon = None;
-    }
-}
-
-fn appliance(args: &[&str], token: &str) -> Output {
-    Command::new(APPLIANCE)
-        .args(args)
-        .env("APPLIANCE_API_TOKEN", token)
-        .output()
-        .expect("appliance")
-}
-
-/// A fleet of boxes, each a supervisor started from its stamped card.
-struct Fleet {
-    /// The API token every box takes.
-    token: String,
-    /// `fleet.toml`.
-    path: PathBuf,
-    file: provision::FleetFile,
-    /// The fleet secret cards are stamped with.
-    secret: Vec<u8>,
-    boxes: Vec<Box_>,
-}
-
-/// A fleet file `fleet.toml` in `dir` with boxes `names` (the password [`PASSWORD`], one API
-/// token) and each box's supervisor started from its stamped card.
-fn fleet_of(dir: &Path, names: &[&str]) -> Fleet {
-    let hash = text(&supervisor(&["dashboard", "hash-password"], PASSWORD).stdout)
-        .trim()
-        .to_string();
-    let tokens = text(&supervisor(&["dashboard", "new-token"], "").stdout);
-    let field = |name: &str| {
-        tokens
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .expect(name)
-            .trim()
-            .to_string()
-    };
-    let (token, digest) = (field("token "), field("sha256 "));
-    let fleet_path = dir.join("fleet.toml");
-    let boxes: String = names
-        .iter()
-        .map(|n| format!("\n[[box]]\nname = \"{n}\"\n"))
-        .collect();
-    std::fs::write(
-        &fleet_path,
-        format!(
-            "[fleet]\nname = \"clinics\"\ngeneration = 1\n\n[fleet.defaults]\n\
-             password_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n{boxes}"
-        ),
-    )
-    .expect("fleet");
-    let fleet_text = std::fs::read_to_string(&fleet_path).expect("read");
-    let fleet = provision::FleetFile::parse(&fleet_text, "fleet.toml").expect("parse");
-    let secret =
-        operator::fleet::secret(&operator::fleet::Paths::beside(&fleet_path)).expect("secret");
-    let started = names
-        .iter()
-        .map(|name| {
-            let card = operator::stamp::provisioning_text(
-                &fleet,
-                &operator::stamp::Target::Box(name),
-                &secret,
-            )
-            .expect("stamp");
-            Box_::new(dir, name, &card)
-        })
-        .collect();
-    Fleet {
-        token,
-        path: fleet_path,
-        file: fleet,
-        secret,
-        boxes: started,
-    }
-}
 
 #[test]
 fn an_enrolment_token_answers_once_even_to_requests_at_once() {
@@ -229,6 +58,7 @@ fn enrolled_boxes_show_up_and_a_replaced_identity_is_flagged() {
         file: fleet,
         secret,
         boxes,
+        ..
     } = fleet_of(dir.path(), &["north", "south"]);
     let [mut north, mut south]: [Box_; 2] =
         boxes.try_into().unwrap_or_else(|_| panic!("two boxes"));

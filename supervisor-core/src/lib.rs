@@ -26,6 +26,7 @@ pub mod config;
 pub mod engine;
 pub mod metrics;
 pub mod model;
+pub mod models;
 pub mod overclock;
 pub mod pid;
 pub mod provision;

@@ -4,11 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use weights::install::{Approval, Installed, install, install_model, sig_path};
-use weights::manifest::{DEFAULT_CHUNK, Template};
+use weights::install::{Approval, Installed, install, install_model};
 use weights::sign::Trust;
-use weights::verify::{Mapped, verify_file};
-use weights::{Error, ErrorKind, Manifest};
+use weights::verify::verify_file;
+use weights::{Error, Manifest};
 
 /// FILE checked against the manifest at `manifest`, its signature by `trust`.
 pub fn verify(file: &Path, manifest: &Path, trust: &Trust) -> Result<Approval, Error> {
@@ -45,8 +44,7 @@ pub fn install_file(
         .and_then(|a| install_model(src, draft, &a, data_dir).map(|i| (a, i)))
 }
 
-/// A manifest's text for FILE (and its draft head), hashes computed in parallel, from a
-/// template with name, engine settings, pip source and patches.
+/// A manifest's text for FILE (and its draft head): [`weights::author::manifest`].
 pub fn manifest(
     file: &Path,
     draft: Option<&Path>,
@@ -54,39 +52,7 @@ pub fn manifest(
     chunk_size: Option<u64>,
     template: Option<&Path>,
 ) -> Result<String, Error> {
-    let mut spec = match template {
-        None => Template::default(),
-        Some(path) => Manifest::read_text(path).and_then(|text| {
-            toml::from_str::<Template>(&text).map_err(|e| Error {
-                kind: ErrorKind::BadManifest,
-                message: format!("{}: {}", path.display(), e.to_string().trim_end()),
-                bad_chunk: None,
-            })
-        })?,
-    };
-    if id.is_some() {
-        spec.id = id;
-    }
-    let name_of = |path: &Path| {
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    };
-    let chunk = chunk_size.unwrap_or(DEFAULT_CHUNK);
-    Mapped::open(file)
-        .and_then(|m| match draft {
-            Some(head) => {
-                let head_bytes = Mapped::open(head)?;
-                spec.build_with_draft(
-                    m.bytes(),
-                    &name_of(file),
-                    chunk,
-                    Some((head_bytes.bytes(), &name_of(head))),
-                )
-            }
-            None => spec.build(m.bytes(), &name_of(file), chunk),
-        })
-        .and_then(|m| m.to_toml())
+    weights::author::manifest(file, draft, id, chunk_size, template).and_then(|m| m.to_toml())
 }
 
 /// Why a key pair was not made.
@@ -123,32 +89,7 @@ pub fn keygen(out: &Path) -> Result<(String, PathBuf), KeygenError> {
     Ok((public, pub_path))
 }
 
-/// Why a manifest was not signed.
-#[derive(Debug)]
-pub enum SignError {
-    /// The manifest is unreadable or malformed.
-    Manifest(Error),
-    /// The key file could not be read.
-    ReadKey(std::io::Error),
-    /// The key file's contents are not a secret key.
-    Key(Error),
-    /// The signature could not be written to this path.
-    Write(PathBuf, std::io::Error),
-}
-
-/// The manifest at `manifest` signed with the secret key file `key`: `M.sig` written, its path.
-pub fn sign(manifest: &Path, key: &Path) -> Result<PathBuf, SignError> {
-    let text = Manifest::read_text(manifest)
-        .and_then(|t| Manifest::parse(&t, &manifest.display().to_string()).map(|_| t))
-        .map_err(SignError::Manifest)?;
-    let secret = std::fs::read_to_string(key).map_err(SignError::ReadKey)?;
-    let signature = weights::sign::sign(text.as_bytes(), &secret).map_err(SignError::Key)?;
-    let out = sig_path(manifest);
-    if let Err(e) = durable::replace(&out, signature.as_bytes()) {
-        return Err(SignError::Write(out, e));
-    }
-    Ok(out)
-}
+pub use weights::author::{SignError, sign};
 
 /// The published source fetched into the cache with pip, then installed through the manifest.
 pub fn fetch(

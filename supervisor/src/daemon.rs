@@ -18,6 +18,7 @@ use tokio::time::MissedTickBehavior;
 use supervisor_core::board::Board;
 use supervisor_core::config::Config;
 use supervisor_core::engine::{self, LogRing};
+use supervisor_core::models;
 use supervisor_core::tune::{self, Applier, Backend, Evaluate, State, StepReport};
 
 mod trial;
@@ -97,6 +98,8 @@ async fn publish_pass(board: &Board, reports: &[StepReport]) {
 
 /// Seconds between looks at an installed update waiting for its reboot window.
 const UPDATE_CHECK_S: u64 = 60;
+/// Seconds between looks for a model switch asked for.
+const SWITCH_CHECK_S: u64 = 1;
 
 /// `f(board, config)` on a blocking thread (it writes the data partition or walks the board).
 async fn blocking<T: Send + 'static>(
@@ -199,6 +202,11 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
 
     let reports = tune::apply(board, &steps, &applier, false).await;
     publish_pass(board, &reports).await;
+    match blocking(board, config, models::selection::recover).await {
+        Ok(Some(message)) => tracing::warn!("model switch: {message}"),
+        Ok(None) => {}
+        Err(e) => tracing::error!("model switch: {e}"),
+    }
     let (model, verdict) =
         check_model(board, config, supervisor_core::model::reverify(config)).await;
     let status = format!("{}; {model}", summary(&reports));
@@ -241,6 +249,10 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                 as Pin<Box<dyn Future<Output = ()> + '_>>
         });
     let mut update_tick = tokio::time::interval(Duration::from_secs(UPDATE_CHECK_S));
+    // The configuration with the model that runs now: a committed switch changes it.
+    let mut live = config.clone();
+    let mut switch_tick = tokio::time::interval(Duration::from_secs(SWITCH_CHECK_S));
+    let mut switch: Option<Pin<Box<dyn Future<Output = models::switch::Switch> + '_>>> = None;
 
     loop {
         tokio::select! {
@@ -264,7 +276,35 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                 }
             }
             _ = reverify_tick.tick(), if reverify > 0 && pass.is_none() => {
-                pass = Some(Box::pin(reverify_pass(board, config, &steps, &applier, &tuned, &engine)));
+                pass = Some(Box::pin(reverify_pass(board, live.clone(), &steps, &applier, &tuned, &engine)));
+            }
+            // A switch asked for (the dashboard or `supervisor model use` wrote it), taken up
+            // when no other switch and no update trial is under way.
+            _ = switch_tick.tick(), if switch.is_none() && trial_check.is_none() => {
+                let (b, c, from) = (board.clone(), live.clone(), live.model.id.clone());
+                let started = tokio::task::spawn_blocking(move || models::selection::start(&b, &c, &from))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("the task crashed: {e}")));
+                match started {
+                    Ok(Some(switching)) => {
+                        switch = Some(Box::pin(models::switch::run(board, live.clone(), &engine, switching)));
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::error!("model switch: {e}"),
+                }
+            }
+            outcome = async {
+                match switch.as_mut() {
+                    Some(running) => running.await,
+                    None => std::future::pending().await,
+                }
+            }, if switch.is_some() => {
+                switch = None;
+                if outcome.result == models::selection::COMMITTED {
+                    live.model.id = outcome.to;
+                }
+                let (_, verdict) = check_model(board, &live, supervisor_core::model::between_boots(&live)).await;
+                tuned.send_modify(|t| t.model = verdict);
             }
             () = async {
                 match pass.as_mut() {
@@ -290,6 +330,8 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     // Dropped between two board calls: every write it made is whole, and the next start tunes.
     drop(pass);
     drop(trial_check);
+    // A switch cut off here is rolled back at the next start.
+    drop(switch);
     tracing::info!("stopping");
     notify(&[NotifyState::Stopping]);
     dashboard.stop();
@@ -301,7 +343,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
 /// checked, both published. All its board work runs on blocking threads.
 async fn reverify_pass(
     board: &Board,
-    config: &Config,
+    config: Config,
     steps: &[Arc<dyn Evaluate>],
     applier: &Applier<'_>,
     tuned: &watch::Sender<dashboard::Tuned>,
@@ -315,8 +357,12 @@ async fn reverify_pass(
     for drifted in reports.iter().filter(|r| r.state == State::Applied) {
         tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
     }
-    let (model, verdict) =
-        check_model(board, config, supervisor_core::model::between_boots(config)).await;
+    let (model, verdict) = check_model(
+        board,
+        &config,
+        supervisor_core::model::between_boots(&config),
+    )
+    .await;
     // Only verified weights run, also while running: a failed check stops the engine now,
     // a passing one lets a stopped engine relaunch (through the gate) without waiting.
     engine.model_checked(if verdict.state == "verified" {

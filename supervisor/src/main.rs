@@ -64,6 +64,11 @@ enum Command {
         #[command(subcommand)]
         command: WeightsCommand,
     },
+    /// The box's models: list them, switch through the health gate, remove one.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
     /// Safe overclock trials through tryboot and the watchdog.
     Overclock {
         #[command(subcommand)]
@@ -113,6 +118,28 @@ enum OverclockCommand {
     Abort,
     /// What the daemon does first at every boot: check, fail or continue the trial.
     Boot,
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Installed models (the active one marked *, the fallback f), pushes under way, the last
+    /// switch.
+    List {
+        /// Machine-readable output (what `GET /api/models` answers).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Switch to installed model ID: the engine is relaunched on it and the switch commits only
+    /// once it answers; otherwise the box goes back to the model before by itself.
+    Use {
+        /// The model's id.
+        id: String,
+    },
+    /// Remove installed model ID (never the active or the fallback model).
+    Rm {
+        /// The model's id.
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -330,6 +357,11 @@ fn main() -> ExitCode {
             command: ConfigCommand::Check { file },
         } => cli::config::check(&file),
         Command::Weights { command } => weights(&cli.root, config, command),
+        Command::Model { command } => match command {
+            ModelCommand::List { json } => cli::model::list(&cli.root, config, json),
+            ModelCommand::Use { id } => cli::model::switch(&cli.root, config, &id),
+            ModelCommand::Rm { id } => cli::model::remove(&cli.root, config, &id),
+        },
         Command::Overclock { command } => match command {
             OverclockCommand::Status { json } => cli::overclock::status(&cli.root, config, json),
             OverclockCommand::Start => cli::overclock::start(&cli.root, config),

@@ -1070,6 +1070,15 @@ fn every_route_outside_the_public_group_refuses_strangers() {
         ("POST", "/api/identity", Group::Public),
         ("POST", "/api/update", Group::Operator),
         ("GET", "/api/update", Group::Reader),
+        ("GET", "/api/models", Group::Reader),
+        ("POST", "/api/models/push", Group::Operator),
+        (
+            "PUT",
+            "/api/models/incoming/{id}/{part}/{index}",
+            Group::Operator,
+        ),
+        ("POST", "/api/models/use", Group::Operator),
+        ("DELETE", "/api/models/{id}", Group::Operator),
         ("GET", "/assets/app.js", Group::Public),
         ("GET", "/assets/style.css", Group::Public),
     ];
@@ -1079,10 +1088,22 @@ fn every_route_outside_the_public_group_refuses_strangers() {
     let base = format!("http://127.0.0.1:{port}");
     for &(method, path, group) in ROUTES {
         for headers in [&[][..], &[("authorization", "Bearer not-a-token")][..]] {
-            let url = format!("{base}{path}");
+            let concrete = path
+                .replace("{id}", "some-model")
+                .replace("{part}", "model")
+                .replace("{index}", "0");
+            let url = format!("{base}{concrete}");
             let reply = match method {
                 "GET" => get(&url, headers),
                 "POST" => post(&url, headers, "application/json", "{}"),
+                "PUT" | "DELETE" => {
+                    let mut request = ureq::http::Request::builder().method(method).uri(&url);
+                    for (n, v) in headers {
+                        request = request.header(*n, *v);
+                    }
+                    let request = request.body(b"x".to_vec()).expect("request");
+                    reply(agent().run(request).expect(method))
+                }
                 other => panic!("{other} {path}: a method this test does not ask with"),
             };
             let what = format!(

@@ -354,33 +354,87 @@ pub fn install_model(
     fs::create_dir(&staging)
         .map_err(|e| Error::io(format!("creating {}", staging.display()), e))?;
     let head_bytes = head.as_ref().map(Mapped::bytes);
-    let result = build(input.bytes(), form, head_bytes, approval, &staging).and_then(|()| {
-        let target = dir.join(&version);
-        fs::rename(&staging, &target)
-            .map_err(|e| Error::io(format!("moving {} into place", target.display()), e))?;
-        durable::sync_dir(&dir).map_err(|e| Error::io(format!("syncing {}", dir.display()), e))?;
-        // The switch: before it the old version is in use, after it the new one.
-        durable::replace(&dir.join(CURRENT), format!("{version}\n").as_bytes()).map_err(|e| {
-            Error::io(
-                format!("switching {} to {version}", dir.join(CURRENT).display()),
-                e,
-            )
-        })?;
-        Ok(target.join(&manifest.file))
-    });
-    match result {
-        Ok(path) => {
-            remove_other_versions(&dir, &version);
-            Ok(Installed {
-                path,
-                already_installed: false,
-            })
-        }
-        Err(e) => {
-            let _ = fs::remove_dir_all(&staging);
-            Err(e)
-        }
+    let result = build(input.bytes(), form, head_bytes, approval, &staging)
+        .and_then(|()| place(&dir, &staging, &version, &manifest.file));
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&staging);
     }
+    result.map(|path| Installed {
+        path,
+        already_installed: false,
+    })
+}
+
+/// Moves the filled, synced directory `built` into `dir` as `version` and switches `current`
+/// to it, then removes every other version; the path of `file` in it.
+fn place(dir: &Path, built: &Path, version: &str, file: &str) -> Result<PathBuf, Error> {
+    let target = dir.join(version);
+    fs::rename(built, &target)
+        .map_err(|e| Error::io(format!("moving {} into place", target.display()), e))?;
+    durable::sync_dir(dir).map_err(|e| Error::io(format!("syncing {}", dir.display()), e))?;
+    // The switch: before it the old version is in use, after it the new one.
+    durable::replace(&dir.join(CURRENT), format!("{version}\n").as_bytes()).map_err(|e| {
+        Error::io(
+            format!("switching {} to {version}", dir.join(CURRENT).display()),
+            e,
+        )
+    })?;
+    remove_other_versions(dir, version);
+    Ok(target.join(file))
+}
+
+/// Installs a model whose files were received into `received` (a directory on the data
+/// partition's filesystem holding the weights and the draft head under their manifest names,
+/// nothing else): each is verified in full, the manifest, signature and record are written
+/// beside them, and the directory itself becomes the new version (no copy: a pushed model
+/// needs its space once). On an error `received` is left as it was.
+pub fn adopt(received: &Path, approval: &Approval, data_dir: &Path) -> Result<Installed, Error> {
+    let manifest = &approval.manifest;
+    let weights = received.join(&manifest.file);
+    verify_file(&weights, manifest)?;
+    if let Some(draft) = &manifest.draft {
+        verify_draft(&received.join(&draft.file), manifest)?;
+    }
+    let write = |name: &str, text: &str| {
+        durable::replace(&received.join(name), text.as_bytes())
+            .map_err(|e| Error::io(format!("writing {name}"), e))
+    };
+    write(MANIFEST, &approval.text)?;
+    if let Some(sig) = &approval.signature {
+        write(SIGNATURE, sig)?;
+    }
+    let now = now_unix();
+    Record::of(&weights, manifest, now, now)?.write(&received.join(RECORD))?;
+    durable::sync_dir(received)
+        .map_err(|e| Error::io(format!("syncing {}", received.display()), e))?;
+    let dir = model_dir(data_dir, &manifest.id);
+    create_dirs_durably(&dir)?;
+    let _lock = lock(&dir)?;
+    let version = format!("{}-{}", &manifest.sha256[..16], unique_suffix());
+    place(&dir, received, &version, &manifest.file).map(|path| Installed {
+        path,
+        already_installed: false,
+    })
+}
+
+/// Removes the installed model `id` from `data_dir`: its directory is first renamed out of
+/// the models' listing (one atomic step: the model is there or gone), then deleted. Whether
+/// the model may go (it is not the one running) is the caller's decision.
+pub fn remove(data_dir: &Path, id: &str) -> Result<(), Error> {
+    let dir = model_dir(data_dir, id);
+    if current_version(&dir)?.is_none() {
+        return Err(Error::new(
+            ErrorKind::NotInstalled,
+            format!("model {id} is not installed in {}", data_dir.display()),
+        ));
+    }
+    let _lock = lock(&dir)?;
+    let trash = data_dir.join(format!(".removing-{id}-{}", unique_suffix()));
+    fs::rename(&dir, &trash).map_err(|e| Error::io(format!("removing {}", dir.display()), e))?;
+    let models = data_dir.join("models");
+    durable::sync_dir(&models)
+        .map_err(|e| Error::io(format!("syncing {}", models.display()), e))?;
+    fs::remove_dir_all(&trash).map_err(|e| Error::io(format!("deleting {}", trash.display()), e))
 }
 
 /// Creates `dir` and its parents, syncing each parent so the new entries survive a power cut.

@@ -8,8 +8,10 @@
 //! atomic pointer switch, verifying before the switch; [`gate`] is what the supervisor asks
 //! before launching the engine. [`fetch`] brings a manifest's published source from PyPI.
 
+pub mod author;
 mod error;
 pub mod fetch;
+pub mod fit;
 pub mod gate;
 pub mod hash;
 pub mod install;

@@ -77,6 +77,10 @@ pub struct Manifest {
     /// The model's draft head, installed and verified with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft: Option<Draft>,
+    /// The longest context that fits boards of each memory size, as the engine found when
+    /// the manifest was made (`appliance model manifest`); none recorded: not checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fits: Vec<crate::fit::BoardFit>,
 }
 
 /// A draft head: a second file of the model, installed as published (no patches), in the
@@ -554,6 +558,7 @@ impl Template {
             source,
             patches,
             draft,
+            fits: Vec::new(),
         };
         manifest.check()?;
         Ok(manifest)

@@ -1,6 +1,7 @@
 //! The JSON documents a box sends over its API, typed once: the status document
 //! (`GET /api/status`, `supervisor status --json`), the enrolment and identity answers
-//! (`POST /api/enroll`, `POST /api/identity`) and an update's progress (`GET /api/update`).
+//! (`POST /api/enroll`, `POST /api/identity`), an update's progress (`GET /api/update`) and
+//! the models on a box and their pushes and switches (`/api/models`).
 //! The supervisor builds them, its dashboard reads the status, and the `appliance` tool reads
 //! them all from boxes that may run an older or a newer system than itself.
 //!
@@ -29,6 +30,7 @@
 //! signed over a message with its own version tag (see `provision::enroll`).
 
 pub mod enrol;
+pub mod models;
 pub mod status;
 pub mod update;
 

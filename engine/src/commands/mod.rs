@@ -3,6 +3,7 @@
 //! This is the binary's, not the library's: it prints, and reads the files its flags name.
 
 pub mod bench;
+pub mod fit;
 pub mod generate;
 pub mod score;
 pub mod serve;

@@ -108,8 +108,12 @@ pub struct Model {
     /// Refuse manifests without a valid signature from a trusted key. Default false (a present
     /// signature must still verify).
     pub require_signature: bool,
-    /// ed25519 public keys (64 hex digits) whose manifest signatures the box accepts. Default none.
+    /// ed25519 public keys (64 hex digits) whose manifest signatures the box accepts (the
+    /// provisioned `fleet_key` is added to them). Default none.
     pub trusted_keys: Vec<PublicKey>,
+    /// MiB a pushed model must leave free on the data partition, for the box's own state and
+    /// an OS update's upload, 64-1048576. Default 1024.
+    pub keep_free_mib: KeepFreeMib,
 }
 
 impl Default for Model {
@@ -121,6 +125,7 @@ impl Default for Model {
             full_verify_interval_hours: FullVerifyHours(168),
             require_signature: false,
             trusted_keys: Vec::new(),
+            keep_free_mib: KeepFreeMib(1024),
         }
     }
 }
@@ -664,6 +669,10 @@ ranged_setting!(
     FullVerifyHours(u64), "full_verify_interval_hours", 1..=87_600, "an integer 1-87600 (hours)"
 );
 ranged_setting!(
+    /// MiB a pushed model leaves free on the data partition, 64-1048576.
+    KeepFreeMib(u64), "keep_free_mib", 64..=1_048_576, "an integer 64-1048576 (MiB)"
+);
+ranged_setting!(
     /// Seconds between the daemon's re-verifications: 0 (never) or 1-86400.
     ReverifyIntervalS(u64), "reverify_interval_s", 0..=86_400,
     "0 (never) or an integer 1-86400 (seconds)"
@@ -828,8 +837,8 @@ impl Config {
                 file: committed.clone(),
                 message,
             })?;
-        if let Some(settings) = provisioned {
-            layers.push((committed, crate::provision::config_layer(&settings)));
+        if let Some(settings) = &provisioned {
+            layers.push((committed, crate::provision::config_layer(settings)));
         }
         if let Ok(boot) = board.boot_dir() {
             let provisioning = board.path(&format!("{boot}/{OVERRIDE_NAME}"));
@@ -837,7 +846,25 @@ impl Config {
                 layers.push((provisioning.clone(), read_table(&provisioning)?));
             }
         }
-        Self::from_layers(layers)
+        let mut config = Self::from_layers(layers)?;
+        // The fleet key signs the fleet's models as it signs its USB provisioning files.
+        if let Some(key) = provisioned.as_ref().and_then(|s| s.fleet_key.as_ref()) {
+            let key = PublicKey(key.to_string());
+            if !config.model.trusted_keys.contains(&key) {
+                config.model.trusted_keys.push(key);
+            }
+        }
+        // A switch the box committed (`supervisor model use`, a push's `use`) names the model
+        // it runs, over the files' `[model] id`.
+        let selection =
+            crate::models::selection::read(board, &config).map_err(|message| ConfigError {
+                file: board.path(&config.model.data_dir),
+                message,
+            })?;
+        if let Some(active) = selection.active {
+            config.model.id = active;
+        }
+        Ok(config)
     }
 }
 
@@ -960,6 +987,12 @@ mod tests {
                 "health_timeout_ms",
                 &["100", "600000"],
                 &["99", "600001", "0"],
+            ),
+            (
+                "model",
+                "keep_free_mib",
+                &["64", "1048576"],
+                &["63", "1048577"],
             ),
             (
                 "model",

@@ -35,6 +35,7 @@ pub struct Handle {
     status: watch::Receiver<EngineStatus>,
     shutdown: watch::Sender<bool>,
     model: watch::Sender<ModelVerdict>,
+    switch: watch::Sender<String>,
     heartbeat: Arc<Mutex<Instant>>,
     stale_after: Duration,
     task: JoinHandle<()>,
@@ -67,6 +68,13 @@ impl Handle {
         let _previous = self.model.send_replace(verdict);
     }
 
+    /// Runs model `id` from now on: the running engine is stopped and one is launched on `id`
+    /// through the gate, with a fresh crash-loop count. Whether it then proves healthy is for
+    /// the caller to watch ([`Handle::subscribe`]: `model_id` names the model of each state).
+    pub fn use_model(&self, id: &str) {
+        let _previous = self.switch.send_replace(id.to_string());
+    }
+
     /// Stops the engine (SIGTERM, then SIGKILL) and waits for the task to finish.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
@@ -82,6 +90,7 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
     let (status_tx, status) = watch::channel(initial.clone());
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (model, model_rx) = watch::channel(Ok(()));
+    let (switch, switch_rx) = watch::channel(config.model.id.clone());
     let heartbeat = Arc::new(Mutex::new(Instant::now()));
     let e = &config.engine;
     let stale_after = Duration::from_secs(3 * e.health_interval_s.get())
@@ -95,12 +104,14 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
         heartbeat: Arc::clone(&heartbeat),
         shutdown: shutdown_rx,
         model: model_rx,
+        switch: switch_rx,
     };
     let task = tokio::spawn(supervisor.run());
     Handle {
         status,
         shutdown,
         model,
+        switch,
         heartbeat,
         stale_after,
         task,
@@ -116,6 +127,8 @@ struct Supervisor {
     heartbeat: Arc<Mutex<Instant>>,
     shutdown: watch::Receiver<bool>,
     model: watch::Receiver<ModelVerdict>,
+    /// The model to run: changed by [`Handle::use_model`].
+    switch: watch::Receiver<String>,
 }
 
 /// The model's latest re-verification: `Err` with why it failed.
@@ -130,6 +143,8 @@ enum Outcome {
     },
     /// Stopped because its weights failed re-verification while it ran.
     Refused(String),
+    /// Stopped to run another model.
+    Switched,
 }
 
 impl Supervisor {
@@ -140,6 +155,18 @@ impl Supervisor {
         loop {
             // The gate below is newer than any verdict the daemon sent so far.
             self.model.borrow_and_update();
+            let wanted = self.switch.borrow_and_update().clone();
+            if wanted != self.config.model.id {
+                tracing::info!(
+                    "engine: switching from model {} to {wanted}",
+                    self.config.model.id
+                );
+                self.config.model.id = wanted;
+                self.status.model_id = self.config.model.id.clone();
+                self.status.model_sha256 = None;
+                failures = 0;
+                refused_while_running = None;
+            }
             let approved = match self.gate().await {
                 Ok(approved) => {
                     refused_while_running = None;
@@ -183,6 +210,7 @@ impl Supervisor {
                     self.set(Phase::Stopped, "stopped with the supervisor".into());
                     return;
                 }
+                Outcome::Switched => {}
                 Outcome::Refused(why) => {
                     tracing::error!("engine stopped: its weights failed verification: {why}");
                     self.set(
@@ -202,7 +230,10 @@ impl Supervisor {
                             Phase::Failing,
                             format!("engine failing: {reason} ({failures} failures in a row; restart the supervisor to try again)"),
                         );
-                        return self.idle_until_shutdown().await;
+                        if self.idle_until_shutdown_or_switch().await {
+                            return;
+                        }
+                        continue;
                     }
                     // 1×, 2×, 4×, ... the base pause, at most a minute.
                     let pause = Duration::from_millis(
@@ -239,6 +270,7 @@ impl Supervisor {
     async fn run_once(&mut self, launch: &Launch) -> Outcome {
         let mut shutdown = self.shutdown.clone();
         let mut model = self.model.clone();
+        let mut switch = self.switch.clone();
         let spawned = process::spawn(&self.board, &self.config, launch, &self.logs).await;
         let mut running = match spawned {
             Ok(running) => running,
@@ -270,6 +302,7 @@ impl Supervisor {
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
                 why = refused(&mut model) => return self.refuse(running, why).await,
+                () = switched(&mut switch) => return self.switch_engine(running).await,
                 _ = tokio::time::sleep(READY_POLL) => {
                     let socket = socket.clone();
                     match blocking(move || probe::health(&socket, READY_POLL * 4)).await {
@@ -313,6 +346,7 @@ impl Supervisor {
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
                 why = refused(&mut model) => return self.refuse(running, why).await,
+                () = switched(&mut switch) => return self.switch_engine(running).await,
                 _ = probes.tick() => {
                     let key = launch.control_key.clone();
                     let socket = socket.clone();
@@ -373,6 +407,12 @@ impl Supervisor {
         Outcome::Refused(why)
     }
 
+    async fn switch_engine(&mut self, running: Running) -> Outcome {
+        tracing::info!("stopping the engine to run another model");
+        self.ended(running.stop(STOP_GRACE).await);
+        Outcome::Switched
+    }
+
     async fn shutdown_engine(&mut self, running: Running) -> Outcome {
         tracing::info!("stopping the engine");
         self.ended(running.stop(STOP_GRACE).await);
@@ -399,13 +439,19 @@ impl Supervisor {
         self.publish_to.send_replace(self.status.clone());
     }
 
-    async fn idle_until_shutdown(mut self) {
-        stopped(&mut self.shutdown).await;
+    /// Waits, failing, for shutdown (true) or another model to run (false).
+    async fn idle_until_shutdown_or_switch(&mut self) -> bool {
+        let mut switch = self.switch.clone();
+        tokio::select! {
+            _ = stopped(&mut self.shutdown) => {}
+            () = switched(&mut switch) => return false,
+        }
         let reason = self.status.reason.clone();
         self.set(
             Phase::Stopped,
             format!("stopped with the supervisor; {reason}"),
         );
+        true
     }
 
     /// Waits for the next gate retry, or for the daemon's re-verification to pass; true when
@@ -420,17 +466,21 @@ impl Supervisor {
             }
             std::future::pending::<()>().await;
         };
+        let mut switch = self.switch.clone();
         tokio::select! {
             _ = tokio::time::sleep(GATE_RETRY) => false,
             () = passed => false,
+            () = switched(&mut switch) => false,
             _ = stopped(&mut self.shutdown) => true,
         }
     }
 
     /// Sleeps; true when shutdown came first.
     async fn sleep_or_shutdown(&mut self, pause: Duration) -> bool {
+        let mut switch = self.switch.clone();
         tokio::select! {
             _ = tokio::time::sleep(pause) => false,
+            () = switched(&mut switch) => false,
             _ = stopped(&mut self.shutdown) => true,
         }
     }
@@ -454,6 +504,14 @@ async fn refused(model: &mut watch::Receiver<ModelVerdict>) -> String {
         }
     }
     std::future::pending().await
+}
+
+/// Resolves once another model is asked for (never when the daemon's handle is gone). The
+/// receiver is a clone: the loop's own one marks the request seen when it acts on it.
+async fn switched(switch: &mut watch::Receiver<String>) {
+    if switch.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Resolves once shutdown is asked for (or the daemon's handle is gone).

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod daemon;
 pub mod dashboard;
+pub mod model;
 pub mod overclock;
 pub mod provision;
 #[cfg(feature = "sim")]

@@ -1,0 +1,409 @@
+//! Models onto a fleet: a manifest made from the files with the engine's own check of how they
+//! fit each board size ([`manifest`]), then per box a resumable push a chunk at a time
+//! ([`push`]), a switch through the box's health gate ([`switch`]), a removal ([`remove`]) and
+//! the list ([`list`]). Every request is pinned to the box's enrolled certificate
+//! ([`fleet::connect`]).
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use weights::Manifest;
+use weights::install::sig_path;
+use wire::models::{Incoming, Models, Push, Requested, UseRequest};
+
+use crate::fleet::Connected;
+
+/// The usual deadline of a request.
+const ASK: Duration = Duration::from_secs(30);
+/// A chunk's deadline: its upload, and for the last one the box's check of the whole model.
+const CHUNK: Duration = Duration::from_secs(300);
+/// Tries of one chunk before the push gives up (a later `push` resumes it).
+const TRIES: u32 = 5;
+
+/// What `appliance model manifest` makes: the manifest, and the engine's report it records.
+pub struct Made {
+    /// The manifest.
+    pub manifest: Manifest,
+    /// What the engine found.
+    pub fit: weights::fit::Report,
+}
+
+/// The engine binary beside this tool, else `engine` on `PATH`.
+pub fn engine_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("engine")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("engine"))
+}
+
+/// Asks `engine fit` whether `file` (and its draft head) load, and what context fits each
+/// board size.
+pub fn fit(
+    engine: &Path,
+    file: &Path,
+    draft: Option<&Path>,
+) -> Result<weights::fit::Report, String> {
+    let mut command = std::process::Command::new(engine);
+    command.arg("fit").arg("-m").arg(file);
+    if let Some(draft) = draft {
+        command.arg("--model-draft").arg(draft);
+    }
+    let out = command
+        .output()
+        .map_err(|e| format!("running {} fit: {e} (give --engine PATH)", engine.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the engine does not load {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("{} fit answered something else: {e}", engine.display()))
+}
+
+/// The manifest for `file` (and `draft`), from `template` when given; the engine settings it
+/// records are the template's, with a context no longer than what the smallest board the
+/// model fits holds (8192 at most when the template sets none).
+pub fn manifest(
+    engine: &Path,
+    file: &Path,
+    draft: Option<&Path>,
+    template: Option<&Path>,
+    id: Option<String>,
+    chunk_size: Option<u64>,
+) -> Result<Made, String> {
+    let fit = fit(engine, file, draft)?;
+    let mut manifest = weights::author::manifest(file, draft, id, chunk_size, template)
+        .map_err(|e| e.to_string())?;
+    let templated = template.is_some_and(|t| {
+        std::fs::read_to_string(t).is_ok_and(|text| text.lines().any(|l| l.trim() == "[engine]"))
+    });
+    let smallest = fit
+        .boards
+        .iter()
+        .filter(|b| b.max_context > 0)
+        .min_by_key(|b| b.memory_gib);
+    let Some(smallest) = smallest else {
+        return Err(format!(
+            "{} does not fit any board size checked ({}): it needs {} MiB",
+            file.display(),
+            fit.boards
+                .iter()
+                .map(|b| format!("{} GB", b.memory_gib))
+                .collect::<Vec<_>>()
+                .join(", "),
+            fit.need_bytes >> 20
+        ));
+    };
+    if !templated {
+        manifest.engine.context = u32::try_from(fit.context.min(8192)).unwrap_or(8192);
+    }
+    let cap = u32::try_from(smallest.max_context).unwrap_or(u32::MAX);
+    manifest.engine.context = manifest.engine.context.min(cap);
+    manifest.fits = fit.fits();
+    manifest.check().map_err(|e| e.to_string())?;
+    Ok(Made { manifest, fit })
+}
+
+/// A signed manifest read for a push: its text, its signature (`M.sig`), and the files named
+/// on the command line checked against it before anything is sent.
+pub struct Signed {
+    /// The manifest.
+    pub manifest: Manifest,
+    /// What goes to the boxes.
+    pub push: Push,
+    /// The model's files, in the push's part order.
+    pub files: Vec<PathBuf>,
+}
+
+/// Reads `manifest` and its signature and verifies `files` (the weights, then the draft head)
+/// against it in full.
+pub fn signed(manifest: &Path, files: &[PathBuf]) -> Result<Signed, String> {
+    let text = Manifest::read_text(manifest).map_err(|e| e.to_string())?;
+    let parsed =
+        Manifest::parse(&text, &manifest.display().to_string()).map_err(|e| e.to_string())?;
+    let sig = sig_path(manifest);
+    let signature = std::fs::read_to_string(&sig).map_err(|e| {
+        format!(
+            "{}: {e}; sign the manifest first (`appliance model sign {} --key fleet-key`)",
+            sig.display(),
+            manifest.display()
+        )
+    })?;
+    let wanted = 1 + usize::from(parsed.draft.is_some());
+    if files.len() != wanted {
+        return Err(format!(
+            "model {} has {wanted} file(s) ({}{}); give {}",
+            parsed.id,
+            parsed.file,
+            parsed
+                .draft
+                .as_ref()
+                .map(|d| format!(", draft head {}", d.file))
+                .unwrap_or_default(),
+            if wanted == 2 {
+                "the weights, then the draft head"
+            } else {
+                "the weights only"
+            }
+        ));
+    }
+    weights::verify::verify_file(&files[0], &parsed).map_err(|e| e.to_string())?;
+    if parsed.draft.is_some() {
+        weights::verify::verify_draft(&files[1], &parsed).map_err(|e| e.to_string())?;
+    }
+    Ok(Signed {
+        manifest: parsed,
+        push: Push {
+            manifest: text,
+            signature,
+        },
+        files: files.to_vec(),
+    })
+}
+
+/// Why box `name` refused, from its answer.
+fn refusal(name: &str, response: &crate::https::Response) -> String {
+    format!(
+        "{name}: refused ({}): {}",
+        response.status,
+        String::from_utf8_lossy(&response.body).trim()
+    )
+}
+
+/// A box's answer as `T`, or why it refused.
+fn answer<T: serde::de::DeserializeOwned>(
+    name: &str,
+    response: &crate::https::Response,
+    ok: &[u16],
+) -> Result<T, String> {
+    if !ok.contains(&response.status) {
+        return Err(refusal(name, response));
+    }
+    serde_json::from_slice(&response.body).map_err(|e| format!("{name}: unexpected answer: {e}"))
+}
+
+/// Pushes the model to `to`: resumes where the box's copy stopped, sends each missing chunk
+/// (again, up to a few times, when the connection breaks), and returns once the box has
+/// installed it. `say` gets progress lines.
+pub fn push(
+    to: &Connected,
+    token: &str,
+    model: &Signed,
+    say: &dyn Fn(&str),
+) -> Result<String, String> {
+    let name = &to.name;
+    let body = serde_json::to_vec(&model.push).map_err(|e| e.to_string())?;
+    let start = || -> Result<Incoming, String> {
+        let r = to.ask(
+            token,
+            "POST",
+            "/api/models/push",
+            Some(("application/json", &body)),
+            ASK,
+        )?;
+        answer(name, &r, &[200])
+    };
+    let mut state = start()?;
+    if state.installed {
+        return Ok(format!("{name}: {} already installed", model.manifest.id));
+    }
+    let total: u64 = state.parts.iter().map(|p| p.size).sum();
+    let resumed: u64 = state
+        .parts
+        .iter()
+        .map(|p| (p.received * p.chunk_size).min(p.size))
+        .sum();
+    if resumed > 0 {
+        say(&format!(
+            "{name}: resuming at {} of {} MiB",
+            resumed >> 20,
+            total >> 20
+        ));
+    }
+    let began = Instant::now();
+    let mut sent: u64 = 0;
+    let mut last_said = 0;
+    while let Some((part, index)) = state.next_chunk().map(|(p, i)| (p.clone(), i)) {
+        let slot = state
+            .parts
+            .iter()
+            .position(|p| p.part == part.part)
+            .unwrap_or(0);
+        let file = model
+            .files
+            .get(slot)
+            .ok_or_else(|| format!("{name}: no file for part {}", part.part))?;
+        let offset = index * part.chunk_size;
+        let length = (part.size - offset).min(part.chunk_size);
+        let bytes = read_at(file, offset, length)?;
+        let path = format!("/api/models/incoming/{}/{}/{index}", state.id, part.part);
+        let mut tries = 0;
+        state = loop {
+            tries += 1;
+            match to.ask(
+                token,
+                "PUT",
+                &path,
+                Some(("application/octet-stream", &bytes)),
+                CHUNK,
+            ) {
+                Ok(r) if r.status == 200 => break answer(name, &r, &[200])?,
+                // Not the chunk the box expects (another push moved it on): ask where it is.
+                Ok(r) if r.status == 409 => break start()?,
+                Ok(r) => return Err(refusal(name, &r)),
+                Err(e) if tries < TRIES => {
+                    say(&format!("{e}; trying chunk {index} of {} again", part.part));
+                    std::thread::sleep(Duration::from_secs(2 * u64::from(tries)));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{e}; the push stopped at chunk {index} of {}: run it again to resume",
+                        part.part
+                    ));
+                }
+            }
+        };
+        sent += length;
+        let done = resumed + sent;
+        let percent = done * 100 / total.max(1);
+        if percent >= last_said + 10 {
+            last_said = percent - percent % 10;
+            say(&format!(
+                "{name}: {} of {} MiB ({percent}%)",
+                done >> 20,
+                total >> 20
+            ));
+        }
+    }
+    let seconds = began.elapsed().as_secs_f64().max(1e-3);
+    Ok(format!(
+        "{name}: {} installed ({} MiB sent in {seconds:.1} s, {:.1} MiB/s)",
+        model.manifest.id,
+        sent >> 20,
+        sent as f64 / f64::from(1 << 20) / seconds
+    ))
+}
+
+/// `length` bytes of `file` from `offset`.
+fn read_at(file: &Path, offset: u64, length: u64) -> Result<Vec<u8>, String> {
+    let what = |e: std::io::Error| format!("reading {}: {e}", file.display());
+    let mut f = std::fs::File::open(file).map_err(what)?;
+    f.seek(SeekFrom::Start(offset)).map_err(what)?;
+    let mut bytes = vec![0; usize::try_from(length).map_err(|e| e.to_string())?];
+    f.read_exact(&mut bytes).map_err(what)?;
+    Ok(bytes)
+}
+
+/// Switches `on` to model `id` and waits (at most `wait`) for the box's verdict: `Ok` once it
+/// committed, `Err` with the box's reason when it rolled back or refused.
+pub fn switch(on: &Connected, token: &str, id: &str, wait: Duration) -> Result<String, String> {
+    let name = &on.name;
+    let body = serde_json::to_vec(&UseRequest { id: id.to_string() }).map_err(|e| e.to_string())?;
+    let r = on.ask(
+        token,
+        "POST",
+        "/api/models/use",
+        Some(("application/json", &body)),
+        ASK,
+    )?;
+    if r.status == 200 {
+        return Ok(format!("{name}: {id} is already the active model"));
+    }
+    let Requested { request } = answer(name, &r, &[202])?;
+    let deadline = Instant::now() + wait;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let models = list(on, token)?;
+        if let Some(outcome) = models.outcome(request) {
+            return if outcome.result == "committed" {
+                Ok(format!("{name}: now runs {id} ({})", outcome.reason))
+            } else {
+                Err(format!(
+                    "{name}: switch to {id} {}: {}",
+                    outcome.result, outcome.reason
+                ))
+            };
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{name}: no verdict on the switch to {id} within {} s",
+                wait.as_secs()
+            ));
+        }
+    }
+}
+
+/// Removes model `id` from `on` (the box refuses its active and fallback models).
+pub fn remove(on: &Connected, token: &str, id: &str) -> Result<String, String> {
+    let r = on.ask(token, "DELETE", &format!("/api/models/{id}"), None, ASK)?;
+    if r.status != 200 {
+        return Err(refusal(&on.name, &r));
+    }
+    Ok(format!(
+        "{}: {}",
+        on.name,
+        String::from_utf8_lossy(&r.body).trim()
+    ))
+}
+
+/// The models of `on`.
+pub fn list(on: &Connected, token: &str) -> Result<Models, String> {
+    let r = on.ask(token, "GET", "/api/models", None, ASK)?;
+    answer(&on.name, &r, &[200])
+}
+
+/// One box's models as lines: each installed model (active `*`, fallback `f`), its size,
+/// who signed it, when it was last verified; pushes under way; the last switch.
+pub fn lines(name: &str, models: &Models) -> String {
+    let active = models.active.as_deref().unwrap_or_default();
+    let fallback = models.fallback.as_deref().unwrap_or_default();
+    let mut out = String::new();
+    for m in &models.installed {
+        let mark = if m.id == active {
+            "*"
+        } else if m.id == fallback {
+            "f"
+        } else {
+            " "
+        };
+        let state = m.problem.clone().unwrap_or_else(|| match m.verified_unix {
+            Some(t) => format!("verified at {t}"),
+            None => "not verified yet".into(),
+        });
+        let signer = if m.signed_by.len() > 16 {
+            &m.signed_by[..16]
+        } else {
+            &m.signed_by
+        };
+        out.push_str(&format!(
+            "{name:16} {mark} {:32} {:>8} MiB  {}  signed {signer}  {state}\n",
+            m.id,
+            m.size >> 20,
+            if m.draft { "+draft" } else { "      " },
+        ));
+    }
+    for push in &models.incoming {
+        let (got, all) = push
+            .parts
+            .iter()
+            .fold((0, 0), |(g, a), p| (g + p.received, a + p.chunks));
+        out.push_str(&format!(
+            "{name:16}   {:32} push under way: {got} of {all} chunks\n",
+            push.id
+        ));
+    }
+    if let Some(last) = models.history.last() {
+        out.push_str(&format!(
+            "{name:16}   last switch: {} -> {} {}: {}\n",
+            last.from.as_deref().unwrap_or("?"),
+            last.to,
+            last.result,
+            last.reason
+        ));
+    }
+    out
+}

@@ -1,0 +1,501 @@
+//! Models onto a fleet, end to end: two supervisors on simulated boards over HTTPS, a tiny
+//! random Gemma 4 with its draft head made into a manifest the engine checked, signed with the
+//! fleet key, pushed (cut mid-way and resumed, a flipped byte refused at its chunk, a stranger's
+//! or no signature refused, a full disk refused before any byte), switched to with the health
+//! gate, a broken model rolled back by itself, a switch cut by a crash rolled back at the next
+//! start, the active model kept from removal, and a `read` token refused every change.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Box_, appliance, fleet_with, supervisor, text};
+use operator::https;
+use serde_json::Value;
+
+/// The engine binary of this checkout.
+fn engine() -> PathBuf {
+    test_support::binary("engine", "engine")
+}
+
+/// `supervisor weights keygen`: the secret key file and its public key.
+fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
+    let key = dir.join(name);
+    let out = supervisor(
+        &["weights", "keygen", "--out", key.to_str().expect("utf8")],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let public = std::fs::read_to_string(dir.join(format!("{name}.pub"))).expect("pub");
+    (key, public.trim().to_string())
+}
+
+fn ask(
+    b: &Box_,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<(&str, &[u8])>,
+) -> https::Response {
+    https::request_within(
+        Duration::from_secs(120),
+        &b.https,
+        method,
+        path,
+        Some(token),
+        body,
+        None,
+    )
+    .expect("an answer")
+}
+
+fn json(response: &https::Response) -> Value {
+    serde_json::from_slice(&response.body)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&response.body)))
+}
+
+/// The push request for the manifest at `manifest` with `signature`.
+fn push_body(manifest: &Path, signature: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "manifest": std::fs::read_to_string(manifest).expect("manifest"),
+        "signature": signature,
+    }))
+    .expect("json")
+}
+
+fn models(b: &Box_, token: &str) -> Value {
+    json(&ask(b, token, "GET", "/api/models", None))
+}
+
+/// Waits until the box's status satisfies `done` (the engine restarts on a switch).
+fn wait_status(b: &Box_, token: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let status = json(&ask(b, token, "GET", "/api/status", None));
+        if done(&status) {
+            return status;
+        }
+        assert!(start.elapsed() < test_support::HUNG, "{what}: {status:#}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn a_model_goes_to_every_box_and_back() {
+    use test_support::tiny::{MODELS, TINY_HEAD, gemma4_head_bytes, gguf_bytes};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let (fleet_key, fleet_public) = keygen(d, "fleet-key");
+    let engine = engine();
+    let fleet = fleet_with(
+        d,
+        &["north", "south"],
+        &format!("fleet_key = \"{fleet_public}\"\n"),
+        &format!("binary = \"{}\"\ncontext = 512\n", engine.display()),
+    );
+    let (token, reader) = (fleet.token.clone(), fleet.reader.clone());
+    let [mut north, mut south]: [Box_; 2] = fleet
+        .boxes
+        .try_into()
+        .unwrap_or_else(|_| panic!("two boxes"));
+    let fleet_arg = fleet.path.to_str().expect("utf8").to_string();
+    let at_north = format!("north={}", north.https);
+    let at_south = format!("south={}", south.https);
+    // `appliance COMMAND… FLEET --at … ARGS…`.
+    let reach = |command: &[&str], args: &[&str]| {
+        let mut all: Vec<&str> = command.to_vec();
+        all.extend([fleet_arg.as_str(), "--at", &at_north, "--at", &at_south]);
+        all.extend(args);
+        appliance(&all, &token)
+    };
+    let enrolled = reach(&["fleet", "enroll"], &[]);
+    assert!(enrolled.status.success(), "{}", text(&enrolled.stderr));
+
+    // The model: a tiny Gemma 4 and its draft head, checked by the engine, signed.
+    let target = MODELS
+        .iter()
+        .find(|t| t.gemma4.is_some())
+        .expect("a tiny Gemma 4");
+    let (model, head) = (d.join("e2b.gguf"), d.join("mtp-e2b.gguf"));
+    std::fs::write(&model, gguf_bytes(target)).expect("model");
+    std::fs::write(&head, gemma4_head_bytes(target, &TINY_HEAD)).expect("head");
+    let manifest = d.join("e2b.toml");
+    let template = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../models/gemma-4-e2b-it.template.toml"
+    );
+    let path = |p: &Path| p.to_str().expect("utf8").to_string();
+    let made = appliance(
+        &[
+            "model",
+            "manifest",
+            &path(&model),
+            &path(&head),
+            "--template",
+            template,
+            "--id",
+            "tiny-e2b",
+            "--chunk-size",
+            "65536",
+            "--engine",
+            &path(&engine),
+            "-o",
+            &path(&manifest),
+        ],
+        "",
+    );
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    assert!(
+        text(&made.stderr).contains("16 GB board: fits"),
+        "{}",
+        text(&made.stderr)
+    );
+    let written = std::fs::read_to_string(&manifest).expect("manifest");
+    assert!(
+        written.contains("[[fits]]") && written.contains("[draft]"),
+        "{written}"
+    );
+    let signed = appliance(
+        &[
+            "model",
+            "sign",
+            &path(&manifest),
+            "--key",
+            &path(&fleet_key),
+        ],
+        "",
+    );
+    assert!(signed.status.success(), "{}", text(&signed.stderr));
+    let signature = std::fs::read_to_string(d.join("e2b.toml.sig")).expect("sig");
+
+    // Refused before anything is stored: no signature, a stranger's, a read token.
+    let (stranger_key, _) = keygen(d, "stranger-key");
+    let stranger = d.join("stranger.toml");
+    std::fs::copy(&manifest, &stranger).expect("copy");
+    let resigned = appliance(
+        &[
+            "model",
+            "sign",
+            &path(&stranger),
+            "--key",
+            &path(&stranger_key),
+        ],
+        "",
+    );
+    assert!(resigned.status.success());
+    let stranger_sig = std::fs::read_to_string(d.join("stranger.toml.sig")).expect("sig");
+    for (sig, why) in [
+        ("", "malformed signature"),
+        (stranger_sig.as_str(), "not among the box's trusted keys"),
+    ] {
+        let refused = ask(
+            &north,
+            &token,
+            "POST",
+            "/api/models/push",
+            Some(("application/json", &push_body(&manifest, sig))),
+        );
+        assert_eq!(refused.status, 403, "{}", text(&refused.body));
+        assert!(text(&refused.body).contains(why), "{}", text(&refused.body));
+    }
+    let body = push_body(&manifest, &signature);
+    for (method, route, body) in [
+        (
+            "POST",
+            "/api/models/push",
+            Some(("application/json", body.as_slice())),
+        ),
+        (
+            "PUT",
+            "/api/models/incoming/tiny-e2b/model/0",
+            Some(("application/octet-stream", &b"x"[..])),
+        ),
+        (
+            "POST",
+            "/api/models/use",
+            Some(("application/json", &br#"{"id":"tiny-e2b"}"#[..])),
+        ),
+        ("DELETE", "/api/models/tiny-e2b", None),
+    ] {
+        let refused = ask(&north, &reader, method, route, body);
+        assert_eq!(
+            refused.status,
+            403,
+            "{method} {route}: {}",
+            text(&refused.body)
+        );
+    }
+    let incoming = |b: &Box_| b.root.join("var/lib/appliance/incoming/tiny-e2b");
+    assert!(!incoming(&north).exists());
+
+    // A full data partition (here: more must stay free than there is) is refused up front.
+    let config_path = south.root.join("etc/appliance/appliance.toml");
+    let config = std::fs::read_to_string(&config_path).expect("config");
+    south.stop();
+    std::fs::write(
+        &config_path,
+        format!("{config}\n[model]\nkeep_free_mib = 1048576\n"),
+    )
+    .expect("config");
+    south.start();
+    let full = ask(
+        &south,
+        &token,
+        "POST",
+        "/api/models/push",
+        Some(("application/json", &body)),
+    );
+    assert_eq!(full.status, 507, "{}", text(&full.body));
+    assert!(
+        text(&full.body).contains("keep_free_mib"),
+        "{}",
+        text(&full.body)
+    );
+    assert!(!incoming(&south).exists());
+    south.stop();
+    std::fs::write(&config_path, &config).expect("config");
+    south.start();
+
+    // Part of the push reaches north, chunk by chunk; a flipped byte and a chunk out of turn
+    // are refused on their own, a resent one acknowledged.
+    let started = json(&ask(
+        &north,
+        &token,
+        "POST",
+        "/api/models/push",
+        Some(("application/json", &body)),
+    ));
+    assert_eq!(started["parts"][0]["received"], 0, "{started:#}");
+    assert_eq!(started["parts"][1]["part"], "draft", "{started:#}");
+    let weights = std::fs::read(&model).expect("model");
+    let chunk = |i: usize| &weights[i * 65536..((i + 1) * 65536).min(weights.len())];
+    let put = |b: &Box_, i: usize, bytes: &[u8]| {
+        ask(
+            b,
+            &token,
+            "PUT",
+            &format!("/api/models/incoming/tiny-e2b/model/{i}"),
+            Some(("application/octet-stream", bytes)),
+        )
+    };
+    for i in 0..3 {
+        let r = put(&north, i, chunk(i));
+        assert_eq!(r.status, 200, "{}", text(&r.body));
+        assert_eq!(json(&r)["parts"][0]["received"], i + 1);
+    }
+    let mut flipped = chunk(3).to_vec();
+    flipped[100] ^= 1;
+    let r = put(&north, 3, &flipped);
+    assert_eq!(r.status, 422, "{}", text(&r.body));
+    assert!(
+        text(&r.body).contains("chunk 3 of model"),
+        "{}",
+        text(&r.body)
+    );
+    let r = put(&north, 5, chunk(5));
+    assert_eq!(r.status, 409, "{}", text(&r.body));
+    assert!(
+        text(&r.body).contains("send chunk 3 next"),
+        "{}",
+        text(&r.body)
+    );
+    assert_eq!(put(&north, 1, chunk(1)).status, 200);
+    // The box goes down with half a chunk written past what it counted.
+    north.stop();
+    let partial = incoming(&north).join("files/e2b.gguf");
+    let mut bytes = std::fs::read(&partial).expect("partial");
+    assert_eq!(bytes.len(), 3 * 65536);
+    bytes.extend_from_slice(&[0xAA; 1000]);
+    std::fs::write(&partial, bytes).expect("garbage");
+    north.start();
+
+    // The tool resumes north and pushes all of south, one box at a time.
+    let pushed = reach(
+        &["fleet", "model", "push"],
+        &["--all", &path(&manifest), &path(&model), &path(&head)],
+    );
+    assert!(pushed.status.success(), "{}", text(&pushed.stderr));
+    assert!(
+        text(&pushed.stderr).contains("north: resuming at"),
+        "{}",
+        text(&pushed.stderr)
+    );
+    let said = text(&pushed.stdout);
+    assert!(
+        said.contains("north: tiny-e2b installed") && said.contains("south: tiny-e2b installed"),
+        "{said}"
+    );
+    assert!(!incoming(&north).exists());
+    let again = reach(
+        &["fleet", "model", "push"],
+        &[
+            "--box",
+            "north",
+            &path(&manifest),
+            &path(&model),
+            &path(&head),
+        ],
+    );
+    assert!(
+        text(&again.stdout).contains("already installed"),
+        "{}",
+        text(&again.stdout)
+    );
+
+    // Both switch, each proving healthy before the next.
+    let used = reach(&["fleet", "model", "use"], &["--all", "tiny-e2b"]);
+    assert!(used.status.success(), "{}", text(&used.stderr));
+    assert!(
+        text(&used.stdout).contains("south: now runs tiny-e2b"),
+        "{}",
+        text(&used.stdout)
+    );
+    for b in [&north, &south] {
+        let status = wait_status(b, &token, "serving tiny-e2b", |s| {
+            s["model"]["id"] == "tiny-e2b" && s["engine"]["state"] == "ready"
+        });
+        assert_eq!(status["model"]["speculation"], "mtp", "{status:#}");
+    }
+    let listed = reach(&["fleet", "model", "list"], &[]);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    assert!(
+        text(&listed.stdout)
+            .lines()
+            .any(|l| l.starts_with("north") && l.contains("* tiny-e2b") && l.contains("+draft")),
+        "{}",
+        text(&listed.stdout)
+    );
+
+    // A model whose engine cannot start: the engine refuses it, so the tool does too; signed
+    // anyway and pushed, the switch rolls back by itself.
+    let junk = d.join("broken.gguf");
+    std::fs::write(&junk, b"GGUF not really a model".repeat(5000)).expect("junk");
+    let unloadable = appliance(
+        &[
+            "model",
+            "manifest",
+            &path(&junk),
+            "--engine",
+            &path(&engine),
+        ],
+        "",
+    );
+    assert_eq!(
+        unloadable.status.code(),
+        Some(2),
+        "{}",
+        text(&unloadable.stderr)
+    );
+    assert!(
+        text(&unloadable.stderr).contains("does not load"),
+        "{}",
+        text(&unloadable.stderr)
+    );
+    let broken_manifest = d.join("broken.toml");
+    let out = supervisor(
+        &[
+            "weights",
+            "manifest",
+            &path(&junk),
+            "--id",
+            "broken",
+            "--chunk-size",
+            "65536",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::write(&broken_manifest, &out.stdout).expect("manifest");
+    assert!(
+        appliance(
+            &[
+                "model",
+                "sign",
+                &path(&broken_manifest),
+                "--key",
+                &path(&fleet_key)
+            ],
+            ""
+        )
+        .status
+        .success()
+    );
+    let pushed = reach(
+        &["fleet", "model", "push"],
+        &["--all", &path(&broken_manifest), &path(&junk)],
+    );
+    assert!(pushed.status.success(), "{}", text(&pushed.stderr));
+    let rolled = reach(&["fleet", "model", "use"], &["--all", "broken"]);
+    assert_eq!(rolled.status.code(), Some(1), "{}", text(&rolled.stdout));
+    let why = text(&rolled.stderr);
+    assert!(
+        why.contains("north: switch to broken rolled-back")
+            && why.contains("tiny-e2b is serving again"),
+        "{why}"
+    );
+    assert!(why.contains("stopped: 1 not touched (south)"), "{why}");
+    let after = models(&north, &token);
+    assert_eq!(after["active"], "tiny-e2b", "{after:#}");
+    assert_eq!(
+        after["history"]
+            .as_array()
+            .and_then(|h| h.last())
+            .map(|l| l["result"].clone()),
+        Some("rolled-back".into())
+    );
+    wait_status(&north, &token, "tiny-e2b again", |s| {
+        s["model"]["id"] == "tiny-e2b" && s["engine"]["state"] == "ready"
+    });
+
+    // The active and fallback models stay; another goes.
+    let kept = reach(&["fleet", "model", "rm"], &["--box", "north", "tiny-e2b"]);
+    assert_eq!(kept.status.code(), Some(1));
+    assert!(
+        text(&kept.stderr).contains("it is the active model"),
+        "{}",
+        text(&kept.stderr)
+    );
+    let gone = reach(&["fleet", "model", "rm"], &["--box", "north", "broken"]);
+    assert!(gone.status.success(), "{}", text(&gone.stderr));
+    assert!(!north.root.join("var/lib/appliance/models/broken").exists());
+
+    // A crash in the middle of a switch: the next start goes back to the model before.
+    let asked = ask(
+        &south,
+        &token,
+        "POST",
+        "/api/models/use",
+        Some(("application/json", &br#"{"id":"broken"}"#[..])),
+    );
+    assert_eq!(asked.status, 202, "{}", text(&asked.body));
+    let selection = south.root.join("var/lib/appliance/model-selection.json");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&selection).is_ok_and(|t| t.contains("\"switching\": {")) {
+        assert!(
+            start.elapsed() < test_support::HUNG,
+            "the switch never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    south.stop();
+    south.start();
+    let recovered = models(&south, &token);
+    assert_eq!(recovered["active"], "tiny-e2b", "{recovered:#}");
+    let last = recovered["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(last["result"], "rolled-back", "{recovered:#}");
+    assert!(
+        last["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("restarted during the switch")),
+        "{last:#}"
+    );
+    // And the committed model survives the restart: it is what the box runs.
+    wait_status(&south, &token, "tiny-e2b after a restart", |s| {
+        s["model"]["id"] == "tiny-e2b" && s["engine"]["state"] == "ready"
+    });
+}

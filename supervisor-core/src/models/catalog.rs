@@ -1,0 +1,132 @@
+//! The models installed on a box, as `GET /api/models` and `supervisor model list` show them,
+//! and their removal (never of the model that runs or the one a failed switch goes back to).
+
+use weights::install::{self, RECORD, Record};
+use weights::sign::Signed;
+use wire::models::{Installed, Models};
+
+use super::{PushError, incoming, selection};
+use crate::board::Board;
+use crate::config::Config;
+
+/// Everything about the box's models: installed, active, fallback, switches, pushes.
+pub fn list(board: &Board, config: &Config) -> Result<Models, String> {
+    let data = crate::model::data_dir(board, config);
+    let selection = selection::read(board, config)?;
+    let trust = crate::model::trust(config).map_err(|e| e.to_string())?;
+    let ids = install::installed_ids(&data).map_err(|e| e.to_string())?;
+    let installed = ids
+        .iter()
+        .map(|id| match install::installed(&data, id, &trust) {
+            Ok((approval, path)) => {
+                let m = &approval.manifest;
+                let record = Record::read(&path.with_file_name(RECORD)).ok();
+                Installed {
+                    id: id.clone(),
+                    name: m.name.clone(),
+                    size: m.size + m.draft.as_ref().map_or(0, |d| d.size),
+                    sha256: m.sha256.clone(),
+                    signed_by: match approval.signed {
+                        Signed::By(key) => key,
+                        Signed::Unsigned => "unsigned".into(),
+                    },
+                    draft: m.draft.is_some(),
+                    verified_unix: record.map(|r| r.last_full_verify),
+                    problem: None,
+                }
+            }
+            Err(e) => Installed {
+                id: id.clone(),
+                name: String::new(),
+                size: 0,
+                sha256: String::new(),
+                signed_by: String::new(),
+                draft: false,
+                verified_unix: None,
+                problem: Some(e.message),
+            },
+        })
+        .collect();
+    Ok(Models {
+        active: Some(selection.active_or(&config.model.id).to_string()),
+        fallback: selection.fallback.clone(),
+        requested: selection.requested.clone(),
+        switching: selection.switching.as_ref().map(|s| s.request.clone()),
+        installed,
+        incoming: incoming::list(board, config),
+        history: selection.history,
+        free_bytes: board.free_bytes(&config.model.data_dir).ok(),
+    })
+}
+
+/// Removes model `id` (or drops its push under way), unless the box runs it, would go back
+/// to it, or a switch names it.
+pub fn remove(board: &Board, config: &Config, id: &str) -> Result<String, PushError> {
+    if !incoming::is_plain_id(id) {
+        return Err(PushError::BadRequest(format!(
+            "{id:?} is not a model id (1-64 characters of a-z, 0-9, '.', '_' or '-')"
+        )));
+    }
+    let selection = selection::read(board, config).map_err(PushError::Internal)?;
+    let active = selection.active_or(&config.model.id);
+    let why = if id == active {
+        Some("it is the active model")
+    } else if selection.fallback.as_deref() == Some(id) {
+        Some("it is the fallback model (the one a failed switch goes back to)")
+    } else if selection.requested.as_ref().is_some_and(|r| r.to == id)
+        || selection
+            .switching
+            .as_ref()
+            .is_some_and(|s| s.request.to == id)
+    {
+        Some("a switch to it is under way")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(PushError::Conflict(format!(
+            "model {id} is not removed: {why}; switch to another model first (`use`)"
+        )));
+    }
+    let cancelled = incoming::cancel(board, config, id)?;
+    let data = crate::model::data_dir(board, config);
+    match install::remove(&data, id) {
+        Ok(()) => Ok(format!("model {id} removed")),
+        Err(e) if e.kind == weights::ErrorKind::NotInstalled && cancelled => {
+            Ok(format!("the push of model {id} was dropped"))
+        }
+        Err(e) if e.kind == weights::ErrorKind::NotInstalled => Err(PushError::NotFound(e.message)),
+        Err(e) => Err(PushError::Internal(e.message)),
+    }
+}
+
+/// What asking for a switch came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asked {
+    /// The daemon takes the request up; its number.
+    Queued(u64),
+    /// The model already runs: nothing to do.
+    AlreadyActive,
+}
+
+/// Asks for a switch to the installed model `id`.
+pub fn ask_switch(board: &Board, config: &Config, id: &str) -> Result<Asked, PushError> {
+    let data = crate::model::data_dir(board, config);
+    let ids = install::installed_ids(&data).map_err(|e| PushError::Internal(e.message))?;
+    if !ids.iter().any(|i| i == id) {
+        return Err(PushError::NotFound(format!(
+            "model {id:?} is not installed on this box (installed: {}); push it first",
+            ids.join(", ")
+        )));
+    }
+    let selection = selection::read(board, config).map_err(PushError::Internal)?;
+    if selection.active_or(&config.model.id) == id
+        && selection.switching.is_none()
+        && selection.requested.is_none()
+    {
+        return Ok(Asked::AlreadyActive);
+    }
+    selection::request(board, config, id)
+        .map(Asked::Queued)
+        .map_err(PushError::Conflict)
+}

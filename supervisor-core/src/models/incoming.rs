@@ -1,0 +1,460 @@
+//! A model pushed to the box a chunk at a time, each chunk checked against the signed
+//! manifest as it arrives, so a 3 GB transfer that breaks off resumes where it stopped and a
+//! corrupted chunk is refused on its own.
+//!
+//! ```text
+//! DATA/incoming/<id>/manifest.toml (+ .sig)   the signed manifest, verbatim
+//!                    progress.json            chunks received of each part, replaced after each
+//!                    files/<file>, <draft>    the model's files, written chunk by chunk
+//! ```
+//! A chunk is written and synced before `progress.json` counts it, so after a power cut the
+//! count is never ahead of the bytes; bytes past the count are overwritten by the resend. When
+//! the last chunk arrives, `files/` is verified whole and becomes the model's new version
+//! directory ([`weights::install::adopt`]: a rename, no copy).
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use weights::install::{Approval, MANIFEST, SIGNATURE};
+use weights::sign::Trust;
+use weights::{ErrorKind, Manifest};
+use wire::models::{Incoming, Part, Push};
+
+use super::{PushError, selection};
+use crate::board::Board;
+use crate::config::Config;
+
+/// The largest chunk a push takes (a chunk is held in memory while it is checked).
+pub const MAX_CHUNK: u64 = 64 << 20;
+/// The part names of a push's URL.
+pub const MODEL_PART: &str = "model";
+/// The draft head's part.
+pub const DRAFT_PART: &str = "draft";
+
+const PROGRESS: &str = "progress.json";
+const FILES: &str = "files";
+
+/// Chunks received of each part, in the order of [`parts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Progress {
+    received: Vec<u64>,
+}
+
+/// The keys a pushed model must be signed by: the box's trusted keys (the provisioned fleet
+/// key among them). A push is always signed, whatever `require_signature` says.
+pub fn trust(config: &Config) -> Result<Trust, PushError> {
+    let keys: Vec<String> = config
+        .model
+        .trusted_keys
+        .iter()
+        .map(|k| k.as_str().to_string())
+        .collect();
+    if keys.is_empty() {
+        return Err(PushError::Signature(
+            "this box trusts no signing key (its provisioning sets no fleet_key and [model] \
+             trusted_keys is empty), so it takes no pushed model"
+                .into(),
+        ));
+    }
+    Trust::new(&keys, true).map_err(|e| PushError::Internal(format!("the trusted keys: {e}")))
+}
+
+fn data_dir(board: &Board, config: &Config) -> PathBuf {
+    crate::model::data_dir(board, config)
+}
+
+fn incoming_dir(board: &Board, config: &Config) -> PathBuf {
+    data_dir(board, config).join("incoming")
+}
+
+/// The parts of `manifest`: name, file, size and chunk hashes.
+fn parts(manifest: &Manifest) -> Vec<(&'static str, &str, u64, &[String])> {
+    let mut parts = vec![(
+        MODEL_PART,
+        manifest.file.as_str(),
+        manifest.size,
+        manifest.chunks.as_slice(),
+    )];
+    if let Some(d) = &manifest.draft {
+        parts.push((DRAFT_PART, d.file.as_str(), d.size, d.chunks.as_slice()));
+    }
+    parts
+}
+
+fn describe(manifest: &Manifest, progress: &Progress, installed: bool) -> Incoming {
+    Incoming {
+        id: manifest.id.clone(),
+        sha256: manifest.sha256.clone(),
+        parts: parts(manifest)
+            .iter()
+            .enumerate()
+            .map(|(i, (part, file, size, chunks))| Part {
+                part: part.to_string(),
+                file: file.to_string(),
+                size: *size,
+                chunk_size: manifest.chunk_size,
+                chunks: chunks.len() as u64,
+                received: if installed {
+                    chunks.len() as u64
+                } else {
+                    progress.received.get(i).copied().unwrap_or(0)
+                },
+            })
+            .collect(),
+        installed,
+    }
+}
+
+fn io(what: impl std::fmt::Display, e: impl std::fmt::Display) -> PushError {
+    PushError::Internal(format!("{what}: {e}"))
+}
+
+/// One push at a time changes `incoming/`: an exclusive lock held until dropped.
+fn lock(board: &Board, config: &Config) -> Result<nix::fcntl::Flock<std::fs::File>, PushError> {
+    let dir = format!("{}/incoming", config.model.data_dir.trim_end_matches('/'));
+    board
+        .create_dir_all(&dir)
+        .and_then(|()| board.lock(&format!("{dir}/.lock")))
+        .map_err(|e| io("locking the incoming models", e))
+}
+
+/// Whether `id` may be replaced by another version of it: not while it runs or is the way
+/// back, since a switch must go through the health gate.
+fn check_replaceable(board: &Board, config: &Config, manifest: &Manifest) -> Result<(), PushError> {
+    let installed = weights::install::current_dir(&data_dir(board, config), &manifest.id).ok();
+    let Some(vdir) = installed else {
+        return Ok(());
+    };
+    let same = std::fs::read_to_string(vdir.join(MANIFEST))
+        .ok()
+        .and_then(|t| Manifest::parse(&t, "installed").ok())
+        .is_some_and(|m| m.sha256 == manifest.sha256);
+    if same {
+        return Ok(());
+    }
+    let selection = selection::read(board, config).map_err(PushError::Internal)?;
+    let in_use = selection.active_or(&config.model.id) == manifest.id
+        || selection.fallback.as_deref() == Some(manifest.id.as_str());
+    if in_use {
+        return Err(PushError::Conflict(format!(
+            "model {} is installed in another version and is the box's active or fallback \
+             model; push the new version under a new id and switch to it (`use`), so it goes \
+             through the health gate",
+            manifest.id
+        )));
+    }
+    Ok(())
+}
+
+/// The approved manifest of a push, its signature checked.
+fn approve(push: &Push, trust: &Trust) -> Result<Approval, PushError> {
+    let signed = trust
+        .check(push.manifest.as_bytes(), Some(&push.signature))
+        .map_err(|e| PushError::Signature(format!("the manifest is refused: {e}")))?;
+    let manifest = Manifest::parse(&push.manifest, "the pushed manifest")
+        .map_err(|e| PushError::BadRequest(e.message))?;
+    if manifest.chunk_size > MAX_CHUNK {
+        return Err(PushError::BadRequest(format!(
+            "its chunk size is {} bytes; a push takes chunks of at most {MAX_CHUNK} (make the \
+             manifest with --chunk-size {})",
+            manifest.chunk_size,
+            weights::manifest::DEFAULT_CHUNK
+        )));
+    }
+    Ok(Approval {
+        manifest,
+        text: push.manifest.clone(),
+        signature: Some(push.signature.clone()),
+        signed,
+    })
+}
+
+/// Starts or resumes a push: the manifest's signature checked, then the space for what is
+/// still to come; the answer says which chunk to send next (all received when the model is
+/// already installed).
+pub fn begin(board: &Board, config: &Config, push: &Push) -> Result<Incoming, PushError> {
+    let trust = trust(config)?;
+    let approval = approve(push, &trust)?;
+    let manifest = &approval.manifest;
+    let installed = weights::install::installed(&data_dir(board, config), &manifest.id, &trust);
+    if installed.is_ok_and(|(it, _)| it.text == push.manifest) {
+        return Ok(describe(manifest, &Progress::default(), true));
+    }
+    check_replaceable(board, config, manifest)?;
+    let _lock = lock(board, config)?;
+    let dir = incoming_dir(board, config).join(&manifest.id);
+    if let Some(progress) = resumable(&dir, push) {
+        if complete(manifest, &progress) {
+            // Every chunk arrived before a power cut or crash stopped the install: it is
+            // finished now, or, when its files are gone (moved into place, not yet switched
+            // to), the push starts over.
+            match install(board, config, &approval, &dir) {
+                Ok(done) => return Ok(done),
+                Err(e) => tracing::warn!("the push of {} starts over: {e}", manifest.id),
+            }
+        } else {
+            check_space(board, config, manifest, &progress)?;
+            return Ok(describe(manifest, &progress, false));
+        }
+    }
+    // Another version of it, half sent: superseded by this one.
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| io(format!("removing {}", dir.display()), e))?;
+    }
+    let progress = Progress {
+        received: vec![0; parts(manifest).len()],
+    };
+    check_space(board, config, manifest, &progress)?;
+    let staging = incoming_dir(board, config).join(format!(".new-{}", manifest.id));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(staging.join(FILES))
+        .map_err(|e| io(format!("creating {}", staging.display()), e))?;
+    let write = |name: &str, bytes: &[u8]| {
+        durable::replace(&staging.join(name), bytes)
+            .map_err(|e| io(format!("writing {name} of the push"), e))
+    };
+    write(MANIFEST, push.manifest.as_bytes())?;
+    write(SIGNATURE, push.signature.as_bytes())?;
+    write(PROGRESS, &progress_bytes(&progress)?)?;
+    durable::sync_dir(&staging.join(FILES)).map_err(|e| io("syncing the push", e))?;
+    durable::sync_dir(&staging).map_err(|e| io("syncing the push", e))?;
+    std::fs::rename(&staging, &dir).map_err(|e| io(format!("creating {}", dir.display()), e))?;
+    durable::sync_dir(&incoming_dir(board, config)).map_err(|e| io("syncing the push", e))?;
+    Ok(describe(manifest, &progress, false))
+}
+
+fn progress_bytes(progress: &Progress) -> Result<Vec<u8>, PushError> {
+    serde_json::to_vec(progress).map_err(|e| io("encoding the progress", e))
+}
+
+/// The progress of the push in `dir` when it is of exactly this manifest and signature.
+fn resumable(dir: &Path, push: &Push) -> Option<Progress> {
+    let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
+    let signature = std::fs::read_to_string(dir.join(SIGNATURE)).ok()?;
+    if text != push.manifest || signature != push.signature {
+        return None;
+    }
+    serde_json::from_slice(&std::fs::read(dir.join(PROGRESS)).ok()?).ok()
+}
+
+/// Refuses a push the data partition cannot take while keeping `[model] keep_free_mib` free.
+fn check_space(
+    board: &Board,
+    config: &Config,
+    manifest: &Manifest,
+    progress: &Progress,
+) -> Result<(), PushError> {
+    let still: u64 = parts(manifest)
+        .iter()
+        .enumerate()
+        .map(|(i, (_, _, size, _))| {
+            let done = progress.received.get(i).copied().unwrap_or(0) * manifest.chunk_size;
+            size.saturating_sub(done)
+        })
+        .sum();
+    let free = board
+        .free_bytes(&config.model.data_dir)
+        .map_err(|e| io("measuring the free space", e))?;
+    let keep = config.model.keep_free_mib.get() << 20;
+    if free < still.saturating_add(keep) {
+        let mib = |b: u64| b.div_ceil(1 << 20);
+        return Err(PushError::NoSpace(format!(
+            "the data partition has {} MiB free; model {} needs {} MiB more and {} MiB must stay \
+             free for the box's state and OS updates ([model] keep_free_mib); remove a model \
+             (`appliance fleet model rm`) first",
+            free >> 20,
+            manifest.id,
+            mib(still),
+            keep >> 20
+        )));
+    }
+    Ok(())
+}
+
+/// The push of `id` under way: its approval (the signature checked again: the directory is
+/// on a writable partition) and progress.
+fn load(board: &Board, config: &Config, id: &str) -> Result<(Approval, Progress), PushError> {
+    let dir = incoming_dir(board, config).join(id);
+    let not_found = || {
+        PushError::NotFound(format!(
+            "no push of model {id} is under way; start it with POST /api/models/push"
+        ))
+    };
+    if !is_plain_id(id) || !dir.is_dir() {
+        return Err(not_found());
+    }
+    let approval = Approval::load(&dir.join(MANIFEST), &trust(config)?).map_err(|e| {
+        if e.kind == ErrorKind::Io {
+            not_found()
+        } else {
+            PushError::Internal(format!("the push of {id} is damaged: {e}"))
+        }
+    })?;
+    let progress = std::fs::read(dir.join(PROGRESS))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| {
+            PushError::Internal(format!("the progress of the push of {id} is damaged"))
+        })?;
+    Ok((approval, progress))
+}
+
+/// An id as the manifest allows it (so it names a directory and nothing else).
+pub(super) fn is_plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+}
+
+/// Takes chunk `index` of `part` of the push of `id`: checked against the manifest's hash,
+/// written and synced, then counted. A chunk already counted is acknowledged again (a resend
+/// after a lost answer); one ahead of the next is refused with the index expected. The last
+/// chunk installs the model.
+pub fn put_chunk(
+    board: &Board,
+    config: &Config,
+    id: &str,
+    part: &str,
+    index: u64,
+    bytes: &[u8],
+) -> Result<Incoming, PushError> {
+    let _lock = lock(board, config)?;
+    let (approval, mut progress) = load(board, config, id)?;
+    let manifest = &approval.manifest;
+    let all = parts(manifest);
+    let Some(slot) = all.iter().position(|(name, ..)| *name == part) else {
+        return Err(PushError::NotFound(format!(
+            "model {id} has no part {part:?}; its parts are {}",
+            all.iter().map(|p| p.0).collect::<Vec<_>>().join(", ")
+        )));
+    };
+    let (_, file, size, chunks) = all[slot];
+    let received = progress.received.get(slot).copied().unwrap_or(0);
+    let Some(expected) = usize::try_from(index).ok().and_then(|i| chunks.get(i)) else {
+        return Err(PushError::BadRequest(format!(
+            "{part} of model {id} has {} chunks; there is no chunk {index}",
+            chunks.len()
+        )));
+    };
+    let start = index * manifest.chunk_size;
+    let length = (size - start).min(manifest.chunk_size);
+    if bytes.len() as u64 != length {
+        return Err(PushError::BadRequest(format!(
+            "chunk {index} of {part} of model {id} is {length} bytes, not {}",
+            bytes.len()
+        )));
+    }
+    let digest = weights::hash::to_hex(&weights::hash::sha256(bytes));
+    if digest != *expected {
+        return Err(PushError::Mismatch(format!(
+            "chunk {index} of {part} of model {id} (bytes {start}..{}) hashes to {digest}, not \
+             the manifest's {expected}: it was corrupted on the way; send it again",
+            start + length
+        )));
+    }
+    if index < received {
+        return Ok(describe(manifest, &progress, false));
+    }
+    if index > received {
+        return Err(PushError::Conflict(format!(
+            "the box has {received} chunks of {part} of model {id}; send chunk {received} next"
+        )));
+    }
+    let free = board
+        .free_bytes(&config.model.data_dir)
+        .map_err(|e| io("measuring the free space", e))?;
+    if free < length.saturating_add(config.model.keep_free_mib.get() << 20) {
+        return Err(PushError::NoSpace(format!(
+            "the data partition has only {} MiB free; the push stops here and resumes once \
+             there is room",
+            free >> 20
+        )));
+    }
+    let dir = incoming_dir(board, config).join(id);
+    let path = dir.join(FILES).join(file);
+    write_chunk(&path, start, bytes)?;
+    progress.received[slot] = index + 1;
+    durable::replace(&dir.join(PROGRESS), &progress_bytes(&progress)?)
+        .map_err(|e| io("recording the push's progress", e))?;
+    if !complete(manifest, &progress) {
+        return Ok(describe(manifest, &progress, false));
+    }
+    install(board, config, &approval, &dir)
+}
+
+/// Whether every chunk of every part arrived.
+fn complete(manifest: &Manifest, progress: &Progress) -> bool {
+    parts(manifest)
+        .iter()
+        .enumerate()
+        .all(|(i, (.., chunks))| progress.received.get(i) == Some(&(chunks.len() as u64)))
+}
+
+/// Installs the complete push in `dir` (its files become the model's new version) and drops
+/// what is left of it.
+fn install(
+    board: &Board,
+    config: &Config,
+    approval: &Approval,
+    dir: &Path,
+) -> Result<Incoming, PushError> {
+    let id = &approval.manifest.id;
+    weights::install::adopt(&dir.join(FILES), approval, &data_dir(board, config))
+        .map_err(|e| PushError::Internal(format!("installing model {id}: {e}")))?;
+    let _ = std::fs::remove_dir_all(dir);
+    tracing::info!(model = %id, "pushed model installed");
+    Ok(describe(&approval.manifest, &Progress::default(), true))
+}
+
+/// Writes `bytes` at `start` of `path`, cutting off whatever lay past it (a chunk a power
+/// cut left half written), and syncs them.
+fn write_chunk(path: &Path, start: u64, bytes: &[u8]) -> Result<(), PushError> {
+    let what = || format!("writing {}", path.display());
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| io(what(), e))?;
+    file.set_len(start).map_err(|e| io(what(), e))?;
+    file.write_all_at(bytes, start).map_err(|e| io(what(), e))?;
+    file.sync_data().map_err(|e| io(what(), e))?;
+    if start == 0
+        && let Some(parent) = path.parent()
+    {
+        durable::sync_dir(parent).map_err(|e| io(what(), e))?;
+    }
+    Ok(())
+}
+
+/// The pushes under way, as far as they got.
+pub fn list(board: &Board, config: &Config) -> Vec<Incoming> {
+    let Ok(entries) = std::fs::read_dir(incoming_dir(board, config)) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| is_plain_id(name))
+        .collect();
+    ids.sort();
+    ids.iter()
+        .filter_map(|id| load(board, config, id).ok())
+        .map(|(approval, progress)| describe(&approval.manifest, &progress, false))
+        .collect()
+}
+
+/// Drops the push of `id`; whether there was one.
+pub fn cancel(board: &Board, config: &Config, id: &str) -> Result<bool, PushError> {
+    let _lock = lock(board, config)?;
+    let dir = incoming_dir(board, config).join(id);
+    if !is_plain_id(id) || !dir.is_dir() {
+        return Ok(false);
+    }
+    std::fs::remove_dir_all(&dir).map_err(|e| io(format!("removing {}", dir.display()), e))?;
+    Ok(true)
+}

@@ -1,0 +1,187 @@
+//! Which installed model the engine runs: `DATA/model-selection.json`, replaced whole on
+//! every change. `active` changes in one write, when a switch commits, so a power cut at any
+//! point leaves the old model selected or the new one committed. A switch under way when the
+//! box went down is rolled back at the next start (its model never proved itself).
+
+use serde::{Deserialize, Serialize};
+use wire::models::{Switch, SwitchRequest};
+
+use crate::board::Board;
+use crate::config::Config;
+
+/// The file, in the data directory.
+const FILE: &str = "model-selection.json";
+/// Switches remembered.
+const HISTORY: usize = 20;
+
+/// What the box selected.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Selection {
+    /// The model the engine runs; `None`: the configuration's `[model] id`.
+    pub active: Option<String>,
+    /// The model active before the last committed switch: kept installed, and a failed
+    /// switch's way back.
+    pub fallback: Option<String>,
+    /// The last request's number.
+    #[serde(default)]
+    pub last_request: u64,
+    /// A switch asked for, not yet started.
+    pub requested: Option<SwitchRequest>,
+    /// The switch under way, and the model it replaces.
+    pub switching: Option<Switching>,
+    /// Past switches, newest last.
+    #[serde(default)]
+    pub history: Vec<Switch>,
+}
+
+/// A switch under way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Switching {
+    /// The request.
+    pub request: SwitchRequest,
+    /// The model it replaces.
+    pub from: String,
+}
+
+fn path(config: &Config) -> String {
+    format!("{}/{FILE}", config.model.data_dir.trim_end_matches('/'))
+}
+
+/// The selection (the default one when the box never switched).
+pub fn read(board: &Board, config: &Config) -> Result<Selection, String> {
+    match board
+        .read_optional(&path(config))
+        .map_err(|e| e.to_string())?
+    {
+        None => Ok(Selection::default()),
+        // Written whole by an atomic replace: one that does not parse was damaged on disk.
+        Some(text) => serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{} is damaged ({e}); remove it to go back to the configured model",
+                path(config)
+            )
+        }),
+    }
+}
+
+/// Changes the selection under its lock: `change` sees the current one and may refuse.
+pub fn update<T>(
+    board: &Board,
+    config: &Config,
+    change: impl FnOnce(&mut Selection) -> Result<T, String>,
+) -> Result<T, String> {
+    board
+        .create_dir_all(&config.model.data_dir)
+        .map_err(|e| e.to_string())?;
+    let _lock = board
+        .lock(&format!("{}.lock", path(config)))
+        .map_err(|e| e.to_string())?;
+    let mut selection = read(board, config)?;
+    let answer = change(&mut selection)?;
+    let extra = selection.history.len().saturating_sub(HISTORY);
+    selection.history.drain(..extra);
+    let text = serde_json::to_vec_pretty(&selection).map_err(|e| e.to_string())?;
+    board
+        .replace_file(&path(config), &text)
+        .map_err(|e| e.to_string())?;
+    Ok(answer)
+}
+
+impl Selection {
+    /// The model the engine runs, given the configured one.
+    pub fn active_or<'a>(&'a self, configured: &'a str) -> &'a str {
+        self.active.as_deref().unwrap_or(configured)
+    }
+
+    /// Records how switch `switching` ended; a commit makes its model the active one.
+    pub fn finish(&mut self, switching: &Switching, result: &str, reason: String, now: u64) {
+        if result == COMMITTED {
+            self.active = Some(switching.request.to.clone());
+            if switching.from != switching.request.to {
+                self.fallback = Some(switching.from.clone());
+            }
+        }
+        if self.switching.as_ref() == Some(switching) {
+            self.switching = None;
+        }
+        self.history.push(Switch {
+            request: switching.request.request,
+            to: switching.request.to.clone(),
+            from: Some(switching.from.clone()),
+            result: result.to_string(),
+            reason,
+            ended_unix: now,
+        });
+    }
+}
+
+/// A switch that took: its model runs now.
+pub const COMMITTED: &str = "committed";
+/// A switch whose model did not prove healthy: the one before runs again.
+pub const ROLLED_BACK: &str = "rolled-back";
+/// A switch not tried (its model is not installed or does not verify).
+pub const REFUSED: &str = "refused";
+
+/// Asks for a switch to `id` (the daemon takes it up); the request's number. Refused while
+/// another switch is asked for or under way.
+pub fn request(board: &Board, config: &Config, id: &str) -> Result<u64, String> {
+    let now = board.now_unix();
+    update(board, config, |selection| {
+        if let Some(busy) = selection
+            .switching
+            .as_ref()
+            .map(|s| &s.request)
+            .or(selection.requested.as_ref())
+        {
+            return Err(format!(
+                "a switch to {} is already under way (request {}); wait for its outcome",
+                busy.to, busy.request
+            ));
+        }
+        selection.last_request += 1;
+        selection.requested = Some(SwitchRequest {
+            request: selection.last_request,
+            to: id.to_string(),
+            asked_unix: now,
+        });
+        Ok(selection.last_request)
+    })
+}
+
+/// At the daemon's start: a switch under way when the box went down is rolled back (its
+/// model is not the active one, which never changed); what was done, if anything.
+pub fn recover(board: &Board, config: &Config) -> Result<Option<String>, String> {
+    let now = board.now_unix();
+    update(board, config, |selection| {
+        let Some(switching) = selection.switching.clone() else {
+            return Ok(None);
+        };
+        let reason = format!(
+            "the supervisor restarted during the switch (a power cut or crash); back on {}",
+            switching.from
+        );
+        selection.finish(&switching, ROLLED_BACK, reason.clone(), now);
+        Ok(Some(format!(
+            "switch {} to {}: {reason}",
+            switching.request.request, switching.request.to
+        )))
+    })
+}
+
+/// Takes the waiting request up: it becomes the switch under way, replacing `from`.
+pub fn start(board: &Board, config: &Config, from: &str) -> Result<Option<Switching>, String> {
+    update(board, config, |selection| {
+        if selection.switching.is_some() {
+            return Ok(None);
+        }
+        let Some(request) = selection.requested.take() else {
+            return Ok(None);
+        };
+        let switching = Switching {
+            request,
+            from: from.to_string(),
+        };
+        selection.switching = Some(switching.clone());
+        Ok(Some(switching))
+    })
+}
