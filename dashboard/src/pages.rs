@@ -59,6 +59,92 @@ fn head(title: &str) -> String {
     )
 }
 
+/// The box's models: each installed one with its size, signer, verification and the way to
+/// switch to it or remove it; the switch history; with a login, the upload of a signed model.
+pub(super) fn models_section(models: Option<&wire::models::Models>, login: bool) -> String {
+    let mut html = String::from("<section id=\"models\"><h2>Models</h2>");
+    let Some(m) = models else {
+        html.push_str("<p>The models cannot be read (see the journal).</p></section>");
+        return html;
+    };
+    html.push_str(
+        "<table class=\"models\"><tr><th>Model</th><th>Role</th><th>MiB</th><th>Draft head</th>\
+         <th>Signed by</th><th>Verified</th><th></th></tr>",
+    );
+    for i in &m.installed {
+        let role = if m.active.as_deref() == Some(i.id.as_str()) {
+            "active"
+        } else if m.fallback.as_deref() == Some(i.id.as_str()) {
+            "fallback"
+        } else {
+            ""
+        };
+        let verified = match (&i.problem, i.verified_unix) {
+            (Some(p), _) => format!("problem: {p}"),
+            (None, Some(t)) => format!("every chunk, at {t} (unix)"),
+            (None, None) => "not yet".into(),
+        };
+        let actions = if role.is_empty() && login {
+            format!(
+                "<button class=\"model-use\" data-id=\"{id}\">Use</button> \
+                 <button class=\"model-rm\" data-id=\"{id}\">Remove</button>",
+                id = escape(&i.id)
+            )
+        } else {
+            String::new()
+        };
+        let _ = write!(
+            html,
+            "<tr><td title=\"{}\">{}</td><td>{role}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{actions}</td></tr>",
+            escape(&i.name),
+            escape(&i.id),
+            i.size >> 20,
+            if i.draft { "yes" } else { "no" },
+            escape(&i.signed_by.chars().take(16).collect::<String>()),
+            escape(&verified)
+        );
+    }
+    html.push_str("</table>");
+    for push in &m.incoming {
+        let (got, all) = push
+            .parts
+            .iter()
+            .fold((0, 0), |(g, a), p| (g + p.received, a + p.chunks));
+        let _ = write!(
+            html,
+            "<p>Push of {} under way: {got} of {all} chunks (send it again to resume).</p>",
+            escape(&push.id)
+        );
+    }
+    if !m.history.is_empty() {
+        html.push_str("<h3>Switches</h3><ul class=\"switches\">");
+        for s in m.history.iter().rev() {
+            let _ = write!(
+                html,
+                "<li>{} → {}: {} ({}) at {} (unix)</li>",
+                escape(s.from.as_deref().unwrap_or("?")),
+                escape(&s.to),
+                escape(&s.result),
+                escape(&s.reason),
+                s.ended_unix
+            );
+        }
+        html.push_str("</ul>");
+    }
+    if login {
+        html.push_str(
+            "<h3>Add a model</h3><form id=\"model-form\">\
+             <label>Manifest <input type=\"file\" id=\"model-manifest\" accept=\".toml\"></label>\
+             <label>Signature <input type=\"file\" id=\"model-signature\" accept=\".sig\"></label>\
+             <label>Weights <input type=\"file\" id=\"model-weights\" accept=\".gguf\"></label>\
+             <label>Draft head (if it has one) <input type=\"file\" id=\"model-draft\" accept=\".gguf\"></label>\
+             <button type=\"submit\" id=\"model-send\">Upload</button></form>",
+        );
+    }
+    html.push_str("<pre id=\"model-progress\" class=\"reply\"></pre></section>");
+    html
+}
+
 /// Why the dashboard is on loopback only, when it is.
 pub fn loopback_notice(open: bool, bound: std::net::SocketAddr) -> String {
     if open {
@@ -190,6 +276,7 @@ pub fn overview(o: &Overview) -> String {
          <pre id=\"chat-calls\" class=\"reply\" hidden></pre>\
          <pre id=\"chat-reply\" class=\"reply\"></pre></section>",
     );
+    html.push_str(&models_section(o.status.models.as_ref(), o.login));
     // Installing updates needs a logged-in owner (a dashboard without a password has none).
     if o.login {
         html.push_str(

@@ -30,7 +30,63 @@ pub fn exposition(status: &Status) -> String {
     update(&mut out, &status.update);
     provision(&mut out, &status.provision);
     clock(&mut out, &status.clock);
+    if let Some(m) = &status.models {
+        models(&mut out, m);
+    }
     out.finish()
+}
+
+/// Each installed model: its size, whether it is the active or the fallback one, when it was
+/// last verified in full; each push under way: the bytes received.
+fn models(out: &mut Exposition, m: &wire::models::Models) {
+    let role = |id: &str| {
+        if m.active.as_deref() == Some(id) {
+            "active"
+        } else if m.fallback.as_deref() == Some(id) {
+            "fallback"
+        } else {
+            "installed"
+        }
+    };
+    let mut installed = out.family(
+        Kind::Gauge,
+        "appliance_model_bytes",
+        "Each installed model's files (weights and draft head), by id and role (active, fallback, installed).",
+    );
+    for i in &m.installed {
+        installed.sample(&[("model", &i.id), ("role", role(&i.id))], i.size as f64);
+    }
+    let mut verified = out.family(
+        Kind::Gauge,
+        "appliance_model_verified_timestamp_seconds",
+        "When each installed model's every chunk was last verified (the box's clock).",
+    );
+    for i in &m.installed {
+        if let Some(t) = i.verified_unix {
+            verified.sample(&[("model", &i.id)], t as f64);
+        }
+    }
+    let mut pushes = out.family(
+        Kind::Gauge,
+        "appliance_model_push_received_bytes",
+        "Bytes of each push under way the box holds, verified.",
+    );
+    for push in &m.incoming {
+        let got: u64 = push
+            .parts
+            .iter()
+            .map(|p| (p.received * p.chunk_size).min(p.size))
+            .sum();
+        pushes.sample(&[("model", &push.id)], got as f64);
+    }
+    if let Some(last) = m.history.last() {
+        info(
+            out,
+            "appliance_model_last_switch_info",
+            "The last model switch: the model switched to and how it ended (committed, rolled-back, refused) (value 1).",
+            &[("model", Some(&last.to)), ("result", Some(&last.result))],
+        );
+    }
 }
 
 fn flag(yes: bool) -> f64 {

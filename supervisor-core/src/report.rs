@@ -46,6 +46,9 @@ pub struct Status {
     pub provision: crate::provision::Record,
     /// The clock: the time, whether network time synchronised it, the RTC, the floor.
     pub clock: crate::clock::ClockStatus,
+    /// Every model on the box, the active and fallback one, pushes and switches; `None`
+    /// when they cannot be read (the reason is logged).
+    pub models: Option<wire::models::Models>,
 }
 
 impl Status {
@@ -64,6 +67,7 @@ impl Status {
             update: Some(wire_update(&self.update)),
             provision: Some(wire_provision(&self.provision)),
             clock: Some(wire_clock(&self.clock)),
+            models: self.models.clone(),
         }
     }
 }
@@ -375,6 +379,9 @@ pub fn collect(
         update: crate::update::status(board, config),
         provision: provision_record(board),
         clock: crate::clock::status(board),
+        models: crate::models::catalog::list(board, config)
+            .map_err(|e| tracing::warn!("listing the models: {e}"))
+            .ok(),
     }
 }
 

@@ -3,7 +3,8 @@
 //! model on a simulated board. It logs in through the form, sees the overview, watches a value
 //! the board changes arrive over the live events, asks the chat box, and saves a screenshot to
 //! `<target>/ci-artifacts/dashboard.png`; a wrong password, a missing session and a forged
-//! CSRF token are refused in the browser too.
+//! CSRF token are refused in the browser too. Through the page's models section it uploads a
+//! signed model (a tiny Gemma 4 and its draft head) a chunk at a time and switches to it.
 //!
 //! Needs `chromium` and `chromedriver` (Debian `chromium`, `chromium-driver`; `.ci/run`
 //! installs them). Without them the test fails: it never skips.
@@ -160,6 +161,22 @@ impl Browser {
             .to_string()
     }
 
+    /// The element's text, or `None` while there is none (the page is being replaced).
+    fn text_now(&self, css: &str) -> Option<String> {
+        let found = self
+            .attempt(
+                "POST",
+                "/element",
+                Some(json!({ "using": "css selector", "value": css })),
+            )
+            .ok()?;
+        let id = found["value"][ELEMENT].as_str()?.to_string();
+        let text = self
+            .attempt("GET", &format!("/element/{id}/text"), None)
+            .ok()?;
+        text["value"].as_str().map(str::to_string)
+    }
+
     fn attribute(&self, css: &str, name: &str) -> Option<String> {
         let id = self.find(css);
         self.value("GET", &format!("/element/{id}/attribute/{name}"), None)
@@ -219,14 +236,16 @@ impl Drop for Browser {
     }
 }
 
-/// A simulated board with the default model, and `supervisor run` serving the dashboard.
-fn start_supervisor(dir: &Path, port: u16) -> Owned {
+/// A simulated board with the default model, and `supervisor run` serving the dashboard; the
+/// box trusts `key` (public, hex) for models.
+fn start_supervisor(dir: &Path, port: u16, key: &str) -> Owned {
     let root = dir.join("board");
     board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
     common::install_default_model(&root);
     let config = format!(
         "[daemon]\nreverify_interval_s = 0\n\n[engine]\nbinary = \"{}\"\nport = {}\nhealth_interval_s = 2\n\n\
-         [dashboard]\nlisten = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\nsample_interval_s = 1\n",
+         [dashboard]\nlisten = \"0.0.0.0:{port}\"\npassword_hash = \"{}\"\nsample_interval_s = 1\n\n\
+         [model]\ntrusted_keys = [\"{key}\"]\n",
         engine_binary().display(),
         free_port(),
         supervisor_with_stdin(&["dashboard", "hash-password"], PASSWORD).trim()
@@ -250,7 +269,8 @@ fn start_supervisor(dir: &Path, port: u16) -> Owned {
 fn log_in_watch_live_values_chat_and_save_a_screenshot() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
-    let _supervisor = start_supervisor(dir.path(), port);
+    let model = SignedModel::make(dir.path());
+    let _supervisor = start_supervisor(dir.path(), port, &model.public);
     let base = format!("http://127.0.0.1:{port}");
     let browser = Browser::start();
 
@@ -346,6 +366,34 @@ fn log_in_watch_live_values_chat_and_save_a_screenshot() {
     );
     assert_eq!(status, json!(403));
 
+    // A model from the owner's laptop: uploaded through the page a chunk at a time, then
+    // switched to with the button its row offers once it is installed.
+    let pick = |css: &str, file: &Path| {
+        let id = browser.find(css);
+        browser.value(
+            "POST",
+            &format!("/element/{id}/value"),
+            Some(json!({ "text": file.display().to_string() })),
+        );
+    };
+    pick("#model-manifest", &model.manifest);
+    pick("#model-signature", &model.signature);
+    pick("#model-weights", &model.weights);
+    pick("#model-draft", &model.draft);
+    browser.click("#model-send");
+    browser.wait_for("uploaded", Duration::from_secs(120), |b| {
+        b.attempt(
+            "POST",
+            "/element",
+            Some(json!({ "using": "css selector", "value": ".model-use[data-id='tiny-e2b']" })),
+        )
+        .is_ok()
+    });
+    browser.click(".model-use[data-id='tiny-e2b']");
+    browser.wait_for("switched", Duration::from_secs(240), |b| {
+        b.text_now("#v-model")
+            .is_some_and(|t| t.contains("tiny-e2b"))
+    });
     let shot = target_dir().join("ci-artifacts/dashboard.png");
     browser.screenshot(&shot);
     println!("dashboard screenshot: {}", shot.display());
@@ -359,4 +407,78 @@ fn log_in_watch_live_values_chat_and_save_a_screenshot() {
     });
     browser.go(&format!("{base}/"));
     assert_eq!(browser.url(), format!("{base}/login"));
+}
+
+/// A tiny Gemma 4 and its draft head with their manifest (made by `appliance model manifest`,
+/// so the engine checked it) signed by a key of the test's own.
+struct SignedModel {
+    public: String,
+    manifest: PathBuf,
+    signature: PathBuf,
+    weights: PathBuf,
+    draft: PathBuf,
+}
+
+impl SignedModel {
+    fn make(dir: &Path) -> SignedModel {
+        use test_support::tiny::{MODELS, TINY_HEAD, gemma4_head_bytes, gguf_bytes};
+        let target = MODELS
+            .iter()
+            .find(|t| t.gemma4.is_some())
+            .expect("a tiny Gemma 4");
+        let (weights, draft) = (dir.join("e2b.gguf"), dir.join("mtp-e2b.gguf"));
+        std::fs::write(&weights, gguf_bytes(target)).expect("weights");
+        std::fs::write(&draft, gemma4_head_bytes(target, &TINY_HEAD)).expect("head");
+        let key = dir.join("fleet-key");
+        let made = Command::new(BIN)
+            .args(["weights", "keygen", "--out"])
+            .arg(&key)
+            .output()
+            .expect("keygen");
+        assert!(made.status.success());
+        let public = std::fs::read_to_string(dir.join("fleet-key.pub")).expect("public key");
+        let appliance = test_support::binary("operator", "appliance");
+        let manifest = dir.join("e2b.toml");
+        let template = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../models/gemma-4-e2b-it.template.toml"
+        );
+        let made = Command::new(&appliance)
+            .args(["model", "manifest"])
+            .args([&weights, &draft])
+            .args([
+                "--template",
+                template,
+                "--id",
+                "tiny-e2b",
+                "--chunk-size",
+                "65536",
+            ])
+            .arg("--engine")
+            .arg(engine_binary())
+            .arg("-o")
+            .arg(&manifest)
+            .output()
+            .expect("appliance model manifest");
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let signed = Command::new(&appliance)
+            .args(["model", "sign"])
+            .arg(&manifest)
+            .arg("--key")
+            .arg(&key)
+            .output()
+            .expect("appliance model sign");
+        assert!(signed.status.success());
+        SignedModel {
+            public: public.trim().to_string(),
+            signature: dir.join("e2b.toml.sig"),
+            manifest,
+            weights,
+            draft,
+        }
+    }
 }

@@ -44,8 +44,8 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// The status document's minor version: bumped when a field is added. Written as
 /// `schema_minor` only when not 0, so version 1.0 documents are what boxes always sent.
-/// 1.1 added `engine.tool_calls`.
-pub const SCHEMA_MINOR: u32 = 1;
+/// 1.1 added `engine.tool_calls`, 1.2 `models`.
+pub const SCHEMA_MINOR: u32 = 2;
 
 /// Whether a number is 0 (serde's `skip_serializing_if` for fields that are absent at 0).
 fn is_zero(n: &u32) -> bool {

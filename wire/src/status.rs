@@ -45,6 +45,10 @@ pub struct Status {
     /// The clock (`None`: a box from before it).
     #[serde(default)]
     pub clock: Option<Clock>,
+    /// The models on the box (since 1.2): installed, active and fallback, pushes under way,
+    /// past switches.
+    #[serde(default)]
+    pub models: Option<crate::models::Models>,
 }
 
 /// Only the version, read before the rest so a document of an unknown major version is

@@ -120,4 +120,84 @@
       }
     });
   }
+
+  // Models: a switch or a removal through the API, then the page reloaded; an upload sends the
+  // signed manifest, then each missing chunk of each file (a push that broke off resumes).
+  const modelProgress = document.getElementById("model-progress");
+  const say = (text) => {
+    if (modelProgress) modelProgress.textContent = text;
+  };
+  const api = (method, path, body, type) =>
+    fetch(path, {
+      method,
+      headers: { "content-type": type || "application/json", "x-csrf-token": csrf },
+      body,
+    });
+  const failed = async (response) => "Error " + response.status + ": " + (await response.text());
+  for (const button of document.querySelectorAll(".model-use")) {
+    button.addEventListener("click", async () => {
+      const id = button.dataset.id;
+      say("switching to " + id + "…");
+      const response = await api("POST", "/api/models/use", JSON.stringify({ id }));
+      if (!response.ok) return say(await failed(response));
+      if (response.status === 200) return location.reload();
+      const { request } = await response.json();
+      const wait = async () => {
+        const list = await (await fetch("/api/models")).json();
+        const outcome = list.history.find((s) => s.request === request);
+        if (!outcome) return setTimeout(wait, 1000);
+        say(outcome.result + ": " + outcome.reason);
+        setTimeout(() => location.reload(), 2000);
+      };
+      wait();
+    });
+  }
+  for (const button of document.querySelectorAll(".model-rm")) {
+    button.addEventListener("click", async () => {
+      const response = await api("DELETE", "/api/models/" + encodeURIComponent(button.dataset.id));
+      if (!response.ok) return say(await failed(response));
+      location.reload();
+    });
+  }
+  const modelForm = document.getElementById("model-form");
+  if (modelForm) {
+    const pick = (id) => document.getElementById(id).files[0];
+    modelForm.addEventListener("submit", async (e) => {
+      e.preventDefault();
+      const manifest = pick("model-manifest");
+      const signature = pick("model-signature");
+      const files = [pick("model-weights"), pick("model-draft")].filter(Boolean);
+      if (!manifest || !signature || !files.length) return say("choose the manifest, its signature and the weights");
+      const send = document.getElementById("model-send");
+      send.disabled = true;
+      try {
+        const body = JSON.stringify({ manifest: await manifest.text(), signature: await signature.text() });
+        let response = await api("POST", "/api/models/push", body);
+        if (!response.ok) return say(await failed(response));
+        let state = await response.json();
+        for (;;) {
+          const index = state.parts.findIndex((p) => p.received < p.chunks);
+          if (index < 0) break;
+          const part = state.parts[index];
+          const file = files[index];
+          if (!file) return say("this model has a draft head: choose its file too");
+          const start = part.received * part.chunk_size;
+          const chunk = file.slice(start, Math.min(start + part.chunk_size, part.size));
+          const path = "/api/models/incoming/" + encodeURIComponent(state.id) + "/" + part.part + "/" + part.received;
+          response = await api("PUT", path, chunk, "application/octet-stream");
+          if (!response.ok) return say(await failed(response));
+          state = await response.json();
+          const got = state.parts.reduce((n, p) => n + Math.min(p.received * p.chunk_size, p.size), 0);
+          const all = state.parts.reduce((n, p) => n + p.size, 0);
+          say("uploaded " + Math.round((100 * got) / all) + "%");
+        }
+        say(state.id + " installed; use it from the list");
+        setTimeout(() => location.reload(), 2000);
+      } catch (err) {
+        say("Error: " + err + " (upload again to resume)");
+      } finally {
+        send.disabled = false;
+      }
+    });
+  }
 })();

@@ -119,6 +119,7 @@ pub fn ask_switch(board: &Board, config: &Config, id: &str) -> Result<Asked, Pus
             ids.join(", ")
         )));
     }
+    check_fit(board, config, id)?;
     let selection = selection::read(board, config).map_err(PushError::Internal)?;
     if selection.active_or(&config.model.id) == id
         && selection.switching.is_none()
@@ -129,4 +130,52 @@ pub fn ask_switch(board: &Board, config: &Config, id: &str) -> Result<Asked, Pus
     selection::request(board, config, id)
         .map(Asked::Queued)
         .map_err(PushError::Conflict)
+}
+
+/// Refuses a switch to a model whose manifest says it does not fit this board's memory at the
+/// context it would run with (a manifest without fits was never checked: it goes to the gate).
+fn check_fit(board: &Board, config: &Config, id: &str) -> Result<(), PushError> {
+    let data = crate::model::data_dir(board, config);
+    let trust = crate::model::trust(config).map_err(|e| PushError::Internal(e.message))?;
+    let (approval, _) = install::installed(&data, id, &trust)
+        .map_err(|e| PushError::Conflict(format!("model {id} cannot be switched to: {e}")))?;
+    let manifest = &approval.manifest;
+    let Some(memory) = board.meminfo_kib("MemTotal").ok().map(|k| k * 1024) else {
+        return Ok(());
+    };
+    if manifest.fits.is_empty() {
+        return Ok(());
+    }
+    let context = match config.engine.context.get() {
+        0 => u64::from(manifest.engine.context),
+        n => (n as u64).min(u64::from(manifest.engine.context)),
+    };
+    let most = weights::fit::for_board(&manifest.fits, memory).map_or(0, |f| f.max_context);
+    if most >= context {
+        return Ok(());
+    }
+    let sizes: Vec<String> = manifest
+        .fits
+        .iter()
+        .filter(|f| f.max_context > 0)
+        .map(|f| format!("{} GB", f.memory_gib))
+        .collect();
+    let sizes = if sizes.is_empty() {
+        "no size checked".to_string()
+    } else {
+        sizes.join(", ")
+    };
+    Err(PushError::Conflict(if most == 0 {
+        format!(
+            "model {id} does not fit this box's {} MiB of memory (it fits boards of {sizes}); \
+             it was not switched to",
+            memory >> 20
+        )
+    } else {
+        format!(
+            "model {id} fits this box's {} MiB of memory with a context of at most {most} \
+             tokens, not {context}; set [engine] context = {most} and switch again",
+            memory >> 20
+        )
+    }))
 }
