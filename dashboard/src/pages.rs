@@ -335,6 +335,38 @@ mod tests {
     }
 
     #[test]
+    fn the_models_section_escapes_and_offers_changes_only_behind_a_login() {
+        let models: wire::models::Models = serde_json::from_value(json!({
+            "active": "a<b", "fallback": "old",
+            "installed": [
+                { "id": "a<b", "name": "<i>x</i>", "size": 3145728, "signed_by": "k", "verified_unix": 5 },
+                { "id": "old", "size": 0, "problem": "chunk 3 <bad>" },
+                { "id": "new", "size": 1048576, "draft": true }
+            ],
+            "history": [{ "request": 1, "to": "a<b", "from": "old", "result": "committed",
+                          "reason": "<serving>", "ended_unix": 9 }]
+        }))
+        .expect("models");
+        let page = models_section(Some(&models), true);
+        assert!(!page.contains("<i>") && !page.contains("<bad>") && !page.contains("<serving>"));
+        assert!(
+            page.contains("a&lt;b</td><td>active</td><td>3</td>"),
+            "{page}"
+        );
+        assert!(page.contains("old</td><td>fallback</td>"), "{page}");
+        // Only a model that is neither active nor the fallback can be switched to or removed.
+        assert_eq!(page.matches("class=\"model-use\"").count(), 1, "{page}");
+        assert!(page.contains("data-id=\"new\""), "{page}");
+        assert!(page.contains("id=\"model-form\""));
+        let open = models_section(Some(&models), false);
+        assert!(
+            !open.contains("model-use") && !open.contains("model-form"),
+            "{open}"
+        );
+        assert!(models_section(None, true).contains("cannot be read"));
+    }
+
+    #[test]
     fn log_out_is_offered_only_behind_a_login() {
         let status = test_status(json!({ "board": { "model": "Raspberry Pi 5" } }));
         let page = |login: bool| {

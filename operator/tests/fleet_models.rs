@@ -460,6 +460,40 @@ fn a_model_goes_to_every_box_and_back() {
     assert!(gone.status.success(), "{}", text(&gone.stderr));
     assert!(!north.root.join("var/lib/appliance/models/broken").exists());
 
+    // A model whose manifest says it needs a bigger board is refused before anything stops.
+    let huge = d.join("huge.toml");
+    let text_of = std::fs::read_to_string(&broken_manifest).expect("manifest");
+    std::fs::write(
+        &huge,
+        format!(
+            "{}\n[[fits]]\nmemory_gib = 64\nmax_context = 100000\n",
+            text_of.replace("id = \"broken\"", "id = \"huge\"")
+        ),
+    )
+    .expect("huge");
+    assert!(
+        appliance(
+            &["model", "sign", &path(&huge), "--key", &path(&fleet_key)],
+            ""
+        )
+        .status
+        .success()
+    );
+    let pushed = reach(
+        &["fleet", "model", "push"],
+        &["--box", "north", &path(&huge), &path(&junk)],
+    );
+    assert!(pushed.status.success(), "{}", text(&pushed.stderr));
+    let refused = reach(&["fleet", "model", "use"], &["--box", "north", "huge"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("does not fit this box's")
+            && text(&refused.stderr).contains("64 GB"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(models(&north, &token)["active"], "tiny-e2b");
+
     // A crash in the middle of a switch: the next start goes back to the model before.
     let asked = ask(
         &south,
@@ -498,4 +532,69 @@ fn a_model_goes_to_every_box_and_back() {
     wait_status(&south, &token, "tiny-e2b after a restart", |s| {
         s["model"]["id"] == "tiny-e2b" && s["engine"]["state"] == "ready"
     });
+
+    // A USB stick with a signed model: installed and switched to through the same gate; left
+    // plugged in, it changes nothing more.
+    let stick = south.root.join("media/stick/models");
+    std::fs::create_dir_all(&stick).expect("stick");
+    let llama = MODELS
+        .iter()
+        .find(|t| t.gemma4.is_none() && t.qwen35.is_none())
+        .expect("a tiny model");
+    let weights = stick.join("tiny-llama.gguf");
+    std::fs::write(&weights, gguf_bytes(llama)).expect("weights");
+    let on_stick = stick.join("tiny-llama.toml");
+    let made = appliance(
+        &[
+            "model",
+            "manifest",
+            &path(&weights),
+            "--id",
+            "tiny-llama",
+            "--engine",
+            &path(&engine),
+            "-o",
+            &path(&on_stick),
+        ],
+        "",
+    );
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    assert!(
+        appliance(
+            &[
+                "model",
+                "sign",
+                &path(&on_stick),
+                "--key",
+                &path(&fleet_key)
+            ],
+            ""
+        )
+        .status
+        .success()
+    );
+    let root = path(&south.root);
+    let from_stick = supervisor(
+        &["--root", &root, "model", "install-stick", "/media/stick"],
+        "",
+    );
+    assert!(from_stick.status.success(), "{}", text(&from_stick.stderr));
+    assert!(
+        text(&from_stick.stdout).contains("the daemon switches to it"),
+        "{}",
+        text(&from_stick.stdout)
+    );
+    wait_status(&south, &token, "tiny-llama from the stick", |s| {
+        s["model"]["id"] == "tiny-llama" && s["engine"]["state"] == "ready"
+    });
+    let again = supervisor(
+        &["--root", &root, "model", "install-stick", "/media/stick"],
+        "",
+    );
+    assert!(
+        text(&again.stdout).contains("already running"),
+        "{}",
+        text(&again.stdout)
+    );
+    assert_eq!(models(&south, &token)["fallback"], "tiny-e2b");
 }

@@ -140,6 +140,13 @@ enum ModelCommand {
         /// The model's id.
         id: String,
     },
+    /// Install the signed model on a USB stick mounted at DIR (its `models/` folder: one
+    /// manifest, its .sig and its files) and switch to it through the health gate (the
+    /// stick's unit runs this).
+    InstallStick {
+        /// Where the stick is mounted (a box path).
+        dir: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -361,6 +368,9 @@ fn main() -> ExitCode {
             ModelCommand::List { json } => cli::model::list(&cli.root, config, json),
             ModelCommand::Use { id } => cli::model::switch(&cli.root, config, &id),
             ModelCommand::Rm { id } => cli::model::remove(&cli.root, config, &id),
+            ModelCommand::InstallStick { dir } => {
+                cli::model::install_stick(&cli.root, config, &dir)
+            }
         },
         Command::Overclock { command } => match command {
             OverclockCommand::Status { json } => cli::overclock::status(&cli.root, config, json),

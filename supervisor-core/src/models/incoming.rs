@@ -238,6 +238,30 @@ fn resumable(dir: &Path, push: &Push) -> Option<Progress> {
     serde_json::from_slice(&std::fs::read(dir.join(PROGRESS)).ok()?).ok()
 }
 
+/// Refuses `still` more bytes on the data partition unless `[model] keep_free_mib` stay free.
+pub(super) fn check_room(
+    board: &Board,
+    config: &Config,
+    id: &str,
+    still: u64,
+) -> Result<(), PushError> {
+    let free = board
+        .free_bytes(&config.model.data_dir)
+        .map_err(|e| io("measuring the free space", e))?;
+    let keep = config.model.keep_free_mib.get() << 20;
+    if free < still.saturating_add(keep) {
+        return Err(PushError::NoSpace(format!(
+            "the data partition has {} MiB free; model {id} needs {} MiB more and {} MiB must \
+             stay free for the box's state and OS updates ([model] keep_free_mib); remove a \
+             model (`appliance fleet model rm`) first",
+            free >> 20,
+            still.div_ceil(1 << 20),
+            keep >> 20
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses a push the data partition cannot take while keeping `[model] keep_free_mib` free.
 fn check_space(
     board: &Board,
@@ -253,23 +277,7 @@ fn check_space(
             size.saturating_sub(done)
         })
         .sum();
-    let free = board
-        .free_bytes(&config.model.data_dir)
-        .map_err(|e| io("measuring the free space", e))?;
-    let keep = config.model.keep_free_mib.get() << 20;
-    if free < still.saturating_add(keep) {
-        let mib = |b: u64| b.div_ceil(1 << 20);
-        return Err(PushError::NoSpace(format!(
-            "the data partition has {} MiB free; model {} needs {} MiB more and {} MiB must stay \
-             free for the box's state and OS updates ([model] keep_free_mib); remove a model \
-             (`appliance fleet model rm`) first",
-            free >> 20,
-            manifest.id,
-            mib(still),
-            keep >> 20
-        )));
-    }
-    Ok(())
+    check_room(board, config, &manifest.id, still)
 }
 
 /// The push of `id` under way: its approval (the signature checked again: the directory is

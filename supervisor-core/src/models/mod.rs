@@ -1,6 +1,7 @@
 //! The models on a box beyond the one it was built with: pushed a chunk at a time and
 //! installed ([`incoming`]), listed and removed ([`catalog`]), and switched to through a health
-//! gate that rolls back by itself ([`selection`] records it, [`switch`] runs it in the daemon).
+//! gate that rolls back by itself ([`selection`] records it, [`switch`] runs it in the daemon);
+//! a USB stick may carry one ([`stick`]).
 //!
 //! ```text
 //! DATA/models/<id>/…            installed models (the `weights` crate's layout)
@@ -12,6 +13,7 @@
 pub mod catalog;
 pub mod incoming;
 pub mod selection;
+pub mod stick;
 pub mod switch;
 
 /// Why a push, a removal or a switch request was refused: each kind is one HTTP status.

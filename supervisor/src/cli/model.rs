@@ -162,3 +162,21 @@ pub fn remove(root: &Path, config: Option<&Path>, id: &str) -> ExitCode {
         }
     }
 }
+
+/// `supervisor model install-stick DIR`.
+pub fn install_stick(root: &Path, config: Option<&Path>, dir: &str) -> ExitCode {
+    let (board, config) = match load(root, config) {
+        Ok(loaded) => loaded,
+        Err(code) => return code,
+    };
+    match supervisor_core::models::stick::from_stick(&board, &config, dir) {
+        Ok(said) => {
+            println!("{said}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
