@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use weights::Manifest;
 use weights::install::sig_path;
-use wire::models::{Incoming, Models, Push, Requested, UseRequest};
+use wire::models::{Incoming, Models, Part, Push, Requested, UseRequest};
 
 use crate::fleet::Connected;
 
@@ -119,8 +119,8 @@ pub struct Signed {
     pub files: Vec<PathBuf>,
 }
 
-/// Reads `manifest` and its signature and verifies `files` (the weights, then the draft head)
-/// against it in full.
+/// Reads `manifest` and its signature and checks the sizes of `files` (the weights, then the
+/// draft head) against it; their chunks are checked as they are sent.
 pub fn signed(manifest: &Path, files: &[PathBuf]) -> Result<Signed, String> {
     let text = Manifest::read_text(manifest).map_err(|e| e.to_string())?;
     let parsed =
@@ -151,9 +151,20 @@ pub fn signed(manifest: &Path, files: &[PathBuf]) -> Result<Signed, String> {
             }
         ));
     }
-    weights::verify::verify_file(&files[0], &parsed).map_err(|e| e.to_string())?;
-    if parsed.draft.is_some() {
-        weights::verify::verify_draft(&files[1], &parsed).map_err(|e| e.to_string())?;
+    // Sizes now; each chunk's hash as it is read to be sent.
+    let sizes = std::iter::once(parsed.size).chain(parsed.draft.as_ref().map(|d| d.size));
+    for (file, size) in files.iter().zip(sizes) {
+        let len = std::fs::metadata(file)
+            .map_err(|e| format!("{}: {e}", file.display()))?
+            .len();
+        if len != size {
+            return Err(format!(
+                "{} is {len} bytes; manifest {} names a file of {size}: the wrong file, or a \
+                 truncated download?",
+                file.display(),
+                parsed.id
+            ));
+        }
     }
     Ok(Signed {
         manifest: parsed,
@@ -186,14 +197,19 @@ fn answer<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(&response.body).map_err(|e| format!("{name}: unexpected answer: {e}"))
 }
 
-/// Pushes the model to `to`: resumes where the box's copy stopped, sends each missing chunk
-/// (again, up to a few times, when the connection breaks), and returns once the box has
-/// installed it. `say` gets progress lines.
+/// Chunks in flight at once: the network, the box's hashing and its disk work side by side.
+const IN_FLIGHT: usize = 3;
+
+/// Pushes the model to `to`: asks what the box holds (a push that broke off resumes), sends
+/// each missing chunk (a few at once, each retried a few times when the connection breaks),
+/// and returns once the box has installed it. Each chunk is checked against the manifest here
+/// before it is sent, so a wrong or damaged local file stops the push at its first bad chunk.
+/// `say` gets progress lines.
 pub fn push(
     to: &Connected,
     token: &str,
     model: &Signed,
-    say: &dyn Fn(&str),
+    say: &(dyn Fn(&str) + Sync),
 ) -> Result<String, String> {
     let name = &to.name;
     let body = serde_json::to_vec(&model.push).map_err(|e| e.to_string())?;
@@ -207,85 +223,184 @@ pub fn push(
         )?;
         answer(name, &r, &[200])
     };
-    let mut state = start()?;
-    if state.installed {
-        return Ok(format!("{name}: {} already installed", model.manifest.id));
-    }
-    let total: u64 = state.parts.iter().map(|p| p.size).sum();
-    let resumed: u64 = state
-        .parts
-        .iter()
-        .map(|p| (p.received * p.chunk_size).min(p.size))
-        .sum();
-    if resumed > 0 {
-        say(&format!(
-            "{name}: resuming at {} of {} MiB",
-            resumed >> 20,
-            total >> 20
-        ));
-    }
     let began = Instant::now();
-    let mut sent: u64 = 0;
-    let mut last_said = 0;
-    while let Some((part, index)) = state.next_chunk().map(|(p, i)| (p.clone(), i)) {
-        let slot = state
-            .parts
-            .iter()
-            .position(|p| p.part == part.part)
-            .unwrap_or(0);
-        let file = model
-            .files
-            .get(slot)
-            .ok_or_else(|| format!("{name}: no file for part {}", part.part))?;
-        let offset = index * part.chunk_size;
-        let length = (part.size - offset).min(part.chunk_size);
-        let bytes = read_at(file, offset, length)?;
-        let path = format!("/api/models/incoming/{}/{}/{index}", state.id, part.part);
-        let mut tries = 0;
-        state = loop {
-            tries += 1;
-            match to.ask(
-                token,
-                "PUT",
-                &path,
-                Some(("application/octet-stream", &bytes)),
-                CHUNK,
-            ) {
-                Ok(r) if r.status == 200 => break answer(name, &r, &[200])?,
-                // Not the chunk the box expects (another push moved it on): ask where it is.
-                Ok(r) if r.status == 409 => break start()?,
-                Ok(r) => return Err(refusal(name, &r)),
-                Err(e) if tries < TRIES => {
-                    say(&format!("{e}; trying chunk {index} of {} again", part.part));
-                    std::thread::sleep(Duration::from_secs(2 * u64::from(tries)));
-                }
-                Err(e) => {
-                    return Err(format!(
-                        "{e}; the push stopped at chunk {index} of {}: run it again to resume",
-                        part.part
-                    ));
-                }
+    let mut sent = 0;
+    // A round sends what the box said was missing; one more asks again (a chunk a concurrent
+    // push of the same model took away, say) and finds the model installed.
+    for _round in 0..3 {
+        let state = start()?;
+        if state.installed {
+            if sent == 0 {
+                return Ok(format!("{name}: {} already installed", model.manifest.id));
             }
-        };
-        sent += length;
-        let done = resumed + sent;
-        let percent = done * 100 / total.max(1);
-        if percent >= last_said + 10 {
-            last_said = percent - percent % 10;
+            let seconds = began.elapsed().as_secs_f64().max(1e-3);
+            return Ok(format!(
+                "{name}: {} installed ({} MiB sent in {seconds:.1} s, {:.1} MiB/s)",
+                model.manifest.id,
+                sent >> 20,
+                sent as f64 / f64::from(1 << 20) / seconds
+            ));
+        }
+        let total: u64 = state.parts.iter().map(|p| p.size).sum();
+        let missing: Vec<(usize, Part, u64)> = state
+            .missing()
+            .map(|(part, index)| {
+                let slot = state
+                    .parts
+                    .iter()
+                    .position(|p| p.part == part.part)
+                    .unwrap_or(0);
+                (slot, part.clone(), index)
+            })
+            .collect();
+        let still: u64 = missing
+            .iter()
+            .map(|(_, p, i)| (p.size - i * p.chunk_size).min(p.chunk_size))
+            .sum();
+        if still < total {
             say(&format!(
-                "{name}: {} of {} MiB ({percent}%)",
-                done >> 20,
+                "{name}: resuming: {} of {} MiB still to send",
+                still >> 20,
                 total >> 20
             ));
         }
+        sent += send_all(
+            to,
+            token,
+            model,
+            &state.id,
+            missing,
+            total - still,
+            total,
+            say,
+        )?;
     }
-    let seconds = began.elapsed().as_secs_f64().max(1e-3);
-    Ok(format!(
-        "{name}: {} installed ({} MiB sent in {seconds:.1} s, {:.1} MiB/s)",
-        model.manifest.id,
-        sent >> 20,
-        sent as f64 / f64::from(1 << 20) / seconds
+    Err(format!(
+        "{name}: the box still misses chunks of {} after three rounds",
+        model.manifest.id
     ))
+}
+
+/// Sends `missing` ((file slot, part, index), in order) with [`IN_FLIGHT`] workers; the bytes
+/// sent. The first refusal stops every worker.
+#[allow(clippy::too_many_arguments)]
+fn send_all(
+    to: &Connected,
+    token: &str,
+    model: &Signed,
+    id: &str,
+    missing: Vec<(usize, Part, u64)>,
+    already: u64,
+    total: u64,
+    say: &(dyn Fn(&str) + Sync),
+) -> Result<u64, String> {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let queue = Mutex::new(missing.into_iter());
+    let failed: Mutex<Option<String>> = Mutex::new(None);
+    let stop = AtomicBool::new(false);
+    let sent = AtomicU64::new(0);
+    let said = AtomicU64::new((already * 10 / total.max(1)) * 10);
+    let worker = || {
+        while !stop.load(Ordering::Relaxed) {
+            let next = queue.lock().ok().and_then(|mut q| q.next());
+            let Some((slot, part, index)) = next else {
+                return;
+            };
+            match send_one(to, token, model, id, slot, &part, index, say) {
+                Ok(length) => {
+                    let done = already + sent.fetch_add(length, Ordering::Relaxed) + length;
+                    let percent = done * 100 / total.max(1);
+                    let tenth = percent - percent % 10;
+                    if said.fetch_max(tenth, Ordering::Relaxed) < tenth {
+                        say(&format!(
+                            "{}: {} of {} MiB ({percent}%)",
+                            to.name,
+                            done >> 20,
+                            total >> 20
+                        ));
+                    }
+                }
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    if let Ok(mut first) = failed.lock() {
+                        first.get_or_insert(e);
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..IN_FLIGHT {
+            scope.spawn(worker);
+        }
+    });
+    match failed.into_inner().ok().flatten() {
+        Some(e) => Err(e),
+        None => Ok(sent.into_inner()),
+    }
+}
+
+/// Reads chunk `index` of `part` from its file, checks it against the manifest, and sends it
+/// (again, up to [`TRIES`] times, when the connection breaks); its length.
+#[allow(clippy::too_many_arguments)]
+fn send_one(
+    to: &Connected,
+    token: &str,
+    model: &Signed,
+    id: &str,
+    slot: usize,
+    part: &Part,
+    index: u64,
+    say: &(dyn Fn(&str) + Sync),
+) -> Result<u64, String> {
+    let file = model
+        .files
+        .get(slot)
+        .ok_or_else(|| format!("{}: no file for part {}", to.name, part.part))?;
+    let offset = index * part.chunk_size;
+    let length = (part.size - offset).min(part.chunk_size);
+    let bytes = read_at(file, offset, length)?;
+    let hashes = match slot {
+        0 => Some(&model.manifest.chunks),
+        _ => model.manifest.draft.as_ref().map(|d| &d.chunks),
+    };
+    let expected = hashes.and_then(|h| h.get(usize::try_from(index).ok()?));
+    let digest = weights::hash::to_hex(&weights::hash::sha256(&bytes));
+    if expected != Some(&digest) {
+        return Err(format!(
+            "{} (bytes {offset}..{}) differs from manifest {}: not the approved file, or damaged",
+            file.display(),
+            offset + length,
+            model.manifest.id
+        ));
+    }
+    let path = format!("/api/models/incoming/{id}/{}/{index}", part.part);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match to.ask(
+            token,
+            "PUT",
+            &path,
+            Some(("application/octet-stream", &bytes)),
+            CHUNK,
+        ) {
+            Ok(r) if r.status == 200 => return Ok(length),
+            Ok(r) => return Err(refusal(&to.name, &r)),
+            Err(e) if tries < TRIES => {
+                say(&format!("{e}; trying chunk {index} of {} again", part.part));
+                std::thread::sleep(Duration::from_secs(2 * u64::from(tries)));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{e}; the push stopped at chunk {index} of {}: run it again to resume",
+                    part.part
+                ));
+            }
+        }
+    }
 }
 
 /// `length` bytes of `file` from `offset`.

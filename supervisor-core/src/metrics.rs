@@ -75,7 +75,7 @@ fn models(out: &mut Exposition, m: &wire::models::Models) {
         let got: u64 = push
             .parts
             .iter()
-            .map(|p| (p.received * p.chunk_size).min(p.size))
+            .map(wire::models::Part::received_bytes)
             .sum();
         pushes.sample(&[("model", &push.id)], got as f64);
     }

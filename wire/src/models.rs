@@ -1,6 +1,6 @@
 //! The models on a box and how they get there: `GET /api/models` ([`Models`]), a push
 //! (`POST /api/models/push` with a [`Push`], answered with an [`Incoming`]; then each chunk
-//! `PUT /api/models/incoming/ID/PART/INDEX`) and a switch (`POST /api/models/use` with a
+//! `PUT /api/models/incoming/ID/PART/INDEX`, in any order) and a switch (`POST /api/models/use` with a
 //! [`UseRequest`]; its outcome is a [`Switch`] in the list's history). Every field a newer box
 //! may add is optional.
 
@@ -30,12 +30,11 @@ pub struct Incoming {
 }
 
 impl Incoming {
-    /// The first chunk still missing: its part's name and index; `None` when all arrived.
-    pub fn next_chunk(&self) -> Option<(&Part, u64)> {
+    /// Every chunk still missing: its part and index, in order.
+    pub fn missing(&self) -> impl Iterator<Item = (&Part, u64)> {
         self.parts
             .iter()
-            .find(|p| p.received < p.chunks)
-            .map(|p| (p, p.received))
+            .flat_map(|p| p.missing.iter().map(move |i| (p, *i)))
     }
 }
 
@@ -52,8 +51,28 @@ pub struct Part {
     pub chunk_size: u64,
     /// How many chunks it has.
     pub chunks: u64,
-    /// Chunks received and verified, from the first: the next to send is this index.
+    /// Chunks received and verified.
     pub received: u64,
+    /// The chunks still to send (indices, ascending); they may be sent in any order and
+    /// several at once.
+    #[serde(default)]
+    pub missing: Vec<u64>,
+}
+
+impl Part {
+    /// Bytes of the part the box holds.
+    pub fn received_bytes(&self) -> u64 {
+        let missing: u64 = self
+            .missing
+            .iter()
+            .map(|i| {
+                self.size
+                    .saturating_sub(i * self.chunk_size)
+                    .min(self.chunk_size)
+            })
+            .sum();
+        self.size.saturating_sub(missing)
+    }
 }
 
 /// `POST /api/models/use`: switch the box to an installed model.

@@ -176,18 +176,18 @@
         if (!response.ok) return say(await failed(response));
         let state = await response.json();
         for (;;) {
-          const index = state.parts.findIndex((p) => p.received < p.chunks);
+          const index = state.parts.findIndex((p) => p.missing.length > 0);
           if (index < 0) break;
           const part = state.parts[index];
           const file = files[index];
           if (!file) return say("this model has a draft head: choose its file too");
-          const start = part.received * part.chunk_size;
+          const start = part.missing[0] * part.chunk_size;
           const chunk = file.slice(start, Math.min(start + part.chunk_size, part.size));
-          const path = "/api/models/incoming/" + encodeURIComponent(state.id) + "/" + part.part + "/" + part.received;
+          const path = "/api/models/incoming/" + encodeURIComponent(state.id) + "/" + part.part + "/" + part.missing[0];
           response = await api("PUT", path, chunk, "application/octet-stream");
           if (!response.ok) return say(await failed(response));
           state = await response.json();
-          const got = state.parts.reduce((n, p) => n + Math.min(p.received * p.chunk_size, p.size), 0);
+          const got = state.parts.reduce((n, p) => n + p.size - p.missing.length * p.chunk_size, 0);
           const all = state.parts.reduce((n, p) => n + p.size, 0);
           say("uploaded " + Math.round((100 * got) / all) + "%");
         }

@@ -4,13 +4,15 @@
 //!
 //! ```text
 //! DATA/incoming/<id>/manifest.toml (+ .sig)   the signed manifest, verbatim
-//!                    progress.json            chunks received of each part, replaced after each
-//!                    files/<file>, <draft>    the model's files, written chunk by chunk
+//!                    progress.json            the chunks received of each part, replaced after each
+//!                    files/<file>, <draft>    the model's files at their full size, filled chunk by chunk
 //! ```
-//! A chunk is written and synced before `progress.json` counts it, so after a power cut the
-//! count is never ahead of the bytes; bytes past the count are overwritten by the resend. When
-//! the last chunk arrives, `files/` is verified whole and becomes the model's new version
-//! directory ([`weights::install::adopt`]: a rename, no copy).
+//! Chunks may come in any order and several at once (a client keeps a few in flight, so the
+//! network, the hashing and the disk work side by side). A chunk is written at its place and
+//! synced before `progress.json` counts it, so after a power cut nothing counted is missing;
+//! a chunk half written when the power went is simply not counted, and its resend overwrites
+//! it. When the last chunk arrives, `files/` is verified whole and becomes the model's new
+//! version directory ([`weights::install::adopt`]: a rename, no copy).
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -35,10 +37,18 @@ pub const DRAFT_PART: &str = "draft";
 const PROGRESS: &str = "progress.json";
 const FILES: &str = "files";
 
-/// Chunks received of each part, in the order of [`parts`].
+/// The chunks received of each part (indices, ascending), in the order of [`parts`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Progress {
-    received: Vec<u64>,
+    done: Vec<Vec<u64>>,
+}
+
+impl Progress {
+    fn has(&self, part: usize, index: u64) -> bool {
+        self.done
+            .get(part)
+            .is_some_and(|d| d.binary_search(&index).is_ok())
+    }
 }
 
 /// The keys a pushed model must be signed by: the box's trusted keys (the provisioned fleet
@@ -89,17 +99,23 @@ fn describe(manifest: &Manifest, progress: &Progress, installed: bool) -> Incomi
         parts: parts(manifest)
             .iter()
             .enumerate()
-            .map(|(i, (part, file, size, chunks))| Part {
-                part: part.to_string(),
-                file: file.to_string(),
-                size: *size,
-                chunk_size: manifest.chunk_size,
-                chunks: chunks.len() as u64,
-                received: if installed {
-                    chunks.len() as u64
+            .map(|(i, (part, file, size, chunks))| {
+                let missing: Vec<u64> = if installed {
+                    Vec::new()
                 } else {
-                    progress.received.get(i).copied().unwrap_or(0)
-                },
+                    (0..chunks.len() as u64)
+                        .filter(|c| !progress.has(i, *c))
+                        .collect()
+                };
+                Part {
+                    part: part.to_string(),
+                    file: file.to_string(),
+                    size: *size,
+                    chunk_size: manifest.chunk_size,
+                    chunks: chunks.len() as u64,
+                    received: chunks.len() as u64 - missing.len() as u64,
+                    missing,
+                }
             })
             .collect(),
         installed,
@@ -203,13 +219,21 @@ pub fn begin(board: &Board, config: &Config, push: &Push) -> Result<Incoming, Pu
         std::fs::remove_dir_all(&dir).map_err(|e| io(format!("removing {}", dir.display()), e))?;
     }
     let progress = Progress {
-        received: vec![0; parts(manifest).len()],
+        done: vec![Vec::new(); parts(manifest).len()],
     };
     check_space(board, config, manifest, &progress)?;
     let staging = incoming_dir(board, config).join(format!(".new-{}", manifest.id));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(staging.join(FILES))
         .map_err(|e| io(format!("creating {}", staging.display()), e))?;
+    // Each file at its full size from the start (sparse: it takes room as chunks arrive), so
+    // a chunk is written at its place whatever arrived before it.
+    for (_, file, size, _) in parts(manifest) {
+        let path = staging.join(FILES).join(file);
+        std::fs::File::create(&path)
+            .and_then(|f| f.set_len(size))
+            .map_err(|e| io(format!("creating {}", path.display()), e))?;
+    }
     let write = |name: &str, bytes: &[u8]| {
         durable::replace(&staging.join(name), bytes)
             .map_err(|e| io(format!("writing {name} of the push"), e))
@@ -272,9 +296,11 @@ fn check_space(
     let still: u64 = parts(manifest)
         .iter()
         .enumerate()
-        .map(|(i, (_, _, size, _))| {
-            let done = progress.received.get(i).copied().unwrap_or(0) * manifest.chunk_size;
-            size.saturating_sub(done)
+        .map(|(i, (_, _, size, chunks))| {
+            (0..chunks.len() as u64)
+                .filter(|c| !progress.has(i, *c))
+                .map(|c| (size - c * manifest.chunk_size).min(manifest.chunk_size))
+                .sum::<u64>()
         })
         .sum();
     check_room(board, config, &manifest.id, still)
@@ -319,9 +345,8 @@ pub(super) fn is_plain_id(id: &str) -> bool {
 }
 
 /// Takes chunk `index` of `part` of the push of `id`: checked against the manifest's hash,
-/// written and synced, then counted. A chunk already counted is acknowledged again (a resend
-/// after a lost answer); one ahead of the next is refused with the index expected. The last
-/// chunk installs the model.
+/// written at its place and synced, then counted. A chunk already counted is acknowledged
+/// again (a resend after a lost answer). The chunk that completes the model installs it.
 pub fn put_chunk(
     board: &Board,
     config: &Config,
@@ -330,8 +355,9 @@ pub fn put_chunk(
     index: u64,
     bytes: &[u8],
 ) -> Result<Incoming, PushError> {
-    let _lock = lock(board, config)?;
-    let (approval, mut progress) = load(board, config, id)?;
+    // Checked and written without the lock, so chunks sent at once are hashed and written at
+    // once; only the count is changed under it.
+    let (approval, progress) = load(board, config, id)?;
     let manifest = &approval.manifest;
     let all = parts(manifest);
     let Some(slot) = all.iter().position(|(name, ..)| *name == part) else {
@@ -341,7 +367,6 @@ pub fn put_chunk(
         )));
     };
     let (_, file, size, chunks) = all[slot];
-    let received = progress.received.get(slot).copied().unwrap_or(0);
     let Some(expected) = usize::try_from(index).ok().and_then(|i| chunks.get(i)) else {
         return Err(PushError::BadRequest(format!(
             "{part} of model {id} has {} chunks; there is no chunk {index}",
@@ -364,13 +389,8 @@ pub fn put_chunk(
             start + length
         )));
     }
-    if index < received {
+    if progress.has(slot, index) {
         return Ok(describe(manifest, &progress, false));
-    }
-    if index > received {
-        return Err(PushError::Conflict(format!(
-            "the box has {received} chunks of {part} of model {id}; send chunk {received} next"
-        )));
     }
     let free = board
         .free_bytes(&config.model.data_dir)
@@ -383,9 +403,29 @@ pub fn put_chunk(
         )));
     }
     let dir = incoming_dir(board, config).join(id);
-    let path = dir.join(FILES).join(file);
-    write_chunk(&path, start, bytes)?;
-    progress.received[slot] = index + 1;
+    write_chunk(&dir.join(FILES).join(file), start, bytes)?;
+    let _lock = lock(board, config)?;
+    let mut progress = match load(board, config, id) {
+        Ok((_, progress)) => progress,
+        // A chunk sent at the same time completed the push meanwhile.
+        Err(PushError::NotFound(m)) => {
+            let trust = trust(config)?;
+            let data = data_dir(board, config);
+            return match weights::install::installed(&data, id, &trust) {
+                Ok((it, _)) if it.text == approval.text => {
+                    Ok(describe(manifest, &Progress::default(), true))
+                }
+                _ => Err(PushError::NotFound(m)),
+            };
+        }
+        Err(e) => return Err(e),
+    };
+    if progress.done.len() < all.len() {
+        progress.done.resize(all.len(), Vec::new());
+    }
+    if let Err(at) = progress.done[slot].binary_search(&index) {
+        progress.done[slot].insert(at, index);
+    }
     durable::replace(&dir.join(PROGRESS), &progress_bytes(&progress)?)
         .map_err(|e| io("recording the push's progress", e))?;
     if !complete(manifest, &progress) {
@@ -399,7 +439,7 @@ fn complete(manifest: &Manifest, progress: &Progress) -> bool {
     parts(manifest)
         .iter()
         .enumerate()
-        .all(|(i, (.., chunks))| progress.received.get(i) == Some(&(chunks.len() as u64)))
+        .all(|(i, (.., chunks))| progress.done.get(i).map(Vec::len) == Some(chunks.len()))
 }
 
 /// Installs the complete push in `dir` (its files become the model's new version) and drops
@@ -411,6 +451,16 @@ fn install(
     dir: &Path,
 ) -> Result<Incoming, PushError> {
     let id = &approval.manifest.id;
+    // Whatever lies past a file's end (written there by someone else) goes: the size is the
+    // manifest's, and the whole is verified next.
+    for (_, file, size, _) in parts(&approval.manifest) {
+        let path = dir.join(FILES).join(file);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(size))
+            .map_err(|e| io(format!("installing model {id}: {}", path.display()), e))?;
+    }
     weights::install::adopt(&dir.join(FILES), approval, &data_dir(board, config))
         .map_err(|e| PushError::Internal(format!("installing model {id}: {e}")))?;
     let _ = std::fs::remove_dir_all(dir);
@@ -418,25 +468,16 @@ fn install(
     Ok(describe(&approval.manifest, &Progress::default(), true))
 }
 
-/// Writes `bytes` at `start` of `path`, cutting off whatever lay past it (a chunk a power
-/// cut left half written), and syncs them.
+/// Writes `bytes` at `start` of `path` (made at its full size when the push began) and syncs
+/// them.
 fn write_chunk(path: &Path, start: u64, bytes: &[u8]) -> Result<(), PushError> {
     let what = || format!("writing {}", path.display());
     let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
         .write(true)
         .open(path)
         .map_err(|e| io(what(), e))?;
-    file.set_len(start).map_err(|e| io(what(), e))?;
     file.write_all_at(bytes, start).map_err(|e| io(what(), e))?;
-    file.sync_data().map_err(|e| io(what(), e))?;
-    if start == 0
-        && let Some(parent) = path.parent()
-    {
-        durable::sync_dir(parent).map_err(|e| io(what(), e))?;
-    }
-    Ok(())
+    file.sync_data().map_err(|e| io(what(), e))
 }
 
 /// The pushes under way, as far as they got.
