@@ -22,6 +22,10 @@
 //! sha256 = "…"
 //! chunks = ["…", …]
 //!
+//! [[fits]]                              # what `engine fit` found (`appliance model manifest`):
+//! memory_gib = 8                        # the longest context that fits a board of this size
+//! max_context = 55945                   # (0: the model does not fit it)
+//!
 //! [source]                              # the published file, when it differs or is fetched
 //! size = 98362432
 //! sha256 = "…"
