@@ -25,8 +25,9 @@ use crate::error::DashError;
 pub const PUSH: &str = "/api/models/push";
 /// Where its chunks go (`…/ID/PART/INDEX`), as the connection guard matches it.
 pub const CHUNKS: &str = "/api/models/incoming/*";
-/// The largest push request: a manifest (its chunk list grows with the model) and signature.
-pub const MAX_PUSH: u64 = weights::manifest::MAX_MANIFEST_BYTES + 64 * 1024;
+/// The largest push request: a manifest (its chunk list grows with the model) and signature,
+/// as JSON (escaping the manifest's quotes and line ends makes it longer).
+pub const MAX_PUSH: u64 = 2 * weights::manifest::MAX_MANIFEST_BYTES + 64 * 1024;
 /// The largest chunk request.
 pub const MAX_CHUNK: u64 = incoming::MAX_CHUNK;
 /// Time for one chunk to arrive (64 MiB at about 110 kB/s: the slowest Wi-Fi worth trying).

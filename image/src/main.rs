@@ -68,18 +68,26 @@ enum Cmd {
         #[arg(long, default_value_t = 1800)]
         timeout: u64,
     },
-    /// Stamp a copy of the built image for one box, boot it under QEMU twice and check the
-    /// engine answers and the box took its identity (once).
+    /// Stamp a copy of the built image for one box, boot it under QEMU and check the engine
+    /// answers, the box took its identity (once), a model pushed to it is switched to, and a
+    /// signed USB stick re-provisions it.
     QemuTest {
         /// Host port forwarded to the guest's engine; the next two go to its HTTPS and plain
         /// HTTP dashboard.
         #[arg(long, default_value_t = 18080)]
         port: u16,
+        /// Where the default model's file is cached (fetched there when missing): the test
+        /// pushes it to the box under another id.
+        #[arg(long, default_value = "target/tmp/model-cache")]
+        model_cache: PathBuf,
         /// Seconds to wait for the engine.
         #[arg(long, default_value_t = 900)]
         timeout: u64,
     },
 }
+
+/// The image's default model: the QEMU test pushes its file under another id.
+const DEFAULT_MANIFEST: &str = include_str!("../../models/smollm2-135m-instruct-q4_1.toml");
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -168,15 +176,25 @@ fn run(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
-        Cmd::QemuTest { port, timeout } => {
+        Cmd::QemuTest {
+            port,
+            timeout,
+            model_cache,
+        } => {
             let image = paths.out.join(format!("{}.img", definition.name));
+            let default = weights::Manifest::parse(DEFAULT_MANIFEST, "the default manifest")
+                .map_err(|e| e.to_string())?;
+            let model =
+                weights::fetch::source(&default, &model_cache).map_err(|e| e.to_string())?;
             let report = qemu::smoke_test(
                 &definition,
                 &paths,
                 &image,
                 port,
                 Duration::from_secs(timeout),
+                &model,
             )?;
+            println!("model pushed and switched to: {}", report.model_push);
             println!(
                 "multi-user.target {:.0} s and the engine {:.0} s after QEMU started; completion: {}",
                 report.boot_to_multi_user.as_secs_f64(),

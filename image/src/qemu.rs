@@ -40,6 +40,8 @@ pub struct Report {
     /// From the third boot's QEMU start (the signed USB stick plugged in) to HTTPS answering
     /// as the stick's generation.
     pub usb_to_https: Duration,
+    /// What pushing a model to the first boot and switching to it said.
+    pub model_push: String,
 }
 
 /// Kills the QEMU child on every path out.
@@ -70,14 +72,16 @@ pub(crate) struct Ports {
     pub(crate) ssh: u16,
 }
 
-/// Boots `image` (a stamped copy of it) twice and checks the engine and the provisioning;
-/// `port` is the host side of the engine's forward, the next two HTTPS and plain HTTP.
+/// Boots `image` (a stamped copy of it) three times and checks the engine, the provisioning
+/// and a model pushed (the file `model`) and switched to; `port` is the host side of the
+/// engine's forward, the next two HTTPS and plain HTTP.
 pub fn smoke_test(
     definition: &Definition,
     paths: &Paths,
     image: &Path,
     port: u16,
     timeout: Duration,
+    model: &Path,
 ) -> Result<Report, String> {
     let Prepared {
         dir,
@@ -129,6 +133,8 @@ pub fn smoke_test(
     let completion = text;
     let first = crate::stamped::check_running(&stamped, &https, &plain, HOSTNAME, 1)?;
     let ssh_banner = crate::stamped::check_ssh(&format!("127.0.0.1:{}", ports.ssh))?;
+    // A model pushed over the fleet API and switched to: the next boots run it.
+    let model_push = crate::stamped::push_model(&stamped, &https, model, &dir)?;
     no_failed_units(&serial)?;
     // Growing the data partition runs before the supervisor starts, so it is done by now.
     drop(guest);
@@ -176,6 +182,7 @@ pub fn smoke_test(
         ssh_banner,
         second_boot_to_https,
         usb_to_https,
+        model_push,
     })
 }
 

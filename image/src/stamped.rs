@@ -140,6 +140,55 @@ pub fn check_ssh(address: &str) -> Result<String, String> {
     }
 }
 
+/// The id the QEMU test pushes the image's default model's file under: a model the box does
+/// not have yet, which the engine surely serves.
+pub const PUSHED_MODEL: &str = "smollm2-pushed";
+
+/// Pushes `model` (a GGUF file) to the box at `https` as [`PUSHED_MODEL`], its manifest signed
+/// by the fleet key (written into `dir`), over HTTPS pinned to the certificate the box presents,
+/// then switches to it through the box's health gate; what `appliance fleet model push` and
+/// `use` said. The box must then report the new model.
+pub fn push_model(
+    stamped: &Stamped,
+    https: &str,
+    model: &Path,
+    dir: &Path,
+) -> Result<String, String> {
+    let manifest = weights::author::manifest(model, None, Some(PUSHED_MODEL.into()), None, None)
+        .map_err(|e| e.to_string())?;
+    let text = manifest.to_toml().map_err(|e| e.to_string())?;
+    let path = dir.join(format!("{PUSHED_MODEL}.toml"));
+    let signature =
+        weights::sign::sign(text.as_bytes(), &stamped.fleet_key).map_err(|e| e.to_string())?;
+    std::fs::write(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let sig = weights::install::sig_path(&path);
+    std::fs::write(&sig, signature).map_err(|e| format!("{}: {e}", sig.display()))?;
+    let signed = operator::models::signed(&path, &[model.to_path_buf()])?;
+    let pin = https::request(https, "GET", "/login", None, None, None)
+        .map_err(|e| format!("HTTPS /login: {e}"))?
+        .certificate_sha256;
+    let on = operator::fleet::Connected {
+        name: HOSTNAME.into(),
+        address: https.into(),
+        pin,
+    };
+    let pushed = operator::models::push(&on, &stamped.token, &signed, &|line| eprintln!("{line}"))?;
+    let switched = operator::models::switch(
+        &on,
+        &stamped.token,
+        PUSHED_MODEL,
+        std::time::Duration::from_secs(900),
+    )?;
+    let status = api_status(stamped, https)?;
+    if status.model.id != PUSHED_MODEL || status.model.state != "verified" {
+        return Err(format!(
+            "after the switch the box runs {} ({}), not {PUSHED_MODEL}",
+            status.model.id, status.model.state
+        ));
+    }
+    Ok(format!("{pushed}; {switched}"))
+}
+
 /// What the box says about itself over HTTPS: the provisioning record and the host name.
 pub struct Seen {
     /// `provision.applied_unix`.

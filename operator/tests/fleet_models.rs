@@ -600,3 +600,147 @@ fn a_model_goes_to_every_box_and_back() {
     );
     assert_eq!(models(&south, &token)["fallback"], "tiny-e2b");
 }
+
+/// A power cut after each durable write of a switch (the simulated board ends the daemon at
+/// the Nth write, the engine with it), for every N until a switch runs through: after the
+/// power comes back the box serves one of the two models, the one its selection names, with
+/// no switch left half done.
+#[test]
+fn a_power_cut_after_any_write_of_a_switch_leaves_a_serving_box() {
+    use test_support::tiny::{MODELS, gguf_bytes};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let engine = engine();
+    let fleet = fleet_with(
+        d,
+        &["east"],
+        "",
+        &format!("binary = \"{}\"\ncontext = 512\n", engine.display()),
+    );
+    let token = fleet.token.clone();
+    let [mut east]: [Box_; 1] = fleet.boxes.try_into().unwrap_or_else(|_| panic!("one box"));
+    let root = east.root.to_str().expect("utf8").to_string();
+    // Two small models installed on the box itself.
+    let plain: Vec<_> = MODELS
+        .iter()
+        .filter(|t| t.gemma4.is_none() && t.qwen35.is_none())
+        .take(2)
+        .collect();
+    let ids = ["first", "second"];
+    for (tiny, id) in plain.iter().zip(ids) {
+        let file = d.join(format!("{id}.gguf"));
+        std::fs::write(&file, gguf_bytes(tiny)).expect("model");
+        let file = file.to_str().expect("utf8");
+        let made = supervisor(
+            &[
+                "weights",
+                "manifest",
+                file,
+                "--id",
+                id,
+                "--chunk-size",
+                "65536",
+            ],
+            "",
+        );
+        assert!(made.status.success(), "{}", text(&made.stderr));
+        let manifest = d.join(format!("{id}.toml"));
+        std::fs::write(&manifest, &made.stdout).expect("manifest");
+        let installed = supervisor(
+            &[
+                "--root",
+                &root,
+                "weights",
+                "install",
+                file,
+                "--manifest",
+                manifest.to_str().expect("utf8"),
+            ],
+            "",
+        );
+        assert!(installed.status.success(), "{}", text(&installed.stderr));
+    }
+    let switch_to = |b: &Box_, id: &str| {
+        let body = format!("{{\"id\":\"{id}\"}}");
+        https::request_within(
+            Duration::from_secs(60),
+            &b.https,
+            "POST",
+            "/api/models/use",
+            Some(&token),
+            Some(("application/json", body.as_bytes())),
+            None,
+        )
+    };
+    // Start from a committed switch to the first model.
+    assert_eq!(switch_to(&east, "first").expect("asked").status, 202);
+    wait_status(&east, &token, "first", |s| {
+        s["model"]["id"] == "first" && s["engine"]["state"] == "ready"
+    });
+    // The simulated board's power-cut switch (`board_sim::firmware::POWER_CUT`).
+    let power_cut = east.root.join(".appliance-sim-power-cut");
+    let mut cuts = Vec::new();
+    for cut_at in 1.. {
+        let before = models(&east, &token)["active"]
+            .as_str()
+            .expect("active")
+            .to_string();
+        let other = if before == "first" { "second" } else { "first" };
+        std::fs::write(&power_cut, format!("{cut_at}\n")).expect("arm the power cut");
+        // The request itself may be the write the power goes at.
+        let _ = switch_to(&east, other);
+        let start = Instant::now();
+        let cut = loop {
+            if east
+                .daemon
+                .as_mut()
+                .is_some_and(|d| d.try_wait().ok().flatten().is_some())
+            {
+                break true;
+            }
+            // The daemon may go down between two looks: an unanswered look is no verdict.
+            let m = https::request(&east.https, "GET", "/api/models", Some(&token), None, None)
+                .ok()
+                .and_then(|r| serde_json::from_slice::<Value>(&r.body).ok())
+                .unwrap_or_default();
+            if m["requested"].is_null() && m["switching"].is_null() && m["active"] == other {
+                break false;
+            }
+            assert!(
+                start.elapsed() < test_support::HUNG,
+                "cut {cut_at}: the switch never ended: {m:#}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let _ = std::fs::remove_file(&power_cut);
+        if cut {
+            cuts.push(cut_at);
+            east.stop();
+            east.start();
+        }
+        // Power back (or none cut): the box serves the model its selection names, and no
+        // switch is left half done once it has settled.
+        let status = wait_status(&east, &token, "serving after the cut", |s| {
+            s["engine"]["state"] == "ready"
+                && s["models"]["switching"].is_null()
+                && s["models"]["requested"].is_null()
+                && s["model"]["id"] == s["models"]["active"]
+        });
+        let active = status["models"]["active"].as_str().expect("active");
+        assert!(ids.contains(&active), "cut {cut_at}: {status:#}");
+        if !cut {
+            assert_eq!(active, other, "no cut: the switch committed");
+            break;
+        }
+    }
+    // The request, the switch's start, the engine's states and the commit are writes apart.
+    eprintln!("the power was cut after writes {cuts:?}");
+    assert!(cuts.len() >= 4, "{cuts:?}");
+    // The selection on disk names what runs, and it parses.
+    let selection: Value = serde_json::from_str(
+        &std::fs::read_to_string(east.root.join("var/lib/appliance/model-selection.json"))
+            .expect("selection"),
+    )
+    .expect("json");
+    assert!(selection["switching"].is_null(), "{selection:#}");
+}

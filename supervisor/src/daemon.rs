@@ -202,7 +202,7 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
 
     let reports = tune::apply(board, &steps, &applier, false).await;
     publish_pass(board, &reports).await;
-    match blocking(board, config, models::selection::recover).await {
+    match blocking(board, config, models::on_start).await {
         Ok(Some(message)) => tracing::warn!("model switch: {message}"),
         Ok(None) => {}
         Err(e) => tracing::error!("model switch: {e}"),

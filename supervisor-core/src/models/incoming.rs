@@ -142,7 +142,7 @@ fn check_replaceable(board: &Board, config: &Config, manifest: &Manifest) -> Res
     let Some(vdir) = installed else {
         return Ok(());
     };
-    let same = std::fs::read_to_string(vdir.join(MANIFEST))
+    let same = Manifest::read_text(&vdir.join(MANIFEST))
         .ok()
         .and_then(|t| Manifest::parse(&t, "installed").ok())
         .is_some_and(|m| m.sha256 == manifest.sha256);
@@ -254,12 +254,25 @@ fn progress_bytes(progress: &Progress) -> Result<Vec<u8>, PushError> {
 
 /// The progress of the push in `dir` when it is of exactly this manifest and signature.
 fn resumable(dir: &Path, push: &Push) -> Option<Progress> {
-    let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
-    let signature = std::fs::read_to_string(dir.join(SIGNATURE)).ok()?;
+    let text = read_small(&dir.join(MANIFEST), weights::manifest::MAX_MANIFEST_BYTES)?;
+    let signature = read_small(&dir.join(SIGNATURE), 4096)?;
     if text != push.manifest || signature != push.signature {
         return None;
     }
-    serde_json::from_slice(&std::fs::read(dir.join(PROGRESS)).ok()?).ok()
+    read_progress(dir)
+}
+
+/// At most `limit` bytes of the regular file `path` as text (`None`: missing, larger, not a
+/// regular file, not UTF-8). Every file of a push is read so: the data partition is writable.
+fn read_small(path: &Path, limit: u64) -> Option<String> {
+    let bytes = durable::read_bounded(path, limit, durable::Links::Refuse).ok()?;
+    String::from_utf8(bytes).ok()
+}
+
+/// The progress recorded in the push folder `dir` (a 64 MiB chunk of a 1 TB model is 15 625
+/// indices: well under the bound).
+fn read_progress(dir: &Path) -> Option<Progress> {
+    serde_json::from_str(&read_small(&dir.join(PROGRESS), 4 << 20)?).ok()
 }
 
 /// Refuses `still` more bytes on the data partition unless `[model] keep_free_mib` stay free.
@@ -325,12 +338,9 @@ fn load(board: &Board, config: &Config, id: &str) -> Result<(Approval, Progress)
             PushError::Internal(format!("the push of {id} is damaged: {e}"))
         }
     })?;
-    let progress = std::fs::read(dir.join(PROGRESS))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| {
-            PushError::Internal(format!("the progress of the push of {id} is damaged"))
-        })?;
+    let progress = read_progress(&dir).ok_or_else(|| {
+        PushError::Internal(format!("the progress of the push of {id} is damaged"))
+    })?;
     Ok((approval, progress))
 }
 

@@ -48,3 +48,33 @@ impl std::fmt::Display for PushError {
         }
     }
 }
+
+/// At the daemon's start: a switch cut off by a crash or power cut is rolled back
+/// ([`selection::recover`]), and what an interrupted removal or push start left behind goes;
+/// what was done, if anything.
+pub fn on_start(
+    board: &crate::board::Board,
+    config: &crate::config::Config,
+) -> Result<Option<String>, String> {
+    let data = crate::model::data_dir(board, config);
+    let leftovers = [data.clone(), data.join("incoming")]
+        .into_iter()
+        .flat_map(|dir| {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    name.starts_with(".removing-") || name.starts_with(".new-")
+                })
+                .map(|e| e.path())
+        });
+    for leftover in leftovers.collect::<Vec<_>>() {
+        if let Err(e) = std::fs::remove_dir_all(&leftover) {
+            tracing::warn!("removing {}: {e}", leftover.display());
+        }
+    }
+    selection::recover(board, config)
+}

@@ -64,7 +64,8 @@ pub fn read(board: &Board, config: &Config) -> Result<Selection, String> {
     }
 }
 
-/// Changes the selection under its lock: `change` sees the current one and may refuse.
+/// Changes the selection under its lock: `change` sees the current one and may refuse. The
+/// file is written only when `change` changed something.
 pub fn update<T>(
     board: &Board,
     config: &Config,
@@ -76,10 +77,14 @@ pub fn update<T>(
     let _lock = board
         .lock(&format!("{}.lock", path(config)))
         .map_err(|e| e.to_string())?;
-    let mut selection = read(board, config)?;
+    let before = read(board, config)?;
+    let mut selection = before.clone();
     let answer = change(&mut selection)?;
     let extra = selection.history.len().saturating_sub(HISTORY);
     selection.history.drain(..extra);
+    if selection == before {
+        return Ok(answer);
+    }
     let text = serde_json::to_vec_pretty(&selection).map_err(|e| e.to_string())?;
     board
         .replace_file(&path(config), &text)
@@ -168,8 +173,12 @@ pub fn recover(board: &Board, config: &Config) -> Result<Option<String>, String>
     })
 }
 
-/// Takes the waiting request up: it becomes the switch under way, replacing `from`.
+/// Takes the waiting request up: it becomes the switch under way, replacing `from`. (The
+/// daemon asks every second: without a request this only reads.)
 pub fn start(board: &Board, config: &Config, from: &str) -> Result<Option<Switching>, String> {
+    if read(board, config)?.requested.is_none() {
+        return Ok(None);
+    }
     update(board, config, |selection| {
         if selection.switching.is_some() {
             return Ok(None);
@@ -184,4 +193,88 @@ pub fn start(board: &Board, config: &Config, from: &str) -> Result<Option<Switch
         selection.switching = Some(switching.clone());
         Ok(Some(switching))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board() -> (tempfile::TempDir, Board, Config) {
+        let dir = tempfile::tempdir().expect("dir");
+        board_sim::init(dir.path(), board_sim::Variant::Pi5_8gb).expect("sim");
+        let board = board_sim::open(dir.path()).expect("board");
+        (dir, board, Config::default())
+    }
+
+    #[test]
+    fn only_a_commit_changes_the_active_model_and_a_switch_cut_off_is_rolled_back() {
+        let (_dir, board, config) = board();
+        assert_eq!(read(&board, &config).expect("read"), Selection::default());
+        let first = request(&board, &config, "b").expect("asked");
+        let busy = request(&board, &config, "c").expect_err("one at a time");
+        assert!(busy.contains("already under way"), "{busy}");
+        let switching = start(&board, &config, "a")
+            .expect("start")
+            .expect("a request");
+        assert_eq!(switching.request.request, first);
+        assert_eq!(read(&board, &config).expect("read").active, None);
+        // The box went down here: the next start rolls it back; `a` still runs.
+        let said = recover(&board, &config)
+            .expect("recover")
+            .expect("something done");
+        assert!(said.contains("back on a"), "{said}");
+        let s = read(&board, &config).expect("read");
+        assert_eq!((s.active.as_deref(), s.switching.as_ref()), (None, None));
+        assert_eq!(
+            s.history.last().map(|h| h.result.as_str()),
+            Some(ROLLED_BACK)
+        );
+        // A switch that commits makes its model the active one and the one before the fallback.
+        let second = request(&board, &config, "b").expect("asked");
+        assert!(second > first);
+        let switching = start(&board, &config, "a")
+            .expect("start")
+            .expect("a request");
+        update(&board, &config, |s| {
+            s.finish(&switching, COMMITTED, "serving".into(), 1);
+            Ok(())
+        })
+        .expect("commit");
+        let s = read(&board, &config).expect("read");
+        assert_eq!(s.active.as_deref(), Some("b"));
+        assert_eq!(s.fallback.as_deref(), Some("a"));
+        assert_eq!(recover(&board, &config).expect("recover"), None);
+    }
+
+    #[test]
+    fn looking_for_a_request_writes_nothing() {
+        let (dir, board, config) = board();
+        let file = dir.path().join("var/lib/appliance").join(FILE);
+        assert_eq!(start(&board, &config, "a").expect("start"), None);
+        assert!(!file.exists(), "no request, no file");
+        request(&board, &config, "b").expect("asked");
+        start(&board, &config, "a")
+            .expect("start")
+            .expect("taken up");
+        let stamp = |f: &std::path::Path| {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::metadata(f).expect("file");
+            (m.ino(), m.mtime(), m.mtime_nsec())
+        };
+        let written = stamp(&file);
+        // The daemon's look every second, and an update that changes nothing, only read.
+        assert_eq!(start(&board, &config, "a").expect("again"), None);
+        update(&board, &config, |_| Ok(())).expect("no change");
+        assert_eq!(stamp(&file), written);
+    }
+
+    #[test]
+    fn a_damaged_selection_is_refused_with_how_to_fix_it() {
+        let (dir, board, config) = board();
+        let file = dir.path().join("var/lib/appliance").join(FILE);
+        std::fs::create_dir_all(file.parent().expect("dir")).expect("dir");
+        std::fs::write(&file, "{ not json").expect("damage");
+        let e = read(&board, &config).expect_err("refused");
+        assert!(e.contains("damaged") && e.contains("remove it"), "{e}");
+    }
 }
