@@ -818,11 +818,16 @@ impl Config {
         Ok(config)
     }
 
-    /// The configuration a board runs with: `--config FILE` alone when given; otherwise the
-    /// system file (if present), then what fleet provisioning applied (dashboard password, API
-    /// tokens, model, overclock), then the boot partition's `appliance.toml` override (if
-    /// present), each later one winning key by key.
-    pub fn for_board(board: &Board, explicit: Option<&Path>) -> Result<Config, ConfigError> {
+    /// The configuration the files give a board: `--config FILE` alone when given; otherwise
+    /// the system file (if present), then what fleet provisioning applied (dashboard password,
+    /// API tokens, model, overclock; its fleet key trusted for models), then the boot
+    /// partition's `appliance.toml` override (if present), each later one winning key by key.
+    /// What the board runs with is this and the model it switched to:
+    /// `models::selection::config_for_board`.
+    pub(crate) fn from_board_files(
+        board: &Board,
+        explicit: Option<&Path>,
+    ) -> Result<Config, ConfigError> {
         if let Some(file) = explicit {
             return Self::from_file(file);
         }
@@ -853,16 +858,6 @@ impl Config {
             if !config.model.trusted_keys.contains(&key) {
                 config.model.trusted_keys.push(key);
             }
-        }
-        // A switch the box committed (`supervisor model use`, a push's `use`) names the model
-        // it runs, over the files' `[model] id`.
-        let selection =
-            crate::models::selection::read(board, &config).map_err(|message| ConfigError {
-                file: board.path(&config.model.data_dir),
-                message,
-            })?;
-        if let Some(active) = selection.active {
-            config.model.id = active;
         }
         Ok(config)
     }

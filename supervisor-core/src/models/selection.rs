@@ -92,6 +92,24 @@ pub fn update<T>(
     Ok(answer)
 }
 
+/// The configuration a board runs with: its files' ([`Config::from_board_files`]), with the
+/// model the box committed a switch to (`supervisor model use`, a fleet's `use`) over their
+/// `[model] id`.
+pub fn config_for_board(
+    board: &Board,
+    explicit: Option<&std::path::Path>,
+) -> Result<Config, crate::config::ConfigError> {
+    let mut config = Config::from_board_files(board, explicit)?;
+    let selection = read(board, &config).map_err(|message| crate::config::ConfigError {
+        file: board.path(&config.model.data_dir),
+        message,
+    })?;
+    if let Some(active) = selection.active {
+        config.model.id = active;
+    }
+    Ok(config)
+}
+
 impl Selection {
     /// The model the engine runs, given the configured one.
     pub fn active_or<'a>(&'a self, configured: &'a str) -> &'a str {

@@ -17,7 +17,7 @@
 //!    is in the record (`/var/lib/appliance/provision.json`) with what was applied and when.
 //!
 //! The supervisor's own settings from provisioning (dashboard password, API tokens, model,
-//! overclock) are read by [`crate::config::Config::for_board`] from the committed file.
+//! overclock) are read by [`crate::config::Config::from_board_files`] from the committed file.
 
 pub mod identity;
 pub mod runtime;
@@ -494,7 +494,7 @@ mod tests {
             .replace_file(&format!("{boot}/{PROVISION_FILE}"), file.as_bytes())
             .expect("stamp");
         assert_eq!(
-            Config::for_board(&board, None).expect("config"),
+            Config::from_board_files(&board, None).expect("config"),
             Config::default()
         );
 
@@ -504,7 +504,7 @@ mod tests {
                 .outcome,
             Outcome::Applied
         );
-        let config = Config::for_board(&board, None).expect("config");
+        let config = Config::from_board_files(&board, None).expect("config");
         assert_eq!(config.dashboard.password_hash.as_str(), hash);
         assert_eq!(config.dashboard.api_token_sha256.len(), 1);
         assert_eq!(config.dashboard.api_token_sha256[0].as_str(), digest);
@@ -517,7 +517,7 @@ mod tests {
                 b"[overclock]\nenabled = false\n",
             )
             .expect("override");
-        let config = Config::for_board(&board, None).expect("config");
+        let config = Config::from_board_files(&board, None).expect("config");
         assert!(!config.overclock.enabled, "the boot override wins");
         assert_eq!(
             config.dashboard.password_hash.as_str(),

@@ -47,7 +47,8 @@ pub fn open_board(root: &Path) -> BoardResult<Board> {
 /// The board and its configuration, or the bad-input exit having said why.
 pub fn load(root: &Path, config: Option<&Path>) -> Result<(Board, Config), ExitCode> {
     let board = open_board(root).map_err(bad_input)?;
-    let config = Config::for_board(&board, config).map_err(bad_input)?;
+    let config =
+        supervisor_core::models::selection::config_for_board(&board, config).map_err(bad_input)?;
     Ok((board, config))
 }
 
