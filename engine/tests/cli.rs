@@ -300,3 +300,66 @@ fn a_model_that_cannot_fit_the_memory_limit_is_refused_with_what_would_fit() {
         "{message}"
     );
 }
+
+/// `engine fit` (what `appliance model manifest` asks): the model loads, and the longest
+/// context each board size holds is the one `generate` itself accepts under that limit.
+#[test]
+fn fit_reports_the_context_each_board_size_holds() {
+    let model = smollm2();
+    let m = model.to_str().expect("utf8");
+    // A "1 GB" board keeping 824 MiB for the system leaves the engine 200 MiB.
+    let report = json(&engine(&[
+        "fit",
+        "-m",
+        m,
+        "-c",
+        "8192",
+        "--cache-mib",
+        "0",
+        "--boards",
+        "1,16",
+        "--reserve-mib",
+        "824",
+    ]));
+    assert_eq!(report["trained_context"], 8192, "{report:#}");
+    let (small, big) = (&report["boards"][0], &report["boards"][1]);
+    assert_eq!(small["limit_bytes"], 200u64 << 20, "{report:#}");
+    assert_eq!(small["fits"], false, "{report:#}");
+    assert_eq!(
+        (big["fits"].clone(), big["max_context"].clone()),
+        (true.into(), 8192.into())
+    );
+    let most = small["max_context"].as_u64().expect("max_context");
+    assert!((1000..8192).contains(&most), "{report:#}");
+    let generate = |ctx: u64| {
+        engine(&[
+            "generate",
+            "-m",
+            m,
+            "-p",
+            "Hi",
+            "-n",
+            "1",
+            "--temp",
+            "0",
+            "-c",
+            &ctx.to_string(),
+            "--memory-limit",
+            "200",
+            "--json",
+        ])
+    };
+    assert!(generate(most).status.success(), "the reported context fits");
+    assert!(
+        !generate(most + 1).status.success(),
+        "one more token does not"
+    );
+    // A file that is no model: no report, one line saying why.
+    let dir = tempfile::tempdir().expect("dir");
+    let junk = dir.path().join("junk.gguf");
+    std::fs::write(&junk, b"GGUF not a model").expect("junk");
+    let out = engine(&["fit", "-m", junk.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}
