@@ -1,12 +1,14 @@
 //! The boot smoke test: the built image on QEMU's `virt` machine (Cortex-A76, its own kernel and
-//! initramfs), a copy grown by 512 MiB so first boot has room to grow the data partition, and
-//! stamped for one box ([`crate::stamped`]). PID 1 logs to the serial console (its status lines
+//! initramfs), a copy grown by 2 GiB so first boot has room to grow the data partition (and a
+//! pushed model room beside `[model] keep_free_mib`), and stamped for one box
+//! ([`crate::stamped`]). PID 1 logs to the serial console (its status lines
 //! stop once a getty owns it): that is how the test sees multi-user.target (which waits for the
 //! supervisor's READY) and that no unit failed. It passes when the engine the supervisor
 //! launched answers a completion through a port forwarded to 127.0.0.1, the data partition
 //! filled the disk, the box took its stamped identity (host name, HTTPS login, API token, plain
-//! HTTP redirected), the boot partition kept none of the stamped secrets, and a second boot
-//! applied nothing again. Only the QEMU process it started is ever stopped.
+//! HTTP redirected), a model pushed over the fleet API was switched to, the boot partition kept
+//! none of the stamped secrets, and a second boot applied nothing again. Only the QEMU process
+//! it started is ever stopped.
 
 use std::io::Read;
 use std::path::Path;
@@ -186,8 +188,8 @@ pub fn smoke_test(
     })
 }
 
-/// A test's working copy of the image: in `out/<name>/`, grown by 512 MiB (first boot grows the
-/// data partition into it), stamped for one box, with the host ports forwarded to it.
+/// A test's working copy of the image: in `out/<name>/`, grown by 2 GiB (first boot grows the
+/// data partition into it; a pushed model needs room beside the 1 GiB a push leaves free), stamped for one box, with the host ports forwarded to it.
 pub(crate) struct Prepared {
     pub(crate) dir: std::path::PathBuf,
     pub(crate) disk: std::path::PathBuf,
@@ -208,7 +210,7 @@ pub(crate) fn prepare(
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let disk = dir.join("disk.img");
     run("cp", args!["--sparse=always", image, &disk])?;
-    let grown = std::fs::metadata(&disk).map_err(|e| e.to_string())?.len() + (512 << 20);
+    let grown = std::fs::metadata(&disk).map_err(|e| e.to_string())?.len() + (2 << 30);
     std::fs::OpenOptions::new()
         .write(true)
         .open(&disk)
