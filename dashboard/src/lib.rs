@@ -93,6 +93,9 @@ pub struct App {
     updates: watch::Sender<Arc<String>>,
     /// Update bundles uploaded, and the install under way.
     uploads: Arc<update::Uploads>,
+    /// Model chunks received at once: each is held in memory while it is checked, beside the
+    /// engine's model.
+    chunk_uploads: tokio::sync::Semaphore,
 }
 
 impl App {
@@ -180,6 +183,7 @@ pub fn start(sources: Sources) -> Handle {
         sessions: auth::Sessions::default(),
         limiter: auth::LoginLimiter::default(),
         uploads: Arc::default(),
+        chunk_uploads: tokio::sync::Semaphore::new(models::CHUNKS_AT_ONCE),
         verifying: tokio::sync::Semaphore::new(2),
         updates: watch::channel(Arc::new(String::new())).0,
     });

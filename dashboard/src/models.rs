@@ -32,6 +32,9 @@ pub const MAX_PUSH: u64 = 2 * weights::manifest::MAX_MANIFEST_BYTES + 64 * 1024;
 pub const MAX_CHUNK: u64 = incoming::MAX_CHUNK;
 /// Time for one chunk to arrive (64 MiB at about 110 kB/s: the slowest Wi-Fi worth trying).
 pub const CHUNK_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// Chunks read into memory at once, whoever sends them (a client keeps three in flight): at
+/// most 256 MiB beside the engine's model.
+pub const CHUNKS_AT_ONCE: usize = 4;
 
 impl From<PushError> for DashError {
     fn from(e: PushError) -> DashError {
@@ -79,12 +82,26 @@ pub async fn push(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, 
     Ok(Json(incoming).into_response())
 }
 
-/// `PUT /api/models/incoming/ID/PART/INDEX`: one chunk, as the raw body.
+/// `PUT /api/models/incoming/ID/PART/INDEX`: one chunk, as the raw body, read only once one of
+/// [`CHUNKS_AT_ONCE`] places is free.
 pub async fn chunk(
     State(app): State<Arc<App>>,
     Path((id, part, index)): Path<(String, String, u64)>,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, DashError> {
+    let _place = app
+        .chunk_uploads
+        .acquire()
+        .await
+        .map_err(|e| DashError::Internal(format!("the chunk uploads' limit: {e}")))?;
+    let body = axum::body::to_bytes(body, MAX_CHUNK as usize)
+        .await
+        .map_err(|e| {
+            DashError::Refused(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("a chunk is at most {MAX_CHUNK} bytes, and arrives whole: {e}"),
+            )
+        })?;
     let incoming = off_thread(&app, move |b, c| {
         incoming::put_chunk(b, c, &id, &part, index, &body)
     })

@@ -253,10 +253,7 @@ pub fn push(
                 (slot, part.clone(), index)
             })
             .collect();
-        let still: u64 = missing
-            .iter()
-            .map(|(_, p, i)| (p.size - i * p.chunk_size).min(p.chunk_size))
-            .sum();
+        let still: u64 = missing.iter().map(|(_, p, i)| chunk_length(p, *i)).sum();
         if still < total {
             say(&format!(
                 "{name}: resuming: {} of {} MiB still to send",
@@ -264,13 +261,14 @@ pub fn push(
                 total >> 20
             ));
         }
+        // The box's answer names the parts; the URL takes the local manifest's id.
         sent += send_all(
             to,
             token,
             model,
-            &state.id,
+            &model.manifest.id,
             missing,
-            total - still,
+            total.saturating_sub(still),
             total,
             say,
         )?;
@@ -359,8 +357,8 @@ fn send_one(
         .files
         .get(slot)
         .ok_or_else(|| format!("{}: no file for part {}", to.name, part.part))?;
-    let offset = index * part.chunk_size;
-    let length = (part.size - offset).min(part.chunk_size);
+    let offset = index.saturating_mul(part.chunk_size);
+    let length = chunk_length(part, index);
     let bytes = read_at(file, offset, length)?;
     let hashes = match slot {
         0 => Some(&model.manifest.chunks),
@@ -401,6 +399,13 @@ fn send_one(
             }
         }
     }
+}
+
+/// The length of chunk `index` of `part` (0 past its end; the values are the box's).
+fn chunk_length(part: &Part, index: u64) -> u64 {
+    part.size
+        .saturating_sub(index.saturating_mul(part.chunk_size))
+        .min(part.chunk_size)
 }
 
 /// `length` bytes of `file` from `offset`.
@@ -489,11 +494,7 @@ pub fn lines(name: &str, models: &Models) -> String {
             Some(t) => format!("verified at {t}"),
             None => "not verified yet".into(),
         });
-        let signer = if m.signed_by.len() > 16 {
-            &m.signed_by[..16]
-        } else {
-            &m.signed_by
-        };
+        let signer: String = m.signed_by.chars().take(16).collect();
         out.push_str(&format!(
             "{name:16} {mark} {:32} {:>8} MiB  {}  signed {signer}  {state}\n",
             m.id,

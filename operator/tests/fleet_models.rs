@@ -50,6 +50,21 @@ fn ask(
     .expect("an answer")
 }
 
+/// `appliance model sign MANIFEST --key KEY`, which must succeed.
+fn sign(manifest: &Path, key: &Path) {
+    let out = appliance(
+        &[
+            "model",
+            "sign",
+            manifest.to_str().expect("utf8"),
+            "--key",
+            key.to_str().expect("utf8"),
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 fn json(response: &https::Response) -> Value {
     serde_json::from_slice(&response.body)
         .unwrap_or_else(|e| panic!("{e}: {}", text(&response.body)))
@@ -156,34 +171,14 @@ fn a_model_goes_to_every_box_and_back() {
         written.contains("[[fits]]") && written.contains("[draft]"),
         "{written}"
     );
-    let signed = appliance(
-        &[
-            "model",
-            "sign",
-            &path(&manifest),
-            "--key",
-            &path(&fleet_key),
-        ],
-        "",
-    );
-    assert!(signed.status.success(), "{}", text(&signed.stderr));
+    sign(&manifest, &fleet_key);
     let signature = std::fs::read_to_string(d.join("e2b.toml.sig")).expect("sig");
 
     // Refused before anything is stored: no signature, a stranger's, a read token.
     let (stranger_key, _) = keygen(d, "stranger-key");
     let stranger = d.join("stranger.toml");
     std::fs::copy(&manifest, &stranger).expect("copy");
-    let resigned = appliance(
-        &[
-            "model",
-            "sign",
-            &path(&stranger),
-            "--key",
-            &path(&stranger_key),
-        ],
-        "",
-    );
-    assert!(resigned.status.success());
+    sign(&stranger, &stranger_key);
     let stranger_sig = std::fs::read_to_string(d.join("stranger.toml.sig")).expect("sig");
     for (sig, why) in [
         ("", "malformed signature"),
@@ -409,20 +404,7 @@ fn a_model_goes_to_every_box_and_back() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     std::fs::write(&broken_manifest, &out.stdout).expect("manifest");
-    assert!(
-        appliance(
-            &[
-                "model",
-                "sign",
-                &path(&broken_manifest),
-                "--key",
-                &path(&fleet_key)
-            ],
-            ""
-        )
-        .status
-        .success()
-    );
+    sign(&broken_manifest, &fleet_key);
     let pushed = reach(
         &["fleet", "model", "push"],
         &["--all", &path(&broken_manifest), &path(&junk)],
@@ -473,14 +455,7 @@ fn a_model_goes_to_every_box_and_back() {
         ),
     )
     .expect("huge");
-    assert!(
-        appliance(
-            &["model", "sign", &path(&huge), "--key", &path(&fleet_key)],
-            ""
-        )
-        .status
-        .success()
-    );
+    sign(&huge, &fleet_key);
     let pushed = reach(
         &["fleet", "model", "push"],
         &["--box", "north", &path(&huge), &path(&junk)],
@@ -561,20 +536,7 @@ fn a_model_goes_to_every_box_and_back() {
         "",
     );
     assert!(made.status.success(), "{}", text(&made.stderr));
-    assert!(
-        appliance(
-            &[
-                "model",
-                "sign",
-                &path(&on_stick),
-                "--key",
-                &path(&fleet_key)
-            ],
-            ""
-        )
-        .status
-        .success()
-    );
+    sign(&on_stick, &fleet_key);
     let root = path(&south.root);
     let from_stick = supervisor(
         &["--root", &root, "model", "install-stick", "/media/stick"],
@@ -599,6 +561,22 @@ fn a_model_goes_to_every_box_and_back() {
         text(&again.stdout)
     );
     assert_eq!(models(&south, &token)["fallback"], "tiny-e2b");
+    // Another version of the model that runs (here: other engine settings) does not go in
+    // under it: what runs changes only through a switch.
+    let text_now = std::fs::read_to_string(&on_stick).expect("manifest");
+    assert!(text_now.contains("threads = 4"), "{text_now}");
+    std::fs::write(&on_stick, text_now.replace("threads = 4", "threads = 2")).expect("edit");
+    sign(&on_stick, &fleet_key);
+    let over = supervisor(
+        &["--root", &root, "model", "install-stick", "/media/stick"],
+        "",
+    );
+    assert_eq!(over.status.code(), Some(1), "{}", text(&over.stdout));
+    assert!(
+        text(&over.stderr).contains("installed in another version"),
+        "{}",
+        text(&over.stderr)
+    );
 }
 
 /// A power cut after each durable write of a switch (the simulated board ends the daemon at

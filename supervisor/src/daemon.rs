@@ -275,12 +275,13 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
                     tracing::warn!("recording the time on the data partition: {e}");
                 }
             }
-            _ = reverify_tick.tick(), if reverify > 0 && pass.is_none() => {
+            // Not while a switch runs: a verdict on the model before would reach the new one.
+            _ = reverify_tick.tick(), if reverify > 0 && pass.is_none() && switch.is_none() => {
                 pass = Some(Box::pin(reverify_pass(board, live.clone(), &steps, &applier, &tuned, &engine)));
             }
             // A switch asked for (the dashboard or `supervisor model use` wrote it), taken up
-            // when no other switch and no update trial is under way.
-            _ = switch_tick.tick(), if switch.is_none() && trial_check.is_none() => {
+            // when no other switch, no update trial and no re-verification is under way.
+            _ = switch_tick.tick(), if switch.is_none() && trial_check.is_none() && pass.is_none() => {
                 let (b, c, from) = (board.clone(), live.clone(), live.model.id.clone());
                 let started = tokio::task::spawn_blocking(move || models::selection::start(&b, &c, &from))
                     .await

@@ -61,7 +61,7 @@ impl Report {
 /// reports a little less than its nominal size, so within 10% of it counts as that size).
 pub fn for_board(fits: &[BoardFit], memory_bytes: u64) -> Option<BoardFit> {
     fits.iter()
-        .filter(|f| f.memory_gib.saturating_mul(1 << 30) * 9 / 10 <= memory_bytes)
+        .filter(|f| f.memory_gib.saturating_mul(9 << 30) / 10 <= memory_bytes)
         .max_by_key(|f| f.memory_gib)
         .copied()
 }

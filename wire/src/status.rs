@@ -46,8 +46,8 @@ pub struct Status {
     #[serde(default)]
     pub clock: Option<Clock>,
     /// The models on the box (since 1.2): installed, active and fallback, pushes under way,
-    /// past switches.
-    #[serde(default)]
+    /// past switches. Absent from an older box's document, and written only when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub models: Option<crate::models::Models>,
 }
 

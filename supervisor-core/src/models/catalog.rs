@@ -67,37 +67,41 @@ pub fn remove(board: &Board, config: &Config, id: &str) -> Result<String, PushEr
             "{id:?} is not a model id (1-64 characters of a-z, 0-9, '.', '_' or '-')"
         )));
     }
-    let selection = selection::read(board, config).map_err(PushError::Internal)?;
-    let active = selection.active_or(&config.model.id);
-    let why = if id == active {
-        Some("it is the active model")
-    } else if selection.fallback.as_deref() == Some(id) {
-        Some("it is the fallback model (the one a failed switch goes back to)")
-    } else if selection.requested.as_ref().is_some_and(|r| r.to == id)
-        || selection
-            .switching
-            .as_ref()
-            .is_some_and(|s| s.request.to == id)
-    {
-        Some("a switch to it is under way")
-    } else {
-        None
-    };
-    if let Some(why) = why {
-        return Err(PushError::Conflict(format!(
-            "model {id} is not removed: {why}; switch to another model first (`use`)"
-        )));
-    }
-    let cancelled = incoming::cancel(board, config, id)?;
-    let data = crate::model::data_dir(board, config);
-    match install::remove(&data, id) {
-        Ok(()) => Ok(format!("model {id} removed")),
-        Err(e) if e.kind == weights::ErrorKind::NotInstalled && cancelled => {
-            Ok(format!("the push of model {id} was dropped"))
+    // Decided and done under the selection's lock: no switch to it is asked for meanwhile.
+    selection::update(board, config, |selection| {
+        let active = selection.active_or(&config.model.id);
+        let why = if id == active {
+            Some("it is the active model")
+        } else if selection.fallback.as_deref() == Some(id) {
+            Some("it is the fallback model (the one a failed switch goes back to)")
+        } else if selection.requested.as_ref().is_some_and(|r| r.to == id)
+            || selection
+                .switching
+                .as_ref()
+                .is_some_and(|s| s.request.to == id)
+        {
+            Some("a switch to it is under way")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(PushError::Conflict(format!(
+                "model {id} is not removed: {why}; switch to another model first (`use`)"
+            )));
         }
-        Err(e) if e.kind == weights::ErrorKind::NotInstalled => Err(PushError::NotFound(e.message)),
-        Err(e) => Err(PushError::Internal(e.message)),
-    }
+        let cancelled = incoming::cancel(board, config, id)?;
+        let data = crate::model::data_dir(board, config);
+        match install::remove(&data, id) {
+            Ok(()) => Ok(format!("model {id} removed")),
+            Err(e) if e.kind == weights::ErrorKind::NotInstalled && cancelled => {
+                Ok(format!("the push of model {id} was dropped"))
+            }
+            Err(e) if e.kind == weights::ErrorKind::NotInstalled => {
+                Err(PushError::NotFound(e.message))
+            }
+            Err(e) => Err(PushError::Internal(e.message)),
+        }
+    })
 }
 
 /// What asking for a switch came to.
@@ -111,25 +115,29 @@ pub enum Asked {
 
 /// Asks for a switch to the installed model `id`.
 pub fn ask_switch(board: &Board, config: &Config, id: &str) -> Result<Asked, PushError> {
-    let data = crate::model::data_dir(board, config);
-    let ids = install::installed_ids(&data).map_err(|e| PushError::Internal(e.message))?;
-    if !ids.iter().any(|i| i == id) {
-        return Err(PushError::NotFound(format!(
-            "model {id:?} is not installed on this box (installed: {}); push it first",
-            ids.join(", ")
-        )));
-    }
-    check_fit(board, config, id)?;
-    let selection = selection::read(board, config).map_err(PushError::Internal)?;
-    if selection.active_or(&config.model.id) == id
-        && selection.switching.is_none()
-        && selection.requested.is_none()
-    {
-        return Ok(Asked::AlreadyActive);
-    }
-    selection::request(board, config, id)
-        .map(Asked::Queued)
-        .map_err(PushError::Conflict)
+    let now = board.now_unix();
+    // Checked and asked under the selection's lock: the model cannot be removed meanwhile.
+    selection::update(board, config, |selection| {
+        let data = crate::model::data_dir(board, config);
+        let ids = install::installed_ids(&data).map_err(|e| PushError::Internal(e.message))?;
+        if !ids.iter().any(|i| i == id) {
+            return Err(PushError::NotFound(format!(
+                "model {id:?} is not installed on this box (installed: {}); push it first",
+                ids.join(", ")
+            )));
+        }
+        check_fit(board, config, id)?;
+        if selection.active_or(&config.model.id) == id
+            && selection.switching.is_none()
+            && selection.requested.is_none()
+        {
+            return Ok(Asked::AlreadyActive);
+        }
+        selection
+            .ask(id, now)
+            .map(Asked::Queued)
+            .map_err(PushError::Conflict)
+    })
 }
 
 /// Refuses a switch to a model whose manifest says it does not fit this board's memory at the
@@ -146,9 +154,17 @@ fn check_fit(board: &Board, config: &Config, id: &str) -> Result<(), PushError> 
     if manifest.fits.is_empty() {
         return Ok(());
     }
-    let context = match config.engine.context.get() {
-        0 => u64::from(manifest.engine.context),
-        n => (n as u64).min(u64::from(manifest.engine.context)),
+    let allowed = u64::from(manifest.engine.context);
+    let context = match config.engine.context.get() as u64 {
+        0 => allowed,
+        n if n > allowed => {
+            // The launch would refuse it: refused now, before anything stops.
+            return Err(PushError::Conflict(format!(
+                "[engine] context = {n} is more than the {allowed} tokens model {id}'s manifest \
+                 allows; lower it, or set 0 to take the manifest's, then switch again"
+            )));
+        }
+        n => n,
     };
     let most = weights::fit::for_board(&manifest.fits, memory).map_or(0, |f| f.max_context);
     if most >= context {

@@ -135,21 +135,24 @@ fn lock(board: &Board, config: &Config) -> Result<nix::fcntl::Flock<std::fs::Fil
         .map_err(|e| io("locking the incoming models", e))
 }
 
-/// Whether `id` may be replaced by another version of it: not while it runs or is the way
-/// back, since a switch must go through the health gate.
-fn check_replaceable(board: &Board, config: &Config, manifest: &Manifest) -> Result<(), PushError> {
+/// Whether model `text` (a manifest) may be installed: not over another version of the model
+/// the box runs or would go back to (weights, engine settings or anything else of its
+/// manifest), since what runs changes only through a switch's health gate. The caller holds
+/// the selection's lock when it then installs ([`selection::update`]).
+pub(super) fn check_replaceable(
+    board: &Board,
+    config: &Config,
+    manifest: &Manifest,
+    text: &str,
+    selection: &selection::Selection,
+) -> Result<(), PushError> {
     let installed = weights::install::current_dir(&data_dir(board, config), &manifest.id).ok();
     let Some(vdir) = installed else {
         return Ok(());
     };
-    let same = Manifest::read_text(&vdir.join(MANIFEST))
-        .ok()
-        .and_then(|t| Manifest::parse(&t, "installed").ok())
-        .is_some_and(|m| m.sha256 == manifest.sha256);
-    if same {
+    if Manifest::read_text(&vdir.join(MANIFEST)).is_ok_and(|t| t == text) {
         return Ok(());
     }
-    let selection = selection::read(board, config).map_err(PushError::Internal)?;
     let in_use = selection.active_or(&config.model.id) == manifest.id
         || selection.fallback.as_deref() == Some(manifest.id.as_str());
     if in_use {
@@ -197,7 +200,8 @@ pub fn begin(board: &Board, config: &Config, push: &Push) -> Result<Incoming, Pu
     if installed.is_ok_and(|(it, _)| it.text == push.manifest) {
         return Ok(describe(manifest, &Progress::default(), true));
     }
-    check_replaceable(board, config, manifest)?;
+    let current = selection::read(board, config).map_err(PushError::Internal)?;
+    check_replaceable(board, config, manifest, &push.manifest, &current)?;
     let _lock = lock(board, config)?;
     let dir = incoming_dir(board, config).join(&manifest.id);
     if let Some(progress) = resumable(&dir, push) {
@@ -416,7 +420,15 @@ pub fn put_chunk(
     write_chunk(&dir.join(FILES).join(file), start, bytes)?;
     let _lock = lock(board, config)?;
     let mut progress = match load(board, config, id) {
-        Ok((_, progress)) => progress,
+        Ok((now, progress)) if now.text == approval.text => progress,
+        // Another version's push replaced this one while the chunk was written: the chunk
+        // was checked against the other manifest and is not counted.
+        Ok(_) => {
+            return Err(PushError::Conflict(format!(
+                "another version of model {id} is being pushed now; start again \
+                 (POST /api/models/push)"
+            )));
+        }
         // A chunk sent at the same time completed the push meanwhile.
         Err(PushError::NotFound(m)) => {
             let trust = trust(config)?;
@@ -461,6 +473,21 @@ fn install(
     dir: &Path,
 ) -> Result<Incoming, PushError> {
     let id = &approval.manifest.id;
+    // What runs may have changed since the push began: checked again, and installed under the
+    // selection's lock, so no switch is decided meanwhile.
+    selection::update(board, config, |current| {
+        check_replaceable(board, config, &approval.manifest, &approval.text, current)?;
+        adopt(board, config, approval, dir)
+    })?;
+    let _ = std::fs::remove_dir_all(dir);
+    tracing::info!(model = %id, "pushed model installed");
+    Ok(describe(&approval.manifest, &Progress::default(), true))
+}
+
+/// The files of the complete push in `dir`, cut to their sizes and verified whole, made the
+/// model's new version.
+fn adopt(board: &Board, config: &Config, approval: &Approval, dir: &Path) -> Result<(), PushError> {
+    let id = &approval.manifest.id;
     // Whatever lies past a file's end (written there by someone else) goes: the size is the
     // manifest's, and the whole is verified next.
     for (_, file, size, _) in parts(&approval.manifest) {
@@ -472,10 +499,8 @@ fn install(
             .map_err(|e| io(format!("installing model {id}: {}", path.display()), e))?;
     }
     weights::install::adopt(&dir.join(FILES), approval, &data_dir(board, config))
-        .map_err(|e| PushError::Internal(format!("installing model {id}: {e}")))?;
-    let _ = std::fs::remove_dir_all(dir);
-    tracing::info!(model = %id, "pushed model installed");
-    Ok(describe(&approval.manifest, &Progress::default(), true))
+        .map(|_| ())
+        .map_err(|e| PushError::Internal(format!("installing model {id}: {e}")))
 }
 
 /// Writes `bytes` at `start` of `path` (made at its full size when the push began) and syncs

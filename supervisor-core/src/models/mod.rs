@@ -35,6 +35,12 @@ pub enum PushError {
     Internal(String),
 }
 
+impl From<String> for PushError {
+    fn from(message: String) -> PushError {
+        PushError::Internal(message)
+    }
+}
+
 impl std::fmt::Display for PushError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

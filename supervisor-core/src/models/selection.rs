@@ -65,18 +65,19 @@ pub fn read(board: &Board, config: &Config) -> Result<Selection, String> {
 }
 
 /// Changes the selection under its lock: `change` sees the current one and may refuse. The
-/// file is written only when `change` changed something.
-pub fn update<T>(
+/// file is written only when `change` changed something. What must not change the models
+/// while a switch is decided (installing over a model, removing one) runs inside `change` too.
+pub fn update<T, E: From<String>>(
     board: &Board,
     config: &Config,
-    change: impl FnOnce(&mut Selection) -> Result<T, String>,
-) -> Result<T, String> {
+    change: impl FnOnce(&mut Selection) -> Result<T, E>,
+) -> Result<T, E> {
     board
         .create_dir_all(&config.model.data_dir)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| E::from(e.to_string()))?;
     let _lock = board
         .lock(&format!("{}.lock", path(config)))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| E::from(e.to_string()))?;
     let before = read(board, config)?;
     let mut selection = before.clone();
     let answer = change(&mut selection)?;
@@ -85,10 +86,10 @@ pub fn update<T>(
     if selection == before {
         return Ok(answer);
     }
-    let text = serde_json::to_vec_pretty(&selection).map_err(|e| e.to_string())?;
+    let text = serde_json::to_vec_pretty(&selection).map_err(|e| E::from(e.to_string()))?;
     board
         .replace_file(&path(config), &text)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| E::from(e.to_string()))?;
     Ok(answer)
 }
 
@@ -100,17 +101,43 @@ pub fn config_for_board(
     explicit: Option<&std::path::Path>,
 ) -> Result<Config, crate::config::ConfigError> {
     let mut config = Config::from_board_files(board, explicit)?;
-    let selection = read(board, &config).map_err(|message| crate::config::ConfigError {
-        file: board.path(&config.model.data_dir),
-        message,
-    })?;
-    if let Some(active) = selection.active {
-        config.model.id = active;
+    // A damaged selection must not keep the box from starting (and from its dashboard, where
+    // it is fixed): the configured model runs, and the listing says what is wrong.
+    match read(board, &config) {
+        Ok(selection) => {
+            if let Some(active) = selection.active {
+                config.model.id = active;
+            }
+        }
+        Err(e) => tracing::warn!("{e}; running the configured model {}", config.model.id),
     }
     Ok(config)
 }
 
 impl Selection {
+    /// Asks for a switch to `id` at `now`; the request's number. Refused while another
+    /// switch is asked for or under way.
+    pub fn ask(&mut self, id: &str, now: u64) -> Result<u64, String> {
+        if let Some(busy) = self
+            .switching
+            .as_ref()
+            .map(|s| &s.request)
+            .or(self.requested.as_ref())
+        {
+            return Err(format!(
+                "a switch to {} is already under way (request {}); wait for its outcome",
+                busy.to, busy.request
+            ));
+        }
+        self.last_request += 1;
+        self.requested = Some(SwitchRequest {
+            request: self.last_request,
+            to: id.to_string(),
+            asked_unix: now,
+        });
+        Ok(self.last_request)
+    }
+
     /// The model the engine runs, given the configured one.
     pub fn active_or<'a>(&'a self, configured: &'a str) -> &'a str {
         self.active.as_deref().unwrap_or(configured)
@@ -149,26 +176,7 @@ pub const REFUSED: &str = "refused";
 /// another switch is asked for or under way.
 pub fn request(board: &Board, config: &Config, id: &str) -> Result<u64, String> {
     let now = board.now_unix();
-    update(board, config, |selection| {
-        if let Some(busy) = selection
-            .switching
-            .as_ref()
-            .map(|s| &s.request)
-            .or(selection.requested.as_ref())
-        {
-            return Err(format!(
-                "a switch to {} is already under way (request {}); wait for its outcome",
-                busy.to, busy.request
-            ));
-        }
-        selection.last_request += 1;
-        selection.requested = Some(SwitchRequest {
-            request: selection.last_request,
-            to: id.to_string(),
-            asked_unix: now,
-        });
-        Ok(selection.last_request)
-    })
+    update(board, config, |selection| selection.ask(id, now))
 }
 
 /// At the daemon's start: a switch under way when the box went down is rolled back (its
@@ -255,7 +263,7 @@ mod tests {
             .expect("a request");
         update(&board, &config, |s| {
             s.finish(&switching, COMMITTED, "serving".into(), 1);
-            Ok(())
+            Ok::<(), String>(())
         })
         .expect("commit");
         let s = read(&board, &config).expect("read");
@@ -282,7 +290,7 @@ mod tests {
         let written = stamp(&file);
         // The daemon's look every second, and an update that changes nothing, only read.
         assert_eq!(start(&board, &config, "a").expect("again"), None);
-        update(&board, &config, |_| Ok(())).expect("no change");
+        update(&board, &config, |_| Ok::<(), String>(())).expect("no change");
         assert_eq!(stamp(&file), written);
     }
 

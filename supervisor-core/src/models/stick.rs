@@ -42,10 +42,10 @@ pub fn from_stick(board: &Board, config: &Config, dir: &str) -> Result<String, P
     let m = &approval.manifest;
     let data = crate::model::data_dir(board, config);
     let selection = selection::read(board, config).map_err(PushError::Internal)?;
-    let installed_sha = install::installed(&data, &m.id, &incoming::trust(config)?)
+    let installed = install::installed(&data, &m.id, &incoming::trust(config)?)
         .ok()
-        .map(|(a, _)| a.manifest.sha256);
-    let same = installed_sha.as_deref() == Some(m.sha256.as_str());
+        .map(|(a, _)| a.text);
+    let same = installed.as_deref() == Some(approval.text.as_str());
     if same && selection.active_or(&config.model.id) == m.id {
         return Ok(format!("model {} from the stick is already running", m.id));
     }
@@ -61,8 +61,13 @@ pub fn from_stick(board: &Board, config: &Config, dir: &str) -> Result<String, P
         incoming::check_room(board, config, &m.id, size)?;
         let weights = folder.join(&m.file);
         let draft = m.draft.as_ref().map(|d| folder.join(&d.file));
-        install::install_model(&weights, draft.as_deref(), &approval, &data)
-            .map_err(|e| PushError::BadRequest(format!("the stick's model: {e}")))?;
+        // Never over the model that runs or its fallback, and no switch decided meanwhile.
+        selection::update(board, config, |current| {
+            incoming::check_replaceable(board, config, m, &approval.text, current)?;
+            install::install_model(&weights, draft.as_deref(), &approval, &data)
+                .map(|_| ())
+                .map_err(|e| PushError::BadRequest(format!("the stick's model: {e}")))
+        })?;
     }
     Ok(match catalog::ask_switch(board, config, &m.id)? {
         Asked::AlreadyActive => format!("model {} installed; it is the active model", m.id),
