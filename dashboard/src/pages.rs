@@ -72,12 +72,9 @@ pub(super) fn models_section(models: Option<&wire::models::Models>, login: bool)
          <th>Signed by</th><th>Verified</th><th></th></tr>",
     );
     for i in &m.installed {
-        let role = if m.active.as_deref() == Some(i.id.as_str()) {
-            "active"
-        } else if m.fallback.as_deref() == Some(i.id.as_str()) {
-            "fallback"
-        } else {
-            ""
+        let role = match m.role(&i.id) {
+            "installed" => "",
+            role => role,
         };
         let verified = match (&i.problem, i.verified_unix) {
             (Some(p), _) => format!("problem: {p}"),
@@ -106,10 +103,7 @@ pub(super) fn models_section(models: Option<&wire::models::Models>, login: bool)
     }
     html.push_str("</table>");
     for push in &m.incoming {
-        let (got, all) = push
-            .parts
-            .iter()
-            .fold((0, 0), |(g, a), p| (g + p.received, a + p.chunks));
+        let (got, all) = push.chunk_counts();
         let _ = write!(
             html,
             "<p>Push of {} under way: {got} of {all} chunks (send it again to resume).</p>",

@@ -479,17 +479,9 @@ pub fn list(on: &Connected, token: &str) -> Result<Models, String> {
 /// One box's models as lines: each installed model (active `*`, fallback `f`), its size,
 /// who signed it, when it was last verified; pushes under way; the last switch.
 pub fn lines(name: &str, models: &Models) -> String {
-    let active = models.active.as_deref().unwrap_or_default();
-    let fallback = models.fallback.as_deref().unwrap_or_default();
     let mut out = String::new();
     for m in &models.installed {
-        let mark = if m.id == active {
-            "*"
-        } else if m.id == fallback {
-            "f"
-        } else {
-            " "
-        };
+        let mark = models.mark(&m.id);
         let state = m.problem.clone().unwrap_or_else(|| match m.verified_unix {
             Some(t) => format!("verified at {t}"),
             None => "not verified yet".into(),
@@ -503,10 +495,7 @@ pub fn lines(name: &str, models: &Models) -> String {
         ));
     }
     for push in &models.incoming {
-        let (got, all) = push
-            .parts
-            .iter()
-            .fold((0, 0), |(g, a), p| (g + p.received, a + p.chunks));
+        let (got, all) = push.chunk_counts();
         out.push_str(&format!(
             "{name:16}   {:32} push under way: {got} of {all} chunks\n",
             push.id

@@ -98,7 +98,7 @@ fn wait_status(b: &Box_, token: &str, what: &str, done: impl Fn(&Value) -> bool)
 
 #[test]
 fn a_model_goes_to_every_box_and_back() {
-    use test_support::tiny::{MODELS, TINY_HEAD, gemma4_head_bytes, gguf_bytes};
+    use test_support::tiny::{MODELS, gguf_bytes};
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let (fleet_key, fleet_public) = keygen(d, "fleet-key");
@@ -128,13 +128,7 @@ fn a_model_goes_to_every_box_and_back() {
     assert!(enrolled.status.success(), "{}", text(&enrolled.stderr));
 
     // The model: a tiny Gemma 4 and its draft head, checked by the engine, signed.
-    let target = MODELS
-        .iter()
-        .find(|t| t.gemma4.is_some())
-        .expect("a tiny Gemma 4");
-    let (model, head) = (d.join("e2b.gguf"), d.join("mtp-e2b.gguf"));
-    std::fs::write(&model, gguf_bytes(target)).expect("model");
-    std::fs::write(&head, gemma4_head_bytes(target, &TINY_HEAD)).expect("head");
+    let (model, head) = test_support::tiny::write_gemma4_pair(d);
     let manifest = d.join("e2b.toml");
     let template = concat!(
         env!("CARGO_MANIFEST_DIR"),

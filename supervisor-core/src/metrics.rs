@@ -39,22 +39,13 @@ pub fn exposition(status: &Status) -> String {
 /// Each installed model: its size, whether it is the active or the fallback one, when it was
 /// last verified in full; each push under way: the bytes received.
 fn models(out: &mut Exposition, m: &wire::models::Models) {
-    let role = |id: &str| {
-        if m.active.as_deref() == Some(id) {
-            "active"
-        } else if m.fallback.as_deref() == Some(id) {
-            "fallback"
-        } else {
-            "installed"
-        }
-    };
     let mut installed = out.family(
         Kind::Gauge,
         "appliance_model_bytes",
         "Each installed model's files (weights and draft head), by id and role (active, fallback, installed).",
     );
     for i in &m.installed {
-        installed.sample(&[("model", &i.id), ("role", role(&i.id))], i.size as f64);
+        installed.sample(&[("model", &i.id), ("role", m.role(&i.id))], i.size as f64);
     }
     let mut verified = out.family(
         Kind::Gauge,

@@ -28,15 +28,19 @@ pub fn default_approval(trust: &Trust) -> Result<weights::install::Approval, Err
     })
 }
 
-/// The keys this box trusts, from the configuration.
-pub fn trust(config: &Config) -> Result<Trust, Error> {
-    let keys: Vec<String> = config
+/// The keys this box trusts, from the configuration (the provisioned fleet key among them).
+pub fn trusted_keys(config: &Config) -> Vec<String> {
+    config
         .model
         .trusted_keys
         .iter()
         .map(|k| k.as_str().to_string())
-        .collect();
-    Trust::new(&keys, config.model.require_signature)
+        .collect()
+}
+
+/// The trust of the launch gate: [`trusted_keys`], and a signature required when configured.
+pub fn trust(config: &Config) -> Result<Trust, Error> {
+    Trust::new(&trusted_keys(config), config.model.require_signature)
 }
 
 /// The data directory holding installed models, under the board root.

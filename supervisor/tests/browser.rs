@@ -421,14 +421,7 @@ struct SignedModel {
 
 impl SignedModel {
     fn make(dir: &Path) -> SignedModel {
-        use test_support::tiny::{MODELS, TINY_HEAD, gemma4_head_bytes, gguf_bytes};
-        let target = MODELS
-            .iter()
-            .find(|t| t.gemma4.is_some())
-            .expect("a tiny Gemma 4");
-        let (weights, draft) = (dir.join("e2b.gguf"), dir.join("mtp-e2b.gguf"));
-        std::fs::write(&weights, gguf_bytes(target)).expect("weights");
-        std::fs::write(&draft, gemma4_head_bytes(target, &TINY_HEAD)).expect("head");
+        let (weights, draft) = test_support::tiny::write_gemma4_pair(dir);
         let key = dir.join("fleet-key");
         let made = Command::new(BIN)
             .args(["weights", "keygen", "--out"])

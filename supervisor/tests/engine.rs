@@ -750,20 +750,8 @@ fn serve_installed(board: &Board, id: &str, port: u16) {
 /// the head: the launch passes it, `status` names it, and the engine drafts from it.
 #[test]
 fn a_model_with_a_draft_head_is_verified_and_served_with_it() {
-    use test_support::tiny::{MODELS, gemma4_head_bytes, gguf_bytes};
     let board = board_without_model();
-    let target = MODELS
-        .iter()
-        .find(|t| t.gemma4.is_some())
-        .expect("a tiny Gemma 4");
-    let files = board.dir.path();
-    let (model, head) = (files.join("e2b.gguf"), files.join("mtp-e2b.gguf"));
-    std::fs::write(&model, gguf_bytes(target)).expect("write the model");
-    std::fs::write(
-        &head,
-        gemma4_head_bytes(target, &test_support::tiny::TINY_HEAD),
-    )
-    .expect("write the head");
+    let (model, head) = test_support::tiny::write_gemma4_pair(board.dir.path());
     let template = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../models/gemma-4-e2b-it.template.toml"
@@ -781,7 +769,7 @@ fn a_model_with_a_draft_head_is_verified_and_served_with_it() {
         "{}",
         String::from_utf8_lossy(&made.stderr)
     );
-    let manifest = files.join("e2b.toml");
+    let manifest = board.dir.path().join("e2b.toml");
     std::fs::write(&manifest, &made.stdout).expect("write the manifest");
     let install = |draft: Option<&std::path::Path>| {
         let mut command = Command::new(BIN);

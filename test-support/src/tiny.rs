@@ -1091,3 +1091,20 @@ fn qwen35_bytes(t: &Tiny, q: &Qwen35Tiny, r: &mut Random) -> Vec<u8> {
         .f32_tensor(&format!("blk.{last}.nextn.hnorm.weight"), &norm(&mut r, e))
         .build()
 }
+
+/// The tiny Gemma 4 of [`MODELS`] and its draft head ([`TINY_HEAD`]) written into `dir` as
+/// `e2b.gguf` and `mtp-e2b.gguf`: a model of two files, for the tests that install, push or
+/// serve one; their paths.
+///
+/// # Panics
+/// When the files cannot be written.
+pub fn write_gemma4_pair(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let target = MODELS
+        .iter()
+        .find(|t| t.gemma4.is_some())
+        .expect("a tiny Gemma 4");
+    let (model, head) = (dir.join("e2b.gguf"), dir.join("mtp-e2b.gguf"));
+    std::fs::write(&model, gguf_bytes(target)).expect("write the model");
+    std::fs::write(&head, gemma4_head_bytes(target, &TINY_HEAD)).expect("write the head");
+    (model, head)
+}

@@ -30,6 +30,13 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// Chunks received and chunks in all, over every part.
+    pub fn chunk_counts(&self) -> (u64, u64) {
+        self.parts
+            .iter()
+            .fold((0, 0), |(got, all), p| (got + p.received, all + p.chunks))
+    }
+
     /// Every chunk still missing: its part and index, in order.
     pub fn missing(&self) -> impl Iterator<Item = (&Part, u64)> {
         self.parts
@@ -119,6 +126,26 @@ pub struct Models {
 }
 
 impl Models {
+    /// What installed model `id` is to the box: `active`, `fallback` or `installed`.
+    pub fn role(&self, id: &str) -> &'static str {
+        if self.active.as_deref() == Some(id) {
+            "active"
+        } else if self.fallback.as_deref() == Some(id) {
+            "fallback"
+        } else {
+            "installed"
+        }
+    }
+
+    /// The role of `id` as the tools' tables mark it: `*` active, `f` fallback, else blank.
+    pub fn mark(&self, id: &str) -> &'static str {
+        match self.role(id) {
+            "active" => "*",
+            "fallback" => "f",
+            _ => " ",
+        }
+    }
+
     /// The outcome of switch request `request`, once there is one.
     pub fn outcome(&self, request: u64) -> Option<&Switch> {
         self.history.iter().rev().find(|s| s.request == request)

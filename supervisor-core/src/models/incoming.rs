@@ -54,12 +54,7 @@ impl Progress {
 /// The keys a pushed model must be signed by: the box's trusted keys (the provisioned fleet
 /// key among them). A push is always signed, whatever `require_signature` says.
 pub fn trust(config: &Config) -> Result<Trust, PushError> {
-    let keys: Vec<String> = config
-        .model
-        .trusted_keys
-        .iter()
-        .map(|k| k.as_str().to_string())
-        .collect();
+    let keys = crate::model::trusted_keys(config);
     if keys.is_empty() {
         return Err(PushError::Signature(
             "this box trusts no signing key (its provisioning sets no fleet_key and [model] \

@@ -172,13 +172,6 @@ pub const ROLLED_BACK: &str = "rolled-back";
 /// A switch not tried (its model is not installed or does not verify).
 pub const REFUSED: &str = "refused";
 
-/// Asks for a switch to `id` (the daemon takes it up); the request's number. Refused while
-/// another switch is asked for or under way.
-pub fn request(board: &Board, config: &Config, id: &str) -> Result<u64, String> {
-    let now = board.now_unix();
-    update(board, config, |selection| selection.ask(id, now))
-}
-
 /// At the daemon's start: a switch under way when the box went down is rolled back (its
 /// model is not the active one, which never changed); what was done, if anything.
 pub fn recover(board: &Board, config: &Config) -> Result<Option<String>, String> {
@@ -224,6 +217,11 @@ pub fn start(board: &Board, config: &Config, from: &str) -> Result<Option<Switch
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A switch to `id` asked for as the dashboard and the CLI ask (`catalog::ask_switch`).
+    fn request(board: &Board, config: &Config, id: &str) -> Result<u64, String> {
+        update(board, config, |s| s.ask(id, 1))
+    }
 
     fn board() -> (tempfile::TempDir, Board, Config) {
         let dir = tempfile::tempdir().expect("dir");

@@ -5,6 +5,9 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use supervisor_core::board::Board;
+use supervisor_core::config::Config;
+use supervisor_core::models::PushError;
 use supervisor_core::models::catalog::{self, Asked};
 use supervisor_core::models::selection::{self, COMMITTED};
 use wire::models::Models;
@@ -40,20 +43,12 @@ pub fn list(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
 
 /// The models as lines a person reads.
 pub fn table(models: &Models) -> String {
-    let active = models.active.as_deref().unwrap_or("");
-    let fallback = models.fallback.as_deref().unwrap_or("");
     let mut out = format!(
         "{:2} {:32} {:>10} {:10} {}\n",
         "", "MODEL", "MIB", "DRAFT", "VERIFIED / PROBLEM"
     );
     for m in &models.installed {
-        let mark = if m.id == active {
-            "*"
-        } else if m.id == fallback {
-            "f"
-        } else {
-            ""
-        };
+        let mark = models.mark(&m.id);
         let state = match (&m.problem, m.verified_unix) {
             (Some(p), _) => p.clone(),
             (None, Some(t)) => format!("every chunk at {t} (unix)"),
@@ -67,10 +62,7 @@ pub fn table(models: &Models) -> String {
         ));
     }
     for push in &models.incoming {
-        let (got, all): (u64, u64) = push
-            .parts
-            .iter()
-            .fold((0, 0), |(g, a), p| (g + p.received, a + p.chunks));
+        let (got, all) = push.chunk_counts();
         out.push_str(&format!(
             "   {:32} {:>10} {:10} push under way: {got} of {all} chunks\n",
             push.id,
@@ -147,29 +139,30 @@ pub fn switch(root: &Path, config: Option<&Path>, id: &str) -> ExitCode {
 
 /// `supervisor model rm ID`.
 pub fn remove(root: &Path, config: Option<&Path>, id: &str) -> ExitCode {
-    let (board, config) = match load(root, config) {
-        Ok(loaded) => loaded,
-        Err(code) => return code,
-    };
-    match catalog::remove(&board, &config, id) {
-        Ok(said) => {
-            println!("{said}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(EXIT_FAILED)
-        }
-    }
+    on_board(root, config, |board, config| {
+        catalog::remove(board, config, id)
+    })
 }
 
 /// `supervisor model install-stick DIR`.
 pub fn install_stick(root: &Path, config: Option<&Path>, dir: &str) -> ExitCode {
+    on_board(root, config, |board, config| {
+        supervisor_core::models::stick::from_stick(board, config, dir)
+    })
+}
+
+/// Runs `work` on the board and its configuration: what it said printed (exit 0), or why it
+/// refused (exit 1).
+fn on_board(
+    root: &Path,
+    config: Option<&Path>,
+    work: impl FnOnce(&Board, &Config) -> Result<String, PushError>,
+) -> ExitCode {
     let (board, config) = match load(root, config) {
         Ok(loaded) => loaded,
         Err(code) => return code,
     };
-    match supervisor_core::models::stick::from_stick(&board, &config, dir) {
+    match work(&board, &config) {
         Ok(said) => {
             println!("{said}");
             ExitCode::SUCCESS
