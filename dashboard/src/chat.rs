@@ -4,14 +4,13 @@
 //! model that reasons think first and offer tools; the answer's reasoning and calls come back
 //! apart from its text, and the page shows them as such.
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::DashError;
-use supervisor_core::engine::{ControlKey, control, local};
+use supervisor_core::engine::local::{self, Access};
 
 /// Longest question accepted, in characters.
 pub const MAX_QUESTION: usize = 2000;
@@ -41,10 +40,10 @@ pub struct Question {
     pub must_call: bool,
 }
 
-/// Asks the engine on its control `socket` and returns its answer and the engine's response.
-/// The request carries the launch's control key: the owner trying the box is served even while
+/// Asks the engine through `access` and returns its answer and the engine's response. The
+/// request carries the launch's control key: the owner trying the box is served even while
 /// users fill the engine's queue.
-pub fn ask(socket: &Path, key: &ControlKey, question: &Question) -> Result<Value, DashError> {
+pub fn ask(access: &Access, question: &Question) -> Result<Value, DashError> {
     let message = question.message.trim();
     if message.is_empty() {
         return Err(DashError::BadRequest("the question is empty".into()));
@@ -78,10 +77,10 @@ pub fn ask(socket: &Path, key: &ControlKey, question: &Question) -> Result<Value
     let unavailable =
         |e: String| DashError::EngineUnavailable(format!("the engine did not answer: {e}"));
     let answer = local::request(
-        socket,
+        access,
         "POST",
         "/v1/chat/completions",
-        &[(control::HEADER, key.as_str())],
+        &[],
         Some(&body.to_string()),
         TIMEOUT,
         MAX_ANSWER_BYTES,

@@ -510,16 +510,16 @@ async fn api_chat(
     let question: chat::Question = serde_json::from_slice(&body)
         .map_err(|e| DashError::BadRequest(format!("expected {{\"message\": \"...\"}}: {e}")))?;
     let engine = app.sources.engine.borrow().clone();
-    let (socket, key) = match (engine.state, engine.control_socket, engine.control_key) {
-        (supervisor_core::engine::Phase::Ready, Some(socket), Some(key)) => (socket, key),
-        (state, _, _) => {
+    let access = match (engine.state, engine.access) {
+        (supervisor_core::engine::Phase::Ready, Some(access)) => access,
+        (state, _) => {
             return Err(DashError::EngineUnavailable(format!(
                 "the engine is not ready ({}); try again shortly",
                 supervisor_core::report::word(state)
             )));
         }
     };
-    let answer = tokio::task::spawn_blocking(move || chat::ask(&socket, &key, &question))
+    let answer = tokio::task::spawn_blocking(move || chat::ask(&access, &question))
         .await
         .map_err(|e| DashError::Internal(format!("the chat request crashed: {e}")))??;
     Ok(Json(answer).into_response())

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use weights::gate::Approved;
 
 use super::control::ControlKey;
+use super::local::{Access, Endpoint};
 use crate::board::{Board, paths};
 use crate::config::{Config, available_cpus};
 
@@ -18,10 +19,11 @@ pub struct Launch {
     pub args: Vec<OsString>,
     /// The loopback port it listens on.
     pub port: u16,
-    /// This launch's control key, given to the engine in its environment only.
-    pub control_key: ControlKey,
-    /// The engine's control socket: where the probe and the dashboard's chat reach it.
-    pub control_socket: PathBuf,
+    /// Variables added to its environment (none secret: the control key is passed apart).
+    pub environment: Vec<(String, String)>,
+    /// Where the probe and the dashboard's chat reach it; our engine's control key, given to
+    /// it in its environment only.
+    pub access: Access,
 }
 
 /// The longest path a Unix socket may have (`sun_path` less its terminating zero).
@@ -109,8 +111,11 @@ impl Launch {
             program: binary(config),
             args,
             port: e.port.get(),
-            control_key: ControlKey::generate()?,
-            control_socket,
+            environment: Vec::new(),
+            access: Access {
+                endpoint: Endpoint::Socket(control_socket),
+                key: Some(ControlKey::generate()?),
+            },
         })
     }
 }

@@ -1,12 +1,94 @@
-//! HTTP/1.1 to the engine over its control socket: the supervisor's own way in, which clients
-//! of the engine's TCP port cannot fill (however many connections they hold, however slowly
-//! they send). One request per connection (`Connection: close`), blocking, under one deadline
-//! for the whole exchange and a bound on the answer's size.
+//! HTTP/1.1 to what serves: our engine over its control socket (the supervisor's own way in,
+//! which clients of the engine's TCP port cannot fill, however many connections they hold,
+//! however slowly they send), or a server of another make (the cluster head's `llama-server`)
+//! on its loopback port. One request per connection (`Connection: close`), blocking, under one
+//! deadline for the whole exchange and a bound on the answer's size.
 
+use std::fmt;
 use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+use super::control::{self, ControlKey};
+
+/// Where the supervisor reaches what serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// Our engine's control socket.
+    Socket(PathBuf),
+    /// A port on 127.0.0.1.
+    Loopback(u16),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Socket(path) => write!(f, "{}", path.display()),
+            Endpoint::Loopback(port) => write!(f, "127.0.0.1:{port}"),
+        }
+    }
+}
+
+/// The way in to the running server: where, and the launch's control key when the server is
+/// our engine (its requests are then served in the supervisor's own lane).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    /// Where it listens.
+    pub endpoint: Endpoint,
+    /// The control key it was launched with, if it takes one.
+    pub key: Option<ControlKey>,
+}
+
+/// One connection, to a socket or a port.
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    fn connect(endpoint: &Endpoint, timeout: Duration) -> std::io::Result<Stream> {
+        Ok(match endpoint {
+            Endpoint::Socket(path) => Stream::Unix(UnixStream::connect(path)?),
+            Endpoint::Loopback(port) => Stream::Tcp(TcpStream::connect_timeout(
+                &SocketAddr::from((Ipv4Addr::LOCALHOST, *port)),
+                timeout,
+            )?),
+        })
+    }
+
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(read).and(s.set_write_timeout(write)),
+            Stream::Tcp(s) => s.set_read_timeout(read).and(s.set_write_timeout(write)),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.flush(),
+            Stream::Tcp(s) => s.flush(),
+        }
+    }
+}
 
 /// The largest response head read.
 const MAX_HEAD: usize = 64 << 10;
@@ -20,10 +102,10 @@ pub struct Answer {
     pub body: String,
 }
 
-/// One request to the engine on `socket`: `method path` with `headers` and a JSON `body`,
-/// answered within `timeout`, at most `limit` bytes of body.
+/// One request through `access`: `method path` with `headers` (and the control key's, if it
+/// has one) and a JSON `body`, answered within `timeout`, at most `limit` bytes of body.
 pub fn request(
-    socket: &Path,
+    access: &Access,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
@@ -32,11 +114,12 @@ pub fn request(
     limit: usize,
 ) -> Result<Answer, String> {
     let deadline = Instant::now() + timeout;
-    let shown = || format!("{method} {path} on {}", socket.display());
-    let mut stream =
-        UnixStream::connect(socket).map_err(|e| format!("{}: cannot connect: {e}", shown()))?;
+    let shown = || format!("{method} {path} on {}", access.endpoint);
+    let mut stream = Stream::connect(&access.endpoint, timeout)
+        .map_err(|e| format!("{}: cannot connect: {e}", shown()))?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: engine\r\nConnection: close\r\n");
-    for (name, value) in headers {
+    let key = access.key.as_ref().map(|k| (control::HEADER, k.as_str()));
+    for (name, value) in headers.iter().chain(key.iter()) {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
     if let Some(body) = body {
@@ -49,7 +132,7 @@ pub fn request(
     let mut out = head.into_bytes();
     out.extend_from_slice(body.unwrap_or("").as_bytes());
     stream
-        .set_write_timeout(Some(remaining(deadline, &shown)?))
+        .set_timeouts(None, Some(remaining(deadline, &shown)?))
         .and_then(|()| stream.write_all(&out))
         .map_err(|e| format!("{}: sending: {e}", shown()))?;
     let raw = read_until_closed(&mut stream, deadline, MAX_HEAD + limit, &shown)?;
@@ -65,7 +148,7 @@ fn remaining(deadline: Instant, shown: &dyn Fn() -> String) -> Result<Duration, 
 
 /// Everything the engine sends until it closes the connection, within the deadline and `max`.
 fn read_until_closed(
-    stream: &mut UnixStream,
+    stream: &mut Stream,
     deadline: Instant,
     max: usize,
     shown: &dyn Fn() -> String,
@@ -74,7 +157,7 @@ fn read_until_closed(
     let mut buffer = [0u8; 16 << 10];
     loop {
         stream
-            .set_read_timeout(Some(remaining(deadline, shown)?))
+            .set_timeouts(Some(remaining(deadline, shown)?), None)
             .map_err(|e| format!("{}: {e}", shown()))?;
         match stream.read(&mut buffer) {
             Ok(0) => return Ok(raw),
@@ -199,8 +282,12 @@ mod tests {
     fn a_silent_engine_times_out_and_a_missing_one_is_named() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("engine.sock");
+        let access = Access {
+            endpoint: Endpoint::Socket(path.clone()),
+            key: None,
+        };
         let e = request(
-            &path,
+            &access,
             "GET",
             "/health",
             &[],
@@ -213,7 +300,7 @@ mod tests {
         let _listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
         let started = Instant::now();
         let e = request(
-            &path,
+            &access,
             "GET",
             "/health",
             &[],

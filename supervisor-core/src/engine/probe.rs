@@ -9,13 +9,11 @@
 //! from one probe to the next: the engine counts a long prompt's tokens a slice (128 tokens) at
 //! a time, and on a loaded board one slice can take longer than a probe interval.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::control::{self, ControlKey};
-use super::local;
+use super::local::{self, Access};
 
 /// The largest answer of `/health` or the probe's completion read.
 const MAX_ANSWER: usize = 64 << 10;
@@ -47,8 +45,8 @@ pub struct Speeds {
 }
 
 /// `GET /health`: `Ok` once the model is loaded (200), `Err` with why not otherwise.
-pub fn health(socket: &Path, timeout: Duration) -> Result<Health, String> {
-    let answer = local::request(socket, "GET", "/health", &[], None, timeout, MAX_ANSWER)?;
+pub fn health(access: &Access, timeout: Duration) -> Result<Health, String> {
+    let answer = local::request(access, "GET", "/health", &[], None, timeout, MAX_ANSWER)?;
     if answer.status != 200 {
         return Err(format!("/health answered {}", answer.status));
     }
@@ -66,17 +64,13 @@ pub enum Completion {
 
 /// A one-token greedy completion: the engine is healthy only if it can still generate. It
 /// carries the launch's control key, so an engine that knows it serves it ahead of users.
-pub fn complete_one_token(
-    socket: &Path,
-    timeout: Duration,
-    key: &ControlKey,
-) -> Result<Completion, String> {
+pub fn complete_one_token(access: &Access, timeout: Duration) -> Result<Completion, String> {
     let body = r#"{"prompt":"Hello","n_predict":1,"temperature":0}"#;
     let answer = local::request(
-        socket,
+        access,
         "POST",
         "/completion",
-        &[(control::HEADER, key.as_str())],
+        &[],
         Some(body),
         timeout,
         MAX_ANSWER,
@@ -146,15 +140,15 @@ impl Progress {
 /// completion fails but the engine processed tokens meanwhile (a user's request arrived first
 /// and the probe's waited behind it), it is busy, not dead. Whether a busy engine progresses is
 /// [`Progress`]'s to judge.
-pub fn check(socket: &Path, timeout: Duration, key: &ControlKey) -> Result<Health, String> {
-    let before = health(socket, timeout)?;
+pub fn check(access: &Access, timeout: Duration) -> Result<Health, String> {
+    let before = health(access, timeout)?;
     if before.busy {
         return Ok(before);
     }
-    match complete_one_token(socket, timeout, key) {
-        Ok(Completion::Generated | Completion::QueueFull) => health(socket, timeout),
+    match complete_one_token(access, timeout) {
+        Ok(Completion::Generated | Completion::QueueFull) => health(access, timeout),
         Err(e) => {
-            let after = health(socket, timeout)?;
+            let after = health(access, timeout)?;
             if after.tokens_processed > before.tokens_processed {
                 Ok(after)
             } else {
@@ -258,9 +252,13 @@ mod tests {
 
     #[test]
     fn a_full_queue_is_an_engine_answering_not_a_dead_one() {
-        let key = ControlKey::generate().expect("key");
+        let key = super::super::ControlKey::generate().expect("key");
+        let through = |socket: &std::path::Path| Access {
+            endpoint: local::Endpoint::Socket(socket.to_path_buf()),
+            key: Some(key.clone()),
+        };
         let ((_dir, socket), seen) = stand_in(503, "the request queue is full; retry shortly");
-        let health = check(&socket, Duration::from_secs(5), &key).expect("alive");
+        let health = check(&through(&socket), Duration::from_secs(5)).expect("alive");
         assert_eq!(health.tokens_processed, 7);
         let requests = seen.lock().expect("log").clone();
         let completion = requests
@@ -275,10 +273,10 @@ mod tests {
         );
         // Any other failure still counts, a 503 that is not a full queue too.
         let ((_dir, socket), _) = stand_in(500, "generation failed");
-        let e = check(&socket, Duration::from_secs(5), &key).expect_err("failing");
+        let e = check(&through(&socket), Duration::from_secs(5)).expect_err("failing");
         assert!(e.contains("answered 500"), "{e}");
         let ((_dir, socket), _) = stand_in(503, "the engine is shutting down");
-        let e = check(&socket, Duration::from_secs(5), &key).expect_err("cannot generate");
+        let e = check(&through(&socket), Duration::from_secs(5)).expect_err("cannot generate");
         assert!(e.contains("answered 503"), "{e}");
     }
 }

@@ -34,9 +34,11 @@ pub struct Running {
 fn command(
     program: &Path,
     args: &[OsString],
+    environment: &[(String, String)],
     control_key: Option<&ControlKey>,
 ) -> std::process::Command {
     let mut command = std::process::Command::new(program);
+    command.envs(environment.iter().map(|(k, v)| (k, v)));
     if let Some(key) = control_key {
         command.env(control::ENV, key.as_str());
     }
@@ -89,13 +91,16 @@ pub async fn spawn(
     launch: &Launch,
     logs: &Arc<LogRing>,
 ) -> Result<Running, String> {
-    board
-        .create_private_dir(paths::ENGINE_CONTROL_DIR)
-        .map_err(|e| format!("not started: {e}"))?;
+    if let super::local::Endpoint::Socket(_) = launch.access.endpoint {
+        board
+            .create_private_dir(paths::ENGINE_CONTROL_DIR)
+            .map_err(|e| format!("not started: {e}"))?;
+    }
     let mut command = tokio::process::Command::from(command(
         &launch.program,
         &launch.args,
-        Some(&launch.control_key),
+        &launch.environment,
+        launch.access.key.as_ref(),
     ));
     command.kill_on_drop(true);
     let mut child = command
@@ -193,7 +198,7 @@ pub fn run_to_end(
     limit: Duration,
     stop: &dyn Fn() -> bool,
 ) -> Result<Finished, String> {
-    let mut child = command(program, args, None)
+    let mut child = command(program, args, &[], None)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
     // Both pipes are drained while the engine runs, so a chatty engine cannot block on them.
@@ -271,8 +276,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (board, config, approved) = approved(dir.path());
         let launch = Launch::plan(&board, &config, &approved).expect("plan");
-        let key = launch.control_key.as_str().to_string();
-        let command = command(&launch.program, &launch.args, Some(&launch.control_key));
+        let launch_key = launch.access.key.clone().expect("the engine gets a key");
+        let key = launch_key.as_str().to_string();
+        let command = command(&launch.program, &launch.args, &[], Some(&launch_key));
         let env: Vec<_> = command.get_envs().collect();
         assert!(
             env.contains(&(
@@ -292,12 +298,9 @@ mod tests {
             "nor in a debug print"
         );
         let next = Launch::plan(&board, &config, &approved).expect("plan");
-        assert_ne!(
-            next.control_key, launch.control_key,
-            "fresh for every launch"
-        );
+        assert_ne!(next.access.key, launch.access.key, "fresh for every launch");
         // The one-shot `engine generate` serves nothing and gets no key.
-        let one_shot = super::command(&launch.program, &launch.args, None);
+        let one_shot = super::command(&launch.program, &launch.args, &[], None);
         assert!(one_shot.get_envs().all(|(name, _)| name != control::ENV));
     }
 }

@@ -4,7 +4,7 @@
 use crate::pid::alive;
 use serde::{Deserialize, Serialize};
 
-use super::control::ControlKey;
+use super::local::Access;
 use crate::board::Board;
 
 /// Where the running daemon publishes the engine's state (a tmpfs on the box).
@@ -62,13 +62,11 @@ pub struct EngineStatus {
     pub recent_log: Vec<String>,
     /// The daemon that published this.
     pub supervisor_pid: Option<u32>,
-    /// The running engine's control key, for the dashboard's requests to it: in memory only,
-    /// never in the published file or `status --json`.
+    /// The way in to the running server (its control socket and key, or its loopback port),
+    /// for the supervisor's and the dashboard's requests to it: in memory only, never in the
+    /// published file or `status --json`.
     #[serde(skip)]
-    pub control_key: Option<ControlKey>,
-    /// The running engine's control socket, for the same requests: in memory only.
-    #[serde(skip)]
-    pub control_socket: Option<std::path::PathBuf>,
+    pub access: Option<Access>,
 }
 
 impl EngineStatus {
@@ -90,8 +88,7 @@ impl EngineStatus {
             tool_calls: None,
             recent_log: Vec::new(),
             supervisor_pid: Some(std::process::id()),
-            control_key: None,
-            control_socket: None,
+            access: None,
         }
     }
 

@@ -283,8 +283,7 @@ impl Supervisor {
         };
         self.status.pid = Some(running.pid);
         self.status.ready_unix = None;
-        self.status.control_key = Some(launch.control_key.clone());
-        self.status.control_socket = Some(launch.control_socket.clone());
+        self.status.access = Some(launch.access.clone());
         tracing::info!(
             pid = running.pid,
             "engine started: {}",
@@ -294,7 +293,6 @@ impl Supervisor {
 
         let started = Instant::now();
         let start_timeout = Duration::from_secs(self.config.engine.start_timeout_s.get());
-        let socket = launch.control_socket.clone();
         let health = loop {
             tokio::select! {
                 exit = running.exited() => {
@@ -304,8 +302,8 @@ impl Supervisor {
                 why = refused(&mut model) => return self.refuse(running, why).await,
                 () = switched(&mut switch) => return self.switch_engine(running).await,
                 _ = tokio::time::sleep(READY_POLL) => {
-                    let socket = socket.clone();
-                    match blocking(move || probe::health(&socket, READY_POLL * 4)).await {
+                    let access = launch.access.clone();
+                    match blocking(move || probe::health(&access, READY_POLL * 4)).await {
                         Ok(health) => break health,
                         Err(e) if started.elapsed() >= start_timeout => {
                             let exit = running.stop(STOP_GRACE).await;
@@ -348,9 +346,8 @@ impl Supervisor {
                 why = refused(&mut model) => return self.refuse(running, why).await,
                 () = switched(&mut switch) => return self.switch_engine(running).await,
                 _ = probes.tick() => {
-                    let key = launch.control_key.clone();
-                    let socket = socket.clone();
-                    let probe = blocking(move || probe::check(&socket, timeout, &key));
+                    let access = launch.access.clone();
+                    let probe = blocking(move || probe::check(&access, timeout));
                     match probe.await {
                         Ok(health) => {
                             failed_probes = 0;
@@ -424,7 +421,7 @@ impl Supervisor {
         self.status.last_exit = Some(exit);
         self.status.pid = None;
         self.status.ready_unix = None;
-        self.status.control_key = None;
+        self.status.access = None;
     }
 
     /// Publishes a new state: to the daemon, and to the runtime file `status` reads.

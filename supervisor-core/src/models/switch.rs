@@ -113,11 +113,9 @@ async fn prove(config: &Config, mut states: watch::Receiver<EngineStatus>, id: &
             if status.model_id == id {
                 match status.state {
                     Phase::Ready => {
-                        if let (Some(socket), Some(key)) =
-                            (status.control_socket.clone(), status.control_key.clone())
-                        {
+                        if let Some(access) = status.access.clone() {
                             let probed = tokio::task::spawn_blocking(move || {
-                                probe::check(&socket, probe_timeout, &key)
+                                probe::check(&access, probe_timeout)
                             })
                             .await;
                             return match probed {

@@ -61,11 +61,11 @@ async fn look(
         return Health::Pending(format!("the engine is not serving: {}", status.reason));
     }
     // Never healthy by default: without the way in to this engine there is no proof.
-    let (Some(key), Some(socket)) = (status.control_key, status.control_socket) else {
-        return Health::Pending("the engine's control key and socket are not known yet".into());
+    let Some(access) = status.access else {
+        return Health::Pending("the way in to the engine is not known yet".into());
     };
     let answered = tokio::task::spawn_blocking(move || {
-        engine::probe::complete_one_token(&socket, Duration::from_secs(60), &key)
+        engine::probe::complete_one_token(&access, Duration::from_secs(60))
     })
     .await
     .unwrap_or_else(|e| Err(format!("the completion crashed: {e}")));
