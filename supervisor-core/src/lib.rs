@@ -22,6 +22,7 @@ pub use ::board;
 pub use ::board::bootloader;
 pub mod bootfiles;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod metrics;

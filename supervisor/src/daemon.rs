@@ -215,7 +215,16 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     // The engine is launched after tuning, so it starts inside its limits; the supervision
     // task runs the gate again right before every launch.
     let logs = Arc::new(LogRing::new(ENGINE_LOG_LINES));
-    let engine = engine::supervise(board.clone(), config.clone(), Arc::clone(&logs));
+    let engine = engine::supervise(
+        board.clone(),
+        config.clone(),
+        Arc::clone(&logs),
+        supervisor_core::cluster::initial_serve(config.cluster.as_ref()),
+    );
+    // This box's part in a cluster, if it has one: it decides what the engine's supervision
+    // serves (the cluster's model, the box's own, or nothing).
+    let mut cluster =
+        supervisor_core::cluster::start(board, config, engine.subscribe(), Arc::clone(&logs));
     let (tuned, tuned_rx) = watch::channel(dashboard::Tuned {
         steps: reports,
         model: verdict,
@@ -258,6 +267,14 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
         tokio::select! {
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
+            serve = async {
+                if let Some(c) = cluster.as_mut()
+                    && c.serve.changed().await.is_ok()
+                {
+                    return c.serve.borrow_and_update().clone();
+                }
+                std::future::pending().await
+            } => engine.serve(serve),
             _ = watchdog_tick.tick(), if watchdog.is_some() => {
                 if engine.watchdog_ok() {
                     notify(&[NotifyState::Watchdog]);
@@ -337,6 +354,9 @@ pub async fn run(board: &Board, config: &Config) -> Result<(), String> {
     notify(&[NotifyState::Stopping]);
     dashboard.stop();
     engine.stop().await;
+    if let Some(cluster) = cluster {
+        cluster.stop().await;
+    }
     Ok(())
 }
 

@@ -84,6 +84,17 @@ enum Command {
         #[command(subcommand)]
         command: ProvisionCommand,
     },
+    /// This box in a cluster serving one model over several boxes.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Print this box's WireGuard public key (made the first time), for the other members.
+    Key,
 }
 
 #[derive(Subcommand)]
@@ -364,6 +375,9 @@ fn main() -> ExitCode {
             command: ConfigCommand::Check { file },
         } => cli::config::check(&file),
         Command::Weights { command } => weights(&cli.root, config, command),
+        Command::Cluster {
+            command: ClusterCommand::Key,
+        } => cli::cluster::key(&cli.root),
         Command::Model { command } => match command {
             ModelCommand::List { json } => cli::model::list(&cli.root, config, json),
             ModelCommand::Use { id } => cli::model::switch(&cli.root, config, &id),

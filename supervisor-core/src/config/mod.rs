@@ -5,6 +5,7 @@
 //! only file. The documented copy of every key with its default is
 //! `overlays/rootfs/etc/appliance/appliance.toml`, which a test keeps equal to [`Config::default`].
 
+pub mod cluster;
 pub mod overclock;
 pub mod update;
 
@@ -38,6 +39,9 @@ pub struct Config {
     pub update: update::Update,
     /// The web dashboard the daemon serves.
     pub dashboard: Dashboard,
+    /// This box in a cluster serving one model over several boxes; absent: it serves alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<cluster::Cluster>,
 }
 
 /// How the daemon launches, watches and restarts the engine.
@@ -805,6 +809,9 @@ impl Config {
         let config: Config = merged
             .try_into()
             .map_err(|e: toml::de::Error| fail(format!("after applying overrides: {e}")))?;
+        if let Some(cluster) = &config.cluster {
+            cluster.check(&config.model.id).map_err(fail)?;
+        }
         let engine = &config.tuning.engine;
         if let (Some(low), Some(max)) = (engine.memory_low_mib, engine.memory_max_mib) {
             let low = low.get();

@@ -47,28 +47,112 @@ fn default_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("engine"))
 }
 
+/// The cluster head's server: llama.cpp's `llama-server` on the cluster's model, the layers
+/// after the head's own on the workers' RPC servers, over the link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterHead {
+    /// The model the cluster serves.
+    pub model: String,
+    /// `llama-server`.
+    pub program: PathBuf,
+    /// The head and then each worker, with what its share may take.
+    pub members: Vec<crate::cluster::split::Member>,
+    /// Each worker's RPC server (`ADDRESS:PORT` on the link), in the members' order.
+    pub workers: Vec<String>,
+}
+
+/// Threads: the configuration's, else the manifest's (never more than the CPUs available).
+fn threads(config: &Config, approved: &Approved) -> usize {
+    match config.engine.threads.get() {
+        0 => (approved.manifest.engine.threads as usize).clamp(1, available_cpus()),
+        n => n,
+    }
+}
+
+/// Context: the configuration's where set, else the manifest's; above the manifest's refused.
+fn context(config: &Config, approved: &Approved) -> Result<usize, String> {
+    let allowed = approved.manifest.engine.context as usize;
+    match config.engine.context.get() {
+        0 => Ok(allowed),
+        n if allowed > 0 && n > allowed => Err(format!(
+            "not started: [engine] context = {n} is more than the {allowed} tokens model {}'s manifest allows; lower it, or set 0 to take the manifest's",
+            approved.manifest.id
+        )),
+        n => Ok(n),
+    }
+}
+
+/// The manifest's sampling defaults as flags (the same names for the engine and llama-server).
+fn sampling(approved: &Approved) -> Vec<OsString> {
+    let settings = &approved.manifest.engine;
+    let mut args = Vec::new();
+    for (flag, value) in [
+        ("--temp", settings.temperature.map(|t| t.to_string())),
+        ("--top-p", settings.top_p.map(|p| p.to_string())),
+        ("--top-k", settings.top_k.map(|k| k.to_string())),
+        ("--min-p", settings.min_p.map(|p| p.to_string())),
+    ] {
+        if let Some(value) = value {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+    }
+    args
+}
+
 impl Launch {
+    /// The cluster head's `llama-server` for `approved` (the cluster's model, verified): the
+    /// split planned from the model's tensors and the members' memory (refused when they cannot
+    /// hold it), bound to loopback on the engine's port, as the engine would be.
+    pub fn plan_head(
+        config: &Config,
+        approved: &Approved,
+        head: &ClusterHead,
+    ) -> Result<(Launch, crate::cluster::split::Split), String> {
+        let context = context(config, approved)?;
+        let sizes = crate::cluster::split::sizes(&approved.path, context as u64)?;
+        let split = crate::cluster::split::plan(&sizes, &head.members)
+            .map_err(|e| format!("not started: {e}"))?;
+        let port = config.engine.port.get();
+        let mut args: Vec<OsString> = vec!["--model".into(), approved.path.clone().into()];
+        args.extend(sampling(approved));
+        for (flag, value) in [
+            ("--rpc", head.workers.join(",")),
+            ("--n-gpu-layers", split.gpu_layers().to_string()),
+            ("--tensor-split", split.tensor_split()),
+            // The split is ours: llama.cpp's own fitting would move layers by free memory.
+            ("--fit", "off".to_string()),
+            ("--host", "127.0.0.1".to_string()),
+            ("--port", port.to_string()),
+            ("--threads", threads(config, approved).to_string()),
+            ("--ctx-size", context.to_string()),
+            ("--alias", head.model.clone()),
+        ] {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+        args.push("--no-webui".into());
+        let launch = Launch {
+            program: head.program.clone(),
+            args,
+            port,
+            environment: Vec::new(),
+            access: Access {
+                endpoint: Endpoint::Loopback(port),
+                key: None,
+            },
+        };
+        Ok((launch, split))
+    }
+
     /// The command for `approved`: threads and context from the configuration where set,
     /// else from the manifest (threads never more than the CPUs the supervisor may use), with a
     /// fresh control key. A configured context above the manifest's is refused: the manifest
     /// is what the model was approved to run with.
     pub fn plan(board: &Board, config: &Config, approved: &Approved) -> Result<Launch, String> {
         let e = &config.engine;
-        let threads = match e.threads.get() {
-            0 => (approved.manifest.engine.threads as usize).clamp(1, available_cpus()),
-            n => n,
-        };
-        let allowed = approved.manifest.engine.context as usize;
-        let context = match e.context.get() {
-            0 => allowed,
-            n if allowed > 0 && n > allowed => {
-                return Err(format!(
-                    "not started: [engine] context = {n} is more than the {allowed} tokens model {}'s manifest allows; lower it, or set 0 to take the manifest's",
-                    approved.manifest.id
-                ));
-            }
-            n => n,
-        };
+        let threads = threads(config, approved);
+        let context = context(config, approved)?;
         let mut args: Vec<OsString> = vec!["serve".into(), "--model".into()];
         args.push(approved.path.clone().into_os_string());
         // The head was verified with the weights; the engine drafts from it by default.
@@ -76,19 +160,7 @@ impl Launch {
             args.push("--model-draft".into());
             args.push(draft.clone().into_os_string());
         }
-        let settings = &approved.manifest.engine;
-        let sampling = [
-            ("--temp", settings.temperature.map(|t| t.to_string())),
-            ("--top-p", settings.top_p.map(|p| p.to_string())),
-            ("--top-k", settings.top_k.map(|k| k.to_string())),
-            ("--min-p", settings.min_p.map(|p| p.to_string())),
-        ];
-        for (flag, value) in sampling {
-            if let Some(value) = value {
-                args.push(flag.into());
-                args.push(value.into());
-            }
-        }
+        args.extend(sampling(approved));
         for (flag, value) in [
             ("--host", "127.0.0.1".to_string()),
             ("--port", e.port.get().to_string()),

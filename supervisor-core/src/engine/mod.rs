@@ -15,8 +15,9 @@ mod state;
 mod supervise;
 
 pub use control::ControlKey;
-pub use launch::{Launch, binary};
+pub use launch::{ClusterHead, Launch, binary};
 pub use logs::LogRing;
-pub use process::{Finished, run_to_end};
+pub(crate) use process::spawn;
+pub use process::{Finished, Running, run_to_end};
 pub use state::{EngineStatus, Phase, STATE_FILE, read_status};
-pub use supervise::{Handle, supervise};
+pub use supervise::{Handle, Serve, supervise};

@@ -58,6 +58,9 @@ pub struct EngineStatus {
     /// Tool calls since the running engine started, once it has answered a probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<wire::status::ToolCalls>,
+    /// As a cluster's head: which layers each member holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<crate::cluster::split::Split>,
     /// The engine's last output lines.
     pub recent_log: Vec<String>,
     /// The daemon that published this.
@@ -86,6 +89,7 @@ impl EngineStatus {
             prefill_tokens_per_second: None,
             decode_tokens_per_second: None,
             tool_calls: None,
+            split: None,
             recent_log: Vec::new(),
             supervisor_pid: Some(std::process::id()),
             access: None,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::launch::Launch;
+use super::launch::{ClusterHead, Launch};
 use super::logs::LogRing;
 use super::probe::{self, Health, Progress};
 use super::process::{self, Running};
@@ -35,10 +35,39 @@ pub struct Handle {
     status: watch::Receiver<EngineStatus>,
     shutdown: watch::Sender<bool>,
     model: watch::Sender<ModelVerdict>,
-    switch: watch::Sender<String>,
+    switch: watch::Sender<Wanted>,
     heartbeat: Arc<Mutex<Instant>>,
     stale_after: Duration,
     task: JoinHandle<()>,
+}
+
+/// What the box serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Serve {
+    /// Its own model, alone.
+    Alone,
+    /// The cluster's model, as its head.
+    Head(Arc<ClusterHead>),
+    /// Nothing, and why (a cluster short of a worker, with no fallback).
+    Nothing(String),
+}
+
+/// What the supervision should run: the model the box serves alone (`[model] id` or the model
+/// switched to), and whether it serves that or a cluster's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wanted {
+    model: String,
+    serve: Serve,
+}
+
+impl Wanted {
+    /// The model actually served.
+    fn served(&self) -> &str {
+        match &self.serve {
+            Serve::Head(head) => &head.model,
+            Serve::Alone | Serve::Nothing(_) => &self.model,
+        }
+    }
 }
 
 impl Handle {
@@ -72,7 +101,21 @@ impl Handle {
     /// through the gate, with a fresh crash-loop count. Whether it then proves healthy is for
     /// the caller to watch ([`Handle::subscribe`]: `model_id` names the model of each state).
     pub fn use_model(&self, id: &str) {
-        let _previous = self.switch.send_replace(id.to_string());
+        self.switch.send_if_modified(|wanted| {
+            let changed = wanted.model != id;
+            wanted.model = id.to_string();
+            changed
+        });
+    }
+
+    /// Serves `serve` from now on: a running server that serves something else is stopped and
+    /// the new one launched through the gate.
+    pub fn serve(&self, serve: Serve) {
+        self.switch.send_if_modified(|wanted| {
+            let changed = wanted.serve != serve;
+            wanted.serve = serve;
+            changed
+        });
     }
 
     /// Stops the engine (SIGTERM, then SIGKILL) and waits for the task to finish.
@@ -84,13 +127,17 @@ impl Handle {
     }
 }
 
-/// Starts supervising the configured model's engine.
-pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
+/// Starts supervising what the box serves: `first` (its configured model alone, a cluster's
+/// model as its head, or nothing) until [`Handle::serve`] says otherwise.
+pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>, first: Serve) -> Handle {
     let initial = EngineStatus::new(&config.model.id);
     let (status_tx, status) = watch::channel(initial.clone());
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (model, model_rx) = watch::channel(Ok(()));
-    let (switch, switch_rx) = watch::channel(config.model.id.clone());
+    let (switch, switch_rx) = watch::channel(Wanted {
+        model: config.model.id.clone(),
+        serve: first,
+    });
     let heartbeat = Arc::new(Mutex::new(Instant::now()));
     let e = &config.engine;
     let stale_after = Duration::from_secs(3 * e.health_interval_s.get())
@@ -105,6 +152,7 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>) -> Handle {
         shutdown: shutdown_rx,
         model: model_rx,
         switch: switch_rx,
+        serving: Serve::Alone,
     };
     let task = tokio::spawn(supervisor.run());
     Handle {
@@ -127,8 +175,10 @@ struct Supervisor {
     heartbeat: Arc<Mutex<Instant>>,
     shutdown: watch::Receiver<bool>,
     model: watch::Receiver<ModelVerdict>,
-    /// The model to run: changed by [`Handle::use_model`].
-    switch: watch::Receiver<String>,
+    /// What to run: changed by [`Handle::use_model`] and [`Handle::serve`].
+    switch: watch::Receiver<Wanted>,
+    /// What the current launches serve.
+    serving: Serve,
 }
 
 /// The model's latest re-verification: `Err` with why it failed.
@@ -156,16 +206,35 @@ impl Supervisor {
             // The gate below is newer than any verdict the daemon sent so far.
             self.model.borrow_and_update();
             let wanted = self.switch.borrow_and_update().clone();
-            if wanted != self.config.model.id {
+            if wanted.served() != self.config.model.id || wanted.serve != self.serving {
                 tracing::info!(
-                    "engine: switching from model {} to {wanted}",
-                    self.config.model.id
+                    "engine: switching from model {} to {}{}",
+                    self.config.model.id,
+                    wanted.served(),
+                    match &wanted.serve {
+                        Serve::Head(_) => " as the cluster's head",
+                        Serve::Alone => "",
+                        Serve::Nothing(_) => " (not served)",
+                    }
                 );
-                self.config.model.id = wanted;
+                self.config.model.id = wanted.served().to_string();
+                self.serving = wanted.serve.clone();
                 self.status.model_id = self.config.model.id.clone();
                 self.status.model_sha256 = None;
+                self.status.split = None;
                 failures = 0;
                 refused_while_running = None;
+            }
+            if let Serve::Nothing(why) = &self.serving {
+                let reason = format!("not serving: {why}");
+                if self.status.reason != reason {
+                    tracing::warn!("engine {reason}");
+                    self.set(Phase::Blocked, reason);
+                }
+                if self.idle_until_shutdown_or_switch().await {
+                    return;
+                }
+                continue;
             }
             let approved = match self.gate().await {
                 Ok(approved) => {
@@ -194,8 +263,16 @@ impl Supervisor {
             };
             // A launch that cannot even be planned (no random source for its key) counts as a
             // failed start: backoff, then the crash-loop limit.
-            let outcome = match Launch::plan(&self.board, &self.config, &approved) {
-                Ok(launch) => {
+            let planned = match &self.serving {
+                Serve::Head(head) => Launch::plan_head(&self.config, &approved, head)
+                    .map(|(launch, split)| (launch, Some(split))),
+                Serve::Alone | Serve::Nothing(_) => {
+                    Launch::plan(&self.board, &self.config, &approved).map(|l| (l, None))
+                }
+            };
+            let outcome = match planned {
+                Ok((launch, split)) => {
+                    self.status.split = split;
                     self.status.model_sha256 = Some(approved.manifest.sha256.clone());
                     self.status.url = Some(format!("http://127.0.0.1:{}", launch.port));
                     self.run_once(&launch).await
@@ -505,7 +582,7 @@ async fn refused(model: &mut watch::Receiver<ModelVerdict>) -> String {
 
 /// Resolves once another model is asked for (never when the daemon's handle is gone). The
 /// receiver is a clone: the loop's own one marks the request seen when it acts on it.
-async fn switched(switch: &mut watch::Receiver<String>) {
+async fn switched(switch: &mut watch::Receiver<Wanted>) {
     if switch.changed().await.is_err() {
         std::future::pending::<()>().await;
     }

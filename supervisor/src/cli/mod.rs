@@ -5,6 +5,7 @@
 //! Exit status: 0 success; 1 a tuning step failed (or the daemon stopped on an error);
 //! 2 bad input (configuration, board root, arguments).
 
+pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod dashboard;

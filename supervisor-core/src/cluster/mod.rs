@@ -1,0 +1,184 @@
+//! This box as a member of a cluster: several boxes serving one model too large for any of them,
+//! on llama.cpp's RPC backend (Debian's `llama.cpp` and `ggml-rpc-server`, the same build on
+//! every member), over a private WireGuard link ([`link`]).
+//!
+//! - A **worker** brings the link up and runs `ggml-rpc-server` bound to its link address, in
+//!   the engine's cgroup, its tensor cache on the data partition, restarted when it dies
+//!   ([`worker`]).
+//! - The **head** brings the link up and checks its workers every `check_interval_s`. While
+//!   all of them answer on the link, it serves the cluster's model as `llama-server --rpc`
+//!   through the engine's supervision (the same gate, probe, restart and status), the layers
+//!   split by [`split`]; while one is gone it serves its own model alone (or nothing), and goes
+//!   back once they all answer again ([`head`]).
+
+pub mod head;
+pub mod keys;
+pub mod link;
+pub mod split;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::board::Board;
+use crate::config::Config;
+use crate::config::cluster::{Cluster, Fallback, Role};
+use crate::engine::{EngineStatus, LogRing, Serve};
+
+/// Debian's `llama-server`.
+const LLAMA_SERVER: &str = "/usr/bin/llama-server";
+
+/// The configured `llama-server`, else Debian's.
+pub fn llama_server(config: &Config) -> PathBuf {
+    config
+        .cluster
+        .as_ref()
+        .and_then(|c| c.llama_server.clone())
+        .map_or_else(|| PathBuf::from(LLAMA_SERVER), PathBuf::from)
+}
+
+/// The configured `ggml-rpc-server`, else Debian's (`llama.cpp-tools-extra`, off `PATH`).
+pub fn rpc_server(config: &Config) -> PathBuf {
+    config
+        .cluster
+        .as_ref()
+        .and_then(|c| c.rpc_server.clone())
+        .map_or_else(
+            || {
+                PathBuf::from(format!(
+                    "/usr/libexec/{}-linux-gnu/llama/bin/ggml-rpc-server",
+                    std::env::consts::ARCH
+                ))
+            },
+            PathBuf::from,
+        )
+}
+
+/// How the cluster looks from this box, for `status`, the dashboard and the fleet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The cluster's name.
+    pub name: String,
+    /// This box's part: `head` or `worker`.
+    pub role: String,
+    /// `starting`, `up` (head: serving the cluster's model; worker: its RPC server runs),
+    /// `degraded` (head: a worker is gone) or `failing` (the link or the server cannot start).
+    pub state: String,
+    /// Why, in words.
+    pub reason: String,
+    /// This box's WireGuard public key, for the other members' configuration.
+    pub public_key: Option<String>,
+    /// The other members as this box sees them.
+    pub members: Vec<MemberStatus>,
+}
+
+/// Another member as this box sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    /// Its name.
+    pub name: String,
+    /// `head` or `worker`.
+    pub role: String,
+    /// Its link address.
+    pub address: String,
+    /// Seconds since WireGuard's last handshake with it (none yet: absent).
+    pub handshake_age_s: Option<u64>,
+    /// The head: whether its RPC server answered the last check.
+    pub answers: Option<bool>,
+}
+
+/// The cluster's task on this box, for the daemon.
+pub struct Running {
+    /// What the box serves, as the cluster decides it (the daemon passes it to the engine's
+    /// supervision).
+    pub serve: watch::Receiver<Serve>,
+    /// How the cluster looks from here.
+    pub status: watch::Receiver<ClusterStatus>,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the task (a worker's RPC server with it) and waits for it.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        if let Err(e) = self.task.await {
+            tracing::error!("the cluster task failed: {e}");
+        }
+    }
+}
+
+/// Starts this box's part in its cluster, if it has one; `engine` is the engine supervision's
+/// state (the head falls back when the cluster's server keeps failing).
+pub fn start(
+    board: &Board,
+    config: &Config,
+    engine: watch::Receiver<EngineStatus>,
+    logs: Arc<LogRing>,
+) -> Option<Running> {
+    let cluster = config.cluster.clone()?;
+    let initial = ClusterStatus {
+        name: cluster.name.to_string(),
+        role: match cluster.role {
+            Role::Head => "head".into(),
+            Role::Worker => "worker".into(),
+        },
+        state: "starting".into(),
+        reason: "bringing the link up".into(),
+        public_key: None,
+        members: Vec::new(),
+    };
+    let (status_tx, status) = watch::channel(initial);
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let (board, config) = (board.clone(), config.clone());
+    let (serve_tx, serve) = watch::channel(initial_serve(config.cluster.as_ref()));
+    let task = match cluster.role {
+        Role::Worker => tokio::spawn(worker::run(
+            board,
+            config,
+            cluster,
+            logs,
+            shutdown_rx,
+            status_tx,
+        )),
+        Role::Head => tokio::spawn(head::run(
+            board,
+            config,
+            cluster,
+            engine,
+            shutdown_rx,
+            serve_tx.clone(),
+            status_tx,
+        )),
+    };
+    drop(serve_tx);
+    Some(Running {
+        serve,
+        status,
+        shutdown,
+        task,
+    })
+}
+
+/// What a box serves as it starts: alone without a cluster; nothing as a worker; as a head,
+/// its fallback until its workers have answered once (so the API answers from the start).
+pub fn initial_serve(cluster: Option<&Cluster>) -> Serve {
+    let Some(cluster) = cluster else {
+        return Serve::Alone;
+    };
+    match (cluster.role, cluster.fallback) {
+        (Role::Worker, _) => Serve::Nothing(format!(
+            "this box is a worker of cluster {}: it holds layers for the head and serves no model itself",
+            cluster.name
+        )),
+        (Role::Head, Fallback::OwnModel) => Serve::Alone,
+        (Role::Head, Fallback::None) => Serve::Nothing(format!(
+            "cluster {} is starting; its workers have not answered yet",
+            cluster.name
+        )),
+    }
+}
