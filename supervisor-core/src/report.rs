@@ -49,6 +49,8 @@ pub struct Status {
     /// Every model on the box, the active and fallback one, pushes and switches; `None`
     /// when they cannot be read (the reason is logged).
     pub models: Option<wire::models::Models>,
+    /// The cluster this box is a member of; `None` when it serves alone.
+    pub cluster: Option<wire::cluster::Cluster>,
 }
 
 impl Status {
@@ -68,6 +70,7 @@ impl Status {
             provision: Some(wire_provision(&self.provision)),
             clock: Some(wire_clock(&self.clock)),
             models: self.models.clone(),
+            cluster: self.cluster.clone(),
         }
     }
 }
@@ -374,6 +377,7 @@ pub fn collect(
         board: board.facts(),
         model,
         steps,
+        cluster: crate::cluster::read(board, config, &engine),
         engine,
         overclock: crate::overclock::status(board, config),
         update: crate::update::status(board, config),

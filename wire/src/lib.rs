@@ -29,6 +29,7 @@
 //! optional) without a version field of their own: the enrolment and identity answers are
 //! signed over a message with its own version tag (see `provision::enroll`).
 
+pub mod cluster;
 pub mod enrol;
 pub mod models;
 pub mod status;
@@ -44,8 +45,8 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// The status document's minor version: bumped when a field is added. Written as
 /// `schema_minor` only when not 0, so version 1.0 documents are what boxes always sent.
-/// 1.1 added `engine.tool_calls`, 1.2 `models`.
-pub const SCHEMA_MINOR: u32 = 2;
+/// 1.1 added `engine.tool_calls`, 1.2 `models`, 1.3 `cluster`.
+pub const SCHEMA_MINOR: u32 = 3;
 
 /// Whether a number is 0 (serde's `skip_serializing_if` for fields that are absent at 0).
 fn is_zero(n: &u32) -> bool {

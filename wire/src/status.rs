@@ -49,6 +49,9 @@ pub struct Status {
     /// past switches. Absent from an older box's document, and written only when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub models: Option<crate::models::Models>,
+    /// The cluster this box is a member of (since 1.3); absent when it serves alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 /// Only the version, read before the rest so a document of an unknown major version is

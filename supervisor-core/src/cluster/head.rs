@@ -4,7 +4,7 @@
 //! box's own model alone (or nothing, with `fallback = "none"`) and the state is `degraded`
 //! with the reason, until every worker has answered two checks in a row again.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ use super::split::Member;
 use super::{ClusterStatus, MemberStatus, keys, link};
 use crate::board::Board;
 use crate::config::Config;
-use crate::config::cluster::{Cluster, Fallback, Role};
+use crate::config::cluster::{Cluster, Fallback};
 use crate::engine::{ClusterHead, EngineStatus, Phase, Serve};
 
 /// How long a worker's RPC port gets to take a connection.
@@ -47,26 +47,75 @@ pub fn cluster_head(config: &Config, cluster: &Cluster) -> ClusterHead {
     }
 }
 
-/// Whether each worker's RPC server takes a connection on the link: `Err` with why not.
-async fn look(cluster: &Cluster) -> Vec<(String, Result<(), String>)> {
+/// How each worker is judged: its server busy with ours, or idle and asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// Our `llama-server` runs and holds a connection to every worker: each must still have
+    /// one (an RPC server serves one client at a time, so a new connection would only wait in
+    /// its queue, and fill it).
+    Held,
+    /// Nothing of ours holds the workers: each must take a connection.
+    Ask,
+    /// Our server is starting: its own start (or failure) is the verdict.
+    Wait,
+}
+
+/// The IPv4 connections this network namespace has established, by remote address
+/// (`/proc/net/tcp`: the kernel prints each address's bytes as a native-endian word).
+fn established() -> Result<Vec<SocketAddrV4>, String> {
+    let text =
+        std::fs::read_to_string("/proc/net/tcp").map_err(|e| format!("/proc/net/tcp: {e}"))?;
+    Ok(parse_tcp(&text))
+}
+
+fn parse_tcp(text: &str) -> Vec<SocketAddrV4> {
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // State 01 is ESTABLISHED.
+            if fields.get(3) != Some(&"01") {
+                return None;
+            }
+            let (ip, port) = fields.get(2)?.split_once(':')?;
+            let ip = u32::from_str_radix(ip, 16).ok()?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            Some(SocketAddrV4::new(Ipv4Addr::from(ip.to_ne_bytes()), port))
+        })
+        .collect()
+}
+
+/// Whether each worker's RPC server answers on the link: `Err` with why not.
+async fn look(cluster: &Cluster, how: Look) -> Vec<(String, Result<(), String>)> {
+    let held = match how {
+        Look::Held => Some(established()),
+        Look::Ask | Look::Wait => None,
+    };
     let mut answers = Vec::new();
     for peer in cluster.workers() {
-        let address = SocketAddr::from((peer.address, cluster.rpc_port.get()));
-        let answer =
-            match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address))
-                .await
-            {
-                // Closed at once: the server serves one client at a time, and this is not one.
-                Ok(Ok(_stream)) => Ok(()),
-                Ok(Err(e)) => Err(format!("{address}: {e}")),
-                Err(_) => Err(format!(
-                    "{address}: no answer within {} s",
-                    CONNECT_TIMEOUT.as_secs()
-                )),
-            };
+        let v4 = SocketAddrV4::new(peer.address, cluster.rpc_port.get());
+        let answer = match (&held, how) {
+            (_, Look::Wait) => Ok(()),
+            (Some(Ok(connections)), _) if connections.contains(&v4) => Ok(()),
+            (Some(Ok(_)), _) => Err(format!("{v4}: the cluster's server lost its connection")),
+            (Some(Err(e)), _) => Err(e.clone()),
+            (None, _) => connect(SocketAddr::V4(v4)).await,
+        };
         answers.push((peer.name.to_string(), answer));
     }
     answers
+}
+
+/// A connection to `address`, closed at once (an idle server takes it and sees it end).
+async fn connect(address: SocketAddr) -> Result<(), String> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+        Ok(Ok(_stream)) => Ok(()),
+        Ok(Err(e)) => Err(format!("{address}: {e}")),
+        Err(_) => Err(format!(
+            "{address}: no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        )),
+    }
 }
 
 /// Runs the head's checks until `shutdown`, telling the engine's supervision what to serve.
@@ -105,7 +154,13 @@ pub async fn run(
                 Err(e) => reason = Some(format!("bringing the link up crashed: {e}")),
             }
         }
-        let answers = look(&cluster).await;
+        let engine_now = engine.borrow().clone();
+        let how = match (&*serve.borrow(), engine_now.state) {
+            (Serve::Head(_), Phase::Ready) => Look::Held,
+            (Serve::Head(_), Phase::Starting) => Look::Wait,
+            _ => Look::Ask,
+        };
+        let answers = look(&cluster, how).await;
         let missing: Vec<String> = answers
             .iter()
             .filter_map(|(name, a)| {
@@ -124,7 +179,6 @@ pub async fn run(
         };
         // The cluster's own server failing (a split that does not fit, a version mismatch)
         // is a reason to fall back too, for a while.
-        let engine_now = engine.borrow().clone();
         if matches!(*serve.borrow(), Serve::Head(_)) && engine_now.state == Phase::Failing {
             failing_since = Some(Instant::now());
         }
@@ -172,10 +226,7 @@ pub async fn run(
             .iter()
             .map(|p| MemberStatus {
                 name: p.name.to_string(),
-                role: match p.role {
-                    Role::Head => "head".into(),
-                    Role::Worker => "worker".into(),
-                },
+                role: super::role_word(p.role).into(),
                 address: p.address.to_string(),
                 handshake_age_s: links
                     .iter()
@@ -194,6 +245,8 @@ pub async fn run(
             reason: why,
             public_key: public_key.clone(),
             members,
+            layers: Vec::new(),
+            decode_tokens_per_second: None,
         };
         if *status.borrow() != next {
             if next.state != status.borrow().state {
@@ -214,4 +267,26 @@ fn replace(current: &mut Serve, next: Serve) -> bool {
 /// Resolves once shutdown is asked for (or the daemon is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn established_connections_are_read_from_the_kernels_table() {
+        // 10.77.0.1:40000 → 10.77.0.2:50052 established; one listening; one closing.
+        let local = u32::from_ne_bytes([10, 77, 0, 1]);
+        let remote = u32::from_ne_bytes([10, 77, 0, 2]);
+        let text = format!(
+            "  sl  local_address rem_address   st tx_queue rx_queue\n\
+             0: {local:08X}:9C40 {remote:08X}:C384 01 00000000:00000000\n\
+             1: {local:08X}:1F90 00000000:0000 0A 00000000:00000000\n\
+             2: {local:08X}:9C41 {remote:08X}:C384 08 00000000:00000000\n"
+        );
+        assert_eq!(
+            parse_tcp(&text),
+            vec![SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 2), 50052)]
+        );
+    }
 }

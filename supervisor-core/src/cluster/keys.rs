@@ -13,14 +13,7 @@ pub const PRIVATE_KEY: &str = "/var/lib/appliance/cluster/wireguard.key";
 /// Its folder.
 pub const DIR: &str = "/var/lib/appliance/cluster";
 
-/// 32 bytes from WireGuard's base64 text, or `None`.
-pub fn decode(text: &str) -> Option<[u8; 32]> {
-    let text = text.trim();
-    if text.len() != 44 {
-        return None;
-    }
-    STANDARD.decode(text).ok()?.try_into().ok()
-}
+use crate::config::cluster::WireguardKey;
 
 /// The public key of a private one, in base64 (X25519 with the scalar clamped, as `wg pubkey`).
 pub fn public_of(private: &[u8; 32]) -> String {
@@ -46,6 +39,14 @@ pub fn public_key(board: &Board) -> Result<String, String> {
     Ok(public_of(&private))
 }
 
+/// The box's public key if its key was made already (never makes one: for reports).
+pub fn public_key_if_made(board: &Board) -> Option<String> {
+    read(board)
+        .ok()
+        .flatten()
+        .map(|private| public_of(&private))
+}
+
 fn read(board: &Board) -> Result<Option<[u8; 32]>, String> {
     let Some(text) = board
         .read_optional(PRIVATE_KEY)
@@ -53,7 +54,7 @@ fn read(board: &Board) -> Result<Option<[u8; 32]>, String> {
     else {
         return Ok(None);
     };
-    decode(&text).map(Some).ok_or_else(|| {
+    WireguardKey::decode(&text).map(Some).ok_or_else(|| {
         format!("{PRIVATE_KEY} is damaged (not a base64 WireGuard key); remove it to make a new one, then give the new public key to the other members")
     })
 }
@@ -70,12 +71,12 @@ mod tests {
                 .expect("hex")
                 .try_into()
                 .expect("32");
-        let public = decode(&public_of(&private)).expect("base64");
+        let public = WireguardKey::decode(&public_of(&private)).expect("base64");
         assert_eq!(
             hex::encode(public),
             "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"
         );
-        assert_eq!(decode("short"), None);
+        assert_eq!(WireguardKey::decode("short"), None);
     }
 
     #[test]

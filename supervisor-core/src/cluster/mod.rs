@@ -20,7 +20,6 @@ pub mod worker;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -58,37 +57,66 @@ pub fn rpc_server(config: &Config) -> PathBuf {
         )
 }
 
-/// How the cluster looks from this box, for `status`, the dashboard and the fleet.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClusterStatus {
-    /// The cluster's name.
-    pub name: String,
-    /// This box's part: `head` or `worker`.
-    pub role: String,
-    /// `starting`, `up` (head: serving the cluster's model; worker: its RPC server runs),
-    /// `degraded` (head: a worker is gone) or `failing` (the link or the server cannot start).
-    pub state: String,
-    /// Why, in words.
-    pub reason: String,
-    /// This box's WireGuard public key, for the other members' configuration.
-    pub public_key: Option<String>,
-    /// The other members as this box sees them.
-    pub members: Vec<MemberStatus>,
+pub use wire::cluster::{Cluster as ClusterStatus, Member as MemberStatus};
+
+/// Where the daemon publishes the cluster as this box sees it, for `status`.
+pub const STATE_FILE: &str = "/run/appliance/cluster/state.json";
+
+/// Writes `status` to [`STATE_FILE`] atomically.
+pub fn publish(board: &Board, status: &ClusterStatus) -> Result<(), String> {
+    let text = serde_json::to_vec_pretty(status).map_err(|e| e.to_string())?;
+    board
+        .create_dir_all("/run/appliance/cluster")
+        .and_then(|()| board.replace_file(STATE_FILE, &text))
+        .map_err(|e| e.to_string())
 }
 
-/// Another member as this box sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberStatus {
-    /// Its name.
-    pub name: String,
-    /// `head` or `worker`.
-    pub role: String,
-    /// Its link address.
-    pub address: String,
-    /// Seconds since WireGuard's last handshake with it (none yet: absent).
-    pub handshake_age_s: Option<u64>,
-    /// The head: whether its RPC server answered the last check.
-    pub answers: Option<bool>,
+/// The cluster as the running daemon last published it, with the layers the head's server
+/// holds and its decode speed from `engine`; `None` on a box that serves alone.
+pub fn read(board: &Board, config: &Config, engine: &EngineStatus) -> Option<ClusterStatus> {
+    let cluster = config.cluster.as_ref()?;
+    let published = board
+        .read_optional(STATE_FILE)
+        .ok()
+        .flatten()
+        .and_then(|text| serde_json::from_str::<ClusterStatus>(&text).ok());
+    let mut status = match published {
+        Some(status) if engine.supervisor_pid.is_some() => status,
+        _ => ClusterStatus {
+            name: cluster.name.to_string(),
+            role: role_word(cluster.role).into(),
+            state: "stopped".into(),
+            reason: "the supervisor daemon is not running".into(),
+            public_key: keys::public_key_if_made(board),
+            members: Vec::new(),
+            layers: Vec::new(),
+            decode_tokens_per_second: None,
+        },
+    };
+    if let Some(split) = engine.split.as_ref().filter(|_| status.state == "up") {
+        status.layers = split
+            .shares
+            .iter()
+            .map(|s| wire::cluster::Share {
+                member: s.member.clone(),
+                first_layer: s.layers.start,
+                layers: s.layers.len(),
+                output: s.output,
+                mib: s.bytes.div_ceil(1 << 20),
+                budget_mib: s.budget >> 20,
+            })
+            .collect();
+        status.decode_tokens_per_second = engine.decode_tokens_per_second;
+    }
+    Some(status)
+}
+
+/// `head` or `worker`.
+pub fn role_word(role: Role) -> &'static str {
+    match role {
+        Role::Head => "head",
+        Role::Worker => "worker",
+    }
 }
 
 /// The cluster's task on this box, for the daemon.
@@ -123,16 +151,31 @@ pub fn start(
     let cluster = config.cluster.clone()?;
     let initial = ClusterStatus {
         name: cluster.name.to_string(),
-        role: match cluster.role {
-            Role::Head => "head".into(),
-            Role::Worker => "worker".into(),
-        },
+        role: role_word(cluster.role).into(),
         state: "starting".into(),
         reason: "bringing the link up".into(),
         public_key: None,
         members: Vec::new(),
+        layers: Vec::new(),
+        decode_tokens_per_second: None,
     };
     let (status_tx, status) = watch::channel(initial);
+    // Every change published for `status`, which reads it from the runtime file.
+    let mut changes = status.clone();
+    let publishing = board.clone();
+    tokio::spawn(async move {
+        loop {
+            let now = changes.borrow_and_update().clone();
+            let b = publishing.clone();
+            let written = tokio::task::spawn_blocking(move || publish(&b, &now)).await;
+            if let Ok(Err(e)) = written {
+                tracing::warn!("cannot publish the cluster's state: {e}");
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    });
     let (shutdown, shutdown_rx) = watch::channel(false);
     let (board, config) = (board.clone(), config.clone());
     let (serve_tx, serve) = watch::channel(initial_serve(config.cluster.as_ref()));

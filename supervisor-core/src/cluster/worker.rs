@@ -73,7 +73,7 @@ pub async fn run(
             .iter()
             .map(|p| MemberStatus {
                 name: p.name.to_string(),
-                role: "head".into(),
+                role: super::role_word(p.role).into(),
                 address: p.address.to_string(),
                 handshake_age_s: None,
                 answers: None,
@@ -86,6 +86,8 @@ pub async fn run(
             reason,
             public_key: public_key.clone(),
             members,
+            layers: Vec::new(),
+            decode_tokens_per_second: None,
         });
     };
     let mut failures = 0u32;

@@ -182,7 +182,7 @@ checked_text!(
 checked_text!(
     /// A WireGuard public key: 32 bytes in standard base64 (44 characters).
     WireguardKey,
-    |text| match crate::cluster::keys::decode(text) {
+    |text| match WireguardKey::decode(text) {
         Some(_) => Ok(()),
         None => Err(format!(
             "invalid public_key {text:?}: expected a WireGuard key, 44 characters of base64 (`wg pubkey` prints one)"
@@ -209,6 +209,22 @@ checked_text!(
         }
     }
 );
+
+impl WireguardKey {
+    /// 32 bytes from WireGuard's base64 text, or `None`.
+    pub fn decode(text: &str) -> Option<[u8; 32]> {
+        use base64::Engine as _;
+        let text = text.trim();
+        if text.len() != 44 {
+            return None;
+        }
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .ok()?
+            .try_into()
+            .ok()
+    }
+}
 
 /// This box's link address with its prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
