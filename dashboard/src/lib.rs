@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod charts;
 mod chat;
+mod cluster;
 mod error;
 pub mod fields;
 mod listener;

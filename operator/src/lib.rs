@@ -6,6 +6,7 @@
 //! [`models`] makes and signs model manifests and pushes, switches and removes models on the
 //! fleet's boxes. Fleet files themselves are parsed and checked by the `provision` crate.
 
+pub mod cluster;
 pub mod disk;
 pub mod flash;
 pub mod fleet;

@@ -424,12 +424,20 @@ fn reach(reach: &Reach) -> Result<Reached, Failure> {
 fn enroll(args: &Reach) -> Result<(), Failure> {
     let (fleet, token, overrides) = reach(args)?;
     let paths = fleet::Paths::beside(&args.fleet);
-    let failed = fleet::enroll_all(&paths, &fleet, &token, &overrides, |line| {
+    let not_enrolled = fleet::enroll_all(&paths, &fleet, &token, &overrides, |line| {
         println!("{line}")
     })
     .map_err(failed)?;
-    if failed > 0 {
-        return Err(failed_count(failed, "not enrolled"));
+    if not_enrolled > 0 {
+        return Err(failed_count(not_enrolled, "not enrolled"));
+    }
+    // Clusters: each member learns the others' keys once all are enrolled.
+    let unlinked = operator::cluster::exchange(&paths, &fleet, &token, &overrides, |line| {
+        println!("{line}")
+    })
+    .map_err(failed)?;
+    if unlinked > 0 {
+        return Err((1, format!("{unlinked} cluster(s) not linked")));
     }
     Ok(())
 }

@@ -20,6 +20,10 @@ pub struct FleetFile {
     /// One entry per box.
     #[serde(default, rename = "box", skip_serializing_if = "Vec::is_empty")]
     pub boxes: Vec<BoxSettings>,
+    /// Clusters of boxes serving one model (in a fleet file; a stamped file carries the box's
+    /// part in its entry instead).
+    #[serde(default, rename = "cluster", skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<crate::cluster::ClusterDef>,
 }
 
 /// `[fleet]`.
@@ -81,6 +85,10 @@ pub struct BoxSettings {
     /// file; a secret, removed from the boot partition once applied).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enrollment_token: Option<EnrollmentToken>,
+    /// The box's part in a cluster, which `appliance stamp` adds from the fleet's
+    /// `[[cluster]]` (never written in a fleet file's entries).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::Membership>,
 }
 
 /// `network`: DHCP unless `address` is given.
@@ -175,6 +183,7 @@ impl BoxSettings {
                 .enrollment_token
                 .clone()
                 .or_else(|| defaults.enrollment_token.clone()),
+            cluster: self.cluster.clone().or_else(|| defaults.cluster.clone()),
         }
     }
 
@@ -262,9 +271,10 @@ impl FleetFile {
         if defaults.name.is_some()
             || defaults.serial.is_some()
             || defaults.enrollment_token.is_some()
+            || defaults.cluster.is_some()
         {
             return Err(
-                "[fleet.defaults] sets name, serial or enrollment_token: those belong to one box (and `appliance stamp` adds the token)".into(),
+                "[fleet.defaults] sets name, serial, enrollment_token or cluster: those belong to one box (`appliance stamp` adds the token, and each member's part from [[cluster]])".into(),
             );
         }
         self.fleet.defaults.check_network("[fleet.defaults]")?;
@@ -291,6 +301,15 @@ impl FleetFile {
             entry
                 .over(&self.fleet.defaults)
                 .check_network(&format!("[[box]] \"{name}\""))?;
+            if entry.cluster.is_some() && !self.clusters.is_empty() {
+                return Err(format!(
+                    "[[box]] \"{name}\": its cluster part comes from [[cluster]]; remove [box.cluster]"
+                ));
+            }
+        }
+        let mut taken = HashSet::new();
+        for cluster in &self.clusters {
+            cluster.check(&names, &mut taken)?;
         }
         Ok(())
     }
@@ -325,13 +344,18 @@ impl FleetFile {
                     }
                 )
             })?;
+        let mut settings = entry.over(&self.fleet.defaults);
+        if let Some(part) = self.clusters.iter().find_map(|c| c.membership(name)) {
+            settings.cluster = Some(part);
+        }
         Ok(FleetFile {
             fleet: Fleet {
                 name: self.fleet.name.clone(),
                 generation: self.fleet.generation,
                 defaults: BoxSettings::default(),
             },
-            boxes: vec![entry.over(&self.fleet.defaults)],
+            boxes: vec![settings],
+            clusters: Vec::new(),
         })
     }
 
@@ -386,6 +410,7 @@ impl FleetFile {
                 .iter()
                 .map(BoxSettings::without_secrets)
                 .collect(),
+            clusters: self.clusters.clone(),
         }
     }
 }

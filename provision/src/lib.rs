@@ -8,6 +8,7 @@
 //! the Wi-Fi PSK), and [`FleetFile::without_secrets`] is what a box leaves on the boot
 //! partition once it has applied the file.
 
+pub mod cluster;
 pub mod enroll;
 pub mod fleet;
 pub mod secrets;

@@ -696,12 +696,13 @@ mod tests {
         same(json(&status.provision), json(&wire.provision));
         same(json(&status.clock), json(&wire.clock));
         same(json(&status.models), json(&wire.models));
+        same(json(&status.cluster), json(&wire.cluster));
         // The simulated board's facts were read, so the comparison covers them.
         assert!(wire.board.memory_total_mib.is_some(), "{:?}", wire.board);
         assert!(json(&wire.overclock).contains("\"checks\":{\"passed\":false"));
         let text = serde_json::to_string(&wire).expect("encodes");
         assert!(
-            text.starts_with("{\"schema_version\":1,\"schema_minor\":2,\"root\":"),
+            text.starts_with("{\"schema_version\":1,\"schema_minor\":3,\"root\":"),
             "{text}"
         );
         assert_eq!(

@@ -19,6 +19,9 @@ pub struct Cluster {
     /// This box's WireGuard public key, for the other members' configuration.
     #[serde(default)]
     pub public_key: Option<String>,
+    /// MiB this box's share of the model may take.
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
     /// The other members as this box sees them.
     #[serde(default)]
     pub members: Vec<Member>,
@@ -62,4 +65,30 @@ pub struct Share {
     pub mib: u64,
     /// MiB it may hold (its `memory_mib`).
     pub budget_mib: u64,
+}
+
+/// `PUT /api/cluster/peers`: the other members of the box's cluster, as `appliance fleet
+/// enroll` learnt them from each box.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peers {
+    /// Every other member, the workers in the order they hold layers.
+    pub peers: Vec<Peer>,
+}
+
+/// One other member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peer {
+    /// Its name in the fleet.
+    pub name: String,
+    /// `head` or `worker`.
+    pub role: String,
+    /// Its WireGuard public key (base64).
+    pub public_key: String,
+    /// Where its WireGuard listens on the LAN, `HOST:PORT`.
+    pub endpoint: String,
+    /// Its address on the link.
+    pub address: String,
+    /// A worker: MiB its share may take.
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
 }

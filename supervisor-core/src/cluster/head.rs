@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::split::Member;
-use super::{ClusterStatus, MemberStatus, keys, link};
+use super::{ClusterStatus, MemberStatus, keys, link, peers};
 use crate::board::Board;
 use crate::config::Config;
 use crate::config::cluster::{Cluster, Fallback};
@@ -24,12 +24,12 @@ const WHOLE_AGAIN_AFTER: u32 = 2;
 /// How long the cluster's server is not tried again after it kept failing.
 const FAILING_PAUSE: Duration = Duration::from_secs(60);
 
-/// The cluster's server for the engine's supervision.
-pub fn cluster_head(config: &Config, cluster: &Cluster) -> ClusterHead {
+/// The cluster's server for the engine's supervision; `budget` is the head's own.
+pub fn cluster_head(config: &Config, cluster: &Cluster, budget: u64) -> ClusterHead {
     let mib = |m: u64| m << 20;
     let mut members = vec![Member {
         name: "head".into(),
-        budget: mib(cluster.memory_mib.get()),
+        budget,
     }];
     let mut workers = Vec::new();
     for peer in cluster.workers() {
@@ -122,15 +122,17 @@ async fn connect(address: SocketAddr) -> Result<(), String> {
 pub async fn run(
     board: Board,
     config: Config,
-    cluster: Cluster,
+    configured: Cluster,
     engine: watch::Receiver<EngineStatus>,
     mut shutdown: watch::Receiver<bool>,
     serve: watch::Sender<Serve>,
     status: watch::Sender<ClusterStatus>,
 ) {
-    let head = Arc::new(cluster_head(&config, &cluster));
+    let budget = super::budget(&board, &config, &configured);
+    let mut cluster = configured.clone();
+    let mut head = Arc::new(cluster_head(&config, &cluster, budget));
     let public_key = keys::public_key(&board).ok();
-    let fallback = |why: String| match cluster.fallback {
+    let fallback = |why: String| match configured.fallback {
         Fallback::OwnModel => Serve::Alone,
         Fallback::None => Serve::Nothing(why),
     };
@@ -146,6 +148,25 @@ pub async fn run(
             () = stopped(&mut shutdown) => return,
         }
         let mut reason = None;
+        // Members `appliance fleet enroll` sent since: the link again, a new split.
+        let (b, c) = (board.clone(), configured.clone());
+        match tokio::task::spawn_blocking(move || peers::current(&b, &c)).await {
+            Ok(Ok(now)) if now != cluster => {
+                tracing::info!("cluster {}: the members changed", cluster.name);
+                cluster = now;
+                head = Arc::new(cluster_head(&config, &cluster, budget));
+                link_up = false;
+                whole_checks = 0;
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => reason = Some(e),
+            Err(e) => reason = Some(format!("reading the members crashed: {e}")),
+        }
+        if cluster.workers().next().is_none() {
+            reason.get_or_insert_with(|| {
+                "no workers known yet: `appliance fleet enroll` sends each member the others' keys".into()
+            });
+        }
         if !link_up {
             let (b, c) = (board.clone(), cluster.clone());
             match tokio::task::spawn_blocking(move || link::up(&b, &c)).await {
@@ -244,6 +265,7 @@ pub async fn run(
             state: state.into(),
             reason: why,
             public_key: public_key.clone(),
+            memory_mib: Some(budget >> 20),
             members,
             layers: Vec::new(),
             decode_tokens_per_second: None,

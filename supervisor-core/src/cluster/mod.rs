@@ -14,6 +14,7 @@
 pub mod head;
 pub mod keys;
 pub mod link;
+pub mod peers;
 pub mod split;
 pub mod worker;
 
@@ -88,6 +89,7 @@ pub fn read(board: &Board, config: &Config, engine: &EngineStatus) -> Option<Clu
             state: "stopped".into(),
             reason: "the supervisor daemon is not running".into(),
             public_key: keys::public_key_if_made(board),
+            memory_mib: None,
             members: Vec::new(),
             layers: Vec::new(),
             decode_tokens_per_second: None,
@@ -109,6 +111,15 @@ pub fn read(board: &Board, config: &Config, engine: &EngineStatus) -> Option<Clu
         status.decode_tokens_per_second = engine.decode_tokens_per_second;
     }
     Some(status)
+}
+
+/// What this box's share may take, in bytes (`memory_mib`, else the board's memory less the
+/// tuning's reserve).
+pub fn budget(board: &Board, config: &Config, cluster: &Cluster) -> u64 {
+    cluster.budget(
+        board.facts().memory_total_mib,
+        config.tuning.engine.memory_reserve_mib.get(),
+    )
 }
 
 /// `head` or `worker`.
@@ -155,6 +166,7 @@ pub fn start(
         state: "starting".into(),
         reason: "bringing the link up".into(),
         public_key: None,
+        memory_mib: None,
         members: Vec::new(),
         layers: Vec::new(),
         decode_tokens_per_second: None,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{ClusterStatus, MemberStatus, keys, link};
+use super::{ClusterStatus, MemberStatus, keys, link, peers};
 use crate::board::Board;
 use crate::config::Config;
 use crate::config::cluster::Cluster;
@@ -57,17 +57,29 @@ pub fn launch(board: &Board, config: &Config, cluster: &Cluster) -> Launch {
     }
 }
 
+/// How often the peers file is looked at for members `appliance fleet enroll` sent.
+const PEERS_CHECK: Duration = Duration::from_secs(5);
+
+/// How one run of the RPC server ended.
+enum End {
+    Shutdown,
+    /// The members changed: the link is brought up again and the server restarted.
+    PeersChanged(Box<Cluster>),
+    Failed(String),
+}
+
 /// Runs the worker until `shutdown`, publishing its state.
 pub async fn run(
     board: Board,
     config: Config,
-    cluster: Cluster,
+    configured: Cluster,
     logs: Arc<LogRing>,
     mut shutdown: watch::Receiver<bool>,
     status: watch::Sender<ClusterStatus>,
 ) {
     let public_key = keys::public_key(&board).ok();
-    let publish = |state: &str, reason: String| {
+    let memory_mib = Some(super::budget(&board, &config, &configured) >> 20);
+    let publish = |cluster: &Cluster, state: &str, reason: String| {
         let members = cluster
             .peers
             .iter()
@@ -85,15 +97,41 @@ pub async fn run(
             state: state.into(),
             reason,
             public_key: public_key.clone(),
+            memory_mib,
             members,
             layers: Vec::new(),
             decode_tokens_per_second: None,
         });
     };
+    let mut cluster = match peers::current(&board, &configured) {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            tracing::error!("cluster worker: {e}");
+            configured.clone()
+        }
+    };
     let mut failures = 0u32;
     loop {
-        let outcome = serve_once(&board, &config, &cluster, &logs, &mut shutdown, &publish).await;
-        let Err(reason) = outcome else { return };
+        let end = serve_once(
+            &board,
+            &config,
+            &configured,
+            &cluster,
+            &logs,
+            &mut shutdown,
+            &|state, reason| publish(&cluster, state, reason),
+        )
+        .await;
+        let reason = match end {
+            End::Shutdown => return,
+            End::PeersChanged(now) => {
+                tracing::info!("cluster worker: the members changed; bringing the link up again");
+                cluster = *now;
+                failures = 0;
+                continue;
+            }
+            End::Failed(reason) => reason,
+        };
         failures += 1;
         let pause = Duration::from_millis(
             config
@@ -108,6 +146,7 @@ pub async fn run(
             pause.as_millis()
         );
         publish(
+            &cluster,
             "failing",
             format!("{reason}; again in {} ms", pause.as_millis()),
         );
@@ -115,27 +154,51 @@ pub async fn run(
             _ = tokio::time::sleep(pause) => {}
             () = stopped(&mut shutdown) => return,
         }
+        if let Ok(now) = peers::current(&board, &configured) {
+            cluster = now;
+        }
     }
 }
 
-/// One run of the RPC server: `Ok` at shutdown, `Err` with why it ended otherwise.
+/// Resolves when the peers file names other members than `cluster` does.
+async fn peers_changed(board: &Board, configured: &Cluster, cluster: &Cluster) -> Box<Cluster> {
+    loop {
+        tokio::time::sleep(PEERS_CHECK).await;
+        let (b, c) = (board.clone(), configured.clone());
+        let read = tokio::task::spawn_blocking(move || peers::current(&b, &c)).await;
+        if let Ok(Ok(now)) = read
+            && now != *cluster
+        {
+            return Box::new(now);
+        }
+    }
+}
+
+/// One run of the RPC server, until shutdown, new members or its failure.
 async fn serve_once(
     board: &Board,
     config: &Config,
+    configured: &Cluster,
     cluster: &Cluster,
     logs: &Arc<LogRing>,
     shutdown: &mut watch::Receiver<bool>,
     publish: &(dyn Fn(&str, String) + Sync),
-) -> Result<(), String> {
+) -> End {
     let (b, c) = (board.clone(), cluster.clone());
-    tokio::task::spawn_blocking(move || {
+    let up = tokio::task::spawn_blocking(move || {
         b.create_private_dir(CACHE_DIR).map_err(|e| e.to_string())?;
         link::up(&b, &c)
     })
     .await
-    .map_err(|e| format!("bringing the link up crashed: {e}"))??;
+    .unwrap_or_else(|e| Err(format!("bringing the link up crashed: {e}")));
+    if let Err(e) = up {
+        return End::Failed(e);
+    }
     let launch = launch(board, config, cluster);
-    let mut running = engine::spawn(board, config, &launch, logs).await?;
+    let mut running = match engine::spawn(board, config, &launch, logs).await {
+        Ok(running) => running,
+        Err(e) => return End::Failed(e),
+    };
     let address = SocketAddr::from((cluster.address.ip, launch.port));
     let listening = async {
         loop {
@@ -146,25 +209,29 @@ async fn serve_once(
         }
     };
     tokio::select! {
-        exit = running.exited() => return Err(format!("the RPC server exited as it started ({exit})")),
+        exit = running.exited() => return End::Failed(format!("the RPC server exited as it started ({exit})")),
         () = stopped(shutdown) => {
             running.stop(STOP_GRACE).await;
-            return Ok(());
+            return End::Shutdown;
         }
         listened = tokio::time::timeout(LISTEN_TIMEOUT, listening) => {
             if listened.is_err() {
                 running.kill().await;
-                return Err(format!("the RPC server did not listen on {address} within {} s", LISTEN_TIMEOUT.as_secs()));
+                return End::Failed(format!("the RPC server did not listen on {address} within {} s", LISTEN_TIMEOUT.as_secs()));
             }
         }
     }
     tracing::info!("cluster worker: RPC server on {address}");
     publish("up", format!("holding layers for the head on {address}"));
     tokio::select! {
-        exit = running.exited() => Err(format!("the RPC server exited ({exit})")),
+        exit = running.exited() => End::Failed(format!("the RPC server exited ({exit})")),
         () = stopped(shutdown) => {
             running.stop(STOP_GRACE).await;
-            Ok(())
+            End::Shutdown
+        }
+        now = peers_changed(board, configured, cluster) => {
+            running.stop(STOP_GRACE).await;
+            End::PeersChanged(now)
         }
     }
 }

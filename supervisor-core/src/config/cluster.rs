@@ -13,6 +13,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{MemoryMib, Port, ranged_setting};
 
+/// The keys `[cluster]` cannot do without, with a valid stand-in for checking a file that
+/// holds only part of the section (the rest comes from another file).
+pub(crate) const REQUIRED: [(&str, &str); 3] = [
+    ("name", "stand-in"),
+    ("role", "worker"),
+    ("address", "10.0.0.1/24"),
+];
+
 /// The `[cluster]` section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,7 +41,9 @@ pub struct Cluster {
     #[serde(default = "default_rpc_port")]
     pub rpc_port: Port,
     /// MiB of this box's memory its share of the model (layers and their cache) may take.
-    pub memory_mib: MemoryMib,
+    /// Default: the board's memory less `[tuning.engine] memory_reserve_mib`.
+    #[serde(default)]
+    pub memory_mib: Option<MemoryMib>,
     /// The head: the installed model the cluster serves.
     #[serde(default)]
     pub model: Option<String>,
@@ -51,7 +61,8 @@ pub struct Cluster {
     /// `ggml-rpc-server`. Default: Debian's, under `/usr/libexec/<triplet>/llama/bin/`.
     #[serde(default)]
     pub rpc_server: Option<String>,
-    /// The other members, workers in the order they hold layers.
+    /// The other members, workers in the order they hold layers (`appliance fleet enroll`
+    /// sends them to a provisioned box; until then it waits for them).
     #[serde(default)]
     pub peers: Vec<Peer>,
 }
@@ -280,19 +291,24 @@ impl Cluster {
         self.peers.iter().filter(|p| p.role == Role::Worker)
     }
 
+    /// What this box's share may take, in bytes: `memory_mib`, else the board's memory less the
+    /// reserve the tuning leaves the OS.
+    pub fn budget(&self, board_memory_mib: Option<u64>, reserve_mib: u64) -> u64 {
+        let mib = self.memory_mib.map(MemoryMib::get).unwrap_or_else(|| {
+            board_memory_mib.map_or(0, |total| total.saturating_sub(reserve_mib))
+        });
+        mib << 20
+    }
+
     /// What is wrong with the section as a whole (each field was checked as it was read).
     pub fn check(&self, alone_model_id: &str) -> Result<(), String> {
         let at = "[cluster]";
         let heads = self.peers.iter().filter(|p| p.role == Role::Head).count()
             + usize::from(self.role == Role::Head);
-        if heads != 1 {
+        // A provisioned box knows no peers until enrolment sends them.
+        if heads != 1 && !(self.peers.is_empty() && self.role == Role::Worker) {
             return Err(format!(
                 "{at}: a cluster has exactly one head; this box and its peers name {heads}"
-            ));
-        }
-        if self.workers().next().is_none() && self.role == Role::Head {
-            return Err(format!(
-                "{at}: a head needs at least one worker in [[cluster.peers]]"
             ));
         }
         match (&self.role, &self.model) {

@@ -763,9 +763,34 @@ fn read_table(file: &Path) -> Result<toml::Table, ConfigError> {
     let bytes = durable::read_bounded(file, MAX_CONFIG_BYTES, durable::Links::Follow)
         .map_err(|e| fail(e.to_string()))?;
     let text = String::from_utf8(bytes).map_err(|_| fail("not valid UTF-8 text".into()))?;
-    // Typing each file on its own reports errors with that file's own line numbers.
-    toml::from_str::<Config>(&text).map_err(|e| fail(e.to_string().trim_end().to_string()))?;
-    toml::from_str::<toml::Table>(&text).map_err(|e| fail(e.to_string()))
+    let table = toml::from_str::<toml::Table>(&text).map_err(|e| fail(e.to_string()))?;
+    // A file may hold part of [cluster]: provisioning gives the cluster's part, a local file
+    // this box's programs or memory. The keys it lacks are lent for its own check; the merged
+    // whole is typed in full.
+    let lacking: Vec<&str> = match table.get("cluster") {
+        Some(toml::Value::Table(c)) => cluster::REQUIRED
+            .iter()
+            .map(|(key, _)| *key)
+            .filter(|key| !c.contains_key(*key))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if lacking.is_empty() {
+        // Typing each file on its own reports errors with that file's own line numbers.
+        toml::from_str::<Config>(&text).map_err(|e| fail(e.to_string().trim_end().to_string()))?;
+    } else {
+        let mut lent = table.clone();
+        if let Some(toml::Value::Table(c)) = lent.get_mut("cluster") {
+            for (key, stand_in) in cluster::REQUIRED {
+                c.entry(key.to_string())
+                    .or_insert_with(|| toml::Value::String(stand_in.to_string()));
+            }
+        }
+        toml::Value::Table(lent)
+            .try_into::<Config>()
+            .map_err(|e| fail(e.to_string().trim_end().to_string()))?;
+    }
+    Ok(table)
 }
 
 fn merge(base: &mut toml::Table, over: toml::Table) {
@@ -909,6 +934,16 @@ mod tests {
         all.tuning.engine.memory_low_mib = Some(MemoryLowMib(1));
         all.dashboard.api_token_sha256 =
             vec![TokenDigest::try_from("0".repeat(64)).expect("digest")];
+        all.cluster = Some(
+            toml::from_str(
+                "name = \"c\"\nrole = \"head\"\naddress = \"10.77.0.1/24\"\nmemory_mib = 64\n\
+                 model = \"m\"\nllama_server = \"l\"\nrpc_server = \"r\"\n\
+                 [[peers]]\nname = \"w\"\nrole = \"worker\"\n\
+                 public_key = \"YCfnX2Vx2a6bVT5pT5TGPmX6JzHppgAYdS3sCDR3p2Q=\"\n\
+                 endpoint = \"h:1\"\naddress = \"10.77.0.2\"\nmemory_mib = 64\n",
+            )
+            .expect("cluster"),
+        );
         let table = toml::Table::try_from(&all).expect("serialize");
         let mut names = Vec::new();
         keys("", &table, &mut names);
@@ -920,6 +955,29 @@ mod tests {
                 "{name} is not documented in appliance.toml"
             );
         }
+    }
+
+    #[test]
+    fn a_cluster_section_may_come_in_parts_and_is_whole_once_merged() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (provisioned, local) = (dir.path().join("a.toml"), dir.path().join("b.toml"));
+        std::fs::write(
+            &provisioned,
+            "[cluster]\nname = \"front\"\nrole = \"worker\"\naddress = \"10.77.0.2/24\"\n",
+        )
+        .expect("write");
+        std::fs::write(&local, "[cluster]\nmemory_mib = 6000\n").expect("write");
+        let config = Config::from_files(&[provisioned.clone(), local.clone()]).expect("merged");
+        let cluster = config.cluster.expect("cluster");
+        assert_eq!(cluster.memory_mib.map(MemoryMib::get), Some(6000));
+        assert_eq!(cluster.address.to_string(), "10.77.0.2/24");
+        // A part's own mistakes are still its own file's; a part alone is not a section.
+        std::fs::write(&local, "[cluster]\nmemory_mib = 6000\nturbo = true\n").expect("write");
+        let e = Config::from_files(&[provisioned, local.clone()]).expect_err("unknown key");
+        assert!(e.file == local && e.message.contains("turbo"), "{e:?}");
+        std::fs::write(&local, "[cluster]\nmemory_mib = 6000\n").expect("write");
+        let e = Config::from_files(&[local]).expect_err("no name");
+        assert!(e.message.contains("missing field `name`"), "{e:?}");
     }
 
     #[test]

@@ -138,6 +138,7 @@ pub fn apply(board: &Board, source: &Source) -> Result<Report, String> {
                             defaults: BoxSettings::default(),
                         },
                         boxes: vec![entry],
+                        clusters: Vec::new(),
                     };
                     board
                         .create_dir_all(PROVISION_DIR)
@@ -282,6 +283,32 @@ pub fn config_layer(settings: &BoxSettings) -> toml::Table {
             "overclock",
             toml::Table::from_iter([("enabled".into(), enabled.into())]),
         );
+    }
+    if let Some(part) = &settings.cluster {
+        use provision::cluster::{Fallback, Role};
+        let mut cluster = toml::Table::from_iter([
+            ("name".into(), part.name.as_str().into()),
+            (
+                "role".into(),
+                match part.role {
+                    Role::Head => "head",
+                    Role::Worker => "worker",
+                }
+                .into(),
+            ),
+            ("address".into(), part.address.to_string().into()),
+        ]);
+        if let Some(model) = &part.model {
+            cluster.insert("model".into(), model.as_str().into());
+        }
+        if let Some(fallback) = part.fallback {
+            let word = match fallback {
+                Fallback::OwnModel => "own-model",
+                Fallback::None => "none",
+            };
+            cluster.insert("fallback".into(), word.into());
+        }
+        section("cluster", cluster);
     }
     layer
 }
@@ -524,5 +551,57 @@ mod tests {
             hash,
             "the rest stays"
         );
+    }
+
+    #[test]
+    fn a_box_stamped_from_a_fleet_with_a_cluster_runs_its_part() {
+        let fleet = provision::FleetFile::parse(
+            "[fleet]\nname = \"clinics\"\ngeneration = 1\n\
+             [[box]]\nname = \"reception\"\nmodel = \"small\"\n[[box]]\nname = \"office-1\"\n\
+             [[cluster]]\nname = \"front-desk\"\nhead = \"reception\"\nworkers = [\"office-1\"]\n\
+             link = \"10.77.0.0/24\"\nmodel = \"big\"\n",
+            "fleet.toml",
+        )
+        .expect("fleet");
+        for (name, role, address, model) in [
+            (
+                "reception",
+                crate::config::cluster::Role::Head,
+                "10.77.0.1/24",
+                Some("big"),
+            ),
+            (
+                "office-1",
+                crate::config::cluster::Role::Worker,
+                "10.77.0.2/24",
+                None,
+            ),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            board_sim::init(dir.path(), board_sim::Variant::Pi5_8gb).expect("sim");
+            let board = board_sim::open(dir.path()).expect("board");
+            let stamped = fleet.stamp(name).expect("stamp").to_text();
+            let boot = board.boot_dir().expect("boot dir");
+            board
+                .replace_file(&format!("{boot}/{PROVISION_FILE}"), stamped.as_bytes())
+                .expect("card");
+            apply(&board, &Source::BootPartition).expect("apply");
+            let config = Config::from_board_files(&board, None).expect("config");
+            let cluster = config.cluster.expect("a cluster part");
+            assert_eq!(cluster.name.as_str(), "front-desk");
+            assert_eq!(cluster.role, role);
+            assert_eq!(cluster.address.to_string(), address);
+            assert_eq!(cluster.model.as_deref(), model);
+            assert!(cluster.peers.is_empty(), "the peers come with enrolment");
+        }
+        // A box in two clusters, a cluster naming a stranger: refused with the reason.
+        let e = provision::FleetFile::parse(
+            "[fleet]\nname = \"clinics\"\ngeneration = 1\n[[box]]\nname = \"reception\"\n\
+             [[cluster]]\nname = \"front-desk\"\nhead = \"reception\"\nworkers = [\"store\"]\n\
+             link = \"10.77.0.0/24\"\nmodel = \"big\"\n",
+            "fleet.toml",
+        )
+        .expect_err("stranger");
+        assert!(e.message.contains("\"store\" is not a [[box]]"), "{e}");
     }
 }

@@ -1,7 +1,9 @@
-//! A cluster of three simulated boards, each a real supervisor in a network namespace of its
-//! own on one LAN (a bridge), linked by real WireGuard (wireguard-go: this kernel has no
-//! WireGuard) behind real nftables, running Debian forky's amd64 build of the llama.cpp
-//! packages the image carries (`llama-server`, `ggml-rpc-server`, in a root of their own).
+//! A fleet file with a `[[cluster]]`: three simulated boards stamped from it, each a real
+//! supervisor in a network namespace of its own on one LAN (a bridge), enrolled by
+//! `appliance fleet enroll` from another machine on that LAN, which also hands each member the
+//! others' WireGuard keys; linked by real WireGuard (wireguard-go: this kernel has no WireGuard)
+//! behind real nftables, running Debian forky's amd64 build of the llama.cpp packages the image
+//! carries (`llama-server`, `ggml-rpc-server`, in a root of their own).
 //!
 //! Gemma 3 270M, which no member's `memory_mib` can hold alone, is served by the cluster with the
 //! same greedy tokens as one `llama-server` holding it all; the RPC port takes no connection from
@@ -19,7 +21,12 @@ use test_support::Owned;
 
 mod common;
 
-use common::BIN;
+use common::{APPLIANCE, PASSWORD, text};
+
+/// The `supervisor` binary with its simulator.
+fn supervisor_bin() -> String {
+    common::supervisor_binary().to_string_lossy().into_owned()
+}
 
 /// The cluster's model, and the one the head serves alone.
 const CLUSTER_MODEL: &str = "gemma3-270m-q4_k_m";
@@ -120,7 +127,7 @@ impl Drop for MountPoint {
 
 fn status(root: &Path) -> Value {
     let out = run(
-        BIN,
+        &supervisor_bin(),
         &["--root", root.to_str().expect("utf8"), "status", "--json"],
     );
     assert!(
@@ -283,7 +290,6 @@ fn gguf_under(dir: &Path) -> Option<PathBuf> {
 struct Member {
     root: PathBuf,
     ns: String,
-    config: String,
 }
 
 /// Where each supervisor's log is kept (the last run's), for a failure's reader.
@@ -303,7 +309,7 @@ impl Member {
             .expect("log");
         Owned::spawn(
             Command::new("ip")
-                .args(["netns", "exec", &self.ns, BIN, "--root"])
+                .args(["netns", "exec", &self.ns, &supervisor_bin(), "--root"])
                 .arg(&self.root)
                 .arg("run")
                 .env("RUST_LOG", "info")
@@ -378,26 +384,94 @@ fn a_cluster_serves_a_model_no_member_holds_and_falls_back_while_a_worker_is_gon
     }
     let outsider = namespaces[3].clone();
 
-    // Three boards; the head has both models, the workers none.
+    // The fleet file: three boxes, one cluster; each box stamped from it and provisioned.
+    let sv = supervisor_bin();
+    let hash = text(&common::supervisor(&["dashboard", "hash-password"], PASSWORD).stdout)
+        .trim()
+        .to_string();
+    let tokens = text(&common::supervisor(&["dashboard", "new-token"], "").stdout);
+    let field = |name: &str| {
+        tokens
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .expect(name)
+            .trim()
+            .to_string()
+    };
+    let (token, digest) = (field("token "), field("sha256 "));
+    let fleet_path = shared.join("fleet.toml");
+    let boxes: String = NAMES
+        .iter()
+        .map(|n| format!("\n[[box]]\nname = \"{n}\"\n"))
+        .collect();
+    std::fs::write(
+        &fleet_path,
+        format!(
+            "[fleet]\nname = \"clinics\"\ngeneration = 1\n\n[fleet.defaults]\n\
+             password_hash = \"{hash}\"\napi_token_sha256 = [\"{digest}\"]\n{boxes}\n\
+             [[cluster]]\nname = \"front-desk\"\nhead = \"head\"\nworkers = [\"w1\", \"w2\"]\n\
+             link = \"10.77.0.0/24\"\nmodel = \"{CLUSTER_MODEL}\"\n"
+        ),
+    )
+    .expect("fleet");
+    let fleet = provision::FleetFile::parse(
+        &std::fs::read_to_string(&fleet_path).expect("read"),
+        "fleet.toml",
+    )
+    .expect("parse");
+    let secret =
+        operator::fleet::secret(&operator::fleet::Paths::beside(&fleet_path)).expect("secret");
+    let mut roots = Vec::new();
+    for (i, name) in NAMES.iter().enumerate() {
+        let root = shared.join(name);
+        let r = root.to_str().expect("utf8");
+        ok(&sv, &["sim", "init", r]);
+        let card = operator::stamp::provisioning_text(
+            &fleet,
+            &operator::stamp::Target::Box(name),
+            &secret,
+        )
+        .expect("stamp");
+        std::fs::write(root.join("boot/firmware/appliance-provision.toml"), card).expect("card");
+        ok(&sv, &["--root", r, "provision", "apply"]);
+        // What the fleet file does not say: this test's ports, programs, interface names (one
+        // per box: wireguard-go's sockets are shared between namespaces) and memory.
+        std::fs::write(
+            root.join("etc/appliance/appliance.toml"),
+            format!(
+                "[daemon]\nreverify_interval_s = 0\n\n[engine]\nport = 8080\ncontext = {CONTEXT}\nthreads = 1\n\
+                 health_interval_s = 3600\nrestart_backoff_ms = 200\n\n[dashboard]\nlisten = \"127.0.0.1:8000\"\n\
+                 https_listen = \"0.0.0.0:8443\"\n\n[cluster]\ninterface = \"{tag}wg{i}\"\nmemory_mib = {}\n\
+                 check_interval_s = 1\nllama_server = \"{}\"\nrpc_server = \"{}\"\n",
+                MEMORY_MIB[i],
+                llama_server.display(),
+                rpc_server.display(),
+            ),
+        )
+        .expect("config");
+        roots.push(root);
+    }
+    // The head has both models, the workers none.
     let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("model-cache");
+    let cache_arg = cache.to_str().expect("utf8");
+    let head_root = roots[0].to_str().expect("utf8");
+    ok(
+        &sv,
+        &[
+            "--root",
+            head_root,
+            "weights",
+            "fetch-default",
+            "--cache",
+            cache_arg,
+        ],
+    );
     let manifest = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../models/gemma3-270m-q4_k_m.toml"
     );
-    let mut keys = Vec::new();
-    let mut roots = Vec::new();
-    for name in NAMES {
-        let root = shared.join(name);
-        board_sim::init(&root, board_sim::Variant::Pi5_8gb).expect("sim");
-        let r = root.to_str().expect("utf8");
-        keys.push(ok(BIN, &["--root", r, "cluster", "key"]).trim().to_string());
-        roots.push(root);
-    }
-    common::install_default_model(&roots[0]);
-    let head_root = roots[0].to_str().expect("utf8");
-    let cache_arg = cache.to_str().expect("utf8");
     ok(
-        BIN,
+        &sv,
         &[
             "--root",
             head_root,
@@ -416,60 +490,12 @@ fn a_cluster_serves_a_model_no_member_holds_and_falls_back_while_a_worker_is_gon
             .join(CLUSTER_MODEL),
     )
     .expect("the installed cluster model");
-
     let members: Vec<Member> = (0..3)
-        .map(|i| {
-            let role = if i == 0 { "head" } else { "worker" };
-            let mut config = format!(
-                "[daemon]\nreverify_interval_s = 0\n\n[engine]\nport = 8080\ncontext = {CONTEXT}\nthreads = 1\n\
-                 health_interval_s = 3600\nrestart_backoff_ms = 200\n\n[dashboard]\nlisten = \"127.0.0.1:8000\"\n\n\
-                 [cluster]\nname = \"front-desk\"\nrole = \"{role}\"\naddress = \"10.77.0.{}/24\"\n\
-                 interface = \"{tag}wg{i}\"\nmemory_mib = {}\ncheck_interval_s = 1\n\
-                 llama_server = \"{}\"\nrpc_server = \"{}\"\n",
-                i + 1,
-                MEMORY_MIB[i],
-                llama_server.display(),
-                rpc_server.display(),
-            );
-            if i == 0 {
-                config.push_str(&format!("model = \"{CLUSTER_MODEL}\"\n"));
-            }
-            for j in (0..3).filter(|&j| j != i) {
-                config.push_str(&format!(
-                    "\n[[cluster.peers]]\nname = \"{}\"\nrole = \"{}\"\npublic_key = \"{}\"\n\
-                     endpoint = \"192.168.77.{}:51820\"\naddress = \"10.77.0.{}\"\nmemory_mib = {}\n",
-                    NAMES[j],
-                    if j == 0 { "head" } else { "worker" },
-                    keys[j],
-                    j + 1,
-                    j + 1,
-                    MEMORY_MIB[j],
-                ));
-            }
-            std::fs::write(roots[i].join("etc/appliance/appliance.toml"), &config).expect("config");
-            Member {
-                root: roots[i].clone(),
-                ns: namespaces[i].clone(),
-                config,
-            }
+        .map(|i| Member {
+            root: roots[i].clone(),
+            ns: namespaces[i].clone(),
         })
         .collect();
-    let checked = run(
-        BIN,
-        &[
-            "config",
-            "check",
-            &roots[0]
-                .join("etc/appliance/appliance.toml")
-                .to_string_lossy(),
-        ],
-    );
-    assert!(
-        checked.status.success(),
-        "{}: {}",
-        members[0].config,
-        String::from_utf8_lossy(&checked.stderr)
-    );
 
     // The reference: one llama-server holding the whole model.
     let reference_port = common::free_port();
@@ -507,6 +533,35 @@ fn a_cluster_serves_a_model_no_member_holds_and_falls_back_while_a_worker_is_gon
     }
     let mut daemons: Vec<Option<Owned>> = members.iter().map(|m| Some(m.start())).collect();
     let head = &members[0];
+    // Before enrolment the head knows no workers and serves its own model.
+    let waiting = wait_for(&head.root, "waiting for its workers", SLOW, |s| {
+        s["cluster"]["state"] == "degraded" && s["engine"]["state"] == "ready"
+    });
+    assert_eq!(waiting["engine"]["model_id"], OWN_MODEL);
+    let reason = waiting["cluster"]["reason"].as_str().expect("reason");
+    assert!(reason.contains("appliance fleet enroll"), "{reason}");
+    // Enrolled from a laptop on the LAN, which also links the cluster.
+    let mut enroll = Command::new("ip");
+    enroll
+        .args(["netns", "exec", &outsider, APPLIANCE, "fleet", "enroll"])
+        .arg(&fleet_path)
+        .env("APPLIANCE_API_TOKEN", &token);
+    for (i, name) in NAMES.iter().enumerate() {
+        enroll
+            .arg("--at")
+            .arg(format!("{name}=192.168.77.{}:8443", i + 1));
+    }
+    let enrolled = enroll.output().expect("appliance fleet enroll");
+    let said = text(&enrolled.stdout);
+    assert!(
+        enrolled.status.success(),
+        "{said}{}",
+        text(&enrolled.stderr)
+    );
+    assert!(
+        said.contains("cluster front-desk: linked (head, w1, w2; head head)"),
+        "{said}"
+    );
     let serving = |s: &Value, model: &str| {
         s["engine"]["state"] == "ready" && s["engine"]["model_id"] == model
     };
