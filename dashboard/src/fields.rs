@@ -40,6 +40,56 @@ fn number(v: Option<f64>, digits: usize, unit: &str) -> String {
     }
 }
 
+/// The cluster this box is a member of: its state and why, each other member's link, the
+/// layers each holds; `None` for a box that serves alone.
+fn cluster_line(c: Option<&wire::cluster::Cluster>) -> Option<Field> {
+    let c = c?;
+    let mut text = format!(
+        "cluster {} ({}): {} — {}",
+        c.name, c.role, c.state, c.reason
+    );
+    for m in &c.members {
+        let link = match m.handshake_age_s {
+            Some(age) => format!("handshake {}", duration_words(age)),
+            None => "no handshake yet".into(),
+        };
+        let answers = match m.answers {
+            Some(true) => ", answers",
+            Some(false) => ", does not answer",
+            None => "",
+        };
+        let _ = write!(
+            text,
+            "; {} {} {} ({link}{answers})",
+            m.role, m.name, m.address
+        );
+    }
+    if !c.layers.is_empty() {
+        let shares: Vec<String> = c
+            .layers
+            .iter()
+            .map(|s| {
+                let last = (s.first_layer + s.layers).saturating_sub(1);
+                let output = if s.output { " and the output" } else { "" };
+                format!(
+                    "{} layers {}–{last}{output} ({} of {} MiB)",
+                    s.member, s.first_layer, s.mib, s.budget_mib
+                )
+            })
+            .collect();
+        let _ = write!(text, "; {}", shares.join(", "));
+    }
+    if let Some(speed) = c.decode_tokens_per_second {
+        let _ = write!(text, "; decode {speed:.1} tokens/s");
+    }
+    let level = match c.state.as_str() {
+        "up" => Level::Ok,
+        "starting" | "degraded" => Level::Warn,
+        _ => Level::Bad,
+    };
+    Some(health("h-cluster", "cluster", text, level))
+}
+
 /// Fleet provisioning: which box of which fleet, or why the last file was refused.
 fn provision_line(p: Option<&Provision>) -> Option<Field> {
     let p = p?;
@@ -259,6 +309,9 @@ pub fn fields(status: &Status, engine_log: &[String]) -> Vec<Field> {
     if let Some(line) = provision_line(status.provision.as_ref()) {
         out.push(line);
     }
+    if let Some(line) = cluster_line(status.cluster.as_ref()) {
+        out.push(line);
+    }
     let worst = out
         .iter()
         .filter_map(|f| f.level)
@@ -401,6 +454,33 @@ pub(crate) fn test_status(parts: serde_json::Value) -> Status {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_degraded_cluster_says_why_and_which_member_holds_what() {
+        let status = test_status(json!({ "cluster": {
+            "name": "front-desk", "role": "head", "state": "degraded",
+            "reason": "worker w2 does not answer (10.77.0.3:50052: refused)",
+            "members": [{ "name": "w2", "role": "worker", "address": "10.77.0.3",
+                          "handshake_age_s": 200, "answers": false }],
+            "layers": [{ "member": "head", "first_layer": 0, "layers": 4, "output": false,
+                         "mib": 190, "budget_mib": 200 }]
+        }}));
+        let line = fields(&status, &[])
+            .into_iter()
+            .find(|f| f.id == "h-cluster")
+            .expect("a cluster line");
+        assert_eq!(line.level, Some(Level::Warn));
+        for says in [
+            "degraded",
+            "w2 does not answer",
+            "does not answer)",
+            "head layers 0–3",
+        ] {
+            assert!(line.text.contains(says), "{says}: {}", line.text);
+        }
+        let alone = test_status(json!({}));
+        assert!(fields(&alone, &[]).iter().all(|f| f.id != "h-cluster"));
+    }
 
     #[test]
     fn health_is_the_worst_part_and_absent_parts_are_tolerated() {

@@ -293,6 +293,8 @@ pub struct Row {
     pub uptime_s: Option<u64>,
     /// The applied provisioning generation.
     pub generation: Option<u64>,
+    /// Its cluster, its part and the cluster's state as it sees it (`front-desk head up`).
+    pub cluster: Option<String>,
 }
 
 /// Asks box `name` for its status, trusting only its enrolled certificate.
@@ -394,6 +396,10 @@ fn read_status(mut row: Row, body: &[u8], enrolled: &str) -> Row {
     row.throttling = board.throttle.as_ref().map(|t| t.now.clone());
     row.uptime_s = board.uptime_s;
     row.generation = provision.map(|p| p.generation);
+    row.cluster = status
+        .cluster
+        .as_ref()
+        .map(|c| format!("{} {} {}", c.name, c.role, c.state));
     if let Some(update) = &status.update {
         row.slot = update.booted.clone();
         row.system_version = update.booted_slot().and_then(|s| s.system_version.clone());
@@ -726,7 +732,7 @@ fn identify(address: &str, enrolled: &str) -> Result<String, Refusal> {
 /// The rows as an aligned table.
 pub fn table(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:16} {:22} {:12} {:26} {:7} {:20} {:10} {:>6} {:>7} {:12} {:>10} {:>4}\n",
+        "{:16} {:22} {:12} {:26} {:7} {:20} {:10} {:>6} {:>7} {:12} {:>10} {:>4} {}\n",
         "BOX",
         "ADDRESS",
         "IDENTITY",
@@ -738,7 +744,8 @@ pub fn table(rows: &[Row]) -> String {
         "TEMP",
         "THROTTLING",
         "UPTIME",
-        "GEN"
+        "GEN",
+        "CLUSTER"
     );
     let dash = || "-".to_string();
     for r in rows {
@@ -755,7 +762,7 @@ pub fn table(rows: &[Row]) -> String {
             _ => dash(),
         };
         out.push_str(&format!(
-            "{:16} {:22} {:12} {:26} {:7} {:20} {:10} {:>6} {:>7} {:12} {:>10} {:>4}\n",
+            "{:16} {:22} {:12} {:26} {:7} {:20} {:10} {:>6} {:>7} {:12} {:>10} {:>4} {}\n",
             r.name,
             r.address,
             r.identity,
@@ -780,6 +787,7 @@ pub fn table(rows: &[Row]) -> String {
             r.uptime_s
                 .map_or_else(dash, |s| format!("{}h{:02}m", s / 3600, s / 60 % 60)),
             r.generation.map_or_else(dash, |g| g.to_string()),
+            r.cluster.clone().unwrap_or_else(dash),
         ));
     }
     out

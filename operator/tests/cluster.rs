@@ -568,6 +568,20 @@ fn a_cluster_serves_a_model_no_member_holds_and_falls_back_while_a_worker_is_gon
     let up = wait_for(&head.root, "serving the cluster's model", SLOW, |s| {
         s["cluster"]["state"] == "up" && serving(s, CLUSTER_MODEL)
     });
+    // The fleet's table shows the cluster on every member.
+    let mut table = Command::new("ip");
+    table
+        .args(["netns", "exec", &outsider, APPLIANCE, "fleet", "status"])
+        .arg(&fleet_path)
+        .env("APPLIANCE_API_TOKEN", &token);
+    for (i, name) in NAMES.iter().enumerate() {
+        table
+            .arg("--at")
+            .arg(format!("{name}=192.168.77.{}:8443", i + 1));
+    }
+    let table = text(&table.output().expect("fleet status").stdout);
+    assert!(table.contains("front-desk head up"), "{table}");
+    assert_eq!(table.matches("front-desk worker up").count(), 2, "{table}");
     // Each member holds a run of layers within its memory; all 18 are held, the last worker
     // holds the output layer; none of the members could hold the model alone.
     let layers = up["cluster"]["layers"].as_array().expect("layers").clone();

@@ -33,7 +33,53 @@ pub fn exposition(status: &Status) -> String {
     if let Some(m) = &status.models {
         models(&mut out, m);
     }
+    if let Some(c) = &status.cluster {
+        cluster(&mut out, c);
+    }
     out.finish()
+}
+
+/// The cluster this box is a member of: its state, each other member's handshake and answer,
+/// the bytes each member's share holds.
+fn cluster(out: &mut Exposition, c: &wire::cluster::Cluster) {
+    info(
+        out,
+        "appliance_cluster_info",
+        "The cluster this box is a member of, its part and the cluster's state (starting, up, degraded, failing, stopped) (value 1).",
+        &[
+            ("cluster", Some(&c.name)),
+            ("role", Some(&c.role)),
+            ("state", Some(&c.state)),
+        ],
+    );
+    let mut handshakes = out.family(
+        Kind::Gauge,
+        "appliance_cluster_handshake_age_seconds",
+        "Seconds since WireGuard's last handshake with each other member.",
+    );
+    for m in &c.members {
+        if let Some(age) = m.handshake_age_s {
+            handshakes.sample(&[("member", &m.name)], age as f64);
+        }
+    }
+    let mut answers = out.family(
+        Kind::Gauge,
+        "appliance_cluster_member_up",
+        "The head: whether each worker's RPC server answered the last check (0 or 1).",
+    );
+    for m in &c.members {
+        if let Some(up) = m.answers {
+            answers.sample(&[("member", &m.name)], flag(up));
+        }
+    }
+    let mut shares = out.family(
+        Kind::Gauge,
+        "appliance_cluster_share_bytes",
+        "The head, while it serves the cluster's model: each member's share (weights and cache).",
+    );
+    for s in &c.layers {
+        shares.sample(&[("member", &s.member)], (s.mib << 20) as f64);
+    }
 }
 
 /// Each installed model: its size, whether it is the active or the fallback one, when it was

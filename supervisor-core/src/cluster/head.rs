@@ -200,7 +200,10 @@ pub async fn run(
         };
         // The cluster's own server failing (a split that does not fit, a version mismatch)
         // is a reason to fall back too, for a while.
-        if matches!(*serve.borrow(), Serve::Head(_)) && engine_now.state == Phase::Failing {
+        // (Blocked: the gate refused the cluster's model, e.g. it is not installed.)
+        if matches!(*serve.borrow(), Serve::Head(_))
+            && matches!(engine_now.state, Phase::Failing | Phase::Blocked)
+        {
             failing_since = Some(Instant::now());
         }
         if let Some(since) = failing_since {

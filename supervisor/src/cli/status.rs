@@ -46,6 +46,31 @@ pub fn status(root: &Path, config: Option<&Path>, json: bool) -> ExitCode {
                 .unwrap_or_default()
         );
         println!("        {}", e.reason);
+        if let Some(c) = &status.cluster {
+            println!(
+                "cluster: {} ({}): {} — {}",
+                c.name, c.role, c.state, c.reason
+            );
+            for m in &c.members {
+                let handshake = m
+                    .handshake_age_s
+                    .map_or("no handshake yet".to_string(), |s| {
+                        format!("handshake {s} s ago")
+                    });
+                println!("         {} {} {} ({handshake})", m.role, m.name, m.address);
+            }
+            for s in &c.layers {
+                println!(
+                    "         {} holds layers {}..{}{} ({} of {} MiB)",
+                    s.member,
+                    s.first_layer,
+                    s.first_layer + s.layers,
+                    if s.output { " and the output" } else { "" },
+                    s.mib,
+                    s.budget_mib
+                );
+            }
+        }
         print!("{}", report::overclock_text(&status.overclock));
         print!("{}", report::update_text(&status.update));
         println!();
