@@ -61,7 +61,7 @@ routes! {
     POST "/api/chat" => post(api_chat), Browser;
     POST "/api/enroll" => post(api_enroll), Enrol;
     GET "/api/cluster" => get(crate::cluster::get_part), Enrol;
-    PUT crate::cluster::PEERS => put(crate::cluster::put_peers), Enrol;
+    PUT crate::cluster::PEERS => put(crate::cluster::put_peers), Operator;
     POST "/api/identity" => post(api_identity), Public;
     POST crate::update::PATH => post(api_update_upload).layer(DefaultBodyLimit::disable()), Operator;
     GET crate::update::PATH => get(api_update_progress), Reader;

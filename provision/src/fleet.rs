@@ -310,6 +310,21 @@ impl FleetFile {
         let mut taken = HashSet::new();
         for cluster in &self.clusters {
             cluster.check(&names, &mut taken)?;
+            // The head serves its own model while a worker is gone: not the cluster's.
+            let head = self
+                .boxes
+                .iter()
+                .find(|b| b.name.as_ref() == Some(&cluster.head))
+                .map(|b| b.over(&self.fleet.defaults));
+            let own_model = head.and_then(|h| h.model);
+            if own_model.as_ref() == Some(&cluster.model)
+                && cluster.fallback != Some(crate::cluster::Fallback::None)
+            {
+                return Err(format!(
+                    "[[cluster]] \"{}\": its model {} is also its head's own model (served alone while a worker is gone); give [[box]] \"{}\" another model, or set fallback = \"none\"",
+                    cluster.name, cluster.model, cluster.head
+                ));
+            }
         }
         Ok(())
     }

@@ -378,6 +378,9 @@ async fn reverify_pass(
     for drifted in reports.iter().filter(|r| r.state == State::Applied) {
         tracing::warn!(step = %drifted.name, "tuned state had drifted and was restored: {}", drifted.reason);
     }
+    // The model served now: the configured one, or a cluster's as its head.
+    let mut config = config;
+    config.model.id = engine.status().model_id;
     let (model, verdict) = check_model(
         board,
         &config,
@@ -386,11 +389,14 @@ async fn reverify_pass(
     .await;
     // Only verified weights run, also while running: a failed check stops the engine now,
     // a passing one lets a stopped engine relaunch (through the gate) without waiting.
-    engine.model_checked(if verdict.state == "verified" {
-        Ok(())
-    } else {
-        Err(verdict.reason.clone())
-    });
+    engine.model_checked(
+        &config.model.id,
+        if verdict.state == "verified" {
+            Ok(())
+        } else {
+            Err(verdict.reason.clone())
+        },
+    );
     let e = engine.status();
     let status = format!("{}; {model}; engine {}", summary(&reports), e.reason);
     notify(&[NotifyState::Status(&status)]);

@@ -11,8 +11,9 @@ pub struct Cluster {
     /// This box's part: `head` or `worker`.
     pub role: String,
     /// `starting`, `up` (head: serving the cluster's model; worker: its RPC server runs),
-    /// `degraded` (head: a worker is gone, the box serves its own model or nothing),
-    /// `failing` (the link or the RPC server cannot start) or `stopped` (no daemon).
+    /// `degraded` (head: a worker is gone, the link is down or the cluster's server fails; the
+    /// box serves its own model or nothing), `failing` (worker: the link or its RPC server
+    /// cannot start) or `stopped` (no daemon).
     pub state: String,
     /// Why, in words.
     pub reason: String,

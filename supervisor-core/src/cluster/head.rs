@@ -176,7 +176,10 @@ pub async fn run(
             }
         }
         let engine_now = engine.borrow().clone();
+        // The engine's state counts only once it is about the cluster's server.
+        let ours = engine_now.model_id == head.model && engine_now.split.is_some();
         let how = match (&*serve.borrow(), engine_now.state) {
+            (Serve::Head(_), _) if !ours => Look::Wait,
             (Serve::Head(_), Phase::Ready) => Look::Held,
             (Serve::Head(_), Phase::Starting) => Look::Wait,
             _ => Look::Ask,
@@ -202,6 +205,7 @@ pub async fn run(
         // is a reason to fall back too, for a while.
         // (Blocked: the gate refused the cluster's model, e.g. it is not installed.)
         if matches!(*serve.borrow(), Serve::Head(_))
+            && engine_now.model_id == head.model
             && matches!(engine_now.state, Phase::Failing | Phase::Blocked)
         {
             failing_since = Some(Instant::now());

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::keys;
 use crate::board::Board;
-use crate::config::cluster::Cluster;
+use crate::config::cluster::{Cluster, Role};
 
 /// The nftables table the supervisor owns.
 pub const TABLE: &str = "appliance_cluster";
@@ -61,14 +61,17 @@ fn wireguard_conf(cluster: &Cluster, private_key: &str) -> String {
 }
 
 /// The firewall: replaces the table in one transaction (never a moment without it). Answers to
-/// this box's own connections pass, and the box itself (loopback); on the link only the peers'
-/// RPC connections come in; the RPC port is dropped on every other interface, IPv4 and IPv6.
+/// this box's own connections pass, and the box itself (loopback); on the link only the head's
+/// RPC connections come in (to a worker; a head runs no RPC server); the RPC port is dropped on
+/// every other interface, IPv4 and IPv6.
 pub fn ruleset(cluster: &Cluster) -> String {
     let interface = cluster.interface.as_str();
     let port = cluster.rpc_port.get();
+    // Only the head is a client of the RPC servers; a head runs none.
     let peers: Vec<String> = cluster
         .peers
         .iter()
+        .filter(|p| cluster.role == Role::Worker && p.role == Role::Head)
         .map(|p| p.address.to_string())
         .collect();
     let from_peers = if peers.is_empty() {
@@ -201,6 +204,14 @@ mod tests {
             .expect("rest dropped");
         let drop_port = rules.find("tcp dport 50052 drop").expect("port dropped");
         assert!(accept < drop_link && drop_link < drop_port, "{rules}");
+        // A head runs no RPC server: nothing may reach the port there.
+        let mut head = cluster();
+        head.role = Role::Head;
+        head.model = Some("big".into());
+        head.peers[0].role = Role::Worker;
+        let rules = ruleset(&head);
+        assert!(!rules.contains("dport 50052 accept"), "{rules}");
+        assert!(rules.contains("tcp dport 50052 drop"), "{rules}");
     }
 
     #[test]

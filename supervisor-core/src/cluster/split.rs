@@ -67,6 +67,9 @@ impl Split {
     }
 }
 
+/// More layers than any model has: a count past it is a damaged file.
+const MAX_LAYERS: usize = 4096;
+
 /// The model's sizes the split needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sizes {
@@ -112,8 +115,8 @@ fn from_header(header: &Header, file: &[u8], context: u64) -> Result<Sizes, Stri
     let key = |k: &str| format!("{arch}.{k}");
     let layers = number(header, &key("block_count"))
         .and_then(|n| usize::try_from(n).ok())
-        .filter(|&n| n > 0)
-        .ok_or("no block_count")?;
+        .filter(|&n| (1..=MAX_LAYERS).contains(&n))
+        .ok_or_else(|| format!("no block_count of 1 to {MAX_LAYERS}"))?;
     let embedding = number(header, &key("embedding_length")).ok_or("no embedding_length")?;
     let heads = per_layer(header, file, &key("attention.head_count"), layers)
         .ok_or("no attention.head_count")?;
@@ -127,22 +130,22 @@ fn from_header(header: &Header, file: &[u8], context: u64) -> Result<Sizes, Stri
             .and_then(|rest| rest.split('.').next())
             .and_then(|n| n.parse::<usize>().ok());
         match block {
-            Some(i) if i < layers => layer[i] += size,
+            Some(i) if i < layers => layer[i] = layer[i].saturating_add(*size),
             _ if name.starts_with("output.") || name.starts_with("output_norm.") => {
                 tied &= !name.starts_with("output.");
-                output += size;
+                output = output.saturating_add(*size);
             }
             _ => {
                 if name.starts_with("token_embd.") {
-                    embedding_bytes += size;
+                    embedding_bytes = embedding_bytes.saturating_add(*size);
                 }
-                head += size;
+                head = head.saturating_add(*size);
             }
         }
     }
     if tied {
         // llama.cpp loads a copy of the embedding as the output projection.
-        output += embedding_bytes;
+        output = output.saturating_add(embedding_bytes);
     }
     for (i, bytes) in layer.iter_mut().enumerate() {
         let per_head = |k: &str| number(header, &key(k));
@@ -150,7 +153,12 @@ fn from_header(header: &Header, file: &[u8], context: u64) -> Result<Sizes, Stri
             per_head("attention.key_length").unwrap_or_else(|| embedding / heads[i].max(1));
         let value_length = per_head("attention.value_length").unwrap_or(key_length);
         // K and V in f16 for every token of context.
-        *bytes += context * kv_heads[i] * (key_length + value_length) * 2;
+        *bytes = bytes.saturating_add(
+            context
+                .saturating_mul(kv_heads[i])
+                .saturating_mul(key_length.saturating_add(value_length))
+                .saturating_mul(2),
+        );
     }
     Ok(Sizes {
         layer,
@@ -167,8 +175,13 @@ pub fn plan(sizes: &Sizes, members: &[Member]) -> Result<Split, String> {
         .filter(|(_, w)| !w.is_empty())
         .ok_or("a cluster needs a head and at least one worker")?;
     let mib = |b: u64| b.div_ceil(1 << 20);
-    let total: u64 = sizes.layer.iter().sum::<u64>() + sizes.head + sizes.output;
-    let budgets: u64 = members.iter().map(|m| m.budget).sum();
+    let total = sizes
+        .layer
+        .iter()
+        .fold(sizes.head.saturating_add(sizes.output), |a, b| {
+            a.saturating_add(*b)
+        });
+    let budgets = members.iter().fold(0u64, |a, m| a.saturating_add(m.budget));
     let too_big = || {
         format!(
             "the model needs {} MiB (weights and cache) and the members hold {} MiB ({}); add a worker, give them more memory_mib, or lower the context",
@@ -190,21 +203,21 @@ pub fn plan(sizes: &Sizes, members: &[Member]) -> Result<Split, String> {
         .checked_sub(sizes.output)
         .ok_or_else(too_big)?;
     // Proportional targets, cumulative: member j stops once its run would pass its share.
-    let layer_total: u64 = sizes.layer.iter().sum();
-    let room_total: u64 = room.iter().sum::<u64>().max(1);
+    let layer_total = sizes.layer.iter().fold(0u64, |a, b| a.saturating_add(*b));
+    let room_total = room.iter().fold(0u64, |a, b| a.saturating_add(*b)).max(1);
     let mut runs = vec![0usize; members.len()];
     let mut used = vec![0u64; members.len()];
     let (mut member, mut placed) = (0usize, 0u64);
     let target = |j: usize| -> u64 {
-        let through: u64 = room[..=j].iter().sum();
+        let through = room[..=j].iter().fold(0u64, |a, b| a.saturating_add(*b));
         (u128::from(layer_total) * u128::from(through) / u128::from(room_total)) as u64
     };
     for (i, &bytes) in sizes.layer.iter().enumerate() {
         // The last worker must hold at least one layer: it holds the output after it.
         let left = sizes.layer.len() - i;
         loop {
-            let over_share = member < last && placed + bytes / 2 > target(member);
-            let over_room = used[member] + bytes > room[member];
+            let over_share = member < last && placed.saturating_add(bytes / 2) > target(member);
+            let over_room = used[member].saturating_add(bytes) > room[member];
             let keep_one_for_last = member < last && left <= last - member;
             if (over_share || over_room || keep_one_for_last) && member < last {
                 member += 1;
@@ -216,8 +229,8 @@ pub fn plan(sizes: &Sizes, members: &[Member]) -> Result<Split, String> {
             break;
         }
         runs[member] += 1;
-        used[member] += bytes;
-        placed += bytes;
+        used[member] = used[member].saturating_add(bytes);
+        placed = placed.saturating_add(bytes);
     }
     if runs[last] == 0 {
         return Err(format!(
@@ -242,7 +255,7 @@ pub fn plan(sizes: &Sizes, members: &[Member]) -> Result<Split, String> {
                 member: m.name.clone(),
                 layers,
                 output: j == last,
-                bytes: used[j] + fixed,
+                bytes: used[j].saturating_add(fixed),
                 budget: m.budget,
             }
         })

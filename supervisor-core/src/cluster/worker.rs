@@ -19,6 +19,8 @@ use crate::engine::{self, Launch, LogRing};
 pub const CACHE_DIR: &str = "/var/lib/appliance/cluster/rpc-cache";
 /// How long the RPC server gets to exit after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// A run this long was not part of a crash loop: the backoff starts over.
+const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// How long it gets to listen after it starts.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -112,6 +114,7 @@ pub async fn run(
     };
     let mut failures = 0u32;
     loop {
+        let started = std::time::Instant::now();
         let end = serve_once(
             &board,
             &config,
@@ -132,7 +135,12 @@ pub async fn run(
             }
             End::Failed(reason) => reason,
         };
-        failures += 1;
+        // A server that ran a good while was not part of a crash loop.
+        failures = if started.elapsed() >= STABLE_AFTER {
+            1
+        } else {
+            failures + 1
+        };
         let pause = Duration::from_millis(
             config
                 .engine

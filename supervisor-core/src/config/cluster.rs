@@ -202,18 +202,25 @@ checked_text!(
 );
 
 checked_text!(
-    /// Where a peer's WireGuard listens: `HOST:PORT` (an IPv4 address or a name; a port 1-65535).
+    /// Where a peer's WireGuard listens: `HOST:PORT` (an IPv4 address, `[IPv6]` or a name; a
+    /// port 1-65535).
     Endpoint,
     |text| {
         let bad = || {
             format!("invalid endpoint {text:?}: expected HOST:PORT, e.g. \"192.168.1.21:51820\"")
         };
         let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
-        let host_ok = !host.is_empty()
-            && host.len() <= 253
-            && host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        // A name or IPv4 address, or an IPv6 address in brackets.
+        let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+            None => {
+                !host.is_empty()
+                    && host.len() <= 253
+                    && host
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            }
+        };
         match port.parse::<u16>() {
             Ok(p) if p > 0 && host_ok => Ok(()),
             _ => Err(bad()),

@@ -34,7 +34,7 @@ const STATUS_LOG_LINES: usize = 20;
 pub struct Handle {
     status: watch::Receiver<EngineStatus>,
     shutdown: watch::Sender<bool>,
-    model: watch::Sender<ModelVerdict>,
+    model: watch::Sender<Checked>,
     switch: watch::Sender<Wanted>,
     heartbeat: Arc<Mutex<Instant>>,
     stale_after: Duration,
@@ -91,10 +91,18 @@ impl Handle {
     /// What the daemon's periodic re-verification of the model found. `Err(why)` stops a
     /// running engine at once and keeps it stopped; `Ok` lets a stopped one relaunch at once
     /// (through the gate, as every launch).
-    pub fn model_checked(&self, verdict: ModelVerdict) {
+    pub fn model_checked(&self, model: &str, verdict: ModelVerdict) {
         // Every verdict is news, even one equal to the last: the engine may have been
         // relaunched by the gate since, and a repeated failure must stop it again.
-        let _previous = self.model.send_replace(verdict);
+        let _previous = self.model.send_replace(Checked {
+            model: model.to_string(),
+            verdict,
+        });
+    }
+
+    /// What the box serves now, as last asked ([`Handle::serve`]).
+    pub fn serving(&self) -> Serve {
+        self.switch.borrow().serve.clone()
     }
 
     /// Runs model `id` from now on: the running engine is stopped and one is launched on `id`
@@ -102,9 +110,11 @@ impl Handle {
     /// the caller to watch ([`Handle::subscribe`]: `model_id` names the model of each state).
     pub fn use_model(&self, id: &str) {
         self.switch.send_if_modified(|wanted| {
-            let changed = wanted.model != id;
+            // As a cluster's head the box goes on serving the cluster's model: news only
+            // when what is served changes.
+            let before = wanted.served().to_string();
             wanted.model = id.to_string();
-            changed
+            wanted.served() != before
         });
     }
 
@@ -133,7 +143,10 @@ pub fn supervise(board: Board, config: Config, logs: Arc<LogRing>, first: Serve)
     let initial = EngineStatus::new(&config.model.id);
     let (status_tx, status) = watch::channel(initial.clone());
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let (model, model_rx) = watch::channel(Ok(()));
+    let (model, model_rx) = watch::channel(Checked {
+        model: config.model.id.clone(),
+        verdict: Ok(()),
+    });
     let (switch, switch_rx) = watch::channel(Wanted {
         model: config.model.id.clone(),
         serve: first,
@@ -174,7 +187,7 @@ struct Supervisor {
     publish_to: watch::Sender<EngineStatus>,
     heartbeat: Arc<Mutex<Instant>>,
     shutdown: watch::Receiver<bool>,
-    model: watch::Receiver<ModelVerdict>,
+    model: watch::Receiver<Checked>,
     /// What to run: changed by [`Handle::use_model`] and [`Handle::serve`].
     switch: watch::Receiver<Wanted>,
     /// What the current launches serve.
@@ -183,6 +196,13 @@ struct Supervisor {
 
 /// The model's latest re-verification: `Err` with why it failed.
 pub type ModelVerdict = Result<(), String>;
+
+/// A re-verification's verdict on the model it checked: it counts only for that model.
+#[derive(Debug, Clone)]
+struct Checked {
+    model: String,
+    verdict: ModelVerdict,
+}
 
 /// How one launch ended.
 enum Outcome {
@@ -224,6 +244,10 @@ impl Supervisor {
                 self.status.split = None;
                 failures = 0;
                 refused_while_running = None;
+                // Not the last server's phase: what watches it (a cluster's head) must not
+                // take the new one for ready, blocked or failing before it has run.
+                let next = format!("switching to {}", self.config.model.id);
+                self.set(Phase::Starting, next);
             }
             if let Serve::Nothing(why) = &self.serving {
                 let reason = format!("not serving: {why}");
@@ -376,7 +400,7 @@ impl Supervisor {
                     return self.failed(format!("exited while starting ({exit})"), exit, false);
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
-                why = refused(&mut model) => return self.refuse(running, why).await,
+                why = refused(&mut model, &self.config.model.id) => return self.refuse(running, why).await,
                 () = switched(&mut switch) => return self.switch_engine(running).await,
                 _ = tokio::time::sleep(READY_POLL) => {
                     let access = launch.access.clone();
@@ -420,7 +444,7 @@ impl Supervisor {
                     return self.failed(format!("exited ({exit})"), exit, stable);
                 }
                 _ = stopped(&mut shutdown) => return self.shutdown_engine(running).await,
-                why = refused(&mut model) => return self.refuse(running, why).await,
+                why = refused(&mut model, &self.config.model.id) => return self.refuse(running, why).await,
                 () = switched(&mut switch) => return self.switch_engine(running).await,
                 _ = probes.tick() => {
                     let access = launch.access.clone();
@@ -534,7 +558,8 @@ impl Supervisor {
         let mut model = self.model.clone();
         let passed = async {
             while model.changed().await.is_ok() {
-                if model.borrow_and_update().is_ok() {
+                let checked = model.borrow_and_update();
+                if checked.model == self.config.model.id && checked.verdict.is_ok() {
                     return;
                 }
             }
@@ -571,9 +596,10 @@ async fn blocking<T: Send + 'static>(
 
 /// Resolves with why, once the daemon reports that the model failed re-verification; never
 /// when the daemon's handle is gone.
-async fn refused(model: &mut watch::Receiver<ModelVerdict>) -> String {
+async fn refused(model: &mut watch::Receiver<Checked>, serving: &str) -> String {
     while model.changed().await.is_ok() {
-        if let Err(why) = &*model.borrow_and_update() {
+        let checked = model.borrow_and_update();
+        if let (true, Err(why)) = (checked.model == serving, &checked.verdict) {
             return why.clone();
         }
     }

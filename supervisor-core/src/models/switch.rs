@@ -33,7 +33,15 @@ pub async fn run(
     let config = &config;
     let to = switching.request.to.clone();
     let from = switching.from.clone();
+    let serving = handle.serving();
     let (result, reason) = match gate(board, config, &to).await {
+        // Its own model is not what it serves: a switch could not be proven now.
+        _ if matches!(serving, engine::Serve::Head(_)) => (
+            REFUSED,
+            format!(
+                "not tried: this box serves its cluster's model as the head; switch its own model while it serves alone, or change [model] id; {from} stays its own model"
+            ),
+        ),
         Err(why) => (REFUSED, format!("not tried: {why}; {from} keeps running")),
         Ok(()) => {
             tracing::info!(

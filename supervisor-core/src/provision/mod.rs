@@ -603,5 +603,15 @@ mod tests {
         )
         .expect_err("stranger");
         assert!(e.message.contains("\"store\" is not a [[box]]"), "{e}");
+        // The head's own model, served alone while a worker is gone, is not the cluster's.
+        let e = provision::FleetFile::parse(
+            "[fleet]\nname = \"clinics\"\ngeneration = 1\n\
+             [[box]]\nname = \"reception\"\nmodel = \"big\"\n[[box]]\nname = \"office-1\"\n\
+             [[cluster]]\nname = \"front-desk\"\nhead = \"reception\"\nworkers = [\"office-1\"]\n\
+             link = \"10.77.0.0/24\"\nmodel = \"big\"\n",
+            "fleet.toml",
+        )
+        .expect_err("same model");
+        assert!(e.message.contains("also its head's own model"), "{e}");
     }
 }
