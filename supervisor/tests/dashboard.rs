@@ -1070,6 +1070,8 @@ fn every_route_outside_the_public_group_refuses_strangers() {
         ("GET", "/metrics", Group::Reader),
         ("POST", "/api/chat", Group::Browser),
         ("POST", "/api/enroll", Group::Enrol),
+        ("GET", "/api/cluster", Group::Enrol),
+        ("PUT", "/api/cluster/peers", Group::Operator),
         ("POST", "/api/identity", Group::Public),
         ("POST", "/api/update", Group::Operator),
         ("GET", "/api/update", Group::Reader),
