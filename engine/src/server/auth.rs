@@ -89,6 +89,9 @@ pub enum CorsOrigins {
     None,
     /// Any origin (`*`): still only with the API key when one is required.
     Any,
+    /// Pages served from this machine only (`localhost`): `http(s)://localhost`, `127.0.0.1`
+    /// or `[::1]`, on any port.
+    Localhost,
     /// These origins exactly (`scheme://host[:port]`).
     List(Vec<String>),
 }
@@ -102,6 +105,9 @@ impl CorsOrigins {
         }
         if text == "*" {
             return Ok(CorsOrigins::Any);
+        }
+        if text == "localhost" {
+            return Ok(CorsOrigins::Localhost);
         }
         let origins: Vec<String> = text
             .split(',')
@@ -124,25 +130,58 @@ impl CorsOrigins {
         Ok(CorsOrigins::List(origins))
     }
 
-    /// The layer answering preflights and marking answers for the allowed origins.
+    /// The layer answering preflights and marking answers. As llama-server does, an allowed
+    /// origin is reflected, with credentials allowed and the headers the preflight asks for;
+    /// without `--cors-origins` no origin is allowed.
     pub fn layer(&self) -> CorsLayer {
+        let methods = [Method::GET, Method::POST, Method::DELETE, Method::OPTIONS];
+        let max_age = std::time::Duration::from_secs(600);
         let allow = match self {
-            CorsOrigins::None => AllowOrigin::list(Vec::<HeaderValue>::new()),
-            CorsOrigins::Any => AllowOrigin::any(),
+            CorsOrigins::None => {
+                return CorsLayer::new()
+                    .allow_origin(AllowOrigin::list(Vec::<HeaderValue>::new()))
+                    .allow_methods(methods)
+                    .allow_headers([
+                        header::AUTHORIZATION,
+                        header::CONTENT_TYPE,
+                        HeaderName::from_static(API_KEY_HEADER),
+                    ])
+                    .max_age(max_age);
+            }
+            CorsOrigins::Any => AllowOrigin::mirror_request(),
+            CorsOrigins::Localhost => AllowOrigin::predicate(|origin, _| {
+                origin.to_str().is_ok_and(is_localhost_origin)
+            }),
             CorsOrigins::List(origins) => {
                 AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
             }
         };
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
-            .allow_headers([
-                header::AUTHORIZATION,
-                header::CONTENT_TYPE,
-                HeaderName::from_static(API_KEY_HEADER),
-            ])
-            .max_age(std::time::Duration::from_secs(600))
+            .allow_credentials(true)
+            .allow_methods(methods)
+            .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
+            .max_age(max_age)
     }
+}
+
+/// Whether `origin` is a page of this machine: `http(s)://` then `localhost`, `127.0.0.1` or
+/// `[::1]`, then nothing or a port (`localhost.evil.com` is not).
+fn is_localhost_origin(origin: &str) -> bool {
+    let Some(rest) = ["http://", "https://"]
+        .iter()
+        .find_map(|scheme| origin.strip_prefix(scheme))
+    else {
+        return false;
+    };
+    ["localhost", "127.0.0.1", "[::1]"].iter().any(|host| {
+        rest.strip_prefix(host).is_some_and(|port| {
+            port.is_empty()
+                || port
+                    .strip_prefix(':')
+                    .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+    })
 }
 
 #[cfg(test)]
@@ -159,6 +198,35 @@ mod tests {
         );
         for bad in ["a.lan", "http://", "ftp://a", "http://a/path"] {
             assert!(CorsOrigins::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            CorsOrigins::parse("localhost").expect("localhost"),
+            CorsOrigins::Localhost
+        );
+    }
+
+    #[test]
+    fn only_this_machines_pages_are_localhost() {
+        for yes in [
+            "http://localhost",
+            "http://localhost:8080",
+            "http://127.0.0.1",
+            "https://127.0.0.1:3000",
+            "http://[::1]",
+            "http://[::1]:3000",
+        ] {
+            assert!(is_localhost_origin(yes), "{yes}");
+        }
+        for no in [
+            "http://web.mydomain.fr",
+            "http://notlocalhost",
+            "http://localhost.evil.com",
+            "http://localhost:",
+            "http://localhost:80x",
+            "localhost",
+            "http://127.0.0.1.evil.com",
+        ] {
+            assert!(!is_localhost_origin(no), "{no}");
         }
     }
 }
