@@ -167,7 +167,8 @@ struct ServeArgs {
     /// A file holding the system prompt for chats that bring none (prefilled at start).
     #[arg(long)]
     system_prompt: Option<PathBuf>,
-    /// Model id reported to clients (default: the file name).
+    /// Names the model answers to, separated by commas; `/v1/models` lists them all, its id
+    /// is the first in alphabetical order (default: the file name).
     #[arg(long)]
     alias: Option<String>,
     /// Memory for the caches of recent conversations, in MiB (at least one is kept), so a

@@ -25,7 +25,14 @@ fn content(answer: &Value, choice: usize) -> String {
 
 #[test]
 fn routes_cors_keys_and_errors_are_what_clients_expect() {
-    let server = start(&["--api-key", "k3y", "--cors-origins", "http://app.lan:3000"]);
+    let server = start(&[
+        "--api-key",
+        "k3y",
+        "--cors-origins",
+        "http://app.lan:3000",
+        "--alias",
+        "tinyllama-2, fim,code,fim",
+    ]);
     let port = server.port;
     let auth = "Authorization: Bearer k3y\r\nContent-Type: application/json\r\n";
     let body = chat("Hi", json!({ "max_tokens": 2 })).to_string();
@@ -43,7 +50,14 @@ fn routes_cors_keys_and_errors_are_what_clients_expect() {
     for path in ["/v1/models", "/models"] {
         let (status, _, answer) = exchange(port, "GET", path, auth, "");
         assert_eq!(status, 200, "{path}: {answer}");
-        assert!(json_body(&answer)["data"][0]["id"].is_string());
+        // Every alias, once; the id the first in alphabetical order, as llama-server says.
+        let model = &json_body(&answer)["data"][0];
+        assert_eq!(
+            model["aliases"],
+            json!(["code", "fim", "tinyllama-2"]),
+            "{model}"
+        );
+        assert_eq!(model["id"], "code");
     }
 
     // The key as X-Api-Key; a wrong one refused in OpenAI's shape.

@@ -149,9 +149,9 @@ impl CorsOrigins {
                     .max_age(max_age);
             }
             CorsOrigins::Any => AllowOrigin::mirror_request(),
-            CorsOrigins::Localhost => AllowOrigin::predicate(|origin, _| {
-                origin.to_str().is_ok_and(is_localhost_origin)
-            }),
+            CorsOrigins::Localhost => {
+                AllowOrigin::predicate(|origin, _| origin.to_str().is_ok_and(is_localhost_origin))
+            }
             CorsOrigins::List(origins) => {
                 AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
             }

@@ -54,6 +54,18 @@ pub struct Ready {
     pub speculation: crate::speculate::Source,
 }
 
+/// `--alias` as names: separated by commas, trimmed, each once, in alphabetical order.
+fn aliases(text: Option<&str>) -> Vec<String> {
+    let names: std::collections::BTreeSet<String> = text
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect();
+    names.into_iter().collect()
+}
+
 /// Shared handler state.
 #[derive(Clone)]
 pub struct AppState {
@@ -61,6 +73,8 @@ pub struct AppState {
     pub ready: Arc<OnceLock<Ready>>,
     /// The id `/v1/models` reports.
     pub model_id: Arc<str>,
+    /// Every `--alias` the model answers to, in order (the first is `model_id`).
+    pub aliases: Arc<[String]>,
     /// The model file (for `/props`).
     pub model_path: Arc<std::path::Path>,
     /// OpenAI's `system_fingerprint`: this engine's version with this model and context.
@@ -190,7 +204,8 @@ pub struct ServeConfig {
     pub control_socket: Option<std::path::PathBuf>,
     /// System prompt for chats that bring none.
     pub system_prompt: Option<String>,
-    /// The id clients see in `/v1/models`.
+    /// The names clients see in `/v1/models` (`--alias`, separated by commas): the id is the
+    /// first in alphabetical order, as llama-server reports it.
     pub model_id: Option<String>,
     /// Memory for kept conversation caches, in MiB.
     pub cache_mib: usize,
@@ -219,9 +234,10 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
             config.listen
         ));
     }
-    let model_id: Arc<str> = config
-        .model_id
-        .clone()
+    let aliases = aliases(config.model_id.as_deref());
+    let model_id: Arc<str> = aliases
+        .first()
+        .cloned()
         .or_else(|| {
             config
                 .model
@@ -234,6 +250,7 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
     let state = AppState {
         ready: Arc::new(OnceLock::new()),
         model_id,
+        aliases: aliases.into(),
         model_path: Arc::from(config.model.as_path()),
         fingerprint: fingerprint(&config.model, config.context).into(),
         metrics: Arc::clone(&metrics),

@@ -24,6 +24,7 @@ pub async fn models(State(state): State<AppState>) -> Response {
         "object": "list",
         "data": [{
             "id": &*state.model_id, "object": "model", "created": now(), "owned_by": "appliance",
+            "aliases": &*state.aliases,
             "meta": state.ready.get().map(|r| json!({ "n_ctx": r.context, "n_vocab": r.tokenizer.vocab_size() })),
         }],
     }))
