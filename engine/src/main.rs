@@ -222,6 +222,10 @@ struct ServeArgs {
     /// `http://192.168.1.20:3000` separated by commas. Default: none.
     #[arg(long, default_value = "", value_parser = cors_origins)]
     cors_origins: engine::server::CorsOrigins,
+    /// Serve `GET /slots` (the generation slot's state, behind the API key), as llama-server's
+    /// `--slots`; without it `/slots` answers 501.
+    #[arg(long)]
+    slots: bool,
     /// Memory the model, its context and the kept conversations must fit, in MiB (default:
     /// this process's cgroup `memory.max` or the machine's RAM; 0: not checked).
     #[arg(long)]

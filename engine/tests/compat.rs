@@ -60,6 +60,11 @@ fn routes_cors_keys_and_errors_are_what_clients_expect() {
         assert_eq!(model["id"], "code");
     }
 
+    // Without `--slots`, /slots is not served: 501 in the error shape, as llama-server.
+    let (status, _, answer) = exchange(port, "GET", "/slots", auth, "");
+    assert_eq!(status, 501, "{answer}");
+    assert_eq!(json_body(&answer)["error"]["type"], "not_supported_error");
+
     // The key as X-Api-Key; a wrong one refused in OpenAI's shape.
     let (status, _, _) = exchange(
         port,
@@ -669,7 +674,19 @@ fn the_llama_cpp_compatibility_suite_passes() {
         "http://localhost:5173",
         "-c",
         "2048",
+        "--slots",
     ]);
+    // `--slots`: the one slot, its context the whole, idle; behind the key.
+    let key = "Authorization: Bearer suite-key\r\n";
+    let (status, _, slots) = exchange(server.port, "GET", "/slots", key, "");
+    assert_eq!(status, 200, "{slots}");
+    let slots = json_body(&slots);
+    assert_eq!(slots.as_array().map(Vec::len), Some(1), "{slots}");
+    assert_eq!(slots[0]["n_ctx"], 2048);
+    assert_eq!(slots[0]["is_processing"], false);
+    assert!(slots[0].get("params").is_none());
+    let (status, _, _) = exchange(server.port, "GET", "/slots", "", "");
+    assert_eq!(status, 401);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/compat_suite.py");
     let out = Command::new("python3")
         .arg(script)

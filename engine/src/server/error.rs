@@ -91,6 +91,14 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
 
+    /// 501: an endpoint this server was not started to serve; `message` says how to start it.
+    pub fn not_supported(message: impl Into<String>) -> ApiError {
+        ApiError {
+            kind: Some("not_supported_error"),
+            ..ApiError::new(StatusCode::NOT_IMPLEMENTED, message)
+        }
+    }
+
     /// Any other status, e.g. the connection guard's 413 and 408.
     pub fn with_status(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError::new(status, message)

@@ -87,6 +87,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// The budget of text tokenized at once, shared by every route that tokenizes.
     pub tokenizing: tokenizing::Gate,
+    /// Whether `GET /slots` is served.
+    pub slots: bool,
 }
 
 /// The router of every endpoint. OpenAI's routes are served with and without `/v1`, as
@@ -108,6 +110,7 @@ pub fn router(state: AppState, cors: &CorsOrigins) -> Router {
         .route("/detokenize", post(native::detokenize))
         .route("/apply-template", post(native::apply_template))
         .route("/props", get(native::props))
+        .route("/slots", get(native::slots))
         .route("/metrics", get(metrics::serve))
         // The key is checked before a body is read.
         .route_layer(axum::middleware::from_fn_with_state(
@@ -209,6 +212,8 @@ pub struct ServeConfig {
     pub model_id: Option<String>,
     /// Memory for kept conversation caches, in MiB.
     pub cache_mib: usize,
+    /// Whether `GET /slots` is served (`--slots`).
+    pub slots: bool,
     /// What requests that leave a field out get (`--n-predict`, `--temp`, `--seed`).
     pub defaults: Defaults,
     /// A Jinja chat template used instead of the model's (`--chat-template-file`).
@@ -251,6 +256,7 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
         ready: Arc::new(OnceLock::new()),
         model_id,
         aliases: aliases.into(),
+        slots: config.slots,
         model_path: Arc::from(config.model.as_path()),
         fingerprint: fingerprint(&config.model, config.context).into(),
         metrics: Arc::clone(&metrics),

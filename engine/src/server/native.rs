@@ -303,6 +303,27 @@ pub async fn apply_template(
     Ok(axum::Json(json!({ "prompt": prompt })).into_response())
 }
 
+/// `GET /slots` (with `--slots`): the one generation slot, as llama-server lists its slots.
+/// The engine generates one request at a time, so there is one; its context is the whole.
+pub async fn slots(State(state): State<AppState>) -> Result<Response, ApiError> {
+    if !state.slots {
+        return Err(ApiError::not_supported(
+            "This server does not support slots endpoint. Start it with `--slots`",
+        ));
+    }
+    let ready = state
+        .ready
+        .get()
+        .ok_or_else(|| ApiError::unavailable("Loading model"))?;
+    let activity = ready.worker.activity();
+    Ok(axum::Json(json!([{
+        "id": 0,
+        "n_ctx": ready.context,
+        "is_processing": activity.busy,
+    }]))
+    .into_response())
+}
+
 /// `GET /props`: the server's settings and the model's template.
 pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> {
     let ready = ready(&state)?;
