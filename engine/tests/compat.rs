@@ -364,6 +364,35 @@ fn prompts_as_tokens_ignore_eos_fingerprint_and_cached_tokens() {
             .is_some_and(|f| f.starts_with("fp_"))
     );
 
+    // Streamed, each chunk carries the tokens of its text: together the whole answer's.
+    let body = json!({ "prompt": ids, "n_predict": 6, "temperature": 0, "stream": true });
+    let (_, raw) = request(
+        &server,
+        "POST",
+        "/completion",
+        Some(&body.to_string()),
+        None,
+    )
+    .expect("stream");
+    let chunks = events(&raw);
+    let (last, pieces) = chunks.split_last().expect("chunks");
+    assert_eq!(last["stop"], true, "{raw}");
+    let streamed: Vec<Value> = pieces
+        .iter()
+        .inspect(|c| assert!(c["tokens"].as_array().is_some_and(|t| !t.is_empty()), "{c}"))
+        .flat_map(|c| c["tokens"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(json!(streamed), last["tokens"], "{raw}");
+    let text: String = pieces
+        .iter()
+        .filter_map(|c| c["content"].as_str())
+        .collect();
+    assert_eq!(
+        text,
+        a["choices"][0]["text"].as_str().unwrap_or(""),
+        "{raw}"
+    );
+
     let (_, long) = post(
         &server,
         "/v1/chat/completions",

@@ -42,14 +42,22 @@ pub async fn completion(
     let model = state.model_id.to_string();
     let prompt_tokens = started.prompt_tokens;
     if request.knobs.stream {
-        let first = vec![json!({ "content": "", "stop": false, "index": 0 })];
+        // No empty first chunk: as llama-server, every chunk before the last carries text
+        // and its tokens.
         return Ok(stream(
             started,
-            first,
+            Vec::new(),
             Format::Native,
             move |piece| match piece {
-                Piece::Text { text, probs, .. } => {
-                    let mut chunk = json!({ "content": text, "stop": false, "index": 0 });
+                Piece::Text {
+                    text,
+                    probs,
+                    tokens,
+                    ..
+                } => {
+                    let mut chunk = json!({
+                        "content": text, "tokens": tokens, "stop": false, "index": 0,
+                    });
                     if with_probs {
                         chunk["completion_probabilities"] =
                             json!(probabilities(&tokenizer, &probs));

@@ -159,6 +159,7 @@ pub async fn chat_completions(
             choice,
             text,
             probs,
+            ..
         } => match &streaming {
             None => vec![chunk(
                 choice,
@@ -372,6 +373,7 @@ pub async fn completions(
             choice,
             text,
             probs,
+            ..
         } => {
             let logprobs = with_probs.then(|| {
                 let mut offsets = offsets.lock().unwrap_or_else(|p| p.into_inner());

@@ -36,6 +36,8 @@ pub enum Piece {
         text: String,
         /// Its tokens' probabilities, when asked for.
         probs: Vec<TokenProbs>,
+        /// The tokens it finishes.
+        tokens: Vec<u32>,
     },
     /// A choice ended.
     End {
@@ -85,10 +87,12 @@ pub fn stream(
                 choice,
                 text,
                 probs,
+                tokens,
             }) => to_events((run.shape)(Piece::Text {
                 choice,
                 text,
                 probs,
+                tokens,
             })),
             Some(Event::Done { choice, summary }) => {
                 run.summaries.push(summary.clone());

@@ -129,6 +129,8 @@ pub enum Event {
         text: String,
         /// One entry per token the text finishes.
         probs: Vec<TokenProbs>,
+        /// The tokens the text finishes (llama.cpp's streamed `tokens`).
+        tokens: Vec<u32>,
     },
     /// A choice ended.
     Done {
@@ -750,6 +752,7 @@ impl Runner<'_> {
             stream: TextStream::new(),
             text: StopFilter::new(&params.stop),
             probs: Vec::new(),
+            tokens: Vec::new(),
             chosen_probs: None,
             last_token: Instant::now(),
             finish: None,
@@ -830,6 +833,8 @@ struct Answering<'a> {
     text: StopFilter<'a>,
     /// Probabilities of tokens whose text is not sent yet.
     probs: Vec<TokenProbs>,
+    /// Tokens whose text is not sent yet.
+    tokens: Vec<u32>,
     /// Those of the token just chosen.
     chosen_probs: Option<TokenProbs>,
     last_token: Instant,
@@ -842,10 +847,12 @@ struct Answering<'a> {
 impl Answering<'_> {
     fn send(&mut self, text: String) {
         let probs = std::mem::take(&mut self.probs);
+        let tokens = std::mem::take(&mut self.tokens);
         let _ = self.job.events.send(Event::Text {
             choice: self.choice,
             text,
             probs,
+            tokens,
         });
     }
 }
@@ -882,6 +889,7 @@ impl Sink for Answering<'_> {
         }
         self.last_token = now;
         self.probs.extend(self.chosen_probs.take());
+        self.tokens.push(token);
         let piece = self.stream.push(&self.tokenizer.token_bytes(token));
         let (ready, stopped) = self.text.push(&piece);
         if !ready.is_empty() {
