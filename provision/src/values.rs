@@ -198,6 +198,84 @@ string_value!(
     check_digest
 );
 
+string_value!(
+    /// A network interface name: 1-15 letters, digits, `-` and `_` (the kernel's limit).
+    Interface,
+    check_interface
+);
+
+string_value!(
+    /// A WireGuard public key: 32 bytes in standard base64 (44 characters).
+    WireguardKey,
+    check_wireguard_key
+);
+
+string_value!(
+    /// Where a WireGuard peer listens: `HOST:PORT` (an IPv4 address, `[IPv6]` or a name; a
+    /// port 1-65535).
+    Endpoint,
+    check_endpoint
+);
+
+impl WireguardKey {
+    /// 32 bytes from WireGuard's base64 text, or `None`.
+    pub fn decode(text: &str) -> Option<[u8; 32]> {
+        let text = text.trim();
+        if text.len() != 44 {
+            return None;
+        }
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .ok()?
+            .try_into()
+            .ok()
+    }
+}
+
+fn check_interface(text: String) -> Result<String, String> {
+    let ok = (1..=15).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(text)
+    } else {
+        Err(format!(
+            "invalid interface {text:?}: allowed are 1-15 letters, digits, '-' and '_'"
+        ))
+    }
+}
+
+fn check_wireguard_key(text: String) -> Result<String, String> {
+    match WireguardKey::decode(&text) {
+        Some(_) => Ok(text),
+        None => Err(format!(
+            "invalid public_key {text:?}: expected a WireGuard key, 44 characters of base64 (`wg pubkey` prints one)"
+        )),
+    }
+}
+
+fn check_endpoint(text: String) -> Result<String, String> {
+    let bad =
+        || format!("invalid endpoint {text:?}: expected HOST:PORT, e.g. \"192.168.1.21:51820\"");
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    // A name or IPv4 address, or an IPv6 address in brackets.
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host.len() <= 253
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        }
+    };
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && host_ok => Ok(text),
+        _ => Err(bad()),
+    }
+}
+
 fn check_hostname(text: String) -> Result<String, String> {
     let name = text.to_ascii_lowercase();
     let ok = (1..=63).contains(&name.len())

@@ -12,6 +12,7 @@ use std::net::Ipv4Addr;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{MemoryMib, Port, ranged_setting};
+use provision::values::Hostname;
 
 /// The keys `[cluster]` cannot do without, with a valid stand-in for checking a file that
 /// holds only part of the section (the rest comes from another file).
@@ -25,8 +26,8 @@ pub(crate) const REQUIRED: [(&str, &str); 3] = [
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Cluster {
-    /// The cluster's name (letters, digits, `-`), shown in status.
-    pub name: Name,
+    /// The cluster's name (a host name: letters, digits, `-`), shown in status.
+    pub name: Hostname,
     /// What this box does in it.
     pub role: Role,
     /// This box's address on the link, with the link's prefix length (`10.77.0.1/24`).
@@ -72,7 +73,7 @@ pub struct Cluster {
 #[serde(deny_unknown_fields)]
 pub struct Peer {
     /// Its name in the fleet.
-    pub name: Name,
+    pub name: Hostname,
     /// What it does.
     pub role: Role,
     /// Its WireGuard public key (base64, 32 bytes).
@@ -113,7 +114,7 @@ ranged_setting!(
 );
 
 fn default_interface() -> Interface {
-    Interface("appliance-wg".into())
+    Interface::try_from("appliance-wg".to_string()).unwrap_or_else(|_| unreachable!())
 }
 fn default_listen_port() -> Port {
     Port::try_from(51820).unwrap_or_else(|_| unreachable!())
@@ -125,124 +126,7 @@ fn default_check_interval() -> CheckIntervalS {
     CheckIntervalS(5)
 }
 
-/// Declares a string setting checked as the file is read.
-macro_rules! checked_text {
-    ($(#[$doc:meta])* $name:ident, $check:expr) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
-
-        impl $name {
-            /// The text.
-            pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        impl TryFrom<String> for $name {
-            type Error = String;
-            fn try_from(text: String) -> Result<Self, Self::Error> {
-                let check: fn(&str) -> Result<(), String> = $check;
-                check(&text).map(|()| $name(text))
-            }
-        }
-
-        impl From<$name> for String {
-            fn from(v: $name) -> String {
-                v.0
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
-    };
-}
-
-checked_text!(
-    /// A cluster's or member's name: 1-63 letters, digits and `-`.
-    Name,
-    |text| {
-        let ok = (1..=63).contains(&text.len())
-            && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        ok.then_some(()).ok_or_else(|| {
-            format!("invalid name {text:?}: allowed are 1-63 letters, digits and '-'")
-        })
-    }
-);
-
-checked_text!(
-    /// A network interface name: 1-15 letters, digits, `-` and `_` (the kernel's limit).
-    Interface,
-    |text| {
-        let ok = (1..=15).contains(&text.len())
-            && text
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        ok.then_some(()).ok_or_else(|| {
-            format!(
-                "invalid interface {text:?}: allowed are 1-15 letters, digits, '-' and '_'"
-            )
-        })
-    }
-);
-
-checked_text!(
-    /// A WireGuard public key: 32 bytes in standard base64 (44 characters).
-    WireguardKey,
-    |text| match WireguardKey::decode(text) {
-        Some(_) => Ok(()),
-        None => Err(format!(
-            "invalid public_key {text:?}: expected a WireGuard key, 44 characters of base64 (`wg pubkey` prints one)"
-        )),
-    }
-);
-
-checked_text!(
-    /// Where a peer's WireGuard listens: `HOST:PORT` (an IPv4 address, `[IPv6]` or a name; a
-    /// port 1-65535).
-    Endpoint,
-    |text| {
-        let bad = || {
-            format!("invalid endpoint {text:?}: expected HOST:PORT, e.g. \"192.168.1.21:51820\"")
-        };
-        let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
-        // A name or IPv4 address, or an IPv6 address in brackets.
-        let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-            Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
-            None => {
-                !host.is_empty()
-                    && host.len() <= 253
-                    && host
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-            }
-        };
-        match port.parse::<u16>() {
-            Ok(p) if p > 0 && host_ok => Ok(()),
-            _ => Err(bad()),
-        }
-    }
-);
-
-impl WireguardKey {
-    /// 32 bytes from WireGuard's base64 text, or `None`.
-    pub fn decode(text: &str) -> Option<[u8; 32]> {
-        use base64::Engine as _;
-        let text = text.trim();
-        if text.len() != 44 {
-            return None;
-        }
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .ok()?
-            .try_into()
-            .ok()
-    }
-}
+pub use provision::values::{Endpoint, Interface, WireguardKey};
 
 /// This box's link address with its prefix length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
