@@ -389,16 +389,7 @@ fn a_cluster_serves_a_model_no_member_holds_and_falls_back_while_a_worker_is_gon
     let hash = text(&common::supervisor(&["dashboard", "hash-password"], PASSWORD).stdout)
         .trim()
         .to_string();
-    let tokens = text(&common::supervisor(&["dashboard", "new-token"], "").stdout);
-    let field = |name: &str| {
-        tokens
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .expect(name)
-            .trim()
-            .to_string()
-    };
-    let (token, digest) = (field("token "), field("sha256 "));
+    let (token, digest) = common::new_token(&[]);
     let fleet_path = shared.join("fleet.toml");
     let boxes: String = NAMES
         .iter()
@@ -540,18 +531,20 @@ fn a_cluster_serves_a_model_no_member_holds_and_falls_back_while_a_worker_is_gon
     assert_eq!(waiting["engine"]["model_id"], OWN_MODEL);
     let reason = waiting["cluster"]["reason"].as_str().expect("reason");
     assert!(reason.contains("appliance fleet enroll"), "{reason}");
-    // Enrolled from a laptop on the LAN, which also links the cluster.
-    let mut enroll = Command::new("ip");
-    enroll
-        .args(["netns", "exec", &outsider, APPLIANCE, "fleet", "enroll"])
-        .arg(&fleet_path)
-        .env("APPLIANCE_API_TOKEN", &token);
-    for (i, name) in NAMES.iter().enumerate() {
-        enroll
-            .arg("--at")
-            .arg(format!("{name}=192.168.77.{}:8443", i + 1));
-    }
-    let enrolled = enroll.output().expect("appliance fleet enroll");
+    // `appliance fleet COMMAND` from a laptop on the LAN, every box named at its address.
+    let from_laptop = |command: &str| {
+        let mut run = Command::new("ip");
+        run.args(["netns", "exec", &outsider, APPLIANCE, "fleet", command])
+            .arg(&fleet_path)
+            .env("APPLIANCE_API_TOKEN", &token);
+        for (i, name) in NAMES.iter().enumerate() {
+            run.arg("--at")
+                .arg(format!("{name}=192.168.77.{}:8443", i + 1));
+        }
+        run.output().expect("appliance fleet")
+    };
+    // Enrolled, which also links the cluster.
+    let enrolled = from_laptop("enroll");
     let said = text(&enrolled.stdout);
     assert!(
         enrolled.status.success(),
@@ -569,17 +562,7 @@ fn a_cluster_serves_a_model_no_member_holds_and_falls_back_while_a_worker_is_gon
         s["cluster"]["state"] == "up" && serving(s, CLUSTER_MODEL)
     });
     // The fleet's table shows the cluster on every member.
-    let mut table = Command::new("ip");
-    table
-        .args(["netns", "exec", &outsider, APPLIANCE, "fleet", "status"])
-        .arg(&fleet_path)
-        .env("APPLIANCE_API_TOKEN", &token);
-    for (i, name) in NAMES.iter().enumerate() {
-        table
-            .arg("--at")
-            .arg(format!("{name}=192.168.77.{}:8443", i + 1));
-    }
-    let table = text(&table.output().expect("fleet status").stdout);
+    let table = text(&from_laptop("status").stdout);
     assert!(table.contains("front-desk head up"), "{table}");
     assert_eq!(table.matches("front-desk worker up").count(), 2, "{table}");
     // Each member holds a run of layers within its memory; all 18 are held, the last worker

@@ -36,6 +36,25 @@ pub fn supervisor(args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().expect("wait")
 }
 
+/// A fresh API token with `scopes` (none: every scope) and its digest for a fleet file, from
+/// `supervisor dashboard new-token`.
+pub fn new_token(scopes: &[&str]) -> (String, String) {
+    let mut args = vec!["dashboard", "new-token"];
+    for scope in scopes {
+        args.extend(["--scope", scope]);
+    }
+    let printed = text(&supervisor(&args, "").stdout);
+    let field = |name: &str| {
+        printed
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .expect(name)
+            .trim()
+            .to_string()
+    };
+    (field("token "), field("sha256 "))
+}
+
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr").port()
@@ -140,25 +159,8 @@ pub fn fleet_with(dir: &Path, names: &[&str], defaults: &str, engine: &str) -> F
     let hash = text(&supervisor(&["dashboard", "hash-password"], PASSWORD).stdout)
         .trim()
         .to_string();
-    let tokens = text(&supervisor(&["dashboard", "new-token"], "").stdout);
-    let field = |name: &str| {
-        tokens
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .expect(name)
-            .trim()
-            .to_string()
-    };
-    let (token, digest) = (field("token "), field("sha256 "));
-    let read = text(&supervisor(&["dashboard", "new-token", "--scope", "read"], "").stdout);
-    let read_field = |name: &str| {
-        read.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .expect(name)
-            .trim()
-            .to_string()
-    };
-    let (reader, read_digest) = (read_field("token "), read_field("sha256 "));
+    let (token, digest) = new_token(&[]);
+    let (reader, read_digest) = new_token(&["read"]);
     let fleet_path = dir.join("fleet.toml");
     let boxes: String = names
         .iter()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::split::Member;
-use super::{ClusterStatus, MemberStatus, keys, link, peers};
+use super::{ClusterStatus, keys, link, peers};
 use crate::board::Board;
 use crate::config::Config;
 use crate::config::cluster::{Cluster, Fallback};
@@ -249,23 +249,12 @@ pub async fn run(
         } else {
             Vec::new()
         };
-        let members = cluster
-            .peers
-            .iter()
-            .map(|p| MemberStatus {
-                name: p.name.to_string(),
-                role: super::role_word(p.role).into(),
-                address: p.address.to_string(),
-                handshake_age_s: links
-                    .iter()
-                    .find(|l| l.address == p.address)
-                    .and_then(|l| l.handshake_age_s),
-                answers: answers
-                    .iter()
-                    .find(|(n, _)| n == p.name.as_str())
-                    .map(|(_, a)| a.is_ok()),
-            })
-            .collect();
+        let members = super::members(&cluster, &links, |name| {
+            answers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, a)| a.is_ok())
+        });
         let next = ClusterStatus {
             name: cluster.name.to_string(),
             role: "head".into(),

@@ -122,6 +122,29 @@ pub fn budget(board: &Board, config: &Config, cluster: &Cluster) -> u64 {
     )
 }
 
+/// The other members as `status` lists them: each one's last WireGuard handshake from
+/// `links`, and whether it answered the head's last check (`answered`, by name).
+fn members(
+    cluster: &Cluster,
+    links: &[link::PeerLink],
+    answered: impl Fn(&str) -> Option<bool>,
+) -> Vec<MemberStatus> {
+    cluster
+        .peers
+        .iter()
+        .map(|p| MemberStatus {
+            name: p.name.to_string(),
+            role: role_word(p.role).into(),
+            address: p.address.to_string(),
+            handshake_age_s: links
+                .iter()
+                .find(|l| l.address == p.address)
+                .and_then(|l| l.handshake_age_s),
+            answers: answered(p.name.as_str()),
+        })
+        .collect()
+}
+
 /// `head` or `worker`.
 pub fn role_word(role: Role) -> &'static str {
     match role {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{ClusterStatus, MemberStatus, keys, link, peers};
+use super::{ClusterStatus, keys, link, peers};
 use crate::board::Board;
 use crate::config::Config;
 use crate::config::cluster::Cluster;
@@ -82,17 +82,7 @@ pub async fn run(
     let public_key = keys::public_key(&board).ok();
     let memory_mib = Some(super::budget(&board, &config, &configured) >> 20);
     let publish = |cluster: &Cluster, state: &str, reason: String| {
-        let members = cluster
-            .peers
-            .iter()
-            .map(|p| MemberStatus {
-                name: p.name.to_string(),
-                role: super::role_word(p.role).into(),
-                address: p.address.to_string(),
-                handshake_age_s: None,
-                answers: None,
-            })
-            .collect();
+        let members = super::members(cluster, &[], |_| None);
         status.send_replace(ClusterStatus {
             name: cluster.name.to_string(),
             role: "worker".into(),
