@@ -361,7 +361,7 @@ fn prompts_as_tokens_ignore_eos_fingerprint_and_cached_tokens() {
     assert!(
         a["system_fingerprint"]
             .as_str()
-            .is_some_and(|f| f.starts_with("fp_"))
+            .is_some_and(|f| f.starts_with(&format!("b{}-", env!("CARGO_PKG_VERSION"))))
     );
 
     // Streamed, each chunk carries the tokens of its text: together the whole answer's.

@@ -501,6 +501,14 @@ fn the_openai_python_client_works() {
     common::serve::run_client("openai_client.py", &server, &[], "SmolLM2");
 }
 
+/// The `openai` package's Responses API: plain and streamed with its typed events, the same
+/// answer as the chat it means, a past call in the input, a kept response refused.
+#[test]
+fn the_openai_python_client_reads_responses() {
+    let server = start(&["-c", "1024"]);
+    common::serve::run_client("responses_client.py", &server, &[], "SmolLM2");
+}
+
 /// A configured system prompt is prefilled at start, so the first chat already reuses it; a
 /// conversation picked up again after another one reuses its own prefix.
 #[test]

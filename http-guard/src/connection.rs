@@ -116,7 +116,11 @@ pub(crate) async fn run<C, H, S>(
         // half-open connection holds (hyper panics on one under its 8 KiB minimum), and what
         // hyper queues of an answer the client does not read.
         .max_header_size(limits.max_header_bytes)
-        .max_buf_size(limits.max_header_bytes.max(8192));
+        .max_buf_size(limits.max_header_bytes.max(8192))
+        // Header names go out as `Content-Type`, not `content-type`: HTTP says case does not
+        // matter, but clients that copy headers into a plain map (llama.cpp's own test suite,
+        // scripts) look them up as other servers write them.
+        .title_case_headers(true);
     let conn = http.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let mut stopping = false;

@@ -14,6 +14,7 @@ pub mod metrics;
 mod native;
 mod openai;
 pub mod request;
+mod responses;
 mod stream;
 mod tokenizing;
 pub mod worker;
@@ -102,7 +103,8 @@ pub fn router(state: AppState, cors: &CorsOrigins) -> Router {
                 &format!("{prefix}/chat/completions"),
                 post(openai::chat_completions),
             )
-            .route(&format!("{prefix}/completions"), post(openai::completions));
+            .route(&format!("{prefix}/completions"), post(openai::completions))
+            .route(&format!("{prefix}/responses"), post(responses::responses));
     }
     api.route("/completion", post(native::completion))
         .route("/completions/native", post(native::completion))
@@ -168,8 +170,9 @@ async fn health(State(state): State<AppState>) -> Response {
     }
 }
 
-/// `fp_` and 12 hex digits of SHA-256 over the engine's version, the model file's name and
-/// size, and the context: what changes outputs for the same request and seed.
+/// `b`, the engine's version, `-` and 12 hex digits of SHA-256 over that version, the model
+/// file's name and size, and the context: what changes outputs for the same request and seed.
+/// llama-server's are `b<build>-<commit>`, and clients written against it check the `b`.
 fn fingerprint(model: &std::path::Path, context: usize) -> String {
     let size = std::fs::metadata(model).map(|m| m.len()).unwrap_or(0);
     let digest = Sha256::digest(
@@ -184,7 +187,7 @@ fn fingerprint(model: &std::path::Path, context: usize) -> String {
         .as_bytes(),
     );
     let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-    format!("fp_{hex}")
+    format!("b{}-{hex}", env!("CARGO_PKG_VERSION"))
 }
 
 /// How `engine serve` runs.

@@ -98,22 +98,58 @@ impl Envelope {
     }
 }
 
+/// A chat request checked and queued: what the chat and the Responses dialects both shape.
+pub struct ChatRun<'s> {
+    /// The request.
+    pub request: ChatRequest,
+    /// The loaded model.
+    pub ready: &'s super::Ready,
+    /// Its generation.
+    pub started: Started,
+    /// How its answer is split (reasoning, calls).
+    pub shape: Shape,
+    /// Whether token probabilities were asked for.
+    pub with_probs: bool,
+}
+
+/// Checks a chat request's `body`, renders and tokenizes its prompt, and queues it.
+pub async fn start_chat<'s>(
+    state: &'s AppState,
+    lane: Lane,
+    body: &[u8],
+    arrived: Instant,
+) -> Result<ChatRun<'s>, ApiError> {
+    let (request, ready, mut params) =
+        generation::checked::<ChatRequest>(state, body, Dialect::Chat)?;
+    let (calling, vars) = tool_calling(ready, &request, &mut params)?;
+    let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
+    let shape = reasoning_shape(ready, &request, &messages, &vars, &mut params, calling)?;
+    let place = generation::reserve(ready, lane)?;
+    let prompt = generation::chat_prompt(state, messages, vars, lane).await?;
+    let with_probs = params.logprobs.is_some();
+    let started = start(ready, prompt, params, place, arrived)?;
+    Ok(ChatRun {
+        request,
+        ready,
+        started,
+        shape,
+        with_probs,
+    })
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(state): State<AppState>,
     Extension(lane): Extension<Lane>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    let arrived = Instant::now();
-    let (request, ready, mut params) =
-        generation::checked::<ChatRequest>(&state, &body, Dialect::Chat)?;
-    let (calling, vars) = tool_calling(ready, &request, &mut params)?;
-    let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
-    let shape = reasoning_shape(ready, &request, &messages, &vars, &mut params, calling)?;
-    let place = generation::reserve(ready, lane)?;
-    let prompt = generation::chat_prompt(&state, messages, vars, lane).await?;
-    let with_probs = params.logprobs.is_some();
-    let mut started = start(ready, prompt, params, place, arrived)?;
+    let ChatRun {
+        request,
+        ready,
+        mut started,
+        shape,
+        with_probs,
+    } = start_chat(&state, lane, &body, Instant::now()).await?;
     let envelope = Envelope::new(&state, "chatcmpl");
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
     let logprobs = move |probs: &[TokenProbs]| {

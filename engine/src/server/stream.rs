@@ -24,6 +24,15 @@ pub enum Format {
     },
     /// llama.cpp's `/completion`.
     Native,
+    /// OpenAI's Responses API: each event named by its `type`, no `[DONE]`.
+    Responses,
+}
+
+impl Format {
+    /// Whether the stream ends with `data: [DONE]`.
+    fn says_done(self) -> bool {
+        matches!(self, Format::OpenAi { .. })
+    }
 }
 
 /// What a stream's shaper sees.
@@ -62,11 +71,8 @@ pub fn stream(
         prompt_tokens,
         choices,
     } = started;
-    let to_events = |values: Vec<Value>| -> Vec<SseEvent> {
-        values
-            .into_iter()
-            .map(|v| SseEvent::default().data(v.to_string()))
-            .collect()
+    let to_events = move |values: Vec<Value>| -> Vec<SseEvent> {
+        values.into_iter().map(|v| event(&v, format)).collect()
     };
     let state = Run {
         events,
@@ -107,7 +113,7 @@ pub fn stream(
                         let u = usage(prompt_tokens, &run.summaries);
                         out.extend(to_events((run.shape)(Piece::Usage(u))));
                     }
-                    if format != Format::Native {
+                    if format.says_done() {
                         out.push(SseEvent::default().data("[DONE]"));
                     }
                 }
@@ -145,9 +151,27 @@ struct Run<S> {
 /// A stream's last events when it fails: the error, then (OpenAI dialect) `[DONE]`, so a
 /// client can tell a cut-off answer from a connection that merely dropped.
 fn final_error(error: &ApiError, format: Format) -> Vec<SseEvent> {
-    let mut out = vec![SseEvent::default().data(error.body().to_string())];
-    if format != Format::Native {
+    let body = error.body();
+    let body = match format {
+        // The Responses API's error event.
+        Format::Responses => serde_json::json!({
+            "type": "error", "code": body["error"]["type"], "message": body["error"]["message"],
+            "param": null,
+        }),
+        _ => body,
+    };
+    let mut out = vec![event(&body, format)];
+    if format.says_done() {
         out.push(SseEvent::default().data("[DONE]"));
     }
     out
+}
+
+/// One value as an event: named by its `type` in the Responses dialect, as OpenAI sends them.
+fn event(value: &Value, format: Format) -> SseEvent {
+    let data = SseEvent::default().data(value.to_string());
+    match (format, value.get("type").and_then(Value::as_str)) {
+        (Format::Responses, Some(name)) => data.event(name),
+        _ => data,
+    }
 }

