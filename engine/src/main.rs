@@ -226,6 +226,13 @@ struct ServeArgs {
     /// `--slots`; without it `/slots` answers 501.
     #[arg(long)]
     slots: bool,
+    /// Tags `/v1/models` lists for the model, separated by commas (llama-server's `--tags`).
+    #[arg(long)]
+    tags: Option<String>,
+    /// Add `__verbose` (the prompt as rendered) to every whole answer, as llama-server's
+    /// `--verbose` does; a request alone asks for it with `"verbose": true`.
+    #[arg(long)]
+    verbose: bool,
     /// Memory the model, its context and the kept conversations must fit, in MiB (default:
     /// this process's cgroup `memory.max` or the machine's RAM; 0: not checked).
     #[arg(long)]

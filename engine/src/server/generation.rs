@@ -182,6 +182,18 @@ pub fn usage<'a>(prompt_tokens: usize, summaries: impl IntoIterator<Item = &'a S
     })
 }
 
+/// The prompt as the model reads it (its tokens' text), when the answer is to carry it in
+/// `__verbose`: the request asks (`"verbose": true`) or the server always does (`--verbose`).
+pub fn verbose(
+    state: &AppState,
+    ready: &Ready,
+    knobs: &request::Knobs,
+    prompt: &worker::Prompt,
+) -> Option<String> {
+    let asked = knobs.extra.get("verbose") == Some(&Value::Bool(true));
+    (asked || state.verbose).then(|| ready.tokenizer.decode(&prompt.ids))
+}
+
 /// Seconds since the epoch.
 pub fn now() -> u64 {
     SystemTime::now()

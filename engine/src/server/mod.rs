@@ -53,10 +53,13 @@ pub struct Ready {
     pub defaults: Defaults,
     /// Where drafts come from.
     pub speculation: crate::speculate::Source,
+    /// The tokens that end a generation (banned by `ignore_eos`).
+    pub end_ids: Vec<u32>,
 }
 
-/// `--alias` as names: separated by commas, trimmed, each once, in alphabetical order.
-fn aliases(text: Option<&str>) -> Vec<String> {
+/// `--alias` or `--tags` as names: separated by commas, trimmed, each once, in alphabetical
+/// order.
+fn names(text: Option<&str>) -> Vec<String> {
     let names: std::collections::BTreeSet<String> = text
         .unwrap_or("")
         .split(',')
@@ -90,6 +93,10 @@ pub struct AppState {
     pub tokenizing: tokenizing::Gate,
     /// Whether `GET /slots` is served.
     pub slots: bool,
+    /// The model's `--tags`, listed in `/v1/models`.
+    pub tags: Arc<[String]>,
+    /// Whether every whole answer carries `__verbose` (`--verbose`).
+    pub verbose: bool,
 }
 
 /// The router of every endpoint. OpenAI's routes are served with and without `/v1`, as
@@ -104,7 +111,15 @@ pub fn router(state: AppState, cors: &CorsOrigins) -> Router {
                 post(openai::chat_completions),
             )
             .route(&format!("{prefix}/completions"), post(openai::completions))
-            .route(&format!("{prefix}/responses"), post(responses::responses));
+            .route(&format!("{prefix}/responses"), post(responses::responses))
+            .route(
+                &format!("{prefix}/chat/completions/input_tokens"),
+                post(openai::chat_input_tokens),
+            )
+            .route(
+                &format!("{prefix}/responses/input_tokens"),
+                post(responses::input_tokens),
+            );
     }
     api.route("/completion", post(native::completion))
         .route("/completions/native", post(native::completion))
@@ -217,6 +232,10 @@ pub struct ServeConfig {
     pub cache_mib: usize,
     /// Whether `GET /slots` is served (`--slots`).
     pub slots: bool,
+    /// Tags listed in `/v1/models` (`--tags`, separated by commas).
+    pub tags: Option<String>,
+    /// Whether every whole answer carries `__verbose` (`--verbose`).
+    pub verbose: bool,
     /// What requests that leave a field out get (`--n-predict`, `--temp`, `--seed`).
     pub defaults: Defaults,
     /// A Jinja chat template used instead of the model's (`--chat-template-file`).
@@ -242,7 +261,7 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
             config.listen
         ));
     }
-    let aliases = aliases(config.model_id.as_deref());
+    let aliases = names(config.model_id.as_deref());
     let model_id: Arc<str> = aliases
         .first()
         .cloned()
@@ -259,6 +278,8 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
         ready: Arc::new(OnceLock::new()),
         model_id,
         aliases: aliases.into(),
+        tags: names(config.tags.as_deref()).into(),
+        verbose: config.verbose,
         slots: config.slots,
         model_path: Arc::from(config.model.as_path()),
         fingerprint: fingerprint(&config.model, config.context).into(),
@@ -478,10 +499,11 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
         Some(system) => template.ids(&tokenizer, &[Message::new("system", system)], false)?,
         None => Vec::new(),
     };
+    let end_ids = tokenizer.end_ids(file);
     let worker = Worker::start(
         model,
         Arc::clone(&tokenizer),
-        tokenizer.end_ids(file),
+        end_ids.clone(),
         &worker::Settings {
             context: config.context,
             threads: config.threads,
@@ -501,6 +523,7 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
         system_prompt: config.system_prompt.clone(),
         defaults: config.defaults.clone(),
         speculation,
+        end_ids,
     })
 }
 

@@ -33,10 +33,11 @@ pub async fn completion(
             "/completion answers once (use /v1/completions for several choices)",
         ));
     }
-    let settings = generation_settings(&params, ready.context);
+    let settings = generation_settings(&params, ready);
     let with_probs = params.logprobs.is_some();
     let place = generation::reserve(ready, lane)?;
     let prompt = generation::completion_prompt(&state, ready, &request.prompt, lane).await?;
+    let verbose = generation::verbose(&state, ready, &request.knobs, &prompt);
     let mut started = start(ready, prompt, params, place, arrived)?;
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
     let model = state.model_id.to_string();
@@ -77,7 +78,7 @@ pub async fn completion(
                     "generation_settings": settings,
                     "timings": summary,
                 })],
-                Piece::Usage(_) => Vec::new(),
+                Piece::Usage { .. } => Vec::new(),
             },
         ));
     }
@@ -107,6 +108,9 @@ pub async fn completion(
     if with_probs {
         body["completion_probabilities"] = json!(probabilities(&tokenizer, &answer.probs));
     }
+    if let Some(prompt) = verbose {
+        body["__verbose"] = json!({ "prompt": prompt });
+    }
     Ok(axum::Json(body).into_response())
 }
 
@@ -118,8 +122,19 @@ fn stop_type(finish: Finish) -> &'static str {
     }
 }
 
-/// The settings a generation ran with, as llama.cpp reports them.
-fn generation_settings(params: &Params, n_ctx: usize) -> Value {
+/// The settings a generation ran with, as llama.cpp reports them: the biases as
+/// `{"token", "bias"}` with `null` for a ban, the end tokens banned by `ignore_eos` among them.
+fn generation_settings(params: &Params, ready: &super::Ready) -> Value {
+    let n_ctx = ready.context;
+    let bias = |id: u32, b: f32| json!({ "token": id, "bias": if b.is_finite() { json!(b) } else { Value::Null } });
+    let mut logit_bias: Vec<Value> = params
+        .logit_bias
+        .iter()
+        .map(|&(id, b)| bias(id, b))
+        .collect();
+    if params.ignore_eos {
+        logit_bias.extend(ready.end_ids.iter().map(|&id| bias(id, f32::NEG_INFINITY)));
+    }
     let s = &params.sampling;
     let unlimited = |n: usize| if n == usize::MAX { -1 } else { n as i64 };
     json!({
@@ -138,7 +153,7 @@ fn generation_settings(params: &Params, n_ctx: usize) -> Value {
         "ignore_eos": params.ignore_eos,
         "cache_prompt": params.reuse_prompt,
         "n_probs": params.logprobs.unwrap_or(0),
-        "logit_bias": params.logit_bias.iter().map(|&(id, b)| json!([id, if b.is_finite() { json!(b) } else { json!(false) }])).collect::<Vec<_>>(),
+        "logit_bias": logit_bias,
         "grammar": params.grammar.is_some(),
         "speculative.n_max": params.draft_max,
         "speculative.n_min": params.draft_min,
@@ -357,7 +372,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         thinking_budget: None,
         thinking_block: None,
     };
-    let mut params = generation_settings(&defaults, ready.context);
+    let mut params = generation_settings(&defaults, ready);
     if d.seed.is_none() {
         params["seed"] = json!(-1);
     }

@@ -24,7 +24,7 @@ pub async fn models(State(state): State<AppState>) -> Response {
         "object": "list",
         "data": [{
             "id": &*state.model_id, "object": "model", "created": now(), "owned_by": "appliance",
-            "aliases": &*state.aliases,
+            "aliases": &*state.aliases, "tags": &*state.tags,
             "meta": state.ready.get().map(|r| json!({ "n_ctx": r.context, "n_vocab": r.tokenizer.vocab_size() })),
         }],
     }))
@@ -72,11 +72,11 @@ impl Envelope {
         choices: Vec<Value>,
         started: &Started,
         answers: &[Answer],
-    ) -> Response {
+    ) -> Value {
         let mut body = self.body(object, json!(choices));
         body["usage"] = usage(started.prompt_tokens, answers.iter().map(|a| &a.summary));
         body["timings"] = json!(answers.first().map(|a| &a.summary));
-        axum::Json(body).into_response()
+        body
     }
 
     /// A stream's chunks for a choice's end (its finish reason and timings) and the final
@@ -88,9 +88,10 @@ impl Envelope {
                 last["timings"] = json!(summary);
                 vec![last]
             }
-            Piece::Usage(u) => {
+            Piece::Usage { usage, timings } => {
                 let mut last = self.body(object, json!([]));
-                last["usage"] = u;
+                last["usage"] = usage;
+                last["timings"] = json!(timings);
                 vec![last]
             }
             Piece::Text { .. } => Vec::new(),
@@ -110,6 +111,8 @@ pub struct ChatRun<'s> {
     pub shape: Shape,
     /// Whether token probabilities were asked for.
     pub with_probs: bool,
+    /// The prompt as rendered, when the answer is to carry it ([`generation::verbose`]).
+    pub verbose: Option<String>,
 }
 
 /// Checks a chat request's `body`, renders and tokenizes its prompt, and queues it.
@@ -127,6 +130,7 @@ pub async fn start_chat<'s>(
     let place = generation::reserve(ready, lane)?;
     let prompt = generation::chat_prompt(state, messages, vars, lane).await?;
     let with_probs = params.logprobs.is_some();
+    let verbose = generation::verbose(state, ready, &request.knobs, &prompt);
     let started = start(ready, prompt, params, place, arrived)?;
     Ok(ChatRun {
         request,
@@ -134,7 +138,35 @@ pub async fn start_chat<'s>(
         started,
         shape,
         with_probs,
+        verbose,
     })
+}
+
+/// How many tokens a chat request's prompt is, rendered as it would be answered.
+pub async fn chat_prompt_tokens(
+    state: &AppState,
+    lane: Lane,
+    body: &[u8],
+) -> Result<usize, ApiError> {
+    let (request, ready, mut params) =
+        generation::checked::<ChatRequest>(state, body, Dialect::Chat)?;
+    let (calling, vars) = tool_calling(ready, &request, &mut params)?;
+    let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
+    let prompt = generation::chat_prompt(state, messages, vars, lane).await?;
+    Ok(prompt.ids.len())
+}
+
+/// `POST /v1/chat/completions/input_tokens`: the prompt's length, with nothing generated.
+pub async fn chat_input_tokens(
+    State(state): State<AppState>,
+    Extension(lane): Extension<Lane>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let tokens = chat_prompt_tokens(&state, lane, &body).await?;
+    Ok(
+        axum::Json(json!({ "object": "response.input_tokens", "input_tokens": tokens }))
+            .into_response(),
+    )
 }
 
 /// `POST /v1/chat/completions`.
@@ -149,6 +181,7 @@ pub async fn chat_completions(
         mut started,
         shape,
         with_probs,
+        verbose,
     } = start_chat(&state, lane, &body, Instant::now()).await?;
     let envelope = Envelope::new(&state, "chatcmpl");
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
@@ -171,13 +204,17 @@ pub async fn chat_completions(
                 })
             })
             .collect();
-        return Ok(envelope.whole("chat.completion", choices, &started, &answers));
+        let mut body = envelope.whole("chat.completion", choices, &started, &answers);
+        if let Some(prompt) = verbose {
+            body["__verbose"] = json!({ "prompt": prompt });
+        }
+        return Ok(axum::Json(body).into_response());
     }
     const CHUNK: &str = "chat.completion.chunk";
     let first = (0..started.choices)
         .map(|i| {
             envelope.body(CHUNK, json!([{
-                "index": i, "delta": { "role": "assistant", "content": "" }, "finish_reason": null,
+                "index": i, "delta": { "role": "assistant", "content": null }, "finish_reason": null,
             }]))
         })
         .collect();
@@ -236,10 +273,11 @@ pub async fn chat_completions(
             out.push(last);
             out
         }
-        Piece::Usage(u) => {
+        Piece::Usage { usage, timings } => {
             let mut last = chunk(0, json!({}), None, None);
             last["choices"] = json!([]);
-            last["usage"] = u;
+            last["usage"] = usage;
+            last["timings"] = json!(timings);
             vec![last]
         }
     }))
@@ -392,7 +430,7 @@ pub async fn completions(
                 json!({ "index": i, "text": a.text, "finish_reason": a.summary.finish.openai(), "logprobs": logprobs })
             })
             .collect();
-        return Ok(envelope.whole(OBJECT, choices, &started, &answers));
+        return Ok(axum::Json(envelope.whole(OBJECT, choices, &started, &answers)).into_response());
     }
     // Text offsets count on from chunk to chunk, per choice.
     let offsets = std::sync::Mutex::new(vec![0usize; started.choices]);

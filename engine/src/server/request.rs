@@ -121,7 +121,8 @@ pub struct Knobs {
     /// llama.cpp's alternatives per token.
     #[serde(default)]
     pub n_probs: Option<i64>,
-    /// Added to logits: `{"id": bias}` (OpenAI) or `[[id or text, bias or false], …]` (llama.cpp).
+    /// Added to logits: `{"id or text": bias}` (OpenAI's, with llama.cpp's texts) or
+    /// `[[id or text, bias or false], …]` (llama.cpp's).
     #[serde(default)]
     pub logit_bias: Option<Value>,
     /// `{"type": "text" | "json_object" | "json_schema", …}`.
@@ -718,12 +719,24 @@ impl Knobs {
                     ))
                 }),
         };
+        // A text biases every token it is made of, as llama.cpp does.
+        let text_tokens = |text: &str| -> Vec<u32> {
+            tokenizer
+                .encode(text, false)
+                .into_iter()
+                .filter(|&t| Some(t) != tokenizer.bos_id())
+                .collect()
+        };
         let mut out = Vec::new();
         match &self.logit_bias {
             None | Some(Value::Null) => {}
             Some(Value::Object(map)) => {
                 for (key, value) in map {
-                    out.push((id(key, key.parse().ok())?, bias(key, value)?));
+                    let b = bias(key, value)?;
+                    match key.parse::<i64>() {
+                        Ok(n) => out.push((id(key, u64::try_from(n).ok())?, b)),
+                        Err(_) => out.extend(text_tokens(key).into_iter().map(|t| (t, b))),
+                    }
                 }
             }
             Some(Value::Array(entries)) => {
@@ -735,14 +748,9 @@ impl Knobs {
                     };
                     let b = bias(&format!("logit_bias[{i}]"), value)?;
                     match target {
-                        // A text biases every token it is made of, as llama.cpp does.
-                        Value::String(text) => out.extend(
-                            tokenizer
-                                .encode(text, false)
-                                .into_iter()
-                                .filter(|&t| Some(t) != tokenizer.bos_id())
-                                .map(|t| (t, b)),
-                        ),
+                        Value::String(text) => {
+                            out.extend(text_tokens(text).into_iter().map(|t| (t, b)))
+                        }
                         other => out.push((id(&other.to_string(), other.as_u64())?, b)),
                     }
                 }
@@ -958,6 +966,17 @@ pub fn messages(sent: &[ChatMessage]) -> Result<Vec<Message>, ApiError> {
         return Err(ApiError::bad_request(format!(
             "messages[{i}].role must be 1 to {MAX_ROLE_BYTES} bytes (system, user, assistant, …), not {} bytes",
             m.role.len()
+        )));
+    }
+    if let [.., a, b] = sent
+        && a.role == "assistant"
+        && b.role == "assistant"
+    {
+        return Err(ApiError::bad_request(format!(
+            "messages[{}] and messages[{}] are both assistant messages at the end: only the last \
+             message can be continued (join them into one)",
+            sent.len() - 2,
+            sent.len() - 1
         )));
     }
     sent.iter()

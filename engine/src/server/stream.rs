@@ -55,8 +55,14 @@ pub enum Piece {
         /// How it went.
         summary: Summary,
     },
-    /// Every choice ended: the usage (OpenAI, when asked for).
-    Usage(Value),
+    /// Every choice ended: the usage (OpenAI, when asked for), with the first choice's
+    /// timings (llama-server puts them in the usage chunk too).
+    Usage {
+        /// OpenAI's usage object.
+        usage: Value,
+        /// How the first choice went.
+        timings: Summary,
+    },
 }
 
 /// The stream: `first`, then the shaped pieces, then the dialect's end.
@@ -110,8 +116,9 @@ pub fn stream(
                             include_usage: true,
                         })
                     {
-                        let u = usage(prompt_tokens, &run.summaries);
-                        out.extend(to_events((run.shape)(Piece::Usage(u))));
+                        let usage = usage(prompt_tokens, &run.summaries);
+                        let timings = run.summaries[0].clone();
+                        out.extend(to_events((run.shape)(Piece::Usage { usage, timings })));
                     }
                     if format.says_done() {
                         out.push(SseEvent::default().data("[DONE]"));

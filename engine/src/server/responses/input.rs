@@ -156,15 +156,16 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), A
                     "function": { "name": text("name")?, "arguments": text("arguments")? },
                 });
                 // Reasoning between them starts a new turn.
-                let joins =
-                    reasoning.is_none() && messages.last().is_some_and(|m| m["role"] == "assistant");
+                let joins = reasoning.is_none()
+                    && messages.last().is_some_and(|m| m["role"] == "assistant");
                 if joins && let Some(last) = messages.last_mut() {
                     match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
                         Some(calls) => calls.push(call),
                         None => last["tool_calls"] = json!([call]),
                     }
                 } else {
-                    let mut message = json!({ "role": "assistant", "content": null, "tool_calls": [call] });
+                    let mut message =
+                        json!({ "role": "assistant", "content": null, "tool_calls": [call] });
                     if let Some(r) = reasoning.take() {
                         message["reasoning_content"] = json!(r);
                     }
@@ -180,7 +181,8 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), A
                     Some(Value::String(s)) => s.clone(),
                     other => message_text(other, &at)?,
                 };
-                messages.push(json!({ "role": "tool", "tool_call_id": call_id, "content": output }));
+                messages
+                    .push(json!({ "role": "tool", "tool_call_id": call_id, "content": output }));
             }
             Some("reasoning") => {
                 let text = reasoning_text(item);
@@ -281,7 +283,11 @@ fn chat_tools(tools: &Value) -> Result<Value, ApiError> {
                 return Err(ApiError::bad_request(format!(
                     "tools[{i}]: only function tools are served here, not {:?} (the box \
                      reaches nothing outside it)",
-                    other.unwrap_or("untyped").chars().take(40).collect::<String>()
+                    other
+                        .unwrap_or("untyped")
+                        .chars()
+                        .take(40)
+                        .collect::<String>()
                 )));
             }
         }
@@ -347,14 +353,20 @@ mod tests {
         }))
         .expect("converted");
         let messages = chat["messages"].as_array().expect("messages");
-        assert_eq!(messages[0], json!({ "role": "system", "content": "Be brief." }));
+        assert_eq!(
+            messages[0],
+            json!({ "role": "system", "content": "Be brief." })
+        );
         assert_eq!(messages[1]["content"], "Weather in Oslo?");
         assert_eq!(messages[2]["role"], "assistant");
         assert_eq!(messages[2]["reasoning_content"], "look it up");
         let calls = messages[2]["tool_calls"].as_array().expect("calls");
         assert_eq!(calls.len(), 2, "both calls in one assistant message");
         assert_eq!(calls[0]["function"]["name"], "weather");
-        assert_eq!(messages[3], json!({ "role": "tool", "tool_call_id": "c1", "content": "rain" }));
+        assert_eq!(
+            messages[3],
+            json!({ "role": "tool", "tool_call_id": "c1", "content": "rain" })
+        );
         assert_eq!(chat["max_tokens"], 12);
         assert_eq!(chat["temperature"], 0);
         assert_eq!(chat["tools"][0]["function"]["name"], "weather");
@@ -365,11 +377,23 @@ mod tests {
     #[test]
     fn what_needs_a_kept_response_or_a_hosted_tool_is_refused_by_name() {
         for (body, named) in [
-            (json!({ "input": "hi", "previous_response_id": "resp_1" }), "previous_response_id"),
+            (
+                json!({ "input": "hi", "previous_response_id": "resp_1" }),
+                "previous_response_id",
+            ),
             (json!({ "input": "hi", "background": true }), "background"),
-            (json!({ "input": "hi", "tools": [{ "type": "web_search" }] }), "web_search"),
-            (json!({ "input": [{ "type": "item_reference", "id": "x" }] }), "item_reference"),
-            (json!({ "input": [{ "role": "user", "content": [{ "type": "input_image" }] }] }), "input_image"),
+            (
+                json!({ "input": "hi", "tools": [{ "type": "web_search" }] }),
+                "web_search",
+            ),
+            (
+                json!({ "input": [{ "type": "item_reference", "id": "x" }] }),
+                "item_reference",
+            ),
+            (
+                json!({ "input": [{ "role": "user", "content": [{ "type": "input_image" }] }] }),
+                "input_image",
+            ),
             (json!({ "instructions": "no input" }), "input"),
         ] {
             let e = to_chat(&body).expect_err("refused");

@@ -197,9 +197,24 @@ pub async fn responses(
                 events.push(json!({ "type": kind, "response": r, "timings": summary }));
                 n.number(events)
             }
-            Piece::Usage(_) => Vec::new(),
+            Piece::Usage { .. } => Vec::new(),
         }
     }))
+}
+
+/// `POST /v1/responses/input_tokens`: the prompt's length, with nothing generated.
+pub async fn input_tokens(
+    State(state): State<AppState>,
+    Extension(lane): Extension<Lane>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let chat = input::to_chat(&parse(&body)?)?;
+    let chat = serde_json::to_vec(&chat).map_err(|e| ApiError::internal(e.to_string()))?;
+    let tokens = super::openai::chat_prompt_tokens(&state, lane, &chat).await?;
+    Ok(
+        axum::Json(json!({ "object": "response.input_tokens", "input_tokens": tokens }))
+            .into_response(),
+    )
 }
 
 /// A stream's output and the number its next event gets (`sequence_number`).

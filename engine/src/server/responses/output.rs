@@ -253,7 +253,9 @@ mod tests {
         out.delta(&json!({ "content": "Hi" }));
         out.delta(&json!({ "content": " there" }));
         out.delta(&json!({ "tool_calls": [{ "index": 0, "id": "call_1", "type": "function", "function": { "name": "f", "arguments": "" } }] }));
-        out.delta(&json!({ "tool_calls": [{ "index": 0, "function": { "arguments": "{\"a\":1}" } }] }));
+        out.delta(
+            &json!({ "tool_calls": [{ "index": 0, "function": { "arguments": "{\"a\":1}" } }] }),
+        );
         out.finish();
         let events = out.take_events();
         assert_eq!(
@@ -282,7 +284,11 @@ mod tests {
         assert_eq!(items.len(), 3);
         assert_eq!(items[0]["type"], "reasoning");
         assert_eq!(items[1]["content"][0]["text"], "Hi there");
-        assert!(items[1]["id"].as_str().is_some_and(|id| id.starts_with("msg_")));
+        assert!(
+            items[1]["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("msg_"))
+        );
         assert_eq!(items[2]["call_id"], "call_1");
         assert_eq!(items[2]["arguments"], "{\"a\":1}");
         // Each event names the item it is about, at its index.
@@ -293,9 +299,11 @@ mod tests {
     #[test]
     fn a_whole_message_gives_the_same_items_and_an_empty_answer_a_message() {
         let mut out = Output::default();
-        out.message(&json!({ "role": "assistant", "content": null, "tool_calls": [
+        out.message(
+            &json!({ "role": "assistant", "content": null, "tool_calls": [
             { "id": "c", "type": "function", "function": { "name": "f", "arguments": "{}" } },
-        ] }));
+        ] }),
+        );
         out.finish();
         assert_eq!(out.items().len(), 1);
         assert_eq!(out.items()[0]["type"], "function_call");
