@@ -134,6 +134,9 @@ impl Output {
     }
 
     fn arguments(&mut self, delta: &str) {
+        if delta.is_empty() {
+            return;
+        }
         let index = self.items.len();
         let Some(open) = self.open.as_mut().filter(|o| o.kind == Kind::Call) else {
             return;
