@@ -70,6 +70,8 @@ fn llama_cpp_server_suite_passes_but_for_the_listed_tests() {
     let tests = tree.join("tools/server/tests");
     let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/llama-suite");
     let outcomes = tempfile::NamedTempFile::new().expect("temp file");
+    let models = tempfile::tempdir().expect("temp dir");
+    let fim_model = common::starcoder_vocabulary_model(models.path());
     let mut pytest = Command::new("python3");
     pytest
         .current_dir(&tests)
@@ -90,6 +92,7 @@ fn llama_cpp_server_suite_passes_but_for_the_listed_tests() {
         .env("LLAMA_SERVER_BIN_PATH", here.join("llama-server"))
         .env("ENGINE_BIN", env!("CARGO_BIN_EXE_engine"))
         .env("SUITE_MODEL", common::smollm2())
+        .env("SUITE_FIM_MODEL", &fim_model)
         .env("PORT", common::serve::free_port().to_string())
         .stdin(Stdio::null());
     std::os::unix::process::CommandExt::process_group(&mut pytest, 0);

@@ -14,12 +14,15 @@ pub enum Edit {
     Replace(String, Value),
     /// Delete a key that must exist.
     Remove(String),
+    /// Add the key, or overwrite it, with an entry copied whole from another file: the bytes
+    /// its [`crate::KeyValue::span`] covers there (key, type tag and value, arrays included).
+    Copy(String, Vec<u8>),
 }
 
 impl Edit {
     fn key(&self) -> &str {
         match self {
-            Edit::Set(k, _) | Edit::Replace(k, _) | Edit::Remove(k) => k,
+            Edit::Set(k, _) | Edit::Replace(k, _) | Edit::Remove(k) | Edit::Copy(k, _) => k,
         }
     }
 }
@@ -32,6 +35,12 @@ pub fn with_edits(file: &[u8], header: &Header, edits: &[Edit]) -> Result<Vec<u8
         Original(&'a [u8]),
         New(&'a Value),
     }
+    // A copied entry is written as it was, so it must begin with its own key.
+    let names_itself = |key: &str, bytes: &[u8]| {
+        bytes.len() > 8 + key.len()
+            && bytes[..8] == (key.len() as u64).to_le_bytes()
+            && &bytes[8..8 + key.len()] == key.as_bytes()
+    };
     let mut entries: Vec<(String, Entry<'_>)> = header
         .metadata
         .iter()
@@ -50,6 +59,14 @@ pub fn with_edits(file: &[u8], header: &Header, edits: &[Edit]) -> Result<Vec<u8
         }
         let existing = entries.iter().position(|(k, _)| k == key);
         match (edit, existing) {
+            (Edit::Copy(_, bytes), _) if !names_itself(key, bytes) => {
+                return Err(GgufError::at(
+                    0,
+                    format!("the entry copied as {key} does not begin with that key"),
+                ));
+            }
+            (Edit::Copy(_, bytes), Some(i)) => entries[i].1 = Entry::Original(bytes),
+            (Edit::Copy(_, bytes), None) => entries.push((key.to_string(), Entry::Original(bytes))),
             (Edit::Set(_, v), Some(i)) | (Edit::Replace(_, v), Some(i)) => {
                 entries[i].1 = Entry::New(v)
             }

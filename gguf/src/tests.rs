@@ -79,6 +79,39 @@ fn edits_rewrite_the_header_and_keep_tensor_data_identical_and_aligned() {
 }
 
 #[test]
+fn entries_copied_from_another_file_keep_their_arrays() {
+    let donor = Builder::new()
+        .strings("tokenizer.ggml.tokens", &["<|fim_prefix|>", "a", "b"])
+        .u32("tokenizer.ggml.eos_token_id", 1)
+        .build();
+    let donor_header = Header::parse(&donor).expect("donor");
+    let copy = |key: &str| {
+        let kv = donor_header.entry(key).expect("donor key");
+        Edit::Copy(key.into(), donor[kv.span.clone()].to_vec())
+    };
+    let file = sample();
+    let h = Header::parse(&file).expect("parse");
+    let edits = [
+        copy("tokenizer.ggml.tokens"),
+        copy("tokenizer.ggml.eos_token_id"),
+    ];
+    let mut out = with_edits(&file, &h, &edits).expect("rewrite");
+    out.extend_from_slice(&data(&file, &h));
+    let h2 = Header::parse(&out).expect("rewritten file parses");
+    let tokens = h2.entry("tokenizer.ggml.tokens").expect("tokens");
+    assert_eq!(
+        crate::arrays::strings(&out, tokens).expect("strings"),
+        ["<|fim_prefix|>", "a", "b"]
+    );
+    assert_eq!(h2.get("tokenizer.ggml.eos_token_id"), Some(&Value::U32(1)));
+    assert_eq!(data(&out, &h2), data(&file, &h));
+    // An entry whose bytes name another key is refused.
+    let kv = donor_header.entry("tokenizer.ggml.tokens").expect("tokens");
+    let misnamed = Edit::Copy("general.name".into(), donor[kv.span.clone()].to_vec());
+    assert!(with_edits(&file, &h, &[misnamed]).is_err());
+}
+
+#[test]
 fn no_edits_reproduce_the_file_exactly() {
     let file = sample();
     let h = Header::parse(&file).expect("parse");

@@ -1108,3 +1108,37 @@ pub fn write_gemma4_pair(dir: &std::path::Path) -> (std::path::PathBuf, std::pat
     std::fs::write(&head, gemma4_head_bytes(target, &TINY_HEAD)).expect("write the head");
     (model, head)
 }
+
+/// `model` (a GGUF file) with the tokenizer of `vocabulary` (another, such as llama.cpp's
+/// `models/ggml-vocab-qwen2.gguf`): every `tokenizer.*` entry of the model replaced by the
+/// vocabulary file's, copied whole. The model's vocabulary size must be the other's.
+///
+/// # Panics
+/// When either file does not parse, or the vocabularies differ in size.
+pub fn with_vocabulary_of(model: &[u8], vocabulary: &[u8]) -> Vec<u8> {
+    use gguf::rewrite::{Edit, with_edits};
+    let own = gguf::Header::parse(model).expect("the model parses");
+    let theirs = gguf::Header::parse(vocabulary).expect("the vocabulary file parses");
+    let size = |h: &gguf::Header| match h.get("tokenizer.ggml.tokens") {
+        Some(gguf::Value::Array { len, .. }) => *len,
+        _ => panic!("no tokenizer.ggml.tokens"),
+    };
+    assert_eq!(size(&own), size(&theirs), "the vocabularies differ in size");
+    let tokenizer = |key: &str| key.starts_with("tokenizer.");
+    let mut edits: Vec<Edit> = own
+        .metadata
+        .iter()
+        .filter(|kv| tokenizer(&kv.key))
+        .map(|kv| Edit::Remove(kv.key.clone()))
+        .collect();
+    edits.extend(
+        theirs
+            .metadata
+            .iter()
+            .filter(|kv| tokenizer(&kv.key))
+            .map(|kv| Edit::Copy(kv.key.clone(), vocabulary[kv.span.clone()].to_vec())),
+    );
+    let mut out = with_edits(model, &own, &edits).expect("the header rewritten");
+    out.extend_from_slice(&model[own.data_start..]);
+    out
+}

@@ -349,6 +349,25 @@ pub fn continues(messages: &[Message]) -> bool {
         .is_some_and(|m| m.role == "assistant" && !m.content.trim().is_empty())
 }
 
+/// A fill-in-the-middle prompt's tokens ([`super::infill::layout`]).
+pub async fn infill_prompt(
+    state: &AppState,
+    ready: &Ready,
+    fim: crate::tokenizer::Fim,
+    gap: super::infill::Gap,
+    max_tokens: usize,
+    lane: Lane,
+) -> Result<Prompt, ApiError> {
+    let bytes = gap.bytes();
+    check_text_size(ready, bytes)?;
+    tokenize_off_thread(state, bytes, lane, move |r, budget| {
+        super::infill::layout(&r.tokenizer, fim, &gap, r.context, max_tokens, budget)
+            .map(Prompt::new)
+            .map_err(PromptError::Stopped)
+    })
+    .await
+}
+
 /// A raw prompt's tokens: its text pieces tokenized (special tokens recognised), its ids as
 /// given, BOS first where the model wants it.
 pub async fn completion_prompt(

@@ -10,6 +10,7 @@ mod answer;
 pub mod auth;
 pub mod error;
 mod generation;
+mod infill;
 pub mod metrics;
 mod native;
 mod openai;
@@ -123,6 +124,7 @@ pub fn router(state: AppState, cors: &CorsOrigins) -> Router {
     }
     api.route("/completion", post(native::completion))
         .route("/completions/native", post(native::completion))
+        .route("/infill", post(native::infill))
         .route("/tokenize", post(native::tokenize))
         .route("/detokenize", post(native::detokenize))
         .route("/apply-template", post(native::apply_template))

@@ -11,10 +11,11 @@ use serde_json::{Value, json};
 
 use super::error::{ApiError, Body, parse};
 use super::generation::{self, collect, start};
-use super::request::{ChatRequest, CompletionRequest, Dialect};
+use super::infill::{self, Gap, InfillRequest};
+use super::request::{ChatRequest, CompletionRequest, Dialect, Knobs};
 use super::stream::{Format, Piece, stream};
 use super::worker::choose::TokenProbs;
-use super::worker::{Finish, Lane, Params};
+use super::worker::{Finish, Lane, Params, Place, Prompt};
 use super::{AppState, ready};
 use crate::tokenizer::Tokenizer;
 
@@ -27,22 +28,77 @@ pub async fn completion(
     let arrived = Instant::now();
     let (request, ready, params) =
         generation::checked::<CompletionRequest>(&state, &body, Dialect::Native)?;
+    answers_once(&params)?;
+    let place = generation::reserve(ready, lane)?;
+    let prompt = generation::completion_prompt(&state, ready, &request.prompt, lane).await?;
+    answer(
+        &state,
+        ready,
+        &request.knobs,
+        params,
+        place,
+        prompt,
+        arrived,
+    )
+    .await
+}
+
+/// `POST /infill`: a fill-in-the-middle prompt ([`super::infill`]) answered as `/completion`.
+pub async fn infill(
+    State(state): State<AppState>,
+    Extension(lane): Extension<Lane>,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let (request, ready, params) =
+        generation::checked::<InfillRequest>(&state, &body, Dialect::Native)?;
+    answers_once(&params)?;
+    let fim = ready.tokenizer.fim().ok_or_else(infill::unsupported)?;
+    let gap = Gap::of(&request)?;
+    let place = generation::reserve(ready, lane)?;
+    let prompt =
+        generation::infill_prompt(&state, ready, fim, gap, params.max_tokens, lane).await?;
+    answer(
+        &state,
+        ready,
+        &request.knobs,
+        params,
+        place,
+        prompt,
+        arrived,
+    )
+    .await
+}
+
+/// llama.cpp's own endpoints give one answer per request.
+fn answers_once(params: &Params) -> Result<(), ApiError> {
     if params.choices > 1 {
         return Err(ApiError::unsupported(
             "n",
-            "/completion answers once (use /v1/completions for several choices)",
+            "this endpoint answers once (use /v1/completions for several choices)",
         ));
     }
+    Ok(())
+}
+
+/// `prompt` answered in llama.cpp's `/completion` shape, whole or streamed.
+async fn answer(
+    state: &AppState,
+    ready: &super::Ready,
+    knobs: &Knobs,
+    params: Params,
+    place: Place,
+    prompt: Prompt,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
     let settings = generation_settings(&params, ready);
     let with_probs = params.logprobs.is_some();
-    let place = generation::reserve(ready, lane)?;
-    let prompt = generation::completion_prompt(&state, ready, &request.prompt, lane).await?;
-    let verbose = generation::verbose(&state, ready, &request.knobs, &prompt);
+    let verbose = generation::verbose(state, ready, knobs, &prompt);
     let mut started = start(ready, prompt, params, place, arrived)?;
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
     let model = state.model_id.to_string();
     let prompt_tokens = started.prompt_tokens;
-    if request.knobs.stream {
+    if knobs.stream {
         // No empty first chunk: as llama-server, every chunk before the last carries text
         // and its tokens.
         return Ok(stream(

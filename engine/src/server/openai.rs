@@ -403,6 +403,44 @@ fn completion_logprobs(tokenizer: &Tokenizer, probs: &[TokenProbs], offset: &mut
     })
 }
 
+/// A completion with a `suffix`: the gap between its prompt (one text) and the suffix, for a
+/// vocabulary with fill-in-the-middle tokens; `None` without a suffix.
+fn fill_in_the_middle(
+    ready: &super::Ready,
+    request: &CompletionRequest,
+) -> Result<Option<(crate::tokenizer::Fim, super::infill::Gap)>, ApiError> {
+    let suffix = match request.knobs.extra.get("suffix") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) if s.is_empty() => return Ok(None),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err(ApiError::bad_request("suffix must be a string")),
+    };
+    let fim = ready.tokenizer.fim().ok_or_else(|| {
+        ApiError::bad_request(
+            "suffix needs a model whose vocabulary has fill-in-the-middle tokens; this one has              none (leave suffix out, or serve a code model)",
+        )
+    })?;
+    let prefix = match &request.prompt {
+        Value::String(s) => s.clone(),
+        Value::Array(items) if items.len() == 1 && items[0].is_string() => {
+            items[0].as_str().unwrap_or_default().to_string()
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "with a suffix, prompt must be one text (the code before the gap)",
+            ));
+        }
+    };
+    Ok(Some((
+        fim,
+        super::infill::Gap {
+            prefix,
+            suffix,
+            ..super::infill::Gap::default()
+        },
+    )))
+}
+
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): State<AppState>,
@@ -412,8 +450,14 @@ pub async fn completions(
     let arrived = Instant::now();
     let (request, ready, params) =
         generation::checked::<CompletionRequest>(&state, &body, Dialect::Completions)?;
+    let gap = fill_in_the_middle(ready, &request)?;
     let place = generation::reserve(ready, lane)?;
-    let prompt = generation::completion_prompt(&state, ready, &request.prompt, lane).await?;
+    let prompt = match gap {
+        Some((fim, gap)) => {
+            generation::infill_prompt(&state, ready, fim, gap, params.max_tokens, lane).await?
+        }
+        None => generation::completion_prompt(&state, ready, &request.prompt, lane).await?,
+    };
     let with_probs = params.logprobs.is_some();
     let mut started = start(ready, prompt, params, place, arrived)?;
     let envelope = Envelope::new(&state, "cmpl");

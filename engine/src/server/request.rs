@@ -428,7 +428,7 @@ const UNSUPPORTED: &[(&str, Harmless, &str)] = &[
     (
         "suffix",
         empty_text,
-        "fill-in-the-middle is not implemented",
+        "fill-in-the-middle is served by /v1/completions and /infill",
     ),
     ("echo", falsy, "echoing the prompt is not implemented"),
     (
@@ -572,7 +572,7 @@ impl Knobs {
         defaults: &Defaults,
         tokenizer: &Tokenizer,
     ) -> Result<Params, ApiError> {
-        self.refuse_unsupported()?;
+        self.refuse_unsupported(dialect)?;
         Ok(Params {
             sampling: self.sampling(defaults)?,
             max_tokens: self.limit(defaults)?,
@@ -617,8 +617,12 @@ impl Knobs {
         }
     }
 
-    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+    fn refuse_unsupported(&self, dialect: Dialect) -> Result<(), ApiError> {
         for (field, harmless, why) in UNSUPPORTED {
+            // `/v1/completions` fills the gap before a `suffix` (see `server::infill`).
+            if dialect == Dialect::Completions && *field == "suffix" {
+                continue;
+            }
             if let Some(value) = self.extra.get(*field)
                 && !harmless(value)
             {
@@ -1128,7 +1132,7 @@ mod tests {
     fn unsupported_fields_are_named_and_harmless_values_pass() {
         let knobs = |body: Value| serde_json::from_value::<Knobs>(body).expect("knobs");
         let refused = knobs(json!({"tools": [{"type": "function"}]}))
-            .refuse_unsupported()
+            .refuse_unsupported(Dialect::Completions)
             .expect_err("tools");
         assert!(
             refused.body()["error"]["message"]
@@ -1143,9 +1147,14 @@ mod tests {
             json!({"user": "anyone", "cache_prompt": true}),
         ] {
             knobs(harmless.clone())
-                .refuse_unsupported()
+                .refuse_unsupported(Dialect::Chat)
                 .unwrap_or_else(|e| panic!("{harmless}: {e:?}"));
         }
+        // A suffix is a gap to fill on /v1/completions only.
+        let suffix = knobs(json!({"suffix": "}"}));
+        assert!(suffix.refuse_unsupported(Dialect::Completions).is_ok());
+        assert!(suffix.refuse_unsupported(Dialect::Native).is_err());
+        assert!(suffix.refuse_unsupported(Dialect::Chat).is_err());
     }
 
     #[test]

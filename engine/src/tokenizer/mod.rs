@@ -4,6 +4,7 @@
 //! templated prompts.
 
 mod bpe;
+mod fim;
 mod merge;
 mod metaspace;
 mod protect;
@@ -18,6 +19,7 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use gguf::arrays;
 
 pub use bpe::Bpe;
+pub use fim::Fim;
 pub use metaspace::MetaspaceBpe;
 pub use spm::Spm;
 pub use stream::TextStream;
@@ -109,6 +111,7 @@ pub struct Tokenizer {
     control_specials: SpecialSet,
     algorithm: Algorithm,
     add_bos: Option<u32>,
+    fim: Option<Fim>,
 }
 
 const CONTROL: i32 = 3;
@@ -188,7 +191,17 @@ impl Tokenizer {
                 ));
             }
         };
+        let fim = Fim::find(
+            |key| {
+                h.get(&format!("tokenizer.ggml.{key}_token_id"))
+                    .and_then(gguf::Value::as_u64)
+                    .and_then(|id| u32::try_from(id).ok())
+                    .filter(|&id| (id as usize) < tokens.len())
+            },
+            &ids,
+        );
         Ok(Tokenizer {
+            fim,
             tokens,
             ids,
             specials,
@@ -358,6 +371,11 @@ impl Tokenizer {
             .iter()
             .filter(|(_, _, control)| *control)
             .map(|(_, id, _)| *id)
+    }
+
+    /// The vocabulary's fill-in-the-middle tokens, when it has them.
+    pub fn fim(&self) -> Option<Fim> {
+        self.fim
     }
 
     /// Whether [`Tokenizer::encode`] starts every text with the BOS token.

