@@ -134,7 +134,7 @@ async fn answer(
                     "generation_settings": settings,
                     "timings": summary,
                 })],
-                Piece::Usage { .. } => Vec::new(),
+                Piece::Usage { .. } | Piece::Failed(_) => Vec::new(),
             },
         ));
     }

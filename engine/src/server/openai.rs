@@ -94,7 +94,7 @@ impl Envelope {
                 last["timings"] = json!(timings);
                 vec![last]
             }
-            Piece::Text { .. } => Vec::new(),
+            Piece::Text { .. } | Piece::Failed(_) => Vec::new(),
         }
     }
 }
@@ -273,6 +273,7 @@ pub async fn chat_completions(
             out.push(last);
             out
         }
+        Piece::Failed(_) => Vec::new(),
         Piece::Usage { usage, timings } => {
             let mut last = chunk(0, json!({}), None, None);
             last["choices"] = json!([]);

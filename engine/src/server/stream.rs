@@ -55,6 +55,9 @@ pub enum Piece {
         /// How it went.
         summary: Summary,
     },
+    /// The generation failed (its error as the API's body): a dialect that ends a failed
+    /// stream its own way says how; the others end with the error as it is.
+    Failed(Value),
     /// Every choice ended: the usage (OpenAI, when asked for), with the first choice's
     /// timings (llama-server puts them in the usage chunk too).
     Usage {
@@ -128,11 +131,11 @@ pub fn stream(
             }
             Some(Event::Failed(failure)) => {
                 run.done = true;
-                final_error(&failed(failure), format)
+                final_error(&failed(failure), format, &run.shape)
             }
             Some(Event::ShuttingDown) => {
                 run.done = true;
-                final_error(&ApiError::unavailable(SHUTTING_DOWN), format)
+                final_error(&ApiError::unavailable(SHUTTING_DOWN), format, &run.shape)
             }
             None => return None,
         };
@@ -157,17 +160,17 @@ struct Run<S> {
 
 /// A stream's last events when it fails: the error, then (OpenAI dialect) `[DONE]`, so a
 /// client can tell a cut-off answer from a connection that merely dropped.
-fn final_error(error: &ApiError, format: Format) -> Vec<SseEvent> {
-    let body = error.body();
-    let body = match format {
-        // The Responses API's error event.
-        Format::Responses => serde_json::json!({
-            "type": "error", "code": body["error"]["type"], "message": body["error"]["message"],
-            "param": null,
-        }),
-        _ => body,
+fn final_error(
+    error: &ApiError,
+    format: Format,
+    shape: &impl Fn(Piece) -> Vec<Value>,
+) -> Vec<SseEvent> {
+    let shaped = shape(Piece::Failed(error.body()));
+    let mut out: Vec<SseEvent> = if shaped.is_empty() {
+        vec![event(&error.body(), format)]
+    } else {
+        shaped.iter().map(|v| event(v, format)).collect()
     };
-    let mut out = vec![event(&body, format)];
     if format.says_done() {
         out.push(SseEvent::default().data("[DONE]"));
     }

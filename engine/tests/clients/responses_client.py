@@ -2,6 +2,7 @@
 """The `openai` package's Responses API (`client.responses.create`) against `engine serve`:
 plain, streamed with its typed events, a conversation carrying a past call and its output,
 and what cannot be served refused. Usage: responses_client.py BASE_URL (…/v1)."""
+import json
 import sys
 
 import openai
@@ -56,6 +57,42 @@ follow = client.responses.create(
             "arguments": '{"country": "France"}'},
            {"type": "function_call_output", "call_id": "call_1", "output": "Paris"}])
 assert follow.output and follow.status in ("completed", "incomplete"), follow
+
+# A required call: a function_call item (fc_…, its call_id, name and JSON arguments), whole and
+# streamed with its argument events; the stream helper's final response holds the same call.
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                          "required": ["city"]}}
+called = dict(model=model, input="What is the weather in Paris?", tools=[WEATHER],
+              tool_choice="required", max_output_tokens=48, temperature=0)
+whole = client.responses.create(**called)
+calls = [item for item in whole.output if item.type == "function_call"]
+assert calls, whole.output
+call = calls[0]
+assert call.id.startswith("fc_") and call.call_id and call.name == "get_weather", call
+assert isinstance(json.loads(call.arguments).get("city"), str), call.arguments
+kinds, arguments = [], ""
+for event in client.responses.create(**called, stream=True):
+    kinds.append(event.type)
+    if event.type == "response.output_item.added" and event.item.type == "function_call":
+        assert event.item.name == "get_weather", event.item
+    if event.type == "response.function_call_arguments.delta":
+        arguments += event.delta
+    if event.type == "response.function_call_arguments.done":
+        assert event.arguments == arguments, (event.arguments, arguments)
+assert "response.function_call_arguments.done" in kinds, kinds
+assert json.loads(arguments) == json.loads(call.arguments), (arguments, call.arguments)
+with client.responses.stream(**called) as helper:
+    final = helper.get_final_response()
+assert [i.name for i in final.output if i.type == "function_call"] == ["get_weather"], final.output
+
+# Chat-only fields are refused, naming the Responses API's own.
+try:
+    client.responses.create(model=model, input="Hi", extra_body={"max_tokens": 4})
+except openai.BadRequestError as e:
+    assert "max_output_tokens" in str(e), e
+else:
+    raise AssertionError("max_tokens was accepted")
 
 # What needs a response kept on the server is refused by name.
 try:

@@ -1,6 +1,6 @@
 //! A Responses request as the chat request it means: `instructions` and `input` (a text, or
-//! items: messages, the model's past calls and their outputs, past reasoning) become
-//! `messages`; `max_output_tokens`, flat function tools, `tool_choice`, `text.format` and
+//! items: messages, the model's past calls and their outputs; past reasoning is taken and left
+//! out) become `messages`; `max_output_tokens`, flat function tools, `tool_choice`, `text.format` and
 //! `reasoning.effort` their chat names. Fields with no chat meaning are refused by name.
 
 use serde_json::{Map, Value, json};
@@ -32,12 +32,43 @@ const OWN: &[&str] = &[
     "prompt_cache_key",
 ];
 
+/// Chat fields a Responses request may not use, and what it uses instead.
+const CHAT_ONLY: &[(&str, &str)] = &[
+    ("messages", "input"),
+    ("max_tokens", "max_output_tokens"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("response_format", "text.format"),
+    ("functions", "tools"),
+    ("function_call", "tool_choice"),
+    ("n", "one request per answer"),
+    (
+        "logprobs",
+        "none: log-probabilities are not given in responses",
+    ),
+    (
+        "top_logprobs",
+        "none: log-probabilities are not given in responses",
+    ),
+    ("reasoning_effort", "reasoning.effort"),
+];
+
 /// The chat request `asked` means.
 pub fn to_chat(asked: &Value) -> Result<Value, ApiError> {
     let fields = asked
         .as_object()
         .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
     refuse_unkept(fields)?;
+    for (field, instead) in CHAT_ONLY {
+        if fields
+            .get(*field)
+            .is_some_and(|v| !v.is_null() && v != &json!(0))
+        {
+            return Err(ApiError::unsupported(
+                field,
+                &format!("the Responses API's way is {instead}"),
+            ));
+        }
+    }
     let mut chat = Map::new();
     // llama.cpp's own knobs (`n_probs`, `timings_per_token`, …) and OpenAI's sampling ones
     // have the same names in both: the chat request checks them.
@@ -83,6 +114,11 @@ pub fn to_chat(asked: &Value) -> Result<Value, ApiError> {
     {
         chat.insert("response_format".into(), response_format(format)?);
     }
+    // Reasoning becomes reasoning items: split from the text, never left in it.
+    let format = fields.get("reasoning_format").and_then(Value::as_str);
+    if format.is_none_or(|f| f == "deepseek-legacy") {
+        chat.insert("reasoning_format".into(), json!("deepseek"));
+    }
     if let Some(effort) = fields
         .get("reasoning")
         .and_then(|r| r.get("effort"))
@@ -113,6 +149,12 @@ fn refuse_unkept(fields: &Map<String, Value>) -> Result<(), ApiError> {
             "stored prompt templates are not kept on this server: send `instructions`",
         ));
     }
+    if fields.get("max_tool_calls").is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::unsupported(
+            "max_tool_calls",
+            "an answer's calls are not counted against a limit here",
+        ));
+    }
     if fields.get("background").is_some_and(|v| v == &json!(true)) {
         return Err(ApiError::unsupported(
             "background",
@@ -123,9 +165,9 @@ fn refuse_unkept(fields: &Map<String, Value>) -> Result<(), ApiError> {
 }
 
 /// `input`'s items as chat messages. A model's calls join the assistant message before them
-/// (or start one); past reasoning goes with the assistant message that follows it.
+/// (or start one). Past reasoning items are taken and left out: the chat path gives templates
+/// no past reasoning either (the thinking templates drop it from earlier turns themselves).
 fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), ApiError> {
-    let mut reasoning: Option<String> = None;
     for (i, item) in items.iter().enumerate() {
         let at = |what: &str| format!("input[{i}]: {what}");
         let kind = item.get("type").and_then(Value::as_str);
@@ -137,13 +179,7 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), A
                     .ok_or_else(|| ApiError::bad_request(at("a message needs a role")))?;
                 let role = if role == "developer" { "system" } else { role };
                 let content = message_text(item.get("content"), &at)?;
-                let mut message = json!({ "role": role, "content": content });
-                if role == "assistant"
-                    && let Some(r) = reasoning.take()
-                {
-                    message["reasoning_content"] = json!(r);
-                }
-                messages.push(message);
+                messages.push(json!({ "role": role, "content": content }));
             }
             Some("function_call") => {
                 let text = |field: &str| {
@@ -155,21 +191,14 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), A
                     "id": text("call_id")?, "type": "function",
                     "function": { "name": text("name")?, "arguments": text("arguments")? },
                 });
-                // Reasoning between them starts a new turn.
-                let joins = reasoning.is_none()
-                    && messages.last().is_some_and(|m| m["role"] == "assistant");
-                if joins && let Some(last) = messages.last_mut() {
-                    match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                match messages.last_mut().filter(|m| m["role"] == "assistant") {
+                    Some(last) => match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
                         Some(calls) => calls.push(call),
                         None => last["tool_calls"] = json!([call]),
-                    }
-                } else {
-                    let mut message =
-                        json!({ "role": "assistant", "content": null, "tool_calls": [call] });
-                    if let Some(r) = reasoning.take() {
-                        message["reasoning_content"] = json!(r);
-                    }
-                    messages.push(message);
+                    },
+                    None => messages.push(
+                        json!({ "role": "assistant", "content": null, "tool_calls": [call] }),
+                    ),
                 }
             }
             Some("function_call_output") => {
@@ -184,12 +213,7 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<Value>) -> Result<(), A
                 messages
                     .push(json!({ "role": "tool", "tool_call_id": call_id, "content": output }));
             }
-            Some("reasoning") => {
-                let text = reasoning_text(item);
-                if !text.is_empty() {
-                    reasoning = Some(text);
-                }
-            }
+            Some("reasoning") => {}
             Some(other) => {
                 return Err(ApiError::bad_request(at(&format!(
                     "items of type {:?} are not taken (messages, function_call, \
@@ -237,27 +261,6 @@ fn message_text(content: Option<&Value>, at: &dyn Fn(&str) -> String) -> Result<
         Some(_) => Err(ApiError::bad_request(at(
             "content must be a string or a list of parts",
         ))),
-    }
-}
-
-/// A reasoning item's text: its `content` parts, else its summary's.
-fn reasoning_text(item: &Value) -> String {
-    let join = |parts: Option<&Value>| -> String {
-        parts
-            .and_then(Value::as_array)
-            .map(|ps| {
-                ps.iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
-            .unwrap_or_default()
-    };
-    let content = join(item.get("content"));
-    if content.is_empty() {
-        join(item.get("summary"))
-    } else {
-        content
     }
 }
 
@@ -359,7 +362,6 @@ mod tests {
         );
         assert_eq!(messages[1]["content"], "Weather in Oslo?");
         assert_eq!(messages[2]["role"], "assistant");
-        assert_eq!(messages[2]["reasoning_content"], "look it up");
         let calls = messages[2]["tool_calls"].as_array().expect("calls");
         assert_eq!(calls.len(), 2, "both calls in one assistant message");
         assert_eq!(calls[0]["function"]["name"], "weather");
@@ -395,6 +397,15 @@ mod tests {
                 "input_image",
             ),
             (json!({ "instructions": "no input" }), "input"),
+            (
+                json!({ "input": "hi", "max_tokens": 4 }),
+                "max_output_tokens",
+            ),
+            (json!({ "input": "hi", "messages": [] }), "messages"),
+            (
+                json!({ "input": "hi", "max_tool_calls": 2 }),
+                "max_tool_calls",
+            ),
         ] {
             let e = to_chat(&body).expect_err("refused");
             assert!(e.body().to_string().contains(named), "{body}: {}", e.body());

@@ -49,7 +49,10 @@ impl Head {
     fn new(state: &AppState, asked: &Value) -> Head {
         let echoed = ECHOED
             .iter()
-            .filter_map(|&f| asked.get(f).map(|v| (f.to_string(), v.clone())))
+            .filter_map(|&f| {
+                let v = asked.get(f).filter(|v| !v.is_null())?;
+                Some((f.to_string(), v.clone()))
+            })
             .collect();
         Head {
             id: id("resp").replacen('-', "_", 1),
@@ -116,12 +119,6 @@ pub async fn responses(
         shape,
         ..
     } = start_chat(&state, lane, &chat, arrived).await?;
-    if started.choices != 1 {
-        return Err(ApiError::unsupported(
-            "n",
-            "a response holds one answer (send several requests)",
-        ));
-    }
     let head = Head::new(&state, &asked);
     let prompt_tokens = started.prompt_tokens;
     if !request.knobs.stream {
@@ -136,9 +133,10 @@ pub async fn responses(
         }
         let mut out = Output::default();
         out.message(&message);
-        out.finish();
+        let status = status(finish);
+        out.finish(status == "incomplete");
         let usage = response_usage(prompt_tokens, &answer.summary);
-        let mut body = head.response(status(finish), out.items(), Some(usage));
+        let mut body = head.response(status, out.items(), Some(usage));
         body["timings"] = json!(answer.summary);
         return Ok(axum::Json(body).into_response());
     }
@@ -184,9 +182,9 @@ pub async fn responses(
                         finish
                     }
                 };
-                n.output.finish();
-                let mut events = n.output.take_events();
                 let status = status(finish);
+                n.output.finish(status == "incomplete");
+                let mut events = n.output.take_events();
                 let usage = response_usage(prompt_tokens, &summary);
                 let r = head.response(status, n.output.items(), Some(usage));
                 let kind = if status == "completed" {
@@ -196,6 +194,17 @@ pub async fn responses(
                 };
                 events.push(json!({ "type": kind, "response": r, "timings": summary }));
                 n.number(events)
+            }
+            Piece::Failed(error) => {
+                // The error event, then the response as failed: a client waiting for the
+                // response's end gets one.
+                let (code, message) = (&error["error"]["type"], &error["error"]["message"]);
+                let mut r = head.response("failed", n.output.items(), None);
+                r["error"] = json!({ "code": code, "message": message });
+                n.number(vec![
+                    json!({ "type": "error", "code": code, "message": message, "param": null }),
+                    json!({ "type": "response.failed", "response": r }),
+                ])
             }
             Piece::Usage { .. } => Vec::new(),
         }

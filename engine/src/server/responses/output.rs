@@ -77,14 +77,13 @@ impl Output {
         }
     }
 
-    /// Closes what is open; an answer with no item at all gets an empty message (every
-    /// response holds its message).
-    pub fn finish(&mut self) {
-        self.close();
-        if self.items.is_empty() {
+    /// Closes what is open, `incomplete` when the answer was `cut` at its token limit; an
+    /// answer with no item at all gets an empty message (every response holds its message).
+    pub fn finish(&mut self, cut: bool) {
+        if self.items.is_empty() && self.open.is_none() {
             self.open(Kind::Message);
-            self.close();
         }
+        self.close_as(if cut { "incomplete" } else { "completed" });
     }
 
     /// The finished items.
@@ -109,16 +108,17 @@ impl Output {
             return;
         };
         open.text.push_str(delta);
-        let event = match kind {
-            Kind::Reasoning => "response.reasoning_text.delta",
-            _ => "response.output_text.delta",
-        };
         let id = open.id.clone();
         let index = self.items.len();
-        self.events.push(json!({
-            "type": event, "item_id": id, "output_index": index, "content_index": 0,
-            "delta": delta,
-        }));
+        let mut event = json!({
+            "type": "response.reasoning_text.delta", "item_id": id, "output_index": index,
+            "content_index": 0, "delta": delta,
+        });
+        if kind == Kind::Message {
+            event["type"] = json!("response.output_text.delta");
+            event["logprobs"] = json!([]);
+        }
+        self.events.push(event);
     }
 
     fn open_call(&mut self, call_id: &str, name: &str) {
@@ -180,6 +180,10 @@ impl Output {
     }
 
     fn close(&mut self) {
+        self.close_as("completed");
+    }
+
+    fn close_as(&mut self, status: &str) {
         let Some(open) = self.open.take() else {
             return;
         };
@@ -196,17 +200,21 @@ impl Output {
                 } else {
                     "response.output_text.done"
                 };
-                self.events.push(json!({
+                let mut event = json!({
                     "type": done, "item_id": id, "output_index": index, "content_index": 0,
                     "text": open.text,
-                }));
+                });
+                if kind == Kind::Message {
+                    event["logprobs"] = json!([]);
+                }
+                self.events.push(event);
                 self.events.push(json!({
                     "type": "response.content_part.done", "item_id": id, "output_index": index,
                     "content_index": 0, "part": part(kind, &open.text),
                 }));
             }
         }
-        let item = item(&open, "completed");
+        let item = item(&open, status);
         self.events.push(json!({
             "type": "response.output_item.done", "output_index": index, "item": item,
         }));
@@ -224,7 +232,7 @@ fn part(kind: Kind, text: &str) -> Value {
 
 /// An output item as it stands.
 fn item(open: &Open, status: &str) -> Value {
-    let done = status == "completed";
+    let done = status != "in_progress";
     match open.kind {
         Kind::Message => json!({
             "type": "message", "id": open.id, "status": status, "role": "assistant",
@@ -259,7 +267,7 @@ mod tests {
         out.delta(
             &json!({ "tool_calls": [{ "index": 0, "function": { "arguments": "{\"a\":1}" } }] }),
         );
-        out.finish();
+        out.finish(false);
         let events = out.take_events();
         assert_eq!(
             kinds(&events),
@@ -307,11 +315,16 @@ mod tests {
             { "id": "c", "type": "function", "function": { "name": "f", "arguments": "{}" } },
         ] }),
         );
-        out.finish();
+        out.finish(true);
         assert_eq!(out.items().len(), 1);
+        assert_eq!(
+            out.items()[0]["status"],
+            "incomplete",
+            "the item the limit cut"
+        );
         assert_eq!(out.items()[0]["type"], "function_call");
         let mut empty = Output::default();
-        empty.finish();
+        empty.finish(false);
         assert_eq!(empty.items()[0]["type"], "message");
         assert_eq!(empty.items()[0]["content"][0]["text"], "");
     }
