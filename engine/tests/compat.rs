@@ -322,6 +322,112 @@ fn json_output_follows_its_grammar() {
     );
 }
 
+/// `return_progress`: a streamed prompt's prefill reported before its first pass and after
+/// each (the cache's share first, the whole prompt last); `timings_per_token`: every piece
+/// carries the timings so far. In each dialect's stream.
+#[test]
+fn prefill_progress_and_timings_per_token_are_streamed() {
+    let server = start(&["-c", "1024"]);
+    let prompt = "The history of the printing press, told in detail: ".repeat(12);
+    let progress_of = |events: &[Value]| -> Vec<Value> {
+        events
+            .iter()
+            .filter_map(|e| e.get("prompt_progress").cloned())
+            .collect()
+    };
+    let ask = |path: &str, body: Value| {
+        let (status, raw) =
+            request(&server, "POST", path, Some(&body.to_string()), None).expect("response");
+        assert_eq!(status, 200, "{raw}");
+        events(&raw)
+    };
+    let native = json!({ "prompt": prompt, "n_predict": 4, "temperature": 0, "stream": true,
+                         "return_progress": true, "timings_per_token": true, "cache_prompt": false });
+    let first = ask("/completion", native.clone());
+    let progress = progress_of(&first);
+    let last = first.last().expect("the final chunk");
+    let total = last["tokens_evaluated"].as_u64().expect("tokens_evaluated");
+    assert!(
+        total as usize > 2 * engine::model::MAX_BATCH,
+        "a prompt of several passes"
+    );
+    assert_eq!(
+        progress[0]["processed"], progress[0]["cache"],
+        "before the first pass"
+    );
+    assert_eq!(
+        progress.last().map(|p| &p["processed"]),
+        Some(&json!(total))
+    );
+    let passes = (total as usize).div_ceil(engine::model::MAX_BATCH);
+    assert_eq!(
+        progress.len(),
+        passes + 1,
+        "once before, then after each pass"
+    );
+    for pair in progress.windows(2) {
+        assert!(pair[1]["processed"].as_u64() > pair[0]["processed"].as_u64());
+        assert_eq!(pair[1]["total"], json!(total));
+    }
+    // Every piece of text carries the timings so far; the count of generated tokens grows.
+    let generated: Vec<u64> = first
+        .iter()
+        .filter(|e| e["content"].as_str().is_some_and(|c| !c.is_empty()) && e["stop"] == false)
+        .map(|e| {
+            e["timings"]["predicted_n"]
+                .as_u64()
+                .expect("timings on a piece")
+        })
+        .collect();
+    assert!(
+        !generated.is_empty() && generated.windows(2).all(|w| w[0] < w[1]),
+        "{generated:?}"
+    );
+    // The same prompt again, reusing the cache: its first report says how much was kept.
+    let mut again = native.clone();
+    again["cache_prompt"] = json!(true);
+    ask("/completion", again.clone());
+    let reused = progress_of(&ask("/completion", again));
+    assert!(
+        reused[0]["cache"].as_u64().is_some_and(|c| c > 0),
+        "{reused:?}"
+    );
+    assert_eq!(reused[0]["cache"], reused[0]["processed"]);
+    // Without the flag, no progress.
+    let mut quiet = native.clone();
+    quiet["return_progress"] = json!(false);
+    assert!(progress_of(&ask("/completion", quiet)).is_empty());
+    // Chat, completions and responses streams report it too.
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            chat(
+                &prompt,
+                json!({ "max_tokens": 2, "stream": true,
+            "return_progress": true }),
+            ),
+        ),
+        (
+            "/v1/completions",
+            json!({ "prompt": prompt, "max_tokens": 2, "stream": true,
+            "return_progress": true }),
+        ),
+        (
+            "/v1/responses",
+            json!({ "input": prompt, "max_output_tokens": 2, "stream": true,
+            "return_progress": true }),
+        ),
+    ] {
+        let events = ask(path, body);
+        let progress = progress_of(&events);
+        assert!(progress.len() >= 2, "{path}: {progress:?}");
+        assert_eq!(
+            progress.last().map(|p| &p["processed"]),
+            progress.last().map(|p| &p["total"])
+        );
+    }
+}
+
 #[test]
 fn prompts_as_tokens_ignore_eos_fingerprint_and_cached_tokens() {
     let server = start(&[]);

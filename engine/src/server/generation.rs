@@ -146,6 +146,7 @@ pub async fn collect(started: &mut Started) -> Result<Vec<Answer>, ApiError> {
                     return Ok(answers);
                 }
             }
+            Event::Progress(_) => {}
             Event::Failed(failure) => return Err(failed(failure)),
             Event::ShuttingDown => return Err(ApiError::unavailable(SHUTTING_DOWN)),
         }

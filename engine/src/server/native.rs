@@ -134,6 +134,9 @@ async fn answer(
                     "generation_settings": settings,
                     "timings": summary,
                 })],
+                Piece::Progress => {
+                    vec![json!({ "content": "", "tokens": [], "stop": false, "index": 0 })]
+                }
                 Piece::Usage { .. } | Piece::Failed(_) => Vec::new(),
             },
         ));
@@ -423,6 +426,8 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         grammar: None,
         draft_max: crate::speculate::MAX_DRAFT,
         draft_min: 0,
+        report_progress: false,
+        timings_per_token: false,
         grammar_trigger: None,
         grammar_anchored: false,
         thinking_budget: None,

@@ -94,7 +94,7 @@ impl Envelope {
                 last["timings"] = json!(timings);
                 vec![last]
             }
-            Piece::Text { .. } | Piece::Failed(_) => Vec::new(),
+            Piece::Text { .. } | Piece::Failed(_) | Piece::Progress => Vec::new(),
         }
     }
 }
@@ -274,6 +274,7 @@ pub async fn chat_completions(
             out
         }
         Piece::Failed(_) => Vec::new(),
+        Piece::Progress => vec![chunk(0, json!({}), None, None)],
         Piece::Usage { usage, timings } => {
             let mut last = chunk(0, json!({}), None, None);
             last["choices"] = json!([]);
@@ -504,6 +505,9 @@ pub async fn completions(
                 "index": choice, "text": text, "finish_reason": null, "logprobs": logprobs,
             }]))]
         }
+        Piece::Progress => vec![envelope.body(OBJECT, json!([{
+            "index": 0, "text": "", "finish_reason": null, "logprobs": null,
+        }]))],
         other => envelope.closing(OBJECT, other, |choice, finish| {
             json!({ "index": choice, "text": "", "finish_reason": finish, "logprobs": null })
         }),

@@ -143,6 +143,12 @@ pub struct Knobs {
     /// The same two as an object: `{"speculative": {"n_max": 8}}`.
     #[serde(default)]
     pub speculative: Option<SpeculativeKnobs>,
+    /// llama.cpp's prefill progress events in a stream.
+    #[serde(default, deserialize_with = "null_is_false")]
+    pub return_progress: bool,
+    /// llama.cpp's timings on every streamed piece, not only the last.
+    #[serde(default, deserialize_with = "null_is_false")]
+    pub timings_per_token: bool,
     /// Every other field, checked against [`UNSUPPORTED`].
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -585,6 +591,8 @@ impl Knobs {
             grammar: self.grammar()?,
             draft_max: self.draft("n_max", crate::speculate::MAX_DRAFT)?,
             draft_min: self.draft("n_min", 0)?,
+            report_progress: self.return_progress && self.stream,
+            timings_per_token: self.timings_per_token,
             grammar_trigger: None,
             grammar_anchored: false,
             thinking_budget: None,

@@ -48,6 +48,9 @@ pub enum Piece {
         /// The tokens it finishes.
         tokens: Vec<u32>,
     },
+    /// The prefill went on (`return_progress`): the dialect's empty chunk, which the stream
+    /// gives llama.cpp's `prompt_progress`.
+    Progress,
     /// A choice ended.
     End {
         /// Which choice.
@@ -103,12 +106,26 @@ pub fn stream(
                 text,
                 probs,
                 tokens,
-            }) => to_events((run.shape)(Piece::Text {
-                choice,
-                text,
-                probs,
-                tokens,
-            })),
+                timings,
+            }) => {
+                let mut values = (run.shape)(Piece::Text {
+                    choice,
+                    text,
+                    probs,
+                    tokens,
+                });
+                if let (Some(t), Some(last)) = (timings, values.last_mut()) {
+                    last["timings"] = serde_json::json!(t);
+                }
+                to_events(values)
+            }
+            Some(Event::Progress(p)) => {
+                let mut values = (run.shape)(Piece::Progress);
+                if let Some(last) = values.last_mut() {
+                    last["prompt_progress"] = serde_json::json!(p);
+                }
+                to_events(values)
+            }
             Some(Event::Done { choice, summary }) => {
                 run.summaries.push(summary.clone());
                 let mut out = to_events((run.shape)(Piece::End { choice, summary }));

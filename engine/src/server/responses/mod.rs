@@ -206,6 +206,12 @@ pub async fn responses(
                     json!({ "type": "response.failed", "response": r }),
                 ])
             }
+            Piece::Progress => {
+                let r = head.response("in_progress", &[], None);
+                n.number(vec![
+                    json!({ "type": "response.in_progress", "response": r }),
+                ])
+            }
             Piece::Usage { .. } => Vec::new(),
         }
     }))

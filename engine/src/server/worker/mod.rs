@@ -66,6 +66,10 @@ pub struct Params {
     pub draft_max: usize,
     /// Fewest drafted tokens worth a check (`speculative.n_min`).
     pub draft_min: usize,
+    /// Send prefill progress events (`return_progress`).
+    pub report_progress: bool,
+    /// Put the timings so far on every text event (`timings_per_token`).
+    pub timings_per_token: bool,
 }
 
 /// A request's prompt.
@@ -131,7 +135,12 @@ pub enum Event {
         probs: Vec<TokenProbs>,
         /// The tokens the text finishes (llama.cpp's streamed `tokens`).
         tokens: Vec<u32>,
+        /// The timings so far, when asked for (`timings_per_token`).
+        timings: Option<Timings>,
     },
+    /// How far the prompt's prefill is, when asked for (`return_progress`): once before the
+    /// first pass, then after each.
+    Progress(PromptProgress),
     /// A choice ended.
     Done {
         /// Which choice.
@@ -218,6 +227,43 @@ pub struct Summary {
     pub draft_n: usize,
     /// Drafted tokens accepted.
     pub draft_n_accepted: usize,
+}
+
+/// llama.cpp's `timings` while a generation runs (`timings_per_token`).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Timings {
+    /// Prompt tokens evaluated (not taken from the prefix cache).
+    pub prompt_n: usize,
+    /// Milliseconds spent on them.
+    pub prompt_ms: f64,
+    /// Their rate.
+    pub prompt_per_second: f64,
+    /// Tokens generated so far.
+    pub predicted_n: usize,
+    /// Milliseconds spent generating so far.
+    pub predicted_ms: f64,
+    /// Their rate.
+    pub predicted_per_second: f64,
+    /// Prompt tokens reused from the prefix cache.
+    pub cache_n: usize,
+}
+
+/// llama.cpp's `prompt_progress`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PromptProgress {
+    /// The prompt's tokens.
+    pub total: usize,
+    /// Those taken from the prefix cache.
+    pub cache: usize,
+    /// Those in the cache now (taken or evaluated).
+    pub processed: usize,
+    /// Milliseconds since the prefill began.
+    pub time_ms: u64,
+}
+
+/// Tokens per second.
+fn per_second(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 }
 }
 
 /// The engine's recent speeds, from its own timings: the last request with at least
@@ -662,6 +708,17 @@ impl Runner<'_> {
             }
         };
         let started = Instant::now();
+        let progressed = |processed: usize| {
+            if params.report_progress {
+                let _ = job.events.send(Event::Progress(PromptProgress {
+                    total: prompt.len(),
+                    cache: cache_n,
+                    processed,
+                    time_ms: started.elapsed().as_millis() as u64,
+                }));
+            }
+        };
+        progressed(cache_n);
         // One pass at a time (the same passes `forward` would make of the whole prompt), so a
         // client that leaves during a long prompt frees the engine soon and the progress the
         // health probe reads grows at least every pass.
@@ -692,6 +749,7 @@ impl Runner<'_> {
             self.metrics.pass(end);
             progress.advance(end - at);
             at = end;
+            progressed(at);
             if checkpoint_at == Some(at) {
                 cache.checkpoint();
             }
@@ -758,6 +816,9 @@ impl Runner<'_> {
             finish: None,
             stopping_word: String::new(),
             unfollowable: None,
+            prefill: (prompt.len() - cache_n, prompt_ms, cache_n),
+            generating,
+            emitted: 0,
         };
         let mut history = prompt.clone();
         let (end, in_cache) = decode(
@@ -792,7 +853,6 @@ impl Runner<'_> {
         self.metrics.drafts(draft_n, draft_n_accepted);
         let generated = history.len() - prompt.len();
         let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
-        let per_second = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
         let prompt_n = prompt.len() - cache_n;
         let tokens = history[prompt.len()..].to_vec();
         history.truncate(in_cache);
@@ -842,17 +902,37 @@ struct Answering<'a> {
     stopping_word: String,
     /// Why the request could not be followed, when it could not.
     unfollowable: Option<String>,
+    /// Prompt tokens evaluated, the milliseconds they took, and those taken from the cache.
+    prefill: (usize, f64, usize),
+    /// When generation began.
+    generating: Instant,
+    /// Tokens generated so far.
+    emitted: usize,
 }
 
 impl Answering<'_> {
     fn send(&mut self, text: String) {
         let probs = std::mem::take(&mut self.probs);
         let tokens = std::mem::take(&mut self.tokens);
+        let timings = self.job.params.timings_per_token.then(|| {
+            let (prompt_n, prompt_ms, cache_n) = self.prefill;
+            let predicted_ms = self.generating.elapsed().as_secs_f64() * 1e3;
+            Timings {
+                prompt_n,
+                prompt_ms,
+                prompt_per_second: per_second(prompt_n, prompt_ms),
+                predicted_n: self.emitted,
+                predicted_ms,
+                predicted_per_second: per_second(self.emitted, predicted_ms),
+                cache_n,
+            }
+        });
         let _ = self.job.events.send(Event::Text {
             choice: self.choice,
             text,
             probs,
             tokens,
+            timings,
         });
     }
 }
@@ -890,6 +970,7 @@ impl Sink for Answering<'_> {
         self.last_token = now;
         self.probs.extend(self.chosen_probs.take());
         self.tokens.push(token);
+        self.emitted += 1;
         let piece = self.stream.push(&self.tokenizer.token_bytes(token));
         let (ready, stopped) = self.text.push(&piece);
         if !ready.is_empty() {
