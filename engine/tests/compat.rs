@@ -428,6 +428,89 @@ fn prefill_progress_and_timings_per_token_are_streamed() {
     }
 }
 
+/// llama.cpp's `/completion` conveniences: several prompts answered as a list, a prompt as
+/// `{"prompt_string"}` (images refused), `response_fields`, and `truncated` when the answer
+/// filled the context.
+#[test]
+fn completion_prompts_fields_and_truncation() {
+    let server = start(&["-c", "64"]);
+    let greedy = |prompt: Value| json!({ "prompt": prompt, "n_predict": 4, "temperature": 0 });
+    let (status, one) = post(
+        &server,
+        "/completion",
+        &greedy(json!("The capital of France is")),
+    );
+    assert_eq!(status, 200, "{one}");
+    let (status, list) = post(
+        &server,
+        "/completion",
+        &greedy(json!(["The capital of France is", "One, two, three,"])),
+    );
+    assert_eq!(status, 200, "{list}");
+    let list = list.as_array().expect("a list of answers");
+    assert_eq!(list.len(), 2);
+    assert_eq!(
+        list[0]["content"], one["content"],
+        "each prompt answered as alone"
+    );
+    // Ids, a text and an object: three prompts, the same one each time.
+    let (_, ids) = post(
+        &server,
+        "/tokenize",
+        &json!({ "content": "The capital of France is" }),
+    );
+    let (status, mixed) = post(
+        &server,
+        "/completion",
+        &greedy(json!([ids["tokens"], "The capital of France is",
+                       { "prompt_string": "The capital of France is" }])),
+    );
+    assert_eq!(status, 200, "{mixed}");
+    let mixed = mixed.as_array().expect("a list");
+    assert!(
+        mixed.len() == 3 && mixed.iter().all(|a| a["content"] == one["content"]),
+        "{mixed:?}"
+    );
+    assert_eq!(
+        (&list[0]["index"], &list[1]["index"]),
+        (&json!(0), &json!(1))
+    );
+    let (status, object) = post(
+        &server,
+        "/completion",
+        &greedy(json!({ "prompt_string": "The capital of France is" })),
+    );
+    assert_eq!(status, 200, "{object}");
+    assert_eq!(object["content"], one["content"]);
+    let (status, image) = post(
+        &server,
+        "/completion",
+        &greedy(json!({ "prompt_string": "<__media__>", "multimodal_data": ["iVBORw0KGgo="] })),
+    );
+    assert_eq!(status, 400, "{image}");
+    let mut fields = greedy(json!("The capital of France is"));
+    fields["response_fields"] = json!(["content", "generation_settings/n_predict"]);
+    let (_, picked) = post(&server, "/completion", &fields);
+    assert_eq!(
+        picked,
+        json!({ "content": one["content"], "generation_settings/n_predict": 4 })
+    );
+    assert_eq!(one["truncated"], false);
+    // Until the context is full: cut there, and said so.
+    let (_, full) = post(
+        &server,
+        "/completion",
+        &json!({ "prompt": "Count: 1, 2, 3,", "n_predict": -1, "temperature": 0,
+                 "ignore_eos": true }),
+    );
+    assert_eq!(full["truncated"], true, "{full}");
+    assert_eq!(
+        full["tokens_evaluated"].as_u64().unwrap_or(0)
+            + full["tokens_predicted"].as_u64().unwrap_or(0),
+        64
+    );
+}
+
 #[test]
 fn prompts_as_tokens_ignore_eos_fingerprint_and_cached_tokens() {
     let server = start(&[]);

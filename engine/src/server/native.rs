@@ -29,18 +29,45 @@ pub async fn completion(
     let (request, ready, params) =
         generation::checked::<CompletionRequest>(&state, &body, Dialect::Native)?;
     answers_once(&params)?;
-    let place = generation::reserve(ready, lane)?;
-    let prompt = generation::completion_prompt(&state, ready, &request.prompt, lane).await?;
-    answer(
-        &state,
-        ready,
-        &request.knobs,
-        params,
-        place,
-        prompt,
-        arrived,
-    )
-    .await
+    let prompts = super::request::prompts(&request.prompt);
+    if let [one] = prompts.as_slice() {
+        let place = generation::reserve(ready, lane)?;
+        let prompt = generation::completion_prompt(&state, ready, one, lane).await?;
+        return answer(
+            &state,
+            ready,
+            &request.knobs,
+            params,
+            place,
+            prompt,
+            arrived,
+        )
+        .await;
+    }
+    // Several prompts: each answered in turn, the answers as a list (llama-server's shape).
+    if request.knobs.stream {
+        return Err(ApiError::unsupported(
+            "prompt",
+            "several prompts are answered whole, not streamed (send one request each)",
+        ));
+    }
+    if prompts.len() > super::request::MAX_PROMPTS {
+        return Err(ApiError::bad_request(format!(
+            "prompt holds {} prompts; at most {} are answered per request",
+            prompts.len(),
+            super::request::MAX_PROMPTS
+        )));
+    }
+    let mut bodies = Vec::with_capacity(prompts.len());
+    for (index, one) in prompts.into_iter().enumerate() {
+        let place = generation::reserve(ready, lane)?;
+        let prompt = generation::completion_prompt(&state, ready, one, lane).await?;
+        let started = start(ready, prompt, params.clone(), place, arrived)?;
+        let mut body = whole(&state, ready, &request.knobs, &params, started, None).await?;
+        body["index"] = json!(index);
+        bodies.push(body);
+    }
+    Ok(axum::Json(bodies).into_response())
 }
 
 /// `POST /infill`: a fill-in-the-middle prompt ([`super::infill`]) answered as `/completion`.
@@ -91,56 +118,72 @@ async fn answer(
     prompt: Prompt,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
+    let verbose = generation::verbose(state, ready, knobs, &prompt);
+    let started = start(ready, prompt, params.clone(), place, arrived)?;
+    if !knobs.stream {
+        let body = whole(state, ready, knobs, &params, started, verbose).await?;
+        return Ok(axum::Json(body).into_response());
+    }
     let settings = generation_settings(&params, ready);
     let with_probs = params.logprobs.is_some();
-    let verbose = generation::verbose(state, ready, knobs, &prompt);
-    let mut started = start(ready, prompt, params, place, arrived)?;
     let tokenizer = std::sync::Arc::clone(&ready.tokenizer);
     let model = state.model_id.to_string();
     let prompt_tokens = started.prompt_tokens;
-    if knobs.stream {
-        // No empty first chunk: as llama-server, every chunk before the last carries text
-        // and its tokens.
-        return Ok(stream(
-            started,
-            Vec::new(),
-            Format::Native,
-            move |piece| match piece {
-                Piece::Text {
-                    text,
-                    probs,
-                    tokens,
-                    ..
-                } => {
-                    let mut chunk = json!({
-                        "content": text, "tokens": tokens, "stop": false, "index": 0,
-                    });
-                    if with_probs {
-                        chunk["completion_probabilities"] =
-                            json!(probabilities(&tokenizer, &probs));
-                    }
-                    vec![chunk]
+    // No empty first chunk: as llama-server, every chunk before the last carries text
+    // and its tokens.
+    Ok(stream(
+        started,
+        Vec::new(),
+        Format::Native,
+        move |piece| match piece {
+            Piece::Text {
+                text,
+                probs,
+                tokens,
+                ..
+            } => {
+                let mut chunk = json!({
+                    "content": text, "tokens": tokens, "stop": false, "index": 0,
+                });
+                if with_probs {
+                    chunk["completion_probabilities"] = json!(probabilities(&tokenizer, &probs));
                 }
-                Piece::End { summary, .. } => vec![json!({
-                    "content": "", "stop": true, "index": 0,
-                    "stop_type": stop_type(summary.finish),
-                    "stopping_word": summary.stopping_word,
-                    "tokens": summary.tokens,
-                    "tokens_evaluated": prompt_tokens,
-                    "tokens_predicted": summary.predicted_n,
-                    "tokens_cached": summary.cache_n,
-                    "truncated": false,
-                    "model": model,
-                    "generation_settings": settings,
-                    "timings": summary,
-                })],
-                Piece::Progress => {
-                    vec![json!({ "content": "", "tokens": [], "stop": false, "index": 0 })]
-                }
-                Piece::Usage { .. } | Piece::Failed(_) => Vec::new(),
-            },
-        ));
-    }
+                vec![chunk]
+            }
+            Piece::End { summary, .. } => vec![json!({
+                "content": "", "stop": true, "index": 0,
+                "stop_type": stop_type(summary.finish),
+                "stopping_word": summary.stopping_word,
+                "tokens": summary.tokens,
+                "tokens_evaluated": prompt_tokens,
+                "tokens_predicted": summary.predicted_n,
+                "tokens_cached": summary.cache_n,
+                "truncated": summary.context_full,
+                "model": model,
+                "generation_settings": settings,
+                "timings": summary,
+            })],
+            Piece::Progress => {
+                vec![json!({ "content": "", "tokens": [], "stop": false, "index": 0 })]
+            }
+            Piece::Usage { .. } | Piece::Failed(_) => Vec::new(),
+        },
+    ))
+}
+
+/// A generation's whole answer in `/completion`'s shape (only `response_fields` when given,
+/// each a path such as `generation_settings/n_predict`).
+async fn whole(
+    state: &AppState,
+    ready: &super::Ready,
+    knobs: &Knobs,
+    params: &Params,
+    mut started: generation::Started,
+    verbose: Option<String>,
+) -> Result<Value, ApiError> {
+    let settings = generation_settings(params, ready);
+    let prompt_tokens = started.prompt_tokens;
+    let model = state.model_id.to_string();
     let answer = collect(&mut started)
         .await?
         .into_iter()
@@ -159,18 +202,29 @@ async fn answer(
         "tokens_cached": summary.cache_n,
         "generation_settings": settings,
         "has_new_line": answer.text.contains('\n'),
-        "truncated": false,
+        "truncated": summary.context_full,
         "stop_type": stop_type(summary.finish),
         "stopping_word": summary.stopping_word,
         "timings": summary,
     });
-    if with_probs {
-        body["completion_probabilities"] = json!(probabilities(&tokenizer, &answer.probs));
+    if params.logprobs.is_some() {
+        body["completion_probabilities"] = json!(probabilities(&ready.tokenizer, &answer.probs));
     }
     if let Some(prompt) = verbose {
         body["__verbose"] = json!({ "prompt": prompt });
     }
-    Ok(axum::Json(body).into_response())
+    Ok(match knobs.extra.get("response_fields") {
+        Some(Value::Array(fields)) if !fields.is_empty() => fields
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|path| {
+                let found = path.split('/').try_fold(&body, |v, key| v.get(key));
+                (path.to_string(), found.cloned().unwrap_or(Value::Null))
+            })
+            .collect::<serde_json::Map<String, Value>>()
+            .into(),
+        _ => body,
+    })
 }
 
 fn stop_type(finish: Finish) -> &'static str {

@@ -321,8 +321,25 @@ pub enum PromptPiece {
     Id(u32),
 }
 
+/// The prompts of a `/completion` request, as llama.cpp reads a list: several texts, or a list
+/// holding id lists or `{"prompt_string"}` objects, is one prompt per item; a list of ids (and
+/// texts among them) is one prompt.
+pub fn prompts(value: &Value) -> Vec<&Value> {
+    match value {
+        Value::Array(items)
+            if items.len() > 1
+                && (items.iter().all(Value::is_string)
+                    || items.iter().any(|i| i.is_array() || i.is_object())) =>
+        {
+            items.iter().collect()
+        }
+        one => vec![one],
+    }
+}
+
 /// The pieces of a `prompt` field: a string; a list of ids and strings (llama.cpp); a list
-/// holding one string or one list of ids (OpenAI). Several prompts in one request are refused.
+/// holding one string or one list of ids (OpenAI); llama.cpp's `{"prompt_string": …}` (with no
+/// `multimodal_data`: the models served take text only). Several prompts are refused here.
 pub fn prompt(value: &Value, vocab: usize) -> Result<Vec<PromptPiece>, ApiError> {
     let several = || {
         ApiError::unsupported(
@@ -332,6 +349,25 @@ pub fn prompt(value: &Value, vocab: usize) -> Result<Vec<PromptPiece>, ApiError>
     };
     let pieces = match value {
         Value::String(s) => vec![PromptPiece::Text(s.clone())],
+        Value::Object(fields) => {
+            if fields
+                .get("multimodal_data")
+                .is_some_and(|m| !m.is_null() && m != &Value::Array(Vec::new()))
+            {
+                return Err(ApiError::unsupported(
+                    "multimodal_data",
+                    "the model takes text only",
+                ));
+            }
+            match fields.get("prompt_string") {
+                Some(Value::String(s)) => vec![PromptPiece::Text(s.clone())],
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "a prompt given as an object needs prompt_string (a string)",
+                    ));
+                }
+            }
+        }
         Value::Array(items) if items.iter().all(Value::is_string) => match items.as_slice() {
             [one] => return prompt(one, vocab),
             [] => Vec::new(),
@@ -375,6 +411,9 @@ pub fn prompt(value: &Value, vocab: usize) -> Result<Vec<PromptPiece>, ApiError>
     }
     Ok(pieces)
 }
+
+/// Most prompts one `/completion` request may hold (each is a generation of its own).
+pub const MAX_PROMPTS: usize = 16;
 
 /// Most stop strings per request.
 pub const MAX_STOPS: usize = 16;

@@ -220,6 +220,9 @@ pub struct Summary {
     /// The stop string that ended generation, if one did.
     #[serde(skip)]
     pub stopping_word: String,
+    /// Whether it ended because the context was full (llama.cpp's `truncated`).
+    #[serde(skip)]
+    pub context_full: bool,
     /// The generated token ids.
     #[serde(skip)]
     pub tokens: Vec<u32>,
@@ -841,6 +844,9 @@ impl Runner<'_> {
             End::Length => Finish::Length,
             End::Sink => sink.finish.unwrap_or(Finish::Stop),
         };
+        let context_full = end == End::Length
+            && history.len() >= context
+            && history.len() - prompt.len() < params.max_tokens;
         if finish != Finish::Word {
             sink.stream.finish();
             let rest = sink.text.flush();
@@ -867,6 +873,7 @@ impl Runner<'_> {
                 predicted_per_second: per_second(generated, predicted_ms),
                 cache_n,
                 stopping_word,
+                context_full,
                 tokens,
                 draft_n,
                 draft_n_accepted,
