@@ -233,6 +233,12 @@ struct ServeArgs {
     /// `--verbose` does; a request alone asks for it with `"verbose": true`.
     #[arg(long)]
     verbose: bool,
+    /// When an answer fills the context, drop the older half of it (after the request's
+    /// `n_keep` tokens) and go on, as llama-server's `--context-shift`; the answer reports
+    /// `truncated`. Off: the answer ends there (`finish_reason` length). Models with a
+    /// recurrent state (Qwen 3.5) and drafts from a draft head never shift.
+    #[arg(long)]
+    context_shift: bool,
     /// Memory the model, its context and the kept conversations must fit, in MiB (default:
     /// this process's cgroup `memory.max` or the machine's RAM; 0: not checked).
     #[arg(long)]

@@ -511,6 +511,50 @@ fn completion_prompts_fields_and_truncation() {
     );
 }
 
+/// `--context-shift`: an answer longer than the context goes on past it, the older half after
+/// the kept tokens dropped each time the context fills, and says it was truncated; whole and
+/// streamed alike (the same greedy tokens).
+#[test]
+fn a_shifted_context_lets_an_answer_run_past_it() {
+    let server = start(&["-c", "64", "--context-shift"]);
+    let asked = |extra: Value| {
+        let mut body = json!({ "prompt": "Count: 1, 2, 3,", "n_predict": 150, "temperature": 0,
+                               "ignore_eos": true });
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        body
+    };
+    let (status, long) = post(&server, "/completion", &asked(json!({})));
+    assert_eq!(status, 200, "{long}");
+    assert_eq!(
+        long["tokens_predicted"], 150,
+        "past the context of 64: {long}"
+    );
+    assert_eq!(long["truncated"], true);
+    assert_eq!(long["tokens"].as_array().map(Vec::len), Some(150));
+    let (status, raw) = request(
+        &server,
+        "POST",
+        "/completion",
+        Some(&asked(json!({ "stream": true })).to_string()),
+        None,
+    )
+    .expect("response");
+    assert_eq!(status, 200, "{raw}");
+    let text: String = events(&raw)
+        .iter()
+        .filter_map(|e| e["content"].as_str())
+        .collect();
+    assert_eq!(text, long["content"].as_str().unwrap_or_default());
+    // The whole prompt kept (`n_keep: -1`) still leaves room to shift.
+    let (status, kept) = post(&server, "/completion", &asked(json!({ "n_keep": -1 })));
+    assert_eq!(status, 200, "{kept}");
+    assert_eq!(kept["tokens_predicted"], 150);
+    let (status, bad) = post(&server, "/completion", &asked(json!({ "n_keep": -2 })));
+    assert_eq!(status, 400, "{bad}");
+}
+
 #[test]
 fn prompts_as_tokens_ignore_eos_fingerprint_and_cached_tokens() {
     let server = start(&[]);

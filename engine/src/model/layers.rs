@@ -56,6 +56,29 @@ pub(super) struct Angles {
     len: usize,
 }
 
+/// Layer `il`'s rotation.
+pub(super) fn rope_of<'a>(h: &Hparams, il: usize, rope_freqs: Option<&'a [f32]>) -> Rope<'a> {
+    let shape = &h.layers[il];
+    Rope {
+        n_rot: shape.n_rot,
+        base: shape.rope_base,
+        neox: h.arch != Arch::Llama,
+        // Gemma 4's factors make its full layers' rotation proportional; its sliding ones
+        // rotate every pair.
+        freq_factors: rope_freqs.filter(|_| !h.arch.is_gemma4() || !shape.swa),
+    }
+}
+
+impl Angles {
+    /// The opposite rotation (a rotation by −pos): the sines negated.
+    pub fn inverse(mut self) -> Angles {
+        self.pairs[..self.len]
+            .iter_mut()
+            .for_each(|(sin, _)| *sin = -*sin);
+        self
+    }
+}
+
 impl Rope<'_> {
     /// The angle of pair i at position `pos` is pos·base^(−2i/n_rot), built by repeated
     /// multiplication as ggml does.
@@ -208,14 +231,7 @@ fn attend_layer(
     let shape: &LayerShape = &h.layers[il];
     let (hd, kv_dim, q_dim) = (shape.head_dim, shape.kv_dim(), shape.q_dim());
     let window = h.sliding_window.filter(|_| shape.swa);
-    let rope = Rope {
-        n_rot: shape.n_rot,
-        base: shape.rope_base,
-        neox: h.arch != Arch::Llama,
-        // Gemma 4's factors make its full layers' rotation proportional; its sliding ones
-        // rotate every pair.
-        freq_factors: rope_freqs.filter(|_| !h.arch.is_gemma4() || !shape.swa),
-    };
+    let rope = rope_of(h, il, rope_freqs);
     let isa = exec.isa;
     // Qwen 3.5: each head's query, then its output gate; the product goes to `w.z` and is
     // dealt out to the queries and the gates.

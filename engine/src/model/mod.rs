@@ -840,6 +840,45 @@ impl<'a> Model<'a> {
         self.forward(&[token], pos, cache, Logits::Last)
     }
 
+    /// Context shift: drops positions `keep..keep + discard` from `cache` and moves the later
+    /// ones down by `discard`, their keys rotated back by as many positions (rotations
+    /// compose), as llama.cpp shifts its cache. A recurrent state cannot forget positions, so
+    /// a model with one is refused.
+    pub fn shift(&self, cache: &mut KvCache, keep: usize, discard: usize) -> Result<(), String> {
+        if cache.is_recurrent() {
+            return Err("a recurrent model's state cannot drop positions".into());
+        }
+        let held = cache.held;
+        if discard == 0 || keep.saturating_add(discard) > held {
+            return Err(format!(
+                "cannot drop {discard} positions after {keep} of the {held} held"
+            ));
+        }
+        let h = &self.hparams;
+        let isa = cache.exec.isa;
+        let mut row = Vec::new();
+        for (il, shape) in h.layers.iter().enumerate() {
+            if cache.keys[il].is_empty() {
+                continue;
+            }
+            let kv_dim = shape.kv_dim();
+            let rope = layers::rope_of(h, il, self.rope_freqs.as_deref());
+            let back = rope.angles(discard).inverse();
+            row.resize(kv_dim, 0.0);
+            for pos in keep + discard..held {
+                let (from, to) = (pos * kv_dim, (pos - discard) * kv_dim);
+                kernels::from_f16(&cache.keys[il][from..from + kv_dim], 1.0, &mut row, isa);
+                for head in row.chunks_exact_mut(shape.head_dim) {
+                    rope.apply(head, &back, isa);
+                }
+                kernels::to_f16(&row, 1.0, &mut cache.keys[il][to..to + kv_dim], isa);
+                cache.values[il].copy_within(from..from + kv_dim, to);
+            }
+        }
+        cache.held = held - discard;
+        Ok(())
+    }
+
     /// Runs `tokens` at positions `start..` (all earlier positions must be in `cache`), in
     /// passes of up to [`MAX_BATCH`] tokens, and returns the last token's logits or every
     /// token's (`vocab` each, in order). The result equals stepping token by token, bit for bit.

@@ -238,6 +238,9 @@ pub struct ServeConfig {
     pub tags: Option<String>,
     /// Whether every whole answer carries `__verbose` (`--verbose`).
     pub verbose: bool,
+    /// Whether a generation that fills the context drops half of it and goes on
+    /// (`--context-shift`).
+    pub context_shift: bool,
     /// What requests that leave a field out get (`--n-predict`, `--temp`, `--seed`).
     pub defaults: Defaults,
     /// A Jinja chat template used instead of the model's (`--chat-template-file`).
@@ -514,6 +517,7 @@ fn load(config: &ServeConfig, metrics: Arc<metrics::Metrics>) -> Result<Ready, S
             warm,
             speculation: speculation != Source::None,
             head: head.map(|(head, _)| head),
+            context_shift: config.context_shift,
         },
         metrics,
     );

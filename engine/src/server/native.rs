@@ -482,6 +482,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         draft_min: 0,
         report_progress: false,
         timings_per_token: false,
+        keep: 0,
         grammar_trigger: None,
         grammar_anchored: false,
         thinking_budget: None,

@@ -143,6 +143,9 @@ pub struct Knobs {
     /// The same two as an object: `{"speculative": {"n_max": 8}}`.
     #[serde(default)]
     pub speculative: Option<SpeculativeKnobs>,
+    /// Prompt tokens a context shift keeps (llama.cpp's `n_keep`; −1: the whole prompt).
+    #[serde(default)]
+    pub n_keep: Option<i64>,
     /// llama.cpp's prefill progress events in a stream.
     #[serde(default, deserialize_with = "null_is_false")]
     pub return_progress: bool,
@@ -632,6 +635,15 @@ impl Knobs {
             draft_min: self.draft("n_min", 0)?,
             report_progress: self.return_progress && self.stream,
             timings_per_token: self.timings_per_token,
+            keep: match self.n_keep {
+                None => 0,
+                Some(-1) => usize::MAX,
+                Some(n) => usize::try_from(n).map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "n_keep must be -1 (the whole prompt) or a count of tokens, not {n}"
+                    ))
+                })?,
+            },
             grammar_trigger: None,
             grammar_anchored: false,
             thinking_budget: None,

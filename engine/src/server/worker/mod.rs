@@ -70,6 +70,8 @@ pub struct Params {
     pub report_progress: bool,
     /// Put the timings so far on every text event (`timings_per_token`).
     pub timings_per_token: bool,
+    /// Prompt tokens a context shift keeps (`n_keep`; BOS is kept besides).
+    pub keep: usize,
 }
 
 /// A request's prompt.
@@ -391,6 +393,8 @@ pub struct Settings {
     pub speculation: bool,
     /// The model's draft head: speculation drafts from it rather than from n-grams.
     pub head: Option<Arc<DraftHead<'static>>>,
+    /// Whether a generation that fills the context drops half of it and goes on.
+    pub context_shift: bool,
 }
 
 impl Worker {
@@ -421,6 +425,7 @@ impl Worker {
             .then(|| Arc::new(Mutex::new(LearnedCosts::default())));
         let learning = learned.clone();
         let head = settings.head.clone();
+        let context_shift = settings.context_shift;
         std::thread::Builder::new()
             .name("engine-generation".into())
             .spawn(move || {
@@ -439,6 +444,7 @@ impl Worker {
                     vocab: std::sync::OnceLock::new(),
                     metrics: &metrics,
                     learned: learning.as_deref(),
+                    context_shift,
                 };
                 let mut queues = Queues {
                     jobs,
@@ -593,6 +599,8 @@ struct Runner<'a> {
     metrics: &'a Metrics,
     /// Pass costs on this machine as learned so far, when speculation is on.
     learned: Option<&'a Mutex<LearnedCosts>>,
+    /// Whether a full context is shifted (`--context-shift`).
+    context_shift: bool,
 }
 
 impl Runner<'_> {
@@ -824,16 +832,32 @@ impl Runner<'_> {
             emitted: 0,
         };
         let mut history = prompt.clone();
-        let (end, in_cache) = decode(
-            model,
-            &mut cache,
-            &mut history,
-            params.max_tokens,
-            context,
-            speculation.as_mut(),
-            self.head,
-            &mut sink,
-        )?;
+        // The generated tokens (the history may lose positions to a context shift).
+        let mut produced: Vec<u32> = Vec::new();
+        let mut shifted = false;
+        let (end, in_cache) = loop {
+            let before = history.len();
+            let (end, in_cache) = decode(
+                model,
+                &mut cache,
+                &mut history,
+                params.max_tokens - produced.len(),
+                context,
+                speculation.as_mut(),
+                self.head,
+                &mut sink,
+            )?;
+            produced.extend_from_slice(&history[before..]);
+            let full = end == End::Length && history.len() >= context;
+            if !(full && produced.len() < params.max_tokens && self.shifts(&cache)) {
+                break (end, in_cache);
+            }
+            let keep = params.keep.min(prompt.len());
+            match self.shift(&mut cache, &mut history, in_cache, keep)? {
+                true => shifted = true,
+                false => break (end, in_cache),
+            }
+        };
         if let (Some(learned), Some(s)) = (self.learned, &speculation) {
             lock(learned).learn(s);
         }
@@ -844,9 +868,10 @@ impl Runner<'_> {
             End::Length => Finish::Length,
             End::Sink => sink.finish.unwrap_or(Finish::Stop),
         };
-        let context_full = end == End::Length
-            && history.len() >= context
-            && history.len() - prompt.len() < params.max_tokens;
+        let context_full = shifted
+            || (end == End::Length
+                && history.len() >= context
+                && produced.len() < params.max_tokens);
         if finish != Finish::Word {
             sink.stream.finish();
             let rest = sink.text.flush();
@@ -857,10 +882,10 @@ impl Runner<'_> {
         let stopping_word = std::mem::take(&mut sink.stopping_word);
         let (draft_n, draft_n_accepted) = speculation.map_or((0, 0), |s| s.drafts());
         self.metrics.drafts(draft_n, draft_n_accepted);
-        let generated = history.len() - prompt.len();
+        let generated = produced.len();
         let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
         let prompt_n = prompt.len() - cache_n;
-        let tokens = history[prompt.len()..].to_vec();
+        let tokens = produced;
         history.truncate(in_cache);
         Ok((
             Summary {
@@ -883,6 +908,42 @@ impl Runner<'_> {
                 tokens: history,
             },
         ))
+    }
+}
+
+impl Runner<'_> {
+    /// Whether a full context is shifted for `cache`: `--context-shift`, and neither a
+    /// recurrent state (which cannot forget positions) nor a draft head (whose own cache
+    /// would not follow).
+    fn shifts(&self, cache: &KvCache) -> bool {
+        self.context_shift && !cache.is_recurrent() && self.head.is_none()
+    }
+
+    /// llama.cpp's context shift: the first `keep` tokens (BOS included) stay, half of the
+    /// rest go, and the tokens not yet in the cache run at their new positions, so decoding
+    /// goes on from their logits. False when there is nothing to drop.
+    fn shift(
+        &self,
+        cache: &mut KvCache,
+        history: &mut Vec<u32>,
+        in_cache: usize,
+        keep: usize,
+    ) -> Result<bool, String> {
+        // The last token's logits are needed again: it runs once more after the shift.
+        let held = cache.resume(in_cache.min(history.len() - 1));
+        let keep = keep
+            .saturating_add(usize::from(self.tokenizer.adds_bos()))
+            .min(held);
+        let discard = (held - keep) / 2;
+        if discard == 0 {
+            return Ok(false);
+        }
+        self.model.shift(cache, keep, discard)?;
+        history.drain(keep..keep + discard);
+        let pending = held - discard;
+        self.model
+            .forward(&history[pending..], pending, cache, Logits::Last)?;
+        Ok(true)
     }
 }
 
@@ -967,9 +1028,9 @@ impl Sink for Answering<'_> {
         }
     }
 
-    fn emit(&mut self, token: u32, history: &[u32]) -> Result<bool, String> {
+    fn emit(&mut self, token: u32, _history: &[u32]) -> Result<bool, String> {
         let now = Instant::now();
-        if history.len() == self.job.prompt.len() + 1 {
+        if self.emitted == 0 {
             self.metrics.first_token(now - self.job.arrived);
         } else {
             self.metrics.next_token(now - self.last_token);
