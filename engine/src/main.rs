@@ -229,8 +229,9 @@ struct ServeArgs {
     /// Tags `/v1/models` lists for the model, separated by commas (llama-server's `--tags`).
     #[arg(long)]
     tags: Option<String>,
-    /// Add `__verbose` (the prompt as rendered) to every whole answer, as llama-server's
-    /// `--verbose` does; a request alone asks for it with `"verbose": true`.
+    /// Add `__verbose` (the prompt as rendered) to whole chat, `/completion` and `/infill`
+    /// answers, as llama-server's `--verbose` does; a request alone asks for it with
+    /// `"verbose": true`.
     #[arg(long)]
     verbose: bool,
     /// When an answer fills the context, drop the older half of it (after the request's

@@ -495,6 +495,10 @@ fn completion_prompts_fields_and_truncation() {
         picked,
         json!({ "content": one["content"], "generation_settings/n_predict": 4 })
     );
+    let mut many = greedy(json!("The capital of France is"));
+    many["response_fields"] = json!(vec!["content"; 65]);
+    let (status, refused) = post(&server, "/completion", &many);
+    assert_eq!(status, 400, "{refused}");
     assert_eq!(one["truncated"], false);
     // Until the context is full: cut there, and said so.
     let (_, full) = post(
@@ -553,6 +557,11 @@ fn a_shifted_context_lets_an_answer_run_past_it() {
     assert_eq!(kept["tokens_predicted"], 150);
     let (status, bad) = post(&server, "/completion", &asked(json!({ "n_keep": -2 })));
     assert_eq!(status, 400, "{bad}");
+    // An answer without a limit of its own stops after a few contexts' worth.
+    let (status, unbounded) = post(&server, "/completion", &asked(json!({ "n_predict": -1 })));
+    assert_eq!(status, 200, "{unbounded}");
+    let n = unbounded["tokens_predicted"].as_u64().unwrap_or(0);
+    assert!((4 * 64..=5 * 64).contains(&n), "{n} tokens");
 }
 
 #[test]

@@ -91,6 +91,21 @@ fn infill_lays_out_the_gap_with_the_vocabulary_s_fim_tokens() {
         plain["tokens_evaluated"]
     );
 
+    // What llama.vim sends with every request: llama.cpp's sampler list with its FIM sampler
+    // and a time limit, taken as advice.
+    let (status, editor) = post(
+        &server,
+        "/infill",
+        &json!({
+            "input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": [], "prompt": "",
+            "n_predict": 6, "top_k": 40, "top_p": 0.99, "stream": false,
+            "samplers": ["top_k", "top_p", "infill"], "cache_prompt": true,
+            "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "temperature": 0,
+        }),
+    );
+    assert_eq!(status, 200, "{editor}");
+    assert_eq!(editor["content"], plain["content"]);
+
     // Malformed requests are refused, naming the field.
     for (bad, named) in [
         (json!({ "input_suffix": SUFFIX }), "input_prefix"),

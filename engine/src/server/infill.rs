@@ -130,8 +130,9 @@ pub fn unsupported() -> ApiError {
 /// is typed; the files fill what the context has left beside the window and room for the
 /// answer (`max_tokens`, at most a quarter of the context), keeping their end. llama.cpp's
 /// window is its batch (2048), which leaves no room for files in a context of 2048 or less;
-/// here it is half the context, at most 2048. Special-token texts in the files and the code
-/// are taken as text.
+/// here it is half the context, at most 2048. Special-token texts in the files and around the
+/// gap are taken as text, in what is typed as tokens (as llama.cpp does). BOS comes first
+/// (llama.cpp puts the files before it).
 pub fn layout(
     tokenizer: &Tokenizer,
     fim: Fim,
@@ -168,7 +169,14 @@ pub fn layout(
         files.extend(text("filename\n")?);
     }
     let window = (context / 2).min(2048);
-    let typed = text(&gap.prompt)?;
+    // What is typed may hold special tokens' texts, as llama.cpp reads it.
+    let typed = {
+        let mut ids = tokenizer.encode_within(&gap.prompt, true, budget)?;
+        if bos.is_some() && ids.first() == bos.as_ref() {
+            ids.remove(0);
+        }
+        ids
+    };
     let prefix = text(&gap.prefix)?;
     let suffix = text(&gap.suffix)?;
     let prefix_take = prefix.len().min(3 * (window / 4));
@@ -176,9 +184,13 @@ pub fn layout(
         .len()
         .min((window / 4).saturating_sub(2 + typed.len()));
     let answer_room = max_tokens.min(context / 4);
-    let files_take = files
-        .len()
-        .min(context.saturating_sub(window).saturating_sub(answer_room));
+    // BOS and the three markers take their places too.
+    let files_take = files.len().min(
+        context
+            .saturating_sub(window)
+            .saturating_sub(answer_room)
+            .saturating_sub(4),
+    );
     let mut ids: Vec<u32> = bos.into_iter().collect();
     ids.extend_from_slice(&files[files.len() - files_take..]);
     ids.push(fim.prefix);

@@ -28,7 +28,7 @@ pub async fn completion(
     let arrived = Instant::now();
     let (request, ready, params) =
         generation::checked::<CompletionRequest>(&state, &body, Dialect::Native)?;
-    answers_once(&params)?;
+    answers_once(&params, &request.knobs)?;
     let prompts = super::request::prompts(&request.prompt);
     if let [one] = prompts.as_slice() {
         let place = generation::reserve(ready, lane)?;
@@ -78,8 +78,8 @@ pub async fn infill(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let (request, ready, params) =
-        generation::checked::<InfillRequest>(&state, &body, Dialect::Native)?;
-    answers_once(&params)?;
+        generation::checked::<InfillRequest>(&state, &body, Dialect::Infill)?;
+    answers_once(&params, &request.knobs)?;
     let fim = ready.tokenizer.fim().ok_or_else(infill::unsupported)?;
     let gap = Gap::of(&request)?;
     let place = generation::reserve(ready, lane)?;
@@ -97,8 +97,38 @@ pub async fn infill(
     .await
 }
 
-/// llama.cpp's own endpoints give one answer per request.
-fn answers_once(params: &Params) -> Result<(), ApiError> {
+/// Most `response_fields` one request may name.
+const MAX_RESPONSE_FIELDS: usize = 64;
+
+/// `response_fields`, each once, checked: `None` for the whole answer.
+fn response_fields(knobs: &Knobs) -> Result<Option<Vec<String>>, ApiError> {
+    let fields = match knobs.extra.get("response_fields") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(fields)) if fields.is_empty() => return Ok(None),
+        Some(Value::Array(fields)) if fields.len() <= MAX_RESPONSE_FIELDS => fields,
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "response_fields must be a list of at most {MAX_RESPONSE_FIELDS} paths such as \
+                 \"generation_settings/n_predict\""
+            )));
+        }
+    };
+    let mut paths: Vec<String> = Vec::with_capacity(fields.len());
+    for field in fields {
+        let path = field
+            .as_str()
+            .ok_or_else(|| ApiError::bad_request("response_fields must hold strings"))?;
+        if !paths.iter().any(|p| p == path) {
+            paths.push(path.to_string());
+        }
+    }
+    Ok(Some(paths))
+}
+
+/// llama.cpp's own endpoints give one answer per request (and `response_fields` are checked
+/// before any work).
+fn answers_once(params: &Params, knobs: &Knobs) -> Result<(), ApiError> {
+    response_fields(knobs)?;
     if params.choices > 1 {
         return Err(ApiError::unsupported(
             "n",
@@ -213,17 +243,16 @@ async fn whole(
     if let Some(prompt) = verbose {
         body["__verbose"] = json!({ "prompt": prompt });
     }
-    Ok(match knobs.extra.get("response_fields") {
-        Some(Value::Array(fields)) if !fields.is_empty() => fields
-            .iter()
-            .filter_map(Value::as_str)
+    Ok(match response_fields(knobs)? {
+        Some(fields) => fields
+            .into_iter()
             .map(|path| {
                 let found = path.split('/').try_fold(&body, |v, key| v.get(key));
-                (path.to_string(), found.cloned().unwrap_or(Value::Null))
+                (path, found.cloned().unwrap_or(Value::Null))
             })
             .collect::<serde_json::Map<String, Value>>()
             .into(),
-        _ => body,
+        None => body,
     })
 }
 

@@ -419,7 +419,8 @@ fn fill_in_the_middle(
     };
     let fim = ready.tokenizer.fim().ok_or_else(|| {
         ApiError::bad_request(
-            "suffix needs a model whose vocabulary has fill-in-the-middle tokens; this one has              none (leave suffix out, or serve a code model)",
+            "suffix needs a model whose vocabulary has fill-in-the-middle tokens; this one has \
+             none (leave suffix out, or serve a code model)",
         )
     })?;
     let prefix = match &request.prompt {

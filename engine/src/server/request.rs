@@ -440,6 +440,9 @@ const MAX_BIAS: f64 = 1e6;
 /// Most `logit_bias` entries.
 pub const MAX_LOGIT_BIAS: usize = 1024;
 
+/// Most bytes of text `logit_bias` may name (each text biases the tokens it is made of).
+const MAX_LOGIT_BIAS_TEXT: usize = 16 * 1024;
+
 /// Whether a field's value asks for nothing this engine lacks.
 type Harmless = fn(&Value) -> bool;
 
@@ -610,6 +613,9 @@ pub enum Dialect {
     Completions,
     /// llama.cpp's `/completion`: `n_probs: n`.
     Native,
+    /// llama.cpp's `/infill`: as `/completion`, with code editors' sampler list and time limit
+    /// taken as advice.
+    Infill,
 }
 
 impl Knobs {
@@ -680,6 +686,12 @@ impl Knobs {
         for (field, harmless, why) in UNSUPPORTED {
             // `/v1/completions` fills the gap before a `suffix` (see `server::infill`).
             if dialect == Dialect::Completions && *field == "suffix" {
+                continue;
+            }
+            // Editors' plugins (llama.vim, llama.vscode) send llama.cpp's sampler order with
+            // its FIM sampler, and a time limit, with every request: the engine's fixed order
+            // and the token limit stand.
+            if dialect == Dialect::Infill && matches!(*field, "samplers" | "t_max_predict_ms") {
                 continue;
             }
             if let Some(value) = self.extra.get(*field)
@@ -782,7 +794,22 @@ impl Knobs {
                     ))
                 }),
         };
-        // A text biases every token it is made of, as llama.cpp does.
+        // A text biases every token it is made of, as llama.cpp does; the texts are bounded
+        // before any is tokenized.
+        let texts: usize = match &self.logit_bias {
+            Some(Value::Object(map)) => map.keys().map(String::len).sum(),
+            Some(Value::Array(entries)) => entries
+                .iter()
+                .filter_map(|e| e.get(0).and_then(Value::as_str))
+                .map(str::len)
+                .sum(),
+            _ => 0,
+        };
+        if texts > MAX_LOGIT_BIAS_TEXT {
+            return Err(ApiError::bad_request(format!(
+                "logit_bias names {texts} bytes of text; at most {MAX_LOGIT_BIAS_TEXT} are taken"
+            )));
+        }
         let text_tokens = |text: &str| -> Vec<u32> {
             tokenizer
                 .encode(text, false)

@@ -849,7 +849,10 @@ impl Runner<'_> {
             )?;
             produced.extend_from_slice(&history[before..]);
             let full = end == End::Length && history.len() >= context;
-            if !(full && produced.len() < params.max_tokens && self.shifts(&cache)) {
+            // An answer with no limit of its own stops after a few contexts' worth: shifting
+            // would let it hold the generation thread for ever.
+            let bound = params.max_tokens.min(SHIFTED_ANSWER_CONTEXTS * context);
+            if !(full && produced.len() < bound && self.shifts(&cache)) {
                 break (end, in_cache);
             }
             let keep = params.keep.min(prompt.len());
@@ -886,7 +889,14 @@ impl Runner<'_> {
         let predicted_ms = generating.elapsed().as_secs_f64() * 1e3;
         let prompt_n = prompt.len() - cache_n;
         let tokens = produced;
-        history.truncate(in_cache);
+        // After a shift the kept positions were computed beside the dropped ones: only the
+        // kept head is a prefix a later request may reuse.
+        let reusable = if shifted {
+            params.keep.min(prompt.len())
+        } else {
+            in_cache
+        };
+        history.truncate(reusable.min(in_cache));
         Ok((
             Summary {
                 finish,
@@ -910,6 +920,10 @@ impl Runner<'_> {
         ))
     }
 }
+
+/// The most contexts' worth of tokens an answer without a limit of its own generates when the
+/// context shifts.
+const SHIFTED_ANSWER_CONTEXTS: usize = 4;
 
 impl Runner<'_> {
     /// Whether a full context is shifted for `cache`: `--context-shift`, and neither a
