@@ -91,11 +91,19 @@ impl Sampler {
 
     /// The next token given the logits and the tokens so far.
     pub fn next(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let candidates = self.candidates(logits, history);
+        self.draw(&candidates)
+    }
+
+    /// What the draw chooses among, after the whole chain: the tokens the filters keep, most
+    /// likely first, each with its probability at the temperature (llama.cpp's
+    /// post-sampling probabilities). Greedy leaves the most likely token alone, certain.
+    pub fn candidates(&self, logits: &[f32], history: &[u32]) -> Vec<(u32, f64)> {
         let penalised = self.penalised(logits, history);
         let logits = penalised.as_deref().unwrap_or(logits);
         let s = &self.settings;
         if s.temperature <= 0.0 {
-            return argmax(logits);
+            return vec![(argmax(logits), 1.0)];
         }
         // Candidates, most likely first (ties by id: a total order, so selecting the top k
         // before sorting gives the same list as sorting everything, for a fraction of the cost
@@ -136,14 +144,26 @@ impl Sampler {
             cands.truncate(kept);
         }
         let p = probs(&cands, s.temperature);
-        let mut r = self.uniform();
-        for (c, q) in cands.iter().zip(&p) {
-            if r < *q {
-                return c.0;
+        cands.iter().map(|c| c.0).zip(p).collect()
+    }
+
+    /// A seeded draw among `candidates` (as [`Sampler::candidates`] gives them); a certain
+    /// one takes no draw, so greedy leaves the random state as it was.
+    pub fn draw(&mut self, candidates: &[(u32, f64)]) -> u32 {
+        match candidates {
+            [] => 0,
+            [(only, _)] if self.settings.temperature <= 0.0 => *only,
+            _ => {
+                let mut r = self.uniform();
+                for &(id, q) in candidates {
+                    if r < q {
+                        return id;
+                    }
+                    r -= q;
+                }
+                candidates.last().map_or(0, |c| c.0)
             }
-            r -= q;
         }
-        cands.last().map_or_else(|| argmax(logits), |c| c.0)
     }
 }
 
@@ -233,6 +253,35 @@ mod tests {
         let drawn: std::collections::BTreeSet<u32> =
             (0..500).map(|_| s.next(&logits, &[])).collect();
         assert_eq!(drawn, best);
+    }
+
+    #[test]
+    fn candidates_are_what_the_filters_keep_with_their_probabilities_at_the_temperature() {
+        let logits = [0.0f32, 2.0, 1.0, 3.0, -1.0];
+        let s = Sampler::new(Sampling {
+            top_k: 3,
+            top_p: 1.0,
+            min_p: 0.0,
+            temperature: 2.0,
+            ..Sampling::default()
+        });
+        let c = s.candidates(&logits, &[]);
+        assert_eq!(c.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 1, 2]);
+        let z: f64 = [3.0f64, 2.0, 1.0].iter().map(|l| (l / 2.0).exp()).sum();
+        for (&(_, p), l) in c.iter().zip([3.0f64, 2.0, 1.0]) {
+            assert!((p - (l / 2.0).exp() / z).abs() < 1e-12);
+        }
+        // min_p drops what is far below the best; greedy leaves the best alone, certain.
+        let s = Sampler::new(Sampling {
+            top_k: 0,
+            min_p: 0.3,
+            top_p: 1.0,
+            temperature: 1.0,
+            ..Sampling::default()
+        });
+        assert_eq!(s.candidates(&logits, &[]).len(), 2);
+        let s = Sampler::new(greedy());
+        assert_eq!(s.candidates(&logits, &[]), vec![(3, 1.0)]);
     }
 
     #[test]

@@ -238,6 +238,84 @@ fn n_logprobs_and_logit_bias() {
     assert_eq!(forced["choices"][0]["text"], " banana", "{forced}");
 }
 
+#[test]
+fn probabilities_after_sampling_are_those_the_draw_chose_among() {
+    let server = start(&[]);
+    let ask = |extra: Value| {
+        let mut body = json!({
+            "prompt": "The capital of France is", "n_predict": 4, "n_probs": 10,
+            "temperature": 1.0, "top_k": 3, "top_p": 1.0, "min_p": 0.0, "seed": 5,
+        });
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let (status, answer) = post(&server, "/completion", &body);
+        assert_eq!(status, 200, "{answer}");
+        answer["completion_probabilities"]
+            .as_array()
+            .unwrap_or_else(|| panic!("probabilities: {answer}"))
+            .clone()
+    };
+    let model = ask(json!({}));
+    let sampled = ask(json!({ "post_sampling_probs": true }));
+    assert_eq!(model.len(), 4);
+    assert_eq!(sampled.len(), 4);
+    let number = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    for (m, s) in model.iter().zip(&sampled) {
+        // Reporting changes nothing of the draw: the same seed gives the same tokens.
+        assert_eq!(m["id"], s["id"], "{m} {s}");
+        assert!(
+            s.get("logprob").is_none() && s.get("top_logprobs").is_none(),
+            "{s}"
+        );
+        let top = s["top_probs"].as_array().expect("top_probs");
+        // top_k = 3: the draw was among three tokens, and they are all there is.
+        assert_eq!(top.len(), 3, "{s}");
+        let total: f64 = top.iter().map(|t| number(&t["prob"])).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{s}");
+        let chosen = top
+            .iter()
+            .find(|t| t["id"] == s["id"])
+            .unwrap_or_else(|| panic!("the chosen token is a candidate: {s}"));
+        assert_eq!(chosen["prob"], s["prob"]);
+        assert!(number(&s["prob"]) > 0.0 && number(&s["prob"]) <= 1.0, "{s}");
+        // Three candidates share what the whole vocabulary had: each is more likely than the
+        // model alone said.
+        let model_top = m["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(model_top.len(), 10);
+        assert_eq!(model_top[0]["id"], top[0]["id"]);
+        assert!(
+            number(&top[0]["prob"]) > number(&model_top[0]["logprob"]).exp(),
+            "{m} {s}"
+        );
+    }
+
+    // Greedy draws nothing: the chosen token was certain.
+    let greedy = ask(json!({ "post_sampling_probs": true, "temperature": 0 }));
+    for s in &greedy {
+        assert_eq!(s["prob"], json!(1.0), "{s}");
+        assert_eq!(s["top_probs"].as_array().map(Vec::len), Some(1), "{s}");
+    }
+
+    // The chat dialect names them as llama.cpp does.
+    let (status, chat_answer) = post(
+        &server,
+        "/v1/chat/completions",
+        &chat(
+            "Name a fruit.",
+            json!({ "max_tokens": 3, "logprobs": true, "top_logprobs": 2, "top_k": 2,
+                    "top_p": 1.0, "min_p": 0.0, "temperature": 1.0,
+                    "post_sampling_probs": true }),
+        ),
+    );
+    assert_eq!(status, 200, "{chat_answer}");
+    let first = &chat_answer["choices"][0]["logprobs"]["content"][0];
+    let top = first["top_probs"].as_array().expect("top_probs");
+    assert_eq!(top.len(), 2, "{first}");
+    let total: f64 = top.iter().map(|t| number(&t["prob"])).sum();
+    assert!((total - 1.0).abs() < 1e-9, "{first}");
+}
+
 fn schema() -> Value {
     json!({
         "type": "object",

@@ -59,6 +59,13 @@ fn a_thinking_budget_closes_the_block_and_the_answer_follows() {
     let reasoning = m["reasoning_content"].as_str().expect("reasoning");
     let content = m["content"].as_str().expect("content");
     assert!(!reasoning.is_empty() && !content.is_empty(), "{answer}");
+    // The three tokens of the budget and the closer were spent thinking; the answer was not.
+    let usage = &answer["usage"];
+    let thought = usage["completion_tokens_details"]["reasoning_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    let generated = usage["completion_tokens"].as_u64().unwrap_or(0);
+    assert!(thought > 3 && thought < generated, "{usage}");
     // (SmolLM2 may imitate the closer later in its answer: that is its text.)
     assert!(
         !reasoning.contains("think>") && !content.starts_with("</think>"),
@@ -115,11 +122,37 @@ fn without_a_budget_an_unclosed_block_is_all_reasoning_and_off_is_the_default() 
         "{answer}"
     );
     assert_eq!(m["content"], "", "{answer}");
+    // Every token was spent thinking, and the Responses API counts them alike.
+    assert_eq!(
+        answer["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        answer["usage"]["completion_tokens"],
+        "{answer}"
+    );
+    let (status, response) = post(
+        &thinking,
+        "/v1/responses",
+        &json!({ "input": "What is 2+2?", "max_output_tokens": 12, "temperature": 0 }),
+    );
+    assert_eq!(status, 200, "{response}");
+    let usage = &response["usage"];
+    assert!(
+        usage["output_tokens"].as_u64().unwrap_or(0) > 0,
+        "{response}"
+    );
+    assert_eq!(
+        usage["output_tokens_details"]["reasoning_tokens"], usage["output_tokens"],
+        "{response}"
+    );
     drop(thinking);
     let (_dir, default) = qwen35_server(&[]);
     let (_, answer) = post(&default, "/v1/chat/completions", &body);
     assert!(
         message(&answer).get("reasoning_content").is_none(),
+        "{answer}"
+    );
+    assert_eq!(
+        answer["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        json!(0),
         "{answer}"
     );
     let mut asked = body.clone();

@@ -166,20 +166,23 @@ pub fn failed(failure: worker::Failure) -> ApiError {
 pub const SHUTTING_DOWN: &str =
     "the engine is shutting down; the answer was cut off (retry shortly)";
 
-/// OpenAI's `usage`: the prompt once, the tokens of every choice, and how much of the prompt
-/// came from the prefix cache.
+/// OpenAI's `usage`: the prompt once, the tokens of every choice (those spent thinking among
+/// them), and how much of the prompt came from the prefix cache.
 pub fn usage<'a>(prompt_tokens: usize, summaries: impl IntoIterator<Item = &'a Summary>) -> Value {
     let mut completion = 0;
+    let mut reasoning = 0;
     let mut cached = None;
     for s in summaries {
-        completion += s.predicted_n;
-        cached.get_or_insert(s.cache_n);
+        completion += s.timings.predicted_n;
+        reasoning += s.reasoning_n;
+        cached.get_or_insert(s.timings.cache_n);
     }
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": { "cached_tokens": cached.unwrap_or(0) },
+        "completion_tokens_details": { "reasoning_tokens": reasoning },
     })
 }
 

@@ -97,11 +97,11 @@ impl Metrics {
     /// A choice finished; the prefix cache now holds `cache_bytes` in `caches` caches.
     pub fn finished(&self, summary: &Summary, cache_bytes: usize, caches: usize) {
         let add = |counter: &AtomicU64, n: u64| counter.fetch_add(n, Ordering::Relaxed);
-        add(&self.prompt_tokens, summary.prompt_n as u64);
-        add(&self.prompt_micros, micros(summary.prompt_ms));
-        add(&self.predicted_tokens, summary.predicted_n as u64);
-        add(&self.predicted_micros, micros(summary.predicted_ms));
-        add(&self.cached_tokens, summary.cache_n as u64);
+        add(&self.prompt_tokens, summary.timings.prompt_n as u64);
+        add(&self.prompt_micros, micros(summary.timings.prompt_ms));
+        add(&self.predicted_tokens, summary.timings.predicted_n as u64);
+        add(&self.predicted_micros, micros(summary.timings.predicted_ms));
+        add(&self.cached_tokens, summary.timings.cache_n as u64);
         add(&self.requests_finished, 1);
         self.prefix_cache_bytes
             .store(cache_bytes as u64, Ordering::Relaxed);

@@ -186,8 +186,8 @@ async fn answer(
                 "stopping_word": summary.stopping_word,
                 "tokens": summary.tokens,
                 "tokens_evaluated": prompt_tokens,
-                "tokens_predicted": summary.predicted_n,
-                "tokens_cached": summary.cache_n,
+                "tokens_predicted": summary.timings.predicted_n,
+                "tokens_cached": summary.timings.cache_n,
                 "truncated": summary.context_full,
                 "model": model,
                 "generation_settings": settings,
@@ -227,9 +227,9 @@ async fn whole(
         "id_slot": 0,
         "stop": true,
         "model": model,
-        "tokens_predicted": summary.predicted_n,
+        "tokens_predicted": summary.timings.predicted_n,
         "tokens_evaluated": prompt_tokens,
-        "tokens_cached": summary.cache_n,
+        "tokens_cached": summary.timings.cache_n,
         "generation_settings": settings,
         "has_new_line": answer.text.contains('\n'),
         "truncated": summary.context_full,
@@ -295,6 +295,7 @@ fn generation_settings(params: &Params, ready: &super::Ready) -> Value {
         "ignore_eos": params.ignore_eos,
         "cache_prompt": params.reuse_prompt,
         "n_probs": params.logprobs.unwrap_or(0),
+        "post_sampling_probs": params.post_sampling_probs,
         "logit_bias": logit_bias,
         "grammar": params.grammar.is_some(),
         "speculative.n_max": params.draft_max,
@@ -303,19 +304,23 @@ fn generation_settings(params: &Params, ready: &super::Ready) -> Value {
     })
 }
 
-/// llama.cpp's `completion_probabilities`.
+/// llama.cpp's `completion_probabilities`: log-probabilities, or after sampling probabilities
+/// (`prob`, `top_probs`), as llama.cpp names them.
 fn probabilities(tokenizer: &Tokenizer, probs: &[TokenProbs]) -> Vec<Value> {
-    let entry = |id: u32, logprob: f32| {
-        let bytes = tokenizer.token_bytes(id);
-        json!({
-            "id": id, "token": String::from_utf8_lossy(&bytes), "bytes": bytes, "logprob": logprob,
-        })
-    };
     probs
         .iter()
         .map(|p| {
+            let (value, top) = p.names();
+            let entry = |id: u32, logprob: f64| {
+                let bytes = tokenizer.token_bytes(id);
+                let mut e = json!({
+                    "id": id, "token": String::from_utf8_lossy(&bytes), "bytes": bytes,
+                });
+                e[value] = json!(p.shown(logprob));
+                e
+            };
             let mut e = entry(p.id, p.logprob);
-            e["top_logprobs"] = p.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+            e[top] = p.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
             e
         })
         .collect()
@@ -505,6 +510,7 @@ pub async fn props(State(state): State<AppState>) -> Result<Response, ApiError> 
         reuse_prompt: true,
         choices: 1,
         logprobs: None,
+        post_sampling_probs: false,
         logit_bias: Vec::new(),
         grammar: None,
         draft_max: crate::speculate::MAX_DRAFT,

@@ -361,21 +361,22 @@ fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
-/// The chat dialect's `logprobs.content`.
+/// The chat dialect's `logprobs.content` (with `post_sampling_probs`, llama.cpp's `prob` and
+/// `top_probs` in place of `logprob` and `top_logprobs`).
 pub fn chat_logprobs(tokenizer: &Tokenizer, probs: &[TokenProbs]) -> Vec<Value> {
     probs
         .iter()
         .map(|p| {
-            let (token, bytes) = token_text(tokenizer, p.id);
-            let top: Vec<Value> = p
-                .top
-                .iter()
-                .map(|&(id, logprob)| {
-                    let (token, bytes) = token_text(tokenizer, id);
-                    json!({ "token": token, "logprob": logprob, "bytes": bytes })
-                })
-                .collect();
-            json!({ "token": token, "logprob": p.logprob, "bytes": bytes, "top_logprobs": top })
+            let (value, top_name) = p.names();
+            let entry = |id: u32, logprob: f64| {
+                let (token, bytes) = token_text(tokenizer, id);
+                let mut e = json!({ "token": token, "bytes": bytes });
+                e[value] = json!(p.shown(logprob));
+                e
+            };
+            let mut e = entry(p.id, p.logprob);
+            e[top_name] = p.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+            e
         })
         .collect()
 }

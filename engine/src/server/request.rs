@@ -121,6 +121,10 @@ pub struct Knobs {
     /// llama.cpp's alternatives per token.
     #[serde(default)]
     pub n_probs: Option<i64>,
+    /// Report the probabilities the sampler drew from (after its filters and temperature)
+    /// instead of the model's (llama.cpp's `post_sampling_probs`).
+    #[serde(default)]
+    pub post_sampling_probs: bool,
     /// Added to logits: `{"id or text": bias}` (OpenAI's, with llama.cpp's texts) or
     /// `[[id or text, bias or false], …]` (llama.cpp's).
     #[serde(default)]
@@ -511,11 +515,6 @@ const UNSUPPORTED: &[(&str, Harmless, &str)] = &[
         is_null,
         "the sampler order is fixed: penalties, top-k, top-p, min-p, temperature",
     ),
-    (
-        "post_sampling_probs",
-        falsy,
-        "probabilities are reported before sampling only",
-    ),
     ("image_data", empty_list, "the model takes text only"),
     ("multimodal_data", empty_list, "the model takes text only"),
     ("lora", empty_list, "LoRA adapters are not implemented"),
@@ -635,6 +634,7 @@ impl Knobs {
             reuse_prompt: self.cache_prompt.unwrap_or(true),
             choices: self.choices()?,
             logprobs: self.logprobs(dialect)?,
+            post_sampling_probs: self.post_sampling_probs,
             logit_bias: self.logit_bias(tokenizer)?,
             grammar: self.grammar()?,
             draft_max: self.draft("n_max", crate::speculate::MAX_DRAFT)?,

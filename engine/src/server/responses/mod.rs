@@ -98,7 +98,9 @@ fn response_usage(prompt_tokens: usize, summary: &Summary) -> Value {
         "input_tokens": u["prompt_tokens"],
         "input_tokens_details": { "cached_tokens": u["prompt_tokens_details"]["cached_tokens"] },
         "output_tokens": u["completion_tokens"],
-        "output_tokens_details": { "reasoning_tokens": 0 },
+        "output_tokens_details": {
+            "reasoning_tokens": u["completion_tokens_details"]["reasoning_tokens"],
+        },
         "total_tokens": u["total_tokens"],
     })
 }

@@ -11,16 +11,40 @@ use crate::reasoning::{Budget, Part, Thinking, ThoughtSplitter};
 use crate::sampler::Sampler;
 use crate::tokenizer::Tokenizer;
 
-/// A token's log-probability and its most likely alternatives (the model's distribution,
-/// before bias, penalties or sampling).
+/// A token's log-probability and its most likely alternatives: in the model's distribution
+/// (before bias, penalties or sampling), or in the one the sampler drew from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenProbs {
     /// The chosen token.
     pub id: u32,
     /// Its natural-log probability.
-    pub logprob: f32,
+    pub logprob: f64,
     /// The most likely tokens and their log-probabilities, most likely first.
-    pub top: Vec<(u32, f32)>,
+    pub top: Vec<(u32, f64)>,
+    /// Whether the distribution is the sampler's, after its filters and temperature
+    /// (llama.cpp's `post_sampling_probs`, shown as probabilities).
+    pub after_sampling: bool,
+}
+
+impl TokenProbs {
+    /// The names of a token's value and of its alternatives' list, as llama.cpp reports them:
+    /// probabilities after sampling, log-probabilities before.
+    pub fn names(&self) -> (&'static str, &'static str) {
+        if self.after_sampling {
+            ("prob", "top_probs")
+        } else {
+            ("logprob", "top_logprobs")
+        }
+    }
+
+    /// One of its log-probabilities as reported: a probability after sampling.
+    pub fn shown(&self, logprob: f64) -> f64 {
+        if self.after_sampling {
+            logprob.exp()
+        } else {
+            logprob
+        }
+    }
 }
 
 /// The vocabulary as a grammar sees it: text tokens by their bytes; control and end tokens
@@ -211,6 +235,8 @@ pub struct Chooser<'a> {
     pub ignore_eos: bool,
     /// Alternatives to report per token (`None`: no probabilities).
     pub logprobs: Option<usize>,
+    /// Report them from the distribution the sampler drew from, not the model's.
+    pub post_sampling: bool,
 }
 
 impl Chooser<'_> {
@@ -229,7 +255,14 @@ impl Chooser<'_> {
                 self.grammar = triggered.ok();
                 self.waiting = None;
             }
-            let probs = self.logprobs.map(|n| probabilities(logits, token, n));
+            // Written, not drawn: to the sampler it was certain.
+            let probs = self.logprobs.map(|n| {
+                if self.post_sampling {
+                    sampled_probabilities(&[(token, 1.0)], token, n)
+                } else {
+                    probabilities(logits, token, n)
+                }
+            });
             return Ok(Choice::Token(token, probs));
         }
         if let Some(m) = &self.grammar
@@ -262,7 +295,8 @@ impl Chooser<'_> {
                 }
             }
         }
-        let mut token = self.sampler.next(&adjusted, history);
+        let mut candidates = self.sampler.candidates(&adjusted, history);
+        let mut token = self.sampler.draw(&candidates);
         if let Some(m) = &self.grammar
             && !self.fits(m, token)
         {
@@ -273,7 +307,8 @@ impl Chooser<'_> {
                         .into(),
                 ));
             };
-            token = self.sampler.next(&masked, history);
+            candidates = self.sampler.candidates(&masked, history);
+            token = self.sampler.draw(&candidates);
         }
         if !self.end_ids.contains(&token)
             && let Some(m) = &mut self.grammar
@@ -294,7 +329,13 @@ impl Chooser<'_> {
             self.grammar = triggered.ok();
             self.waiting = None;
         }
-        let probs = self.logprobs.map(|n| probabilities(logits, token, n));
+        let probs = self.logprobs.map(|n| {
+            if self.post_sampling {
+                sampled_probabilities(&candidates, token, n)
+            } else {
+                probabilities(logits, token, n)
+            }
+        });
         Ok(Choice::Token(token, probs))
     }
 
@@ -349,7 +390,7 @@ pub fn probabilities(logits: &[f32], chosen: u32, n: usize) -> TokenProbs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
     let norm = f64::from(max) + sum.ln();
-    let logprob = |l: f32| (f64::from(l) - norm) as f32;
+    let logprob = |l: f32| f64::from(l) - norm;
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
     if n > 0 {
         for (id, &l) in logits.iter().enumerate() {
@@ -365,8 +406,29 @@ pub fn probabilities(logits: &[f32], chosen: u32, n: usize) -> TokenProbs {
         id: chosen,
         logprob: logits
             .get(chosen as usize)
-            .map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+            .map_or(f64::NEG_INFINITY, |&l| logprob(l)),
         top: top.into_iter().map(|(id, l)| (id, logprob(l))).collect(),
+        after_sampling: false,
+    }
+}
+
+/// The chosen token's log-probability among the `candidates` the sampler drew from (as
+/// [`crate::sampler::Sampler::candidates`] gives them, most likely first), and the first `n`
+/// of them; a candidate of probability 0 is no alternative (llama.cpp leaves those out too).
+pub fn sampled_probabilities(candidates: &[(u32, f64)], chosen: u32, n: usize) -> TokenProbs {
+    TokenProbs {
+        id: chosen,
+        logprob: candidates
+            .iter()
+            .find(|c| c.0 == chosen)
+            .map_or(f64::NEG_INFINITY, |c| c.1.ln()),
+        top: candidates
+            .iter()
+            .take(n)
+            .take_while(|c| c.1 > 0.0)
+            .map(|&(id, p)| (id, p.ln()))
+            .collect(),
+        after_sampling: true,
     }
 }
 
@@ -375,11 +437,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn probabilities_after_sampling_come_from_the_candidates_and_skip_impossible_ones() {
+        let candidates = [(7, 0.75), (2, 0.25), (5, 0.0)];
+        let p = sampled_probabilities(&candidates, 2, 10);
+        assert!(p.after_sampling);
+        assert_eq!(p.names(), ("prob", "top_probs"));
+        assert!((p.shown(p.logprob) - 0.25).abs() < 1e-15);
+        assert_eq!(p.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![7, 2]);
+        assert_eq!(sampled_probabilities(&candidates, 7, 1).top.len(), 1);
+    }
+
+    #[test]
     fn probabilities_are_the_log_softmax_and_the_top_is_sorted() {
         let logits = [1.0f32, 3.0, 2.0, 3.0];
         let p = probabilities(&logits, 2, 3);
         let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
-        assert!((f64::from(p.logprob) - (2.0 - z.ln())).abs() < 1e-5);
+        assert!((p.logprob - (2.0 - z.ln())).abs() < 1e-5);
         assert_eq!(
             p.top.iter().map(|t| t.0).collect::<Vec<_>>(),
             vec![1, 3, 2],
@@ -388,7 +461,7 @@ mod tests {
         let total: f64 = logits
             .iter()
             .enumerate()
-            .map(|(i, _)| f64::from(probabilities(&logits, i as u32, 0).logprob).exp())
+            .map(|(i, _)| probabilities(&logits, i as u32, 0).logprob.exp())
             .sum();
         assert!((total - 1.0).abs() < 1e-5);
     }

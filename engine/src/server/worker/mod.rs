@@ -22,6 +22,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::metrics::Metrics;
 use crate::grammar::{Grammar, Matcher};
 use crate::model::{DraftHead, KvCache, Logits, Model};
+use crate::reasoning::ThoughtSplitter;
 use crate::sampler::{Sampler, Sampling};
 use crate::speculate::{End, LearnedCosts, Sink, Speculation, decode};
 use crate::tokenizer::{TextStream, Tokenizer};
@@ -48,6 +49,8 @@ pub struct Params {
     pub choices: usize,
     /// Alternatives to report per token (`None`: no probabilities).
     pub logprobs: Option<usize>,
+    /// Report the sampler's probabilities, after its chain, instead of the model's.
+    pub post_sampling_probs: bool,
     /// Added to logits before sampling.
     pub logit_bias: Vec<(u32, f32)>,
     /// The grammar the output follows.
@@ -199,26 +202,15 @@ impl Finish {
     }
 }
 
-/// llama.cpp's `timings` object, plus the finish reason.
+/// How a generation ended: llama.cpp's `timings` object, plus the finish reason.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     /// Why it ended.
     #[serde(skip)]
     pub finish: Finish,
-    /// Prompt tokens evaluated (not taken from the prefix cache).
-    pub prompt_n: usize,
-    /// Milliseconds spent on them.
-    pub prompt_ms: f64,
-    /// Their rate.
-    pub prompt_per_second: f64,
-    /// Tokens generated.
-    pub predicted_n: usize,
-    /// Milliseconds spent generating.
-    pub predicted_ms: f64,
-    /// Their rate.
-    pub predicted_per_second: f64,
-    /// Prompt tokens reused from the prefix cache.
-    pub cache_n: usize,
+    /// Its timings, serialized flat as llama.cpp's `timings` object.
+    #[serde(flatten)]
+    pub timings: Timings,
     /// The stop string that ended generation, if one did.
     #[serde(skip)]
     pub stopping_word: String,
@@ -232,9 +224,12 @@ pub struct Summary {
     pub draft_n: usize,
     /// Drafted tokens accepted.
     pub draft_n_accepted: usize,
+    /// Tokens generated inside the answer's thinking block (OpenAI's `reasoning_tokens`).
+    #[serde(skip)]
+    pub reasoning_n: usize,
 }
 
-/// llama.cpp's `timings` while a generation runs (`timings_per_token`).
+/// llama.cpp's `timings`: at the end of a generation, or while it runs (`timings_per_token`).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Timings {
     /// Prompt tokens evaluated (not taken from the prefix cache).
@@ -243,14 +238,34 @@ pub struct Timings {
     pub prompt_ms: f64,
     /// Their rate.
     pub prompt_per_second: f64,
-    /// Tokens generated so far.
+    /// Tokens generated (so far).
     pub predicted_n: usize,
-    /// Milliseconds spent generating so far.
+    /// Milliseconds spent generating (so far).
     pub predicted_ms: f64,
     /// Their rate.
     pub predicted_per_second: f64,
     /// Prompt tokens reused from the prefix cache.
     pub cache_n: usize,
+}
+
+impl Timings {
+    /// The timings of `prompt_n` tokens evaluated in `prompt_ms` beside `cache_n` reused, and
+    /// `predicted_n` generated in `predicted_ms`; the rates follow.
+    fn new(
+        (prompt_n, prompt_ms, cache_n): (usize, f64, usize),
+        predicted_n: usize,
+        predicted_ms: f64,
+    ) -> Timings {
+        Timings {
+            prompt_n,
+            prompt_ms,
+            prompt_per_second: per_second(prompt_n, prompt_ms),
+            predicted_n,
+            predicted_ms,
+            predicted_per_second: per_second(predicted_n, predicted_ms),
+            cache_n,
+        }
+    }
 }
 
 /// llama.cpp's `prompt_progress`.
@@ -287,11 +302,12 @@ impl Speeds {
     pub const MIN_TOKENS: usize = 16;
 
     fn record(&mut self, summary: &Summary) {
-        if summary.prompt_n >= Self::MIN_TOKENS {
-            self.prefill_tokens_per_second = Some(summary.prompt_per_second);
+        let t = &summary.timings;
+        if t.prompt_n >= Self::MIN_TOKENS {
+            self.prefill_tokens_per_second = Some(t.prompt_per_second);
         }
-        if summary.predicted_n >= Self::MIN_TOKENS {
-            self.decode_tokens_per_second = Some(summary.predicted_per_second);
+        if t.predicted_n >= Self::MIN_TOKENS {
+            self.decode_tokens_per_second = Some(t.predicted_per_second);
         }
     }
 }
@@ -802,6 +818,7 @@ impl Runner<'_> {
             end_ids,
             ignore_eos: params.ignore_eos,
             logprobs: params.logprobs,
+            post_sampling: params.post_sampling_probs,
         };
         let mut speculation = match (self.learned, params.draft_max) {
             (Some(learned), n_max) if n_max > 0 => {
@@ -830,6 +847,10 @@ impl Runner<'_> {
             prefill: (prompt.len() - cache_n, prompt_ms, cache_n),
             generating,
             emitted: 0,
+            thought: params
+                .thinking_block
+                .map(|(thinking, open)| ThoughtSplitter::new(thinking, open)),
+            reasoning_n: 0,
         };
         let mut history = prompt.clone();
         // The generated tokens (the history may lose positions to a context shift).
@@ -900,18 +921,13 @@ impl Runner<'_> {
         Ok((
             Summary {
                 finish,
-                prompt_n,
-                prompt_ms,
-                prompt_per_second: per_second(prompt_n, prompt_ms),
-                predicted_n: generated,
-                predicted_ms,
-                predicted_per_second: per_second(generated, predicted_ms),
-                cache_n,
+                timings: Timings::new((prompt_n, prompt_ms, cache_n), generated, predicted_ms),
                 stopping_word,
                 context_full,
                 tokens,
                 draft_n,
                 draft_n_accepted,
+                reasoning_n: sink.reasoning_n,
             },
             Cached {
                 cache,
@@ -990,6 +1006,10 @@ struct Answering<'a> {
     generating: Instant,
     /// Tokens generated so far.
     emitted: usize,
+    /// Where the answer stands in its thinking block, when it may have one.
+    thought: Option<ThoughtSplitter>,
+    /// Tokens generated inside the thinking block, its tags included.
+    reasoning_n: usize,
 }
 
 impl Answering<'_> {
@@ -997,17 +1017,8 @@ impl Answering<'_> {
         let probs = std::mem::take(&mut self.probs);
         let tokens = std::mem::take(&mut self.tokens);
         let timings = self.job.params.timings_per_token.then(|| {
-            let (prompt_n, prompt_ms, cache_n) = self.prefill;
             let predicted_ms = self.generating.elapsed().as_secs_f64() * 1e3;
-            Timings {
-                prompt_n,
-                prompt_ms,
-                prompt_per_second: per_second(prompt_n, prompt_ms),
-                predicted_n: self.emitted,
-                predicted_ms,
-                predicted_per_second: per_second(self.emitted, predicted_ms),
-                cache_n,
-            }
+            Timings::new(self.prefill, self.emitted, predicted_ms)
         });
         let _ = self.job.events.send(Event::Text {
             choice: self.choice,
@@ -1054,6 +1065,13 @@ impl Sink for Answering<'_> {
         self.tokens.push(token);
         self.emitted += 1;
         let piece = self.stream.push(&self.tokenizer.token_bytes(token));
+        if let Some(thought) = &mut self.thought {
+            let before = thought.thinking();
+            thought.push(&piece);
+            if before || thought.thinking() {
+                self.reasoning_n += 1;
+            }
+        }
         let (ready, stopped) = self.text.push(&piece);
         if !ready.is_empty() {
             self.send(ready);
