@@ -815,6 +815,26 @@ fn server_defaults_and_assistant_prefill() {
         &json!({ "messages": [{ "role": "user", "content": "Hi" }] }),
     );
     assert_eq!(applied["prompt"], "user: Hi\nassistant:");
+    // Without the cue the prompt ends after the last turn, and the answer goes on from there.
+    let hi = json!([{ "role": "user", "content": "Hi" }]);
+    let (_, bare) = post(
+        &server,
+        "/apply-template",
+        &json!({ "messages": hi, "add_generation_prompt": false }),
+    );
+    assert_eq!(bare["prompt"], "user: Hi\n");
+    let (status, went_on) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({ "messages": hi, "add_generation_prompt": false }),
+    );
+    let (_, reference) = post(&server, "/completion", &json!({ "prompt": "user: Hi\n" }));
+    assert_eq!(status, 200, "{went_on}");
+    assert_eq!(
+        content(&went_on, 0),
+        reference["content"].as_str().unwrap_or("?"),
+        "{went_on}"
+    );
     let (_, a) = post(
         &server,
         "/v1/chat/completions",
@@ -860,6 +880,37 @@ fn server_defaults_and_assistant_prefill() {
         reference["content"].as_str().unwrap_or("?"),
         "{continued}"
     );
+    // Asked for by name (llama.cpp's and vLLM's fields), the same; asked with the cue on, or
+    // of a message that is not the assistant's, a 400 that says why.
+    let messages = json!([question, { "role": "assistant", "content": begun }]);
+    let (status, asked) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({ "messages": messages, "max_tokens": 6, "temperature": 0,
+                 "continue_final_message": true, "add_generation_prompt": false }),
+    );
+    assert_eq!(status, 200, "{asked}");
+    assert_eq!(content(&asked, 0), content(&continued, 0));
+    for (body, named) in [
+        (
+            json!({ "messages": messages, "continue_final_message": true }),
+            "add_generation_prompt",
+        ),
+        (
+            json!({ "messages": [question], "continue_final_message": true,
+                    "add_generation_prompt": false }),
+            "the assistant's",
+        ),
+        (
+            json!({ "messages": messages, "continue_final_message": "reasoning_content",
+                    "add_generation_prompt": false }),
+            "reasoning_content",
+        ),
+    ] {
+        let (status, refused) = post(&server, "/v1/chat/completions", &body);
+        assert_eq!(status, 400, "{body}: {refused}");
+        assert!(refused.to_string().contains(named), "{refused}");
+    }
 }
 
 #[test]

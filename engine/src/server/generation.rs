@@ -310,25 +310,95 @@ fn text_bytes(messages: &[Message]) -> usize {
         .sum()
 }
 
-/// A chat's prompt ids: the template with the generation cue, or, when the last message is a
-/// non-empty assistant message, that message continued (assistant prefill). With the cue,
-/// where it begins: a later turn of the same chat shares the prompt up to there (a template
-/// may write a past answer differently from the cue it followed), so a recurrent state is
-/// checkpointed there.
+/// How a chat's prompt ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cue {
+    /// With the template's generation cue: the answer is a new turn.
+    Answer,
+    /// Without it (`add_generation_prompt: false`): the model goes on after the last turn.
+    Nothing,
+    /// Inside the last message, an assistant's, cut after its text: the answer continues it
+    /// (assistant prefill, transformers' `continue_final_message`).
+    Continue,
+}
+
+impl Cue {
+    /// As `request` asks, read as llama.cpp reads `add_generation_prompt` and
+    /// `continue_final_message`: a final non-empty assistant message is continued anyway, and
+    /// asking to continue needs the cue turned off.
+    pub fn of(request: &ChatRequest, messages: &[Message]) -> Result<Cue, ApiError> {
+        let asked = match &request.continue_final_message {
+            None | Some(Value::Null | Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(Value::String(s)) if s == "content" => true,
+            Some(Value::String(s)) if s == "reasoning_content" => {
+                return Err(ApiError::bad_request(
+                    "continue_final_message \"reasoning_content\" is not supported: past \
+                     reasoning is not given to the template (continue the \"content\")",
+                ));
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "continue_final_message must be true, false or \"content\"",
+                ));
+            }
+        };
+        let last = messages.last();
+        if asked {
+            if request.add_generation_prompt != Some(false) {
+                return Err(ApiError::bad_request(
+                    "continue_final_message and add_generation_prompt cannot both be true (set \
+                     add_generation_prompt to false)",
+                ));
+            }
+            if last.is_none_or(|m| m.role != "assistant") {
+                return Err(ApiError::bad_request(
+                    "continue_final_message needs the last message to be the assistant's",
+                ));
+            }
+        }
+        if asked || continues(messages) {
+            if last.is_some_and(|m| m.tool_calls.as_ref().is_some_and(|c| !c.is_empty())) {
+                return Err(ApiError::bad_request(
+                    "the last message holds tool_calls: an assistant message with calls cannot \
+                     be continued (send the calls' results, or drop them)",
+                ));
+            }
+            return Ok(Cue::Continue);
+        }
+        Ok(match request.add_generation_prompt {
+            Some(false) => Cue::Nothing,
+            _ => Cue::Answer,
+        })
+    }
+}
+
+/// A chat's prompt ids, ending as `cue` says. With the generation cue, where it begins: a
+/// later turn of the same chat shares the prompt up to there (a template may write a past
+/// answer differently from the cue it followed), so a recurrent state is checkpointed there.
 pub async fn chat_prompt(
     state: &AppState,
     messages: Vec<Message>,
     vars: crate::chat::Vars,
+    cue: Cue,
     lane: Lane,
 ) -> Result<Prompt, ApiError> {
-    let prefill = continues(&messages);
     let bytes = text_bytes(&messages);
     tokenize_off_thread(state, bytes, lane, move |r, budget| {
-        if prefill {
-            let ids = r
-                .template
-                .continuation_ids_within(&r.tokenizer, &messages, &vars, budget)?;
-            return Ok(Prompt::new(ids));
+        match cue {
+            Cue::Continue => {
+                let ids =
+                    r.template
+                        .continuation_ids_within(&r.tokenizer, &messages, &vars, budget)?;
+                return Ok(Prompt::new(ids));
+            }
+            Cue::Nothing => {
+                let ids = r
+                    .template
+                    .ids_within(&r.tokenizer, &messages, false, &vars, budget)?;
+                return Ok(Prompt::new(ids));
+            }
+            Cue::Answer => {}
         }
         let ids = r
             .template
@@ -347,7 +417,7 @@ pub async fn chat_prompt(
 
 /// Whether a chat's last message is the beginning of the answer (a non-empty assistant
 /// message), to be continued rather than answered.
-pub fn continues(messages: &[Message]) -> bool {
+fn continues(messages: &[Message]) -> bool {
     messages
         .last()
         .is_some_and(|m| m.role == "assistant" && !m.content.trim().is_empty())
@@ -412,4 +482,44 @@ pub async fn completion_prompt(
         Ok(Prompt::new(ids))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cue(body: Value, messages: &[Message]) -> Result<Cue, String> {
+        let request: ChatRequest = serde_json::from_value(body).expect("request");
+        Cue::of(&request, messages).map_err(|e| format!("{e:?}"))
+    }
+
+    #[test]
+    fn the_cue_is_what_the_request_and_its_last_message_ask_for() {
+        let asked = [Message::new("user", "Hi")];
+        let begun = [Message::new("user", "Hi"), Message::new("assistant", "Hel")];
+        let body = |extra: Value| {
+            let mut b = json!({ "messages": [] });
+            for (k, v) in extra.as_object().into_iter().flatten() {
+                b[k] = v.clone();
+            }
+            b
+        };
+        assert_eq!(cue(body(json!({})), &asked), Ok(Cue::Answer));
+        assert_eq!(
+            cue(body(json!({ "add_generation_prompt": false })), &asked),
+            Ok(Cue::Nothing)
+        );
+        // A begun answer is continued whatever the cue says, as llama.cpp does.
+        assert_eq!(cue(body(json!({})), &begun), Ok(Cue::Continue));
+        let named = json!({ "continue_final_message": "content", "add_generation_prompt": false });
+        assert_eq!(cue(body(named), &begun), Ok(Cue::Continue));
+        let both = cue(body(json!({ "continue_final_message": true })), &begun);
+        assert!(both.is_err_and(|e| e.contains("add_generation_prompt")));
+        let mut called = Message::new("assistant", "Let me look.");
+        called.tool_calls = Some(vec![json!({ "id": "c1", "type": "function" })]);
+        let refused = cue(body(json!({})), &[Message::new("user", "Hi"), called]);
+        assert!(refused.is_err_and(|e| e.contains("tool_calls")));
+        let odd = cue(body(json!({ "continue_final_message": 1 })), &begun);
+        assert!(odd.is_err_and(|e| e.contains("continue_final_message")));
+    }
 }

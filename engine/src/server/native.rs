@@ -454,8 +454,8 @@ pub async fn detokenize(
     Ok(axum::Json(json!({ "content": ready.tokenizer.decode(&ids) })).into_response())
 }
 
-/// `POST /apply-template`: the prompt text a chat renders to (cut after a final assistant
-/// message, which would be continued).
+/// `POST /apply-template`: the prompt text a chat renders to, ending as the request's cue says
+/// (cut after a final assistant message, which would be continued).
 pub async fn apply_template(
     State(state): State<AppState>,
     Body(body): Body,
@@ -464,10 +464,10 @@ pub async fn apply_template(
     let ready = ready(&state)?;
     let (calling, vars) = super::answer::for_chat(&ready.template, &request, &ready.defaults)?;
     let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
-    let prompt = if generation::continues(&messages) {
-        ready.template.render_continuation(&messages, &vars)
-    } else {
-        ready.template.render(&messages, true, &vars)
+    let prompt = match generation::Cue::of(&request, &messages)? {
+        generation::Cue::Continue => ready.template.render_continuation(&messages, &vars),
+        generation::Cue::Nothing => ready.template.render(&messages, false, &vars),
+        generation::Cue::Answer => ready.template.render(&messages, true, &vars),
     }
     .map_err(ApiError::bad_request)?;
     Ok(axum::Json(json!({ "prompt": prompt })).into_response())

@@ -126,9 +126,17 @@ pub async fn start_chat<'s>(
         generation::checked::<ChatRequest>(state, body, Dialect::Chat)?;
     let (calling, vars) = tool_calling(ready, &request, &mut params)?;
     let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
-    let shape = reasoning_shape(ready, &request, &messages, &vars, &mut params, calling)?;
+    let cue = generation::Cue::of(&request, &messages)?;
+    let shape = reasoning_shape(
+        ready,
+        &request,
+        (&messages, cue),
+        &vars,
+        &mut params,
+        calling,
+    )?;
     let place = generation::reserve(ready, lane)?;
-    let prompt = generation::chat_prompt(state, messages, vars, lane).await?;
+    let prompt = generation::chat_prompt(state, messages, vars, cue, lane).await?;
     let with_probs = params.logprobs.is_some();
     let verbose = generation::verbose(state, ready, &request.knobs, &prompt);
     let started = start(ready, prompt, params, place, arrived)?;
@@ -152,7 +160,8 @@ pub async fn chat_prompt_tokens(
         generation::checked::<ChatRequest>(state, body, Dialect::Chat)?;
     let (calling, vars) = tool_calling(ready, &request, &mut params)?;
     let messages = generation::chat_messages(ready, &request, calling.as_ref())?;
-    let prompt = generation::chat_prompt(state, messages, vars, lane).await?;
+    let cue = generation::Cue::of(&request, &messages)?;
+    let prompt = generation::chat_prompt(state, messages, vars, cue, lane).await?;
     Ok(prompt.ids.len())
 }
 
@@ -313,18 +322,20 @@ fn tool_calling(
 fn reasoning_shape(
     ready: &super::Ready,
     request: &ChatRequest,
-    messages: &[crate::chat::Message],
+    (messages, cue): (&[crate::chat::Message], generation::Cue),
     vars: &crate::chat::Vars,
     params: &mut super::worker::Params,
     calling: Option<Calling>,
 ) -> Result<Shape, ApiError> {
     let format = request.reasoning_format(&ready.defaults)?;
     let thinking = ready.template.thinking();
-    let open = thinking.is_some_and(|t| {
-        ready
-            .template
-            .opens_thinking(messages, vars, t, generation::continues(messages))
-    });
+    // Without the cue nothing the template adds opens a block.
+    let open = cue != generation::Cue::Nothing
+        && thinking.is_some_and(|t| {
+            ready
+                .template
+                .opens_thinking(messages, vars, t, cue == generation::Cue::Continue)
+        });
     if let (Some(t), Some(tokens)) = (thinking, ready.defaults.reasoning_budget) {
         params.thinking_budget = Some(crate::reasoning::Budget {
             thinking: t,

@@ -216,6 +216,13 @@ pub struct ChatRequest {
     /// other value on.
     #[serde(default)]
     pub reasoning_effort: Option<String>,
+    /// Whether the prompt ends with the template's cue for the answer (default: yes).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// Continue the last (assistant) message instead of answering: `true` or `"content"`
+    /// (`"reasoning_content"` is refused).
+    #[serde(default)]
+    pub continue_final_message: Option<Value>,
     /// Everything else.
     #[serde(flatten)]
     pub knobs: Knobs,
