@@ -297,9 +297,15 @@ impl ChatTemplate {
     /// The prompt text of `messages` with the last one continued (see
     /// [`ChatTemplate::continuation_ids_within`]).
     pub fn render_continuation(&self, messages: &[Message], vars: &Vars) -> Result<String, String> {
-        let mut text = self.render(messages, false, vars)?;
         // Templates often trim a message; its end is where its last non-space character is.
         let begun = messages.last().map_or("", |m| m.content.trim_end());
+        if let [before @ .., _] = messages
+            && begun.trim_start().is_empty()
+        {
+            // Nothing begun: the answer starts where the message's text would, after the cue.
+            return self.render(before, true, vars);
+        }
+        let mut text = self.render(messages, false, vars)?;
         let cut = text
             .rfind(begun)
             .filter(|_| !begun.is_empty())

@@ -180,6 +180,11 @@ impl ThoughtSplitter {
         self.at == Where::Thinking
     }
 
+    /// Whether what came so far may still be the opener's beginning (nothing decided yet).
+    pub fn undecided(&self) -> bool {
+        self.at == Where::Start
+    }
+
     /// The pieces `text` completes.
     pub fn push(&mut self, text: &str) -> Vec<Part> {
         self.pending.push_str(text);
@@ -339,6 +344,21 @@ mod tests {
             split(Thinking::Channel, false, gemma),
             ("simple".into(), "Four.".into())
         );
+    }
+
+    #[test]
+    fn an_opener_split_over_pieces_is_undecided_until_it_is_whole() {
+        let mut s = ThoughtSplitter::new(Thinking::ThinkTags, false);
+        for piece in ["\n", "<", "think"] {
+            s.push(piece);
+            assert!(s.undecided() && !s.thinking(), "after {piece:?}");
+        }
+        s.push(">");
+        assert!(!s.undecided() && s.thinking());
+        let mut s = ThoughtSplitter::new(Thinking::ThinkTags, false);
+        s.push("<th");
+        s.push("ere");
+        assert!(!s.undecided() && !s.thinking(), "text, not an opener");
     }
 
     #[test]

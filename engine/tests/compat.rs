@@ -891,6 +891,21 @@ fn server_defaults_and_assistant_prefill() {
     );
     assert_eq!(status, 200, "{asked}");
     assert_eq!(content(&asked, 0), content(&continued, 0));
+    // An empty message to continue is the answer's start: answered as the question alone is.
+    let (status, empty) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({ "messages": [question, { "role": "assistant", "content": "" }],
+                 "max_tokens": 6, "temperature": 0,
+                 "continue_final_message": true, "add_generation_prompt": false }),
+    );
+    let (_, answered) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({ "messages": [question], "max_tokens": 6, "temperature": 0 }),
+    );
+    assert_eq!(status, 200, "{empty}");
+    assert_eq!(content(&empty, 0), content(&answered, 0), "{empty}");
     for (body, named) in [
         (
             json!({ "messages": messages, "continue_final_message": true }),

@@ -123,7 +123,7 @@ pub struct Knobs {
     pub n_probs: Option<i64>,
     /// Report the probabilities the sampler drew from (after its filters and temperature)
     /// instead of the model's (llama.cpp's `post_sampling_probs`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub post_sampling_probs: bool,
     /// Added to logits: `{"id or text": bias}` (OpenAI's, with llama.cpp's texts) or
     /// `[[id or text, bias or false], …]` (llama.cpp's).

@@ -29,6 +29,12 @@ def pytest_runtest_logreport(report):
         _outcomes.setdefault(report.nodeid, "passed")
 
 
+def pytest_collectreport(report):
+    # A module that cannot be collected (an import or conftest error) runs no test: say why.
+    if report.failed:
+        _why[report.nodeid or "collection"] = f"collect: {_last_line(report)}"[:2000]
+
+
 def pytest_sessionfinish(session, exitstatus):
     path = os.environ["SUITE_OUTCOMES"]
     with open(path + ".partial", "w") as out:

@@ -851,6 +851,7 @@ impl Runner<'_> {
                 .thinking_block
                 .map(|(thinking, open)| ThoughtSplitter::new(thinking, open)),
             reasoning_n: 0,
+            undecided_n: 0,
         };
         let mut history = prompt.clone();
         // The generated tokens (the history may lose positions to a context shift).
@@ -1010,6 +1011,8 @@ struct Answering<'a> {
     thought: Option<ThoughtSplitter>,
     /// Tokens generated inside the thinking block, its tags included.
     reasoning_n: usize,
+    /// Tokens at the answer's start that may yet prove to be the block's opener.
+    undecided_n: usize,
 }
 
 impl Answering<'_> {
@@ -1068,8 +1071,14 @@ impl Sink for Answering<'_> {
         if let Some(thought) = &mut self.thought {
             let before = thought.thinking();
             thought.push(&piece);
-            if before || thought.thinking() {
-                self.reasoning_n += 1;
+            if thought.undecided() {
+                // Perhaps an opener written over several tokens: counted once it opens.
+                self.undecided_n += 1;
+            } else {
+                let undecided = std::mem::take(&mut self.undecided_n);
+                if before || thought.thinking() {
+                    self.reasoning_n += 1 + undecided;
+                }
             }
         }
         let (ready, stopped) = self.text.push(&piece);
