@@ -256,13 +256,7 @@ impl Chooser<'_> {
                 self.waiting = None;
             }
             // Written, not drawn: to the sampler it was certain.
-            let probs = self.logprobs.map(|n| {
-                if self.post_sampling {
-                    sampled_probabilities(&[(token, 1.0)], token, n)
-                } else {
-                    probabilities(logits, token, n)
-                }
-            });
+            let probs = self.reported(logits, &[(token, 1.0)], token);
             return Ok(Choice::Token(token, probs));
         }
         if let Some(m) = &self.grammar
@@ -329,14 +323,25 @@ impl Chooser<'_> {
             self.grammar = triggered.ok();
             self.waiting = None;
         }
-        let probs = self.logprobs.map(|n| {
+        let probs = self.reported(logits, &candidates, token);
+        Ok(Choice::Token(token, probs))
+    }
+
+    /// The probabilities reported for `token`, when asked for: in the model's distribution
+    /// (`logits`), or among the `candidates` the sampler chose it from.
+    fn reported(
+        &self,
+        logits: &[f32],
+        candidates: &[(u32, f64)],
+        token: u32,
+    ) -> Option<TokenProbs> {
+        self.logprobs.map(|n| {
             if self.post_sampling {
-                sampled_probabilities(&candidates, token, n)
+                sampled_probabilities(candidates, token, n)
             } else {
                 probabilities(logits, token, n)
             }
-        });
-        Ok(Choice::Token(token, probs))
+        })
     }
 
     fn end_allowed(&self, m: &Matcher) -> bool {
